@@ -1,0 +1,1 @@
+//! Executors for attention backends (filled in by the adapter-layer work).

@@ -1,0 +1,1 @@
+//! attn-policy: declarative attention-backend selection.
