@@ -1,0 +1,381 @@
+//! A pack's conditions compiled to one flat node arena. Evaluation is a small recursive walk
+//! over `Copy` values: no allocation, no string comparison, no hashing.
+
+use std::cmp::Ordering;
+
+use crate::facts::Value;
+use crate::lang::ast::{ArithOp, CmpOp};
+
+pub type NodeId = u32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Func {
+    Max,
+    Min,
+    Gcd,
+    RoundUp,
+    Abs,
+}
+
+impl Func {
+    pub fn lookup(name: &str) -> Option<Func> {
+        Some(match name {
+            "max" => Func::Max,
+            "min" => Func::Min,
+            "gcd" => Func::Gcd,
+            "round_up" => Func::RoundUp,
+            "abs" => Func::Abs,
+            _ => return None,
+        })
+    }
+
+    pub const NAMES: &'static [&'static str] = &["max", "min", "gcd", "round_up", "abs"];
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Node {
+    Const(Value),
+    Slot(u16),
+    Not(NodeId),
+    /// Children are `children[start..start + len]`.
+    And {
+        start: u32,
+        len: u32,
+    },
+    Or {
+        start: u32,
+        len: u32,
+    },
+    Cmp(CmpOp, NodeId, NodeId),
+    /// `item in consts[start..start + len]` (or `not in`).
+    In {
+        item: NodeId,
+        start: u32,
+        len: u32,
+        negate: bool,
+    },
+    IsNull(NodeId),
+    IsNotNull(NodeId),
+    Arith(ArithOp, NodeId, NodeId),
+    Neg(NodeId),
+    Call {
+        func: Func,
+        start: u32,
+        len: u32,
+    },
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    pub nodes: Vec<Node>,
+    pub children: Vec<NodeId>,
+    pub consts: Vec<Value>,
+}
+
+/// Truth of a value in a boolean position: null is false, unknown stays unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Truth {
+    False,
+    True,
+    Unknown,
+}
+
+impl Truth {
+    pub fn of(v: Value) -> Truth {
+        match v {
+            Value::Bool(true) => Truth::True,
+            Value::Unknown => Truth::Unknown,
+            _ => Truth::False,
+        }
+    }
+}
+
+impl Program {
+    pub fn push(&mut self, node: Node) -> NodeId {
+        self.nodes.push(node);
+        (self.nodes.len() - 1) as NodeId
+    }
+
+    pub fn push_children(&mut self, ids: &[NodeId]) -> (u32, u32) {
+        let start = self.children.len() as u32;
+        self.children.extend_from_slice(ids);
+        (start, ids.len() as u32)
+    }
+
+    pub fn push_consts(&mut self, vals: &[Value]) -> (u32, u32) {
+        let start = self.consts.len() as u32;
+        self.consts.extend_from_slice(vals);
+        (start, vals.len() as u32)
+    }
+
+    /// Evaluates node `id` over the fact slots `facts`.
+    pub fn eval(&self, id: NodeId, facts: &[Value]) -> Value {
+        match self.nodes[id as usize] {
+            Node::Const(v) => v,
+            Node::Slot(s) => facts[s as usize],
+            Node::Not(a) => match Truth::of(self.eval(a, facts)) {
+                Truth::True => Value::Bool(false),
+                Truth::False => Value::Bool(true),
+                Truth::Unknown => Value::Unknown,
+            },
+            Node::And { start, len } => {
+                // Kleene: false wins over unknown.
+                let mut unknown = false;
+                for &c in &self.children[start as usize..(start + len) as usize] {
+                    match Truth::of(self.eval(c, facts)) {
+                        Truth::False => return Value::Bool(false),
+                        Truth::Unknown => unknown = true,
+                        Truth::True => {}
+                    }
+                }
+                if unknown {
+                    Value::Unknown
+                } else {
+                    Value::Bool(true)
+                }
+            }
+            Node::Or { start, len } => {
+                let mut unknown = false;
+                for &c in &self.children[start as usize..(start + len) as usize] {
+                    match Truth::of(self.eval(c, facts)) {
+                        Truth::True => return Value::Bool(true),
+                        Truth::Unknown => unknown = true,
+                        Truth::False => {}
+                    }
+                }
+                if unknown {
+                    Value::Unknown
+                } else {
+                    Value::Bool(false)
+                }
+            }
+            Node::Cmp(op, a, b) => {
+                let (x, y) = (self.eval(a, facts), self.eval(b, facts));
+                if x == Value::Unknown || y == Value::Unknown {
+                    return Value::Unknown;
+                }
+                Value::Bool(compare(op, x, y))
+            }
+            Node::In {
+                item,
+                start,
+                len,
+                negate,
+            } => {
+                let x = self.eval(item, facts);
+                match x {
+                    Value::Unknown => Value::Unknown,
+                    Value::Null | Value::BadVersion => Value::Bool(false),
+                    _ => {
+                        let found = self.consts[start as usize..(start + len) as usize]
+                            .iter()
+                            .any(|c| x.compare(*c) == Some(Ordering::Equal));
+                        Value::Bool(found != negate)
+                    }
+                }
+            }
+            Node::IsNull(a) => match self.eval(a, facts) {
+                Value::Unknown => Value::Unknown,
+                v => Value::Bool(v == Value::Null),
+            },
+            Node::IsNotNull(a) => match self.eval(a, facts) {
+                Value::Unknown => Value::Unknown,
+                v => Value::Bool(v != Value::Null),
+            },
+            Node::Arith(op, a, b) => arith(op, self.eval(a, facts), self.eval(b, facts)),
+            Node::Neg(a) => match self.eval(a, facts) {
+                Value::Int(i) => i.checked_neg().map_or(Value::Null, Value::Int),
+                Value::Float(x) => Value::Float(-x),
+                other => other,
+            },
+            Node::Call { func, start, len } => {
+                let args = &self.children[start as usize..(start + len) as usize];
+                call(func, args.iter().map(|&c| self.eval(c, facts)))
+            }
+        }
+    }
+}
+
+/// Comparison with the language's null rule: any comparison with null (or an unparseable
+/// version) is false, whatever the operator.
+pub fn compare(op: CmpOp, x: Value, y: Value) -> bool {
+    let Some(ord) = x.compare(y) else {
+        return false;
+    };
+    match op {
+        CmpOp::Eq => ord == Ordering::Equal,
+        CmpOp::Ne => ord != Ordering::Equal,
+        CmpOp::Lt => ord == Ordering::Less,
+        CmpOp::Le => ord != Ordering::Greater,
+        CmpOp::Gt => ord == Ordering::Greater,
+        CmpOp::Ge => ord != Ordering::Less,
+        CmpOp::In | CmpOp::NotIn => unreachable!("membership is compiled to Node::In"),
+    }
+}
+
+fn arith(op: ArithOp, x: Value, y: Value) -> Value {
+    match (x, y) {
+        (Value::Unknown, _) | (_, Value::Unknown) => Value::Unknown,
+        (Value::Int(a), Value::Int(b)) => {
+            let r = match op {
+                ArithOp::Add => a.checked_add(b),
+                ArithOp::Sub => a.checked_sub(b),
+                ArithOp::Mul => a.checked_mul(b),
+                ArithOp::Div => {
+                    return if b == 0 {
+                        Value::Null
+                    } else {
+                        Value::Float(a as f64 / b as f64)
+                    };
+                }
+                // Python semantics: floor division and a remainder with the divisor's sign.
+                ArithOp::FloorDiv => (b != 0)
+                    .then(|| a.div_euclid(b) - if b < 0 && a.rem_euclid(b) != 0 { 1 } else { 0 }),
+                ArithOp::Rem => (b != 0).then(|| {
+                    let r = a.rem_euclid(b);
+                    if b < 0 && r != 0 { r + b } else { r }
+                }),
+            };
+            r.map_or(Value::Null, Value::Int)
+        }
+        _ => match (x.as_f64(), y.as_f64()) {
+            (Some(a), Some(b)) => {
+                let r = match op {
+                    ArithOp::Add => a + b,
+                    ArithOp::Sub => a - b,
+                    ArithOp::Mul => a * b,
+                    ArithOp::Div => a / b,
+                    ArithOp::FloorDiv => (a / b).floor(),
+                    ArithOp::Rem => a - b * (a / b).floor(),
+                };
+                if r.is_finite() {
+                    Value::Float(r)
+                } else {
+                    Value::Null
+                }
+            }
+            _ => Value::Null,
+        },
+    }
+}
+
+fn gcd(mut a: i64, mut b: i64) -> i64 {
+    a = a.abs();
+    b = b.abs();
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+fn call(func: Func, mut args: impl Iterator<Item = Value>) -> Value {
+    let first = args.next().unwrap_or(Value::Null);
+    match func {
+        Func::Abs => match first {
+            Value::Int(i) => i.checked_abs().map_or(Value::Null, Value::Int),
+            Value::Float(x) => Value::Float(x.abs()),
+            other => other,
+        },
+        Func::Max | Func::Min => args.fold(first, |acc, v| match (acc, v) {
+            (Value::Unknown, _) | (_, Value::Unknown) => Value::Unknown,
+            (a, b) => match a.compare(b) {
+                Some(Ordering::Less) if func == Func::Max => b,
+                Some(Ordering::Greater) if func == Func::Min => b,
+                Some(_) => a,
+                None => Value::Null,
+            },
+        }),
+        Func::Gcd | Func::RoundUp => {
+            let second = args.next().unwrap_or(Value::Null);
+            match (first, second) {
+                (Value::Unknown, _) | (_, Value::Unknown) => Value::Unknown,
+                (Value::Int(a), Value::Int(b)) => match func {
+                    Func::Gcd => Value::Int(gcd(a, b)),
+                    _ if b > 0 => a
+                        .checked_add(b - 1)
+                        .map(|s| s.div_euclid(b) * b)
+                        .map_or(Value::Null, Value::Int),
+                    _ => Value::Null,
+                },
+                _ => Value::Null,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_division_semantics() {
+        assert_eq!(
+            arith(ArithOp::Rem, Value::Int(-7), Value::Int(3)),
+            Value::Int(2)
+        );
+        assert_eq!(
+            arith(ArithOp::FloorDiv, Value::Int(-7), Value::Int(2)),
+            Value::Int(-4)
+        );
+        assert_eq!(
+            arith(ArithOp::FloorDiv, Value::Int(7), Value::Int(-2)),
+            Value::Int(-4)
+        );
+        assert_eq!(
+            arith(ArithOp::Rem, Value::Int(7), Value::Int(-3)),
+            Value::Int(-2)
+        );
+        assert_eq!(
+            arith(ArithOp::Rem, Value::Int(7), Value::Int(0)),
+            Value::Null
+        );
+        assert_eq!(
+            arith(ArithOp::Add, Value::Int(i64::MAX), Value::Int(1)),
+            Value::Null
+        );
+    }
+
+    #[test]
+    fn functions() {
+        let f = |func, a: i64, b: i64| call(func, [Value::Int(a), Value::Int(b)].into_iter());
+        assert_eq!(f(Func::Gcd, 32, 48), Value::Int(16));
+        assert_eq!(f(Func::RoundUp, 72, 16), Value::Int(80));
+        assert_eq!(f(Func::RoundUp, 80, 16), Value::Int(80));
+        assert_eq!(f(Func::Max, 3, 9), Value::Int(9));
+        assert_eq!(f(Func::Min, 3, 9), Value::Int(3));
+    }
+
+    #[test]
+    fn kleene_logic() {
+        let mut p = Program::default();
+        let t = p.push(Node::Const(Value::Bool(true)));
+        let f = p.push(Node::Const(Value::Bool(false)));
+        let u = p.push(Node::Const(Value::Unknown));
+        let and = |p: &mut Program, a, b| {
+            let (start, len) = p.push_children(&[a, b]);
+            p.push(Node::And { start, len })
+        };
+        let or = |p: &mut Program, a, b| {
+            let (start, len) = p.push_children(&[a, b]);
+            p.push(Node::Or { start, len })
+        };
+        let fu = and(&mut p, f, u);
+        let tu = and(&mut p, t, u);
+        let tu_or = or(&mut p, t, u);
+        let fu_or = or(&mut p, f, u);
+        let nu = p.push(Node::Not(u));
+        assert_eq!(p.eval(fu, &[]), Value::Bool(false));
+        assert_eq!(p.eval(tu, &[]), Value::Unknown);
+        assert_eq!(p.eval(tu_or, &[]), Value::Bool(true));
+        assert_eq!(p.eval(fu_or, &[]), Value::Unknown);
+        assert_eq!(p.eval(nu, &[]), Value::Unknown);
+    }
+
+    #[test]
+    fn null_compares_false() {
+        for op in [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Ge] {
+            assert!(!compare(op, Value::Null, Value::Int(1)));
+            assert!(!compare(op, Value::BadVersion, Value::Int(1)));
+        }
+    }
+}
