@@ -1,0 +1,48 @@
+//! Stand-in when the crate is built without the `cuda` feature: every call says why.
+
+use super::ChunkedConfig;
+use crate::executor::{
+    BackwardInputs, BackwardOutput, ExecError, Executor, ForwardInputs, ForwardOutput, Manifest,
+    Unsupported,
+};
+use crate::problem::AttentionProblem;
+
+const WHY: &str = "attn-policy-adapters was built without the `cuda` feature";
+
+/// The chunked executor (unavailable in this build).
+#[derive(Debug)]
+pub struct Chunked {
+    _private: (),
+}
+
+impl Chunked {
+    /// Always fails with [`ExecError::NoDevice`] in this build.
+    pub fn new(_config: ChunkedConfig) -> Result<Chunked, ExecError> {
+        Err(ExecError::NoDevice { reason: WHY.into() })
+    }
+}
+
+impl Executor for Chunked {
+    fn name(&self) -> &str {
+        super::NAME
+    }
+    fn device_description(&self) -> String {
+        WHY.into()
+    }
+    fn manifest(&self) -> Manifest {
+        super::manifest()
+    }
+    fn check(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
+        super::check_problem(p)
+    }
+    fn forward(&self, _: &AttentionProblem, _: &ForwardInputs<'_>) -> Result<ForwardOutput, ExecError> {
+        Err(ExecError::NoDevice { reason: WHY.into() })
+    }
+    fn backward(
+        &self,
+        _: &AttentionProblem,
+        _: &BackwardInputs<'_>,
+    ) -> Result<BackwardOutput, ExecError> {
+        Err(ExecError::NoDevice { reason: WHY.into() })
+    }
+}

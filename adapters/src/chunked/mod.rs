@@ -1,0 +1,120 @@
+//! `chunked`: attention as cuBLAS GEMMs over query chunks with fused NVRTC kernels between them.
+//!
+//! For each (batch, KV head) group and each chunk of `C` query rows, all query heads sharing the
+//! KV head at once:
+//! - forward: `S = Q_c K^T` (fp32 out) -> fused scale/mask/softmax/LSE kernel writes `P` (dtype)
+//!   and LSE (fp32, natural log) -> `O_c = P V` (fp32 accumulation, dtype out);
+//! - backward: `S` recomputed, `dP = dO_c V^T`, one kernel writes `P = exp(scale S - LSE)` and
+//!   `dS = P (dP - D)` with `D = rowsum(dO * O)`, then `dQ_c = scale dS K`,
+//!   `dK += scale dS^T Q_c`, `dV += P^T dO_c` into fp32 accumulators (GEMM `beta = 1`, chunks in a
+//!   fixed order: deterministic, no atomics), cast once per group.
+//!
+//! Only the key range the chunk's mask admits is computed (fully masked KV ranges are skipped),
+//! the workspace is `O(C * s_kv)` per group (bounded by [`ChunkedConfig::workspace_budget`]),
+//! and inputs are read in place through their strides (bshd, sbhd, bhsd or any strides with a
+//! contiguous head dim and 16-byte alignment).
+//!
+//! The orchestration ([`plan`]) is written against a small set of device operations so that it is
+//! tested on the CPU against the float64 reference (module `mock`), and run on the GPU by the
+//! `cuda` feature's implementation.
+
+// Used by the CUDA build and the CPU mock tests only.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) mod plan;
+
+#[cfg(test)]
+mod mock;
+
+#[cfg(feature = "cuda")]
+mod enabled;
+#[cfg(feature = "cuda")]
+pub use enabled::Chunked;
+
+#[cfg(not(feature = "cuda"))]
+mod disabled;
+#[cfg(not(feature = "cuda"))]
+pub use disabled::Chunked;
+
+use crate::executor::{DeviceKind, ExecError, Executor, HeadDimRange, Manifest, Unsupported};
+use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
+use std::sync::Arc;
+
+/// Registry name.
+pub const NAME: &str = "chunked";
+
+/// Largest head dim accepted (Q/K and V).
+pub const MAX_HEAD_DIM: usize = 2048;
+
+/// Tuning and limits of the chunked executor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkedConfig {
+    /// Upper bound on the bytes of workspace one call may allocate (scores, probabilities, their
+    /// gradients, fp32 dK/dV accumulators). The chunk is shrunk until the workspace fits; if even
+    /// the smallest chunk does not fit, the call fails with [`ExecError::Workspace`].
+    pub workspace_budget: u64,
+    /// Largest number of query rows per chunk (per head).
+    pub max_chunk_rows: usize,
+    /// Target number of score rows per GEMM (chunk rows x heads sharing a KV head): the chunk is
+    /// `clamp(target / group_size, min_chunk_rows, max_chunk_rows)` before the budget applies.
+    pub target_rows_per_gemm: usize,
+    /// Smallest chunk tried before giving up on the budget.
+    pub min_chunk_rows: usize,
+}
+
+impl Default for ChunkedConfig {
+    fn default() -> Self {
+        ChunkedConfig {
+            workspace_budget: 1 << 30,
+            max_chunk_rows: 2048,
+            target_rows_per_gemm: 4096,
+            min_chunk_rows: 16,
+        }
+    }
+}
+
+/// The chunked executor's manifest.
+pub fn manifest() -> Manifest {
+    Manifest {
+        name: NAME.into(),
+        device: DeviceKind::Cuda,
+        min_compute_capability: Some(80),
+        dtypes: vec![DType::F16, DType::BF16],
+        head_dim_qk: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },
+        head_dim_v: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },
+        head_dim_v_may_differ: true,
+        masks: vec![MaskKind::NoMask, MaskKind::CausalTopLeft, MaskKind::CausalBottomRight],
+        windows: true,
+        rectangular: true,
+        layouts: vec![LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd],
+        arbitrary_strides: true,
+        stride_multiple_of: 8,
+        gqa: true,
+        max_seqlen: Some(i32::MAX as usize / 2),
+        max_score_elements: None,
+        backward: true,
+        deterministic: true,
+        notes: vec![
+            "cuBLAS GEMMs (fp32 accumulation) over query chunks + NVRTC softmax kernels".into(),
+            "workspace O(chunk * s_kv), bounded by a budget (default 1 GiB); never O(s^2)".into(),
+            "strides and base pointers must be multiples of 8 elements (16 bytes)".into(),
+            "deterministic: fixed chunk order, GEMM beta=1 accumulation, no atomics".into(),
+        ],
+    }
+}
+
+/// The exact gate shared by the enabled and disabled builds.
+pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
+    manifest().admits(p)?;
+    // cuBLAS takes 32-bit sizes and leading dimensions.
+    let strides = [p.layout.q, p.layout.k, p.layout.v, p.layout.o];
+    if strides.iter().any(|s| s.seq > i32::MAX as usize) {
+        return Err(Unsupported::new("sequence stride above 2^31-1 elements"));
+    }
+    Ok(())
+}
+
+/// Registry constructor: opens device 0 (fails with [`ExecError::NoDevice`] without the `cuda`
+/// feature, a driver or a GPU).
+pub fn create() -> Result<Arc<dyn Executor>, ExecError> {
+    Ok(Arc::new(Chunked::new(ChunkedConfig::default())?))
+}

@@ -1,0 +1,563 @@
+//! Device-independent orchestration of the chunked algorithm: chunk sizing, workspace layout,
+//! and the exact sequence of GEMMs (as cuBLAS column-major calls) and kernels.
+//!
+//! Addresses are plain `u64` (CUDA device pointers, or offsets into the CPU mock's arena).
+
+use super::ChunkedConfig;
+use crate::executor::{DeviceBackwardArgs, DeviceForwardArgs, ExecError};
+use crate::problem::{AttentionProblem, EffectiveMask};
+
+/// Element kind of a GEMM operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Elem {
+    /// The problem's 16-bit dtype.
+    Low,
+    /// fp32.
+    F32,
+}
+
+impl Elem {
+    pub(crate) fn bytes(self) -> u64 {
+        match self {
+            Elem::Low => 2,
+            Elem::F32 => 4,
+        }
+    }
+}
+
+/// One `cublasGemmStridedBatchedEx` call (column-major semantics, fp32 compute):
+/// `C_i = alpha * op(A_i) op(B_i) + beta * C_i`, `op(A_i)` is `m x k`, `op(B_i)` is `k x n`,
+/// `X_i = X + i * stride_x` (strides in elements).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct CublasGemm {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: u64,
+    pub lda: usize,
+    pub stride_a: usize,
+    pub b: u64,
+    pub ldb: usize,
+    pub stride_b: usize,
+    pub c: u64,
+    pub ldc: usize,
+    pub stride_c: usize,
+    pub c_elem: Elem,
+    pub alpha: f32,
+    pub beta: f32,
+    pub batch: usize,
+}
+
+/// A row-major matrix operand: element `(r, c)` at `ptr + (r * ld + c) * elem`.
+#[derive(Clone, Copy, Debug)]
+struct RowMajor {
+    ptr: u64,
+    ld: usize,
+    /// Batch stride in elements.
+    stride: usize,
+}
+
+/// Row-major `C (M x N) = alpha op(A) op(B) + beta C` expressed as the column-major cuBLAS call
+/// computing `C^T = op(B)^T op(A)^T`.
+#[allow(clippy::too_many_arguments)]
+fn gemm_rm(
+    trans_a: bool,
+    trans_b: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: RowMajor,
+    b: RowMajor,
+    c: RowMajor,
+    c_elem: Elem,
+    alpha: f32,
+    beta: f32,
+    batch: usize,
+) -> CublasGemm {
+    CublasGemm {
+        trans_a: trans_b,
+        trans_b: trans_a,
+        m: n,
+        n: m,
+        k,
+        a: b.ptr,
+        lda: b.ld,
+        stride_a: b.stride,
+        b: a.ptr,
+        ldb: a.ld,
+        stride_b: a.stride,
+        c: c.ptr,
+        ldc: c.ld,
+        stride_c: c.stride,
+        c_elem,
+        alpha,
+        beta,
+        batch,
+    }
+}
+
+/// Fused forward softmax over a block of score rows (`heads` x `rows`, row `r*rows + i` at
+/// `s + (r*rows + i) * lds` floats): writes `P` (dtype, same indexing, all `lds` columns, zeros
+/// outside the admitted range) and `lse[r * lse_head_stride + i]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SoftmaxArgs {
+    pub s: u64,
+    pub p: u64,
+    pub lds: usize,
+    pub rows: usize,
+    pub heads: usize,
+    pub n: usize,
+    /// Global query index of row 0.
+    pub i0: usize,
+    /// Global key index of column 0.
+    pub kv_lo: usize,
+    pub lse: u64,
+    pub lse_head_stride: usize,
+    pub mask: EffectiveMask,
+    pub scale: f32,
+}
+
+/// Fused backward elementwise: `P = exp(scale S - lse)`, `dS = P (dP - D)`, both dtype.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BwdArgs {
+    pub s: u64,
+    pub dp: u64,
+    pub p: u64,
+    pub ds: u64,
+    pub lds: usize,
+    pub rows: usize,
+    pub heads: usize,
+    pub n: usize,
+    pub i0: usize,
+    pub kv_lo: usize,
+    /// LSE and D of (row 0, head 0); head stride `head_stride`, row stride 1.
+    pub lse: u64,
+    pub dvec: u64,
+    pub head_stride: usize,
+    pub mask: EffectiveMask,
+    pub scale: f32,
+}
+
+/// `D[b, h, i] = sum_d dO[b,h,i,d] * O[b,h,i,d]` into a contiguous `[b, h_q, s_q]` fp32 buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowDotArgs {
+    pub o: u64,
+    pub d_o: u64,
+    pub out: u64,
+    pub batch: usize,
+    pub heads: usize,
+    pub seqlen: usize,
+    pub dim: usize,
+    pub stride_b: usize,
+    pub stride_h: usize,
+    pub stride_s: usize,
+}
+
+/// Cast a contiguous fp32 `[rows, cols]` matrix into dtype rows at `dst + r * dst_ld`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CastArgs {
+    pub src: u64,
+    pub dst: u64,
+    pub dst_ld: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// Fill `heads x rows` rows of `cols` dtype elements with zero: row `(h, r)` at
+/// `dst + (h * head_stride + r * row_stride) * 2` bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ZeroRowsArgs {
+    pub dst: u64,
+    pub row_stride: usize,
+    pub head_stride: usize,
+    pub rows: usize,
+    pub heads: usize,
+    pub cols: usize,
+}
+
+/// Fill an fp32 `rows x cols` block with leading dimension `ld` with `value`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FillF32Args {
+    pub dst: u64,
+    pub ld: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub value: f32,
+}
+
+/// The device operations the algorithm needs. All are stream-ordered.
+pub(crate) trait Ops {
+    fn gemm(&mut self, g: &CublasGemm) -> Result<(), ExecError>;
+    fn softmax_fwd(&mut self, a: &SoftmaxArgs) -> Result<(), ExecError>;
+    fn bwd_elementwise(&mut self, a: &BwdArgs) -> Result<(), ExecError>;
+    fn row_dot(&mut self, a: &RowDotArgs) -> Result<(), ExecError>;
+    fn cast_rows(&mut self, a: &CastArgs) -> Result<(), ExecError>;
+    fn zero_rows(&mut self, a: &ZeroRowsArgs) -> Result<(), ExecError>;
+    fn fill_f32(&mut self, a: &FillF32Args) -> Result<(), ExecError>;
+}
+
+/// Chunking and workspace layout (byte offsets from the workspace base, 256-aligned).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub chunk_rows: usize,
+    /// Padded key count of the widest chunk (leading dimension bound).
+    pub lds_max: usize,
+    pub off_s: u64,
+    pub off_p: u64,
+    pub off_dp: u64,
+    pub off_ds: u64,
+    pub off_acc_dk: u64,
+    pub off_acc_dv: u64,
+    pub off_d: u64,
+    pub bytes: u64,
+}
+
+fn align256(x: u64) -> u64 {
+    x.div_ceil(256) * 256
+}
+
+/// Leading dimension of the score buffers for `n` keys: a multiple of 8 so every row starts
+/// 32-byte aligned (fp32) and 16-byte aligned (dtype).
+pub(crate) fn lds_for(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// Workspace layout for a chunk size.
+fn layout(p: &AttentionProblem, chunk: usize, backward: bool) -> Plan {
+    let ratio = p.group_size() as u64;
+    let lds = lds_for(p.seqlen_kv);
+    let block = ratio * chunk as u64 * lds as u64;
+    let mut off = 0u64;
+    let mut take = |bytes: u64| {
+        let o = off;
+        off = align256(off + bytes);
+        o
+    };
+    let off_s = take(block * 4);
+    let off_p = take(block * 2);
+    let (off_dp, off_ds, off_acc_dk, off_acc_dv, off_d) = if backward {
+        (
+            take(block * 4),
+            take(block * 2),
+            take(p.seqlen_kv as u64 * p.head_dim_qk as u64 * 4),
+            take(p.seqlen_kv as u64 * p.head_dim_v as u64 * 4),
+            take(p.lse_len() as u64 * 4),
+        )
+    } else {
+        (0, 0, 0, 0, 0)
+    };
+    Plan {
+        chunk_rows: chunk,
+        lds_max: lds,
+        off_s,
+        off_p,
+        off_dp,
+        off_ds,
+        off_acc_dk,
+        off_acc_dv,
+        off_d,
+        bytes: off.max(256),
+    }
+}
+
+/// Choose the chunk: as large as the config allows, halved until the workspace fits the budget.
+pub(crate) fn make_plan(
+    p: &AttentionProblem,
+    cfg: &ChunkedConfig,
+    backward: bool,
+) -> Result<Plan, ExecError> {
+    let ratio = p.group_size().max(1);
+    let min = cfg.min_chunk_rows.max(1);
+    let mut chunk = (cfg.target_rows_per_gemm / ratio).clamp(min, cfg.max_chunk_rows.max(min));
+    chunk = chunk.min(p.seqlen_q.max(1));
+    loop {
+        let plan = layout(p, chunk, backward);
+        if plan.bytes <= cfg.workspace_budget {
+            return Ok(plan);
+        }
+        if chunk <= min {
+            return Err(ExecError::Workspace { needed: plan.bytes, budget: cfg.workspace_budget });
+        }
+        chunk = (chunk / 2).max(min);
+    }
+}
+
+/// Byte address of element `(b, h, s, 0)` of a dtype tensor.
+fn at(base: u64, st: &crate::problem::Strides, b: usize, h: usize, s: usize) -> u64 {
+    base + 2 * st.offset(b, h, s, 0) as u64
+}
+
+/// Leading dimension for a row stride: with a single row the stride may be anything (even 0),
+/// but cuBLAS wants `ld >= cols`.
+fn ld(stride: usize, cols: usize) -> usize {
+    stride.max(cols)
+}
+
+/// The key range of query rows `[i0, i0 + rows)`, clipped; `None` when fully masked.
+fn chunk_range(m: &EffectiveMask, i0: usize, rows: usize, skv: usize) -> Option<(usize, usize)> {
+    let (lo, hi) = m.rows_range(i0, i0 + rows);
+    let (lo, hi) = (lo.max(0) as usize, (hi.max(0) as usize).min(skv));
+    (lo < hi).then_some((lo, hi))
+}
+
+/// Run the forward pass: O and LSE.
+pub(crate) fn forward(
+    ops: &mut impl Ops,
+    p: &AttentionProblem,
+    plan: &Plan,
+    io: &DeviceForwardArgs,
+    ws: u64,
+) -> Result<(), ExecError> {
+    let (hq, sq, skv, dqk, dv) = (p.heads_q, p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let ratio = p.group_size();
+    let (lq, lk, lv, lo_) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
+    let m = p.effective_mask();
+    let (s_buf, p_buf) = (ws + plan.off_s, ws + plan.off_p);
+    for b in 0..p.batch {
+        for g in 0..p.heads_kv {
+            let h0 = g * ratio;
+            for i0 in (0..sq).step_by(plan.chunk_rows) {
+                let rows = plan.chunk_rows.min(sq - i0);
+                let lse_ptr = io.lse + 4 * ((b * hq + h0) * sq + i0) as u64;
+                let Some((klo, khi)) = chunk_range(&m, i0, rows, skv) else {
+                    ops.zero_rows(&ZeroRowsArgs {
+                        dst: at(io.o, &lo_, b, h0, i0),
+                        row_stride: lo_.seq,
+                        head_stride: lo_.head,
+                        rows,
+                        heads: ratio,
+                        cols: dv,
+                    })?;
+                    ops.fill_f32(&FillF32Args {
+                        dst: lse_ptr,
+                        ld: sq,
+                        rows: ratio,
+                        cols: rows,
+                        value: f32::NEG_INFINITY,
+                    })?;
+                    continue;
+                };
+                let n = khi - klo;
+                let lds = lds_for(n);
+                let blk = rows * lds;
+                // S = Q_c K^T for every head of the group (K shared: batch stride 0).
+                ops.gemm(&gemm_rm(
+                    false,
+                    true,
+                    rows,
+                    n,
+                    dqk,
+                    RowMajor { ptr: at(io.q, &lq, b, h0, i0), ld: ld(lq.seq, dqk), stride: lq.head },
+                    RowMajor { ptr: at(io.k, &lk, b, g, klo), ld: ld(lk.seq, dqk), stride: 0 },
+                    RowMajor { ptr: s_buf, ld: lds, stride: blk },
+                    Elem::F32,
+                    1.0,
+                    0.0,
+                    ratio,
+                ))?;
+                ops.softmax_fwd(&SoftmaxArgs {
+                    s: s_buf,
+                    p: p_buf,
+                    lds,
+                    rows,
+                    heads: ratio,
+                    n,
+                    i0,
+                    kv_lo: klo,
+                    lse: lse_ptr,
+                    lse_head_stride: sq,
+                    mask: m,
+                    scale: p.softmax_scale as f32,
+                })?;
+                // O_c = P V.
+                ops.gemm(&gemm_rm(
+                    false,
+                    false,
+                    rows,
+                    dv,
+                    n,
+                    RowMajor { ptr: p_buf, ld: lds, stride: blk },
+                    RowMajor { ptr: at(io.v, &lv, b, g, klo), ld: ld(lv.seq, dv), stride: 0 },
+                    RowMajor { ptr: at(io.o, &lo_, b, h0, i0), ld: ld(lo_.seq, dv), stride: lo_.head },
+                    Elem::Low,
+                    1.0,
+                    0.0,
+                    ratio,
+                ))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run the backward pass: dQ, dK, dV.
+pub(crate) fn backward(
+    ops: &mut impl Ops,
+    p: &AttentionProblem,
+    plan: &Plan,
+    io: &DeviceBackwardArgs,
+    ws: u64,
+) -> Result<(), ExecError> {
+    let (hq, sq, skv, dqk, dv) = (p.heads_q, p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let ratio = p.group_size();
+    let (lq, lk, lv, lo_) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
+    let m = p.effective_mask();
+    let scale = p.softmax_scale as f32;
+    let (s_buf, p_buf, dp_buf, ds_buf) =
+        (ws + plan.off_s, ws + plan.off_p, ws + plan.off_dp, ws + plan.off_ds);
+    let (acc_dk, acc_dv, d_buf) = (ws + plan.off_acc_dk, ws + plan.off_acc_dv, ws + plan.off_d);
+    ops.row_dot(&RowDotArgs {
+        o: io.o,
+        d_o: io.d_o,
+        out: d_buf,
+        batch: p.batch,
+        heads: hq,
+        seqlen: sq,
+        dim: dv,
+        stride_b: lo_.batch,
+        stride_h: lo_.head,
+        stride_s: lo_.seq,
+    })?;
+    for b in 0..p.batch {
+        for g in 0..p.heads_kv {
+            let h0 = g * ratio;
+            ops.fill_f32(&FillF32Args { dst: acc_dk, ld: skv * dqk, rows: 1, cols: skv * dqk, value: 0.0 })?;
+            ops.fill_f32(&FillF32Args { dst: acc_dv, ld: skv * dv, rows: 1, cols: skv * dv, value: 0.0 })?;
+            for i0 in (0..sq).step_by(plan.chunk_rows) {
+                let rows = plan.chunk_rows.min(sq - i0);
+                let Some((klo, khi)) = chunk_range(&m, i0, rows, skv) else {
+                    ops.zero_rows(&ZeroRowsArgs {
+                        dst: at(io.dq, &lq, b, h0, i0),
+                        row_stride: lq.seq,
+                        head_stride: lq.head,
+                        rows,
+                        heads: ratio,
+                        cols: dqk,
+                    })?;
+                    continue;
+                };
+                let n = khi - klo;
+                let lds = lds_for(n);
+                let blk = rows * lds;
+                let q_c = RowMajor { ptr: at(io.q, &lq, b, h0, i0), ld: ld(lq.seq, dqk), stride: lq.head };
+                let do_c =
+                    RowMajor { ptr: at(io.d_o, &lo_, b, h0, i0), ld: ld(lo_.seq, dv), stride: lo_.head };
+                let k_r = RowMajor { ptr: at(io.k, &lk, b, g, klo), ld: ld(lk.seq, dqk), stride: 0 };
+                let v_r = RowMajor { ptr: at(io.v, &lv, b, g, klo), ld: ld(lv.seq, dv), stride: 0 };
+                // S = Q_c K^T, dP = dO_c V^T.
+                ops.gemm(&gemm_rm(
+                    false,
+                    true,
+                    rows,
+                    n,
+                    dqk,
+                    q_c,
+                    k_r,
+                    RowMajor { ptr: s_buf, ld: lds, stride: blk },
+                    Elem::F32,
+                    1.0,
+                    0.0,
+                    ratio,
+                ))?;
+                ops.gemm(&gemm_rm(
+                    false,
+                    true,
+                    rows,
+                    n,
+                    dv,
+                    do_c,
+                    v_r,
+                    RowMajor { ptr: dp_buf, ld: lds, stride: blk },
+                    Elem::F32,
+                    1.0,
+                    0.0,
+                    ratio,
+                ))?;
+                let row_off = 4 * ((b * hq + h0) * sq + i0) as u64;
+                ops.bwd_elementwise(&BwdArgs {
+                    s: s_buf,
+                    dp: dp_buf,
+                    p: p_buf,
+                    ds: ds_buf,
+                    lds,
+                    rows,
+                    heads: ratio,
+                    n,
+                    i0,
+                    kv_lo: klo,
+                    lse: io.lse + row_off,
+                    dvec: d_buf + row_off,
+                    head_stride: sq,
+                    mask: m,
+                    scale,
+                })?;
+                // dQ_c = scale dS K (written directly, every head of the group at once).
+                ops.gemm(&gemm_rm(
+                    false,
+                    false,
+                    rows,
+                    dqk,
+                    n,
+                    RowMajor { ptr: ds_buf, ld: lds, stride: blk },
+                    RowMajor { ptr: at(io.k, &lk, b, g, klo), ld: ld(lk.seq, dqk), stride: 0 },
+                    RowMajor { ptr: at(io.dq, &lq, b, h0, i0), ld: ld(lq.seq, dqk), stride: lq.head },
+                    Elem::Low,
+                    scale,
+                    0.0,
+                    ratio,
+                ))?;
+                // dV += P^T dO_c, dK += scale dS^T Q_c: heads of the group in a fixed order,
+                // accumulated in fp32 by GEMM beta = 1 (deterministic).
+                for r in 0..ratio {
+                    let h = h0 + r;
+                    let roff = (r * blk) as u64;
+                    ops.gemm(&gemm_rm(
+                        true,
+                        false,
+                        n,
+                        dv,
+                        rows,
+                        RowMajor { ptr: p_buf + 2 * roff, ld: lds, stride: 0 },
+                        RowMajor { ptr: at(io.d_o, &lo_, b, h, i0), ld: ld(lo_.seq, dv), stride: 0 },
+                        RowMajor { ptr: acc_dv + 4 * (klo * dv) as u64, ld: dv, stride: 0 },
+                        Elem::F32,
+                        1.0,
+                        1.0,
+                        1,
+                    ))?;
+                    ops.gemm(&gemm_rm(
+                        true,
+                        false,
+                        n,
+                        dqk,
+                        rows,
+                        RowMajor { ptr: ds_buf + 2 * roff, ld: lds, stride: 0 },
+                        RowMajor { ptr: at(io.q, &lq, b, h, i0), ld: ld(lq.seq, dqk), stride: 0 },
+                        RowMajor { ptr: acc_dk + 4 * (klo * dqk) as u64, ld: dqk, stride: 0 },
+                        Elem::F32,
+                        scale,
+                        1.0,
+                        1,
+                    ))?;
+                }
+            }
+            ops.cast_rows(&CastArgs {
+                src: acc_dk,
+                dst: at(io.dk, &lk, b, g, 0),
+                dst_ld: lk.seq,
+                rows: skv,
+                cols: dqk,
+            })?;
+            ops.cast_rows(&CastArgs {
+                src: acc_dv,
+                dst: at(io.dv, &lv, b, g, 0),
+                dst_ld: lv.seq,
+                rows: skv,
+                cols: dv,
+            })?;
+        }
+    }
+    Ok(())
+}

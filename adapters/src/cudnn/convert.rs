@@ -1,0 +1,254 @@
+//! From an [`AttentionProblem`] to an [`SdpaSpec`], the capability manifest and the exact gate.
+//! Pure (no cuDNN calls): the same answers on a CPU-only machine.
+
+use crate::executor::{DeviceKind, HeadDimRange, Manifest, Unsupported};
+use crate::problem::{AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind};
+
+use super::graph::GraphKind;
+use super::spec::{Diagonal, Direction, GradLayouts, IoDtype, Layouts, MaskSpec, SdpaSpec};
+use super::version::CudnnVersion;
+
+/// Registry name of the executor.
+pub const NAME: &str = "cudnn";
+
+/// Largest head dim the executor admits: cuDNN's documented SM90 limit for forward and backward
+/// (9.19 runs a d = 512 forward only through a slow SM80 kernel and has no d = 512 backward).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The executor's static capability manifest.
+pub fn manifest() -> Manifest {
+    Manifest {
+        name: NAME.to_string(),
+        device: DeviceKind::Cuda,
+        min_compute_capability: Some(80),
+        dtypes: vec![DType::BF16, DType::F16],
+        head_dim_qk: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },
+        head_dim_v: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },
+        head_dim_v_may_differ: false,
+        masks: vec![MaskKind::NoMask, MaskKind::CausalTopLeft, MaskKind::CausalBottomRight],
+        windows: true,
+        rectangular: true,
+        layouts: vec![LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd],
+        arbitrary_strides: true,
+        stride_multiple_of: 8,
+        gqa: true,
+        max_seqlen: None,
+        max_score_elements: None,
+        backward: true,
+        deterministic: true,
+        notes: vec![
+            "cuDNN fused flash attention through the raw backend graph API (composite graph; native SDPA op where the runtime allows)".into(),
+            "graphs are built from the tensors' actual strides: bshd, sbhd and bhsd run without copies".into(),
+            "deterministic backward uses the frontend's dP-workspace graph and refuses engines noted NONDETERMINISTIC".into(),
+            "a plan that is not a fused-attention engine (finalizeMode SDPA_FWD/SDPA_BWD/UNIFIED_SDPA_FWD) is refused".into(),
+            "rows with no admissible key are refused (cuDNN would return NaN where the convention is O = 0, LSE = -inf)".into(),
+        ],
+    }
+}
+
+/// The mask in the graph builder's terms.
+pub fn mask_of(p: &AttentionProblem) -> MaskSpec {
+    let e = p.effective_mask();
+    let diagonal = match p.mask.alignment {
+        DiagonalAlignment::TopLeft => Diagonal::TopLeft,
+        DiagonalAlignment::BottomRight => Diagonal::BottomRight,
+    };
+    MaskSpec { left: e.left, right: e.right, diagonal }.canonical(p.seqlen_q as i64, p.seqlen_kv as i64)
+}
+
+fn strides4(s: crate::problem::Strides) -> [i64; 4] {
+    [s.batch as i64, s.head as i64, s.seq as i64, 1]
+}
+
+/// The graph spec of a problem (structure only; see [`check`] for what cuDNN accepts).
+pub fn spec_of(p: &AttentionProblem, dir: Direction) -> SdpaSpec {
+    let l = &p.layout;
+    let layouts = Layouts {
+        q: strides4(l.q),
+        k: strides4(l.k),
+        v: strides4(l.v),
+        o: strides4(l.o),
+        grads: (dir == Direction::Backward).then(|| GradLayouts {
+            d_o: strides4(l.o),
+            dq: strides4(l.q),
+            dk: strides4(l.k),
+            dv: strides4(l.v),
+        }),
+    };
+    SdpaSpec {
+        b: p.batch as i64,
+        h_q: p.heads_q as i64,
+        h_kv: p.heads_kv as i64,
+        s_q: p.seqlen_q as i64,
+        s_kv: p.seqlen_kv as i64,
+        d_qk: p.head_dim_qk as i64,
+        d_v: p.head_dim_v as i64,
+        dtype: match p.dtype {
+            DType::BF16 => IoDtype::Bf16,
+            DType::F16 => IoDtype::F16,
+        },
+        mask: mask_of(p),
+        layouts,
+        deterministic: dir == Direction::Backward && p.deterministic,
+    }
+    .canonical(dir)
+}
+
+/// The exact gate, without a device: the manifest, empty mask rows, and (when known) the
+/// runtime version. Plan building can still refuse (see the executor).
+pub fn check(p: &AttentionProblem, version: Option<CudnnVersion>) -> Result<(), Unsupported> {
+    manifest().admits(p)?;
+    let e = p.effective_mask();
+    for row in [0, p.seqlen_q - 1] {
+        let (lo, hi) = e.row_range(row);
+        if lo >= hi {
+            return Err(Unsupported::new(format!(
+                "mask {} leaves query row {row} with no key (s_q = {}, s_kv = {}); cuDNN would return NaN there",
+                mask_of(p),
+                p.seqlen_q,
+                p.seqlen_kv
+            )));
+        }
+    }
+    if let Some(v) = version
+        && let Some(reason) = v.unsupported_reason(&spec_of(p, Direction::Forward), Direction::Forward)
+    {
+        return Err(Unsupported::new(reason));
+    }
+    Ok(())
+}
+
+/// Forward graphs to try, in order: the native SDPA op where the runtime version allows it for
+/// this mask (cudnn-frontend's UNIFIED choice), then the composite graph.
+pub fn forward_candidates(spec: &SdpaSpec, version: CudnnVersion, native_allowed: bool) -> Vec<GraphKind> {
+    let native = native_allowed
+        && version.has_native_sdpa()
+        && (spec.mask.is_none() || version.has_sdpa_subgraph());
+    if native { vec![GraphKind::NativeFwd, GraphKind::CompositeFwd] } else { vec![GraphKind::CompositeFwd] }
+}
+
+/// A three-valued probe answer (`probe.fused_attn_graph` in rule packs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeAnswer {
+    /// cuDNN built a fused-attention plan for the graph on this device.
+    Yes {
+        /// The engine (tag, finalize mode, kernel).
+        engine: String,
+    },
+    /// cuDNN (or the executor's gate) refuses the graph here.
+    No {
+        /// Why.
+        reason: String,
+    },
+    /// No live cuDNN to ask (no GPU, no library, or built without the `cudnn` feature).
+    Unknown {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ProbeAnswer {
+    /// As a fact value: `Some(true)`, `Some(false)`, or `None` (unknown).
+    pub fn as_fact(&self) -> Option<bool> {
+        match self {
+            ProbeAnswer::Yes { .. } => Some(true),
+            ProbeAnswer::No { .. } => Some(false),
+            ProbeAnswer::Unknown { .. } => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::MaskSpec as PMask;
+
+    fn p(sq: usize, skv: usize, d: usize) -> AttentionProblem {
+        AttentionProblem::new(2, 8, 4, sq, skv, d, d, DType::BF16)
+    }
+
+    #[test]
+    fn spec_uses_the_actual_strides_of_each_layout() {
+        for kind in [LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd] {
+            let pr = p(64, 64, 128).with_layout(kind);
+            let s = spec_of(&pr, Direction::Backward);
+            let l = pr.layout.q;
+            assert_eq!(s.layouts.q, [l.batch as i64, l.head as i64, l.seq as i64, 1]);
+            let g = s.layouts.grads.unwrap();
+            assert_eq!(g.dq, s.layouts.q);
+            assert_eq!(g.d_o, s.layouts.o);
+            assert_eq!(s.validate(Direction::Backward), Ok(()));
+        }
+        let f = spec_of(&p(64, 64, 128), Direction::Forward);
+        assert!(f.layouts.grads.is_none());
+        assert!(!f.deterministic, "forward graphs ignore the deterministic flag");
+    }
+
+    #[test]
+    fn masks_map_onto_the_band() {
+        let c = p(64, 128, 64).with_mask(PMask::CAUSAL_TOP_LEFT);
+        assert_eq!(mask_of(&c), MaskSpec::CAUSAL);
+        let br = p(64, 128, 64).with_mask(PMask::CAUSAL_BOTTOM_RIGHT);
+        assert_eq!(mask_of(&br), MaskSpec::CAUSAL_BOTTOM_RIGHT);
+        // square: bottom-right is top-left
+        let sq = p(64, 64, 64).with_mask(PMask::CAUSAL_BOTTOM_RIGHT);
+        assert_eq!(mask_of(&sq), MaskSpec::CAUSAL);
+        let w = p(64, 64, 64).with_mask(PMask::window(16, 0, DiagonalAlignment::TopLeft));
+        assert_eq!(mask_of(&w), MaskSpec { left: Some(16), right: Some(0), diagonal: Diagonal::TopLeft });
+        // the band semantics agree with the problem's effective mask everywhere
+        for m in [
+            PMask::CAUSAL_BOTTOM_RIGHT,
+            PMask::window(5, 3, DiagonalAlignment::BottomRight),
+            PMask::window(7, -1, DiagonalAlignment::TopLeft),
+        ] {
+            let pr = p(24, 40, 64).with_mask(m);
+            let band = mask_of(&pr);
+            let e = pr.effective_mask();
+            for i in 0..24 {
+                for j in 0..40 {
+                    assert_eq!(band.keeps(i as i64, j as i64, 24, 40), e.allows(i, j), "{m:?} {i} {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gate_refuses_what_cudnn_cannot_run_exactly() {
+        assert!(check(&p(64, 64, 128), Some(CudnnVersion(91900))).is_ok());
+        let e = check(&p(64, 64, 512), None).unwrap_err();
+        assert!(e.reason.contains("head_dim_qk 512"), "{}", e.reason);
+        // bottom-right causal with s_q > s_kv leaves the first rows empty
+        let br = p(128, 64, 64).with_mask(PMask::CAUSAL_BOTTOM_RIGHT);
+        assert!(check(&br, None).unwrap_err().reason.contains("no key"));
+        // a top-left window past the end of a short KV leaves the last rows empty
+        let w = p(128, 16, 64).with_mask(PMask::window(4, 0, DiagonalAlignment::TopLeft));
+        assert!(check(&w, None).unwrap_err().reason.contains("row 127"));
+        // cuDNN older than 9.6
+        assert!(check(&p(64, 64, 64), Some(CudnnVersion(90500))).is_err());
+        let mut odd = p(64, 64, 64);
+        odd.layout.q.seq = 68;
+        odd.layout.q.head = 68 * 64 * 2;
+        odd.layout.q.batch = 68 * 64 * 2 * 8;
+        assert!(check(&odd, None).unwrap_err().reason.contains("multiples of 8"));
+    }
+
+    #[test]
+    fn native_op_only_where_the_version_allows_the_mask() {
+        let none = spec_of(&p(64, 64, 64), Direction::Forward);
+        let causal = spec_of(&p(64, 64, 64).with_mask(PMask::CAUSAL_TOP_LEFT), Direction::Forward);
+        let v919 = CudnnVersion(91900);
+        let v921 = CudnnVersion(92100);
+        assert_eq!(forward_candidates(&none, v919, true), vec![GraphKind::NativeFwd, GraphKind::CompositeFwd]);
+        assert_eq!(forward_candidates(&causal, v919, true), vec![GraphKind::CompositeFwd]);
+        assert_eq!(forward_candidates(&causal, v921, true), vec![GraphKind::NativeFwd, GraphKind::CompositeFwd]);
+        assert_eq!(forward_candidates(&none, CudnnVersion(91200), true), vec![GraphKind::CompositeFwd]);
+        assert_eq!(forward_candidates(&none, v921, false), vec![GraphKind::CompositeFwd]);
+    }
+
+    #[test]
+    fn probe_answers_are_three_valued() {
+        assert_eq!(ProbeAnswer::Yes { engine: "eng2".into() }.as_fact(), Some(true));
+        assert_eq!(ProbeAnswer::No { reason: "x".into() }.as_fact(), Some(false));
+        assert_eq!(ProbeAnswer::Unknown { reason: "x".into() }.as_fact(), None);
+    }
+}

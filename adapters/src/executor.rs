@@ -1,0 +1,509 @@
+//! The executor trait every backend implements, its capability manifest and its error type.
+//!
+//! # Implementing an executor
+//! 1. [`Executor::manifest`] states, as data, what the executor accepts. A rule pack that names
+//!    the executor may not admit more than this (the pack cross-check uses [`Manifest::admits`]).
+//! 2. [`Executor::check`] is the exact run-time gate: it must refuse (with [`Unsupported`]) every
+//!    problem the executor cannot run *exactly*, and accept everything else. It must be cheap
+//!    and must not touch a device. It must agree with the manifest: whatever `check` accepts,
+//!    `manifest().admits()` accepts too (check may be stricter, e.g. for memory limits).
+//! 3. [`Executor::forward`] / [`Executor::backward`] take host tensors (the device-agnostic
+//!    path used by `attn-policy run` and the tests). They call `check` first, then validate every
+//!    tensor (dtype, length) before any device work, and return
+//!    [`ExecError::Unsupported`] / [`ExecError::InvalidInput`] without computing on a mismatch.
+//! 4. GPU executors may also implement the device fast path ([`Executor::forward_device`],
+//!    [`Executor::backward_device`]) on raw device pointers, used by the benches. The default
+//!    implementation refuses with `Unsupported`.
+//!
+//! Errors: [`ExecError::Unsupported`] means "this executor does not do that" (a policy matter:
+//! the caller may pick another backend, and must say so); every other variant is a real error.
+
+use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use thiserror::Error;
+
+/// Why an executor declines a problem. Not an error of the caller's inputs: a capability gap.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Error)]
+#[error("{reason}")]
+pub struct Unsupported {
+    /// Human-readable reason naming the parameter and its limit, e.g.
+    /// `"head_dim_qk 1032 > 1024"`.
+    pub reason: String,
+}
+
+impl Unsupported {
+    /// Build from anything printable.
+    pub fn new(reason: impl Into<String>) -> Unsupported {
+        Unsupported { reason: reason.into() }
+    }
+}
+
+/// Everything that can go wrong when running an executor.
+#[derive(Debug, Error)]
+pub enum ExecError {
+    /// The executor does not support this problem (capability gap, not a failure).
+    #[error("unsupported: {reason}")]
+    Unsupported {
+        /// Why.
+        reason: String,
+    },
+    /// The problem or a tensor does not match its description (wrong dtype, length, shape,
+    /// alignment, or an invalid problem). Nothing was computed.
+    #[error("invalid input: {reason}")]
+    InvalidInput {
+        /// What does not match.
+        reason: String,
+    },
+    /// No usable device (no driver, no GPU, library missing) or the crate was built without the
+    /// needed feature.
+    #[error("no device: {reason}")]
+    NoDevice {
+        /// Why.
+        reason: String,
+    },
+    /// A backend library call failed (CUDA driver, NVRTC, cuBLAS, cuDNN...).
+    #[error("{library} error: {message}")]
+    Backend {
+        /// Which library (`cuda`, `nvrtc`, `cublas`, `cudnn`).
+        library: &'static str,
+        /// Its message.
+        message: String,
+    },
+    /// The workspace needed exceeds the configured budget.
+    #[error("workspace: need {needed} bytes, budget {budget} bytes")]
+    Workspace {
+        /// Bytes needed for the smallest chunking.
+        needed: u64,
+        /// Configured budget.
+        budget: u64,
+    },
+    /// No executor with this name is registered.
+    #[error("unknown executor '{name}' (known: {known})")]
+    UnknownExecutor {
+        /// Requested name.
+        name: String,
+        /// Comma-separated registered names.
+        known: String,
+    },
+    /// Verification against the reference failed (used by [`crate::run`]).
+    #[error("verification failed: {reason}")]
+    Verification {
+        /// Which quantity and by how much.
+        reason: String,
+    },
+}
+
+impl From<Unsupported> for ExecError {
+    fn from(u: Unsupported) -> ExecError {
+        ExecError::Unsupported { reason: u.reason }
+    }
+}
+
+impl ExecError {
+    /// Shorthand for [`ExecError::InvalidInput`].
+    pub fn invalid(reason: impl Into<String>) -> ExecError {
+        ExecError::InvalidInput { reason: reason.into() }
+    }
+    /// Is this a capability refusal (as opposed to a real error)?
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, ExecError::Unsupported { .. })
+    }
+}
+
+/// Where an executor runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    /// Host CPU.
+    Cpu,
+    /// An NVIDIA GPU.
+    Cuda,
+}
+
+/// Head dims an executor accepts: `min <= d <= max` and `d % multiple_of == 0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeadDimRange {
+    /// Smallest accepted head dim.
+    pub min: usize,
+    /// Largest accepted head dim.
+    pub max: usize,
+    /// Head dims must be a multiple of this.
+    pub multiple_of: usize,
+}
+
+impl HeadDimRange {
+    /// Does `d` fall in the range?
+    pub fn contains(&self, d: usize) -> bool {
+        d >= self.min && d <= self.max && d % self.multiple_of.max(1) == 0
+    }
+}
+
+impl fmt::Display for HeadDimRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..={} (multiple of {})", self.min, self.max, self.multiple_of)
+    }
+}
+
+/// What an executor accepts, as data. Serialized into docs and cross-checked against rule packs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Executor name (same as [`Executor::name`]).
+    pub name: String,
+    /// Where it runs.
+    pub device: DeviceKind,
+    /// Minimum CUDA compute capability as `major * 10 + minor` (None for CPU).
+    pub min_compute_capability: Option<u32>,
+    /// Accepted element types.
+    pub dtypes: Vec<DType>,
+    /// Accepted Q/K head dims.
+    pub head_dim_qk: HeadDimRange,
+    /// Accepted V/O head dims.
+    pub head_dim_v: HeadDimRange,
+    /// May `head_dim_v` differ from `head_dim_qk`?
+    pub head_dim_v_may_differ: bool,
+    /// Accepted causal kinds.
+    pub masks: Vec<MaskKind>,
+    /// Sliding windows (left/right bounds) accepted, with either diagonal alignment.
+    pub windows: bool,
+    /// `s_q != s_kv` accepted.
+    pub rectangular: bool,
+    /// Named layouts accepted.
+    pub layouts: Vec<LayoutKind>,
+    /// Arbitrary strides (head dim contiguous) accepted, beyond the named layouts.
+    pub arbitrary_strides: bool,
+    /// Required alignment of every stride and base pointer, in elements (1 = none).
+    pub stride_multiple_of: usize,
+    /// GQA/MQA (`h_kv < h_q`) accepted.
+    pub gqa: bool,
+    /// Largest sequence length (either side), None = no fixed limit (memory permitting).
+    pub max_seqlen: Option<usize>,
+    /// Largest `b * h_q * s_q * s_kv` (score elements) the executor takes, None = unbounded.
+    pub max_score_elements: Option<u64>,
+    /// Backward implemented.
+    pub backward: bool,
+    /// Results are bitwise reproducible run to run.
+    pub deterministic: bool,
+    /// Free-form notes for humans (documented limits, conventions).
+    pub notes: Vec<String>,
+}
+
+impl Manifest {
+    /// Does the manifest admit this problem? Returns the first reason it does not.
+    /// Executors typically implement [`Executor::check`] as `manifest().admits(p)` plus
+    /// problem-specific extras.
+    pub fn admits(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
+        if let Err(e) = p.validate() {
+            return Err(Unsupported::new(format!("invalid problem: {e}")));
+        }
+        if !self.dtypes.contains(&p.dtype) {
+            return Err(Unsupported::new(format!("dtype {} not supported", p.dtype)));
+        }
+        if !self.head_dim_qk.contains(p.head_dim_qk) {
+            return Err(Unsupported::new(format!(
+                "head_dim_qk {} outside {}",
+                p.head_dim_qk, self.head_dim_qk
+            )));
+        }
+        if !self.head_dim_v.contains(p.head_dim_v) {
+            return Err(Unsupported::new(format!(
+                "head_dim_v {} outside {}",
+                p.head_dim_v, self.head_dim_v
+            )));
+        }
+        if !self.head_dim_v_may_differ && p.head_dim_v != p.head_dim_qk {
+            return Err(Unsupported::new("head_dim_v != head_dim_qk"));
+        }
+        if !self.masks.contains(&p.mask.kind) {
+            return Err(Unsupported::new(format!("mask {} not supported", p.mask.kind.rule_name())));
+        }
+        if !self.windows && p.mask.has_window() {
+            return Err(Unsupported::new("sliding window not supported"));
+        }
+        if !self.rectangular && p.seqlen_q != p.seqlen_kv {
+            return Err(Unsupported::new("seqlen_q != seqlen_kv not supported"));
+        }
+        if !self.gqa && p.heads_kv != p.heads_q {
+            return Err(Unsupported::new("GQA/MQA (heads_kv < heads_q) not supported"));
+        }
+        if let Some(m) = self.max_seqlen
+            && (p.seqlen_q > m || p.seqlen_kv > m)
+        {
+            return Err(Unsupported::new(format!("sequence length above {m}")));
+        }
+        if let Some(m) = self.max_score_elements {
+            let n = (p.batch * p.heads_q) as u64 * p.seqlen_q as u64 * p.seqlen_kv as u64;
+            if n > m {
+                return Err(Unsupported::new(format!(
+                    "b*h_q*s_q*s_kv = {n} score elements above {m}"
+                )));
+            }
+        }
+        if !p.deterministic || self.deterministic {
+            // ok
+        } else {
+            return Err(Unsupported::new("deterministic results not guaranteed"));
+        }
+        let tensors = [
+            ("q", p.layout.q, p.heads_q, p.seqlen_q, p.head_dim_qk),
+            ("k", p.layout.k, p.heads_kv, p.seqlen_kv, p.head_dim_qk),
+            ("v", p.layout.v, p.heads_kv, p.seqlen_kv, p.head_dim_v),
+            ("o", p.layout.o, p.heads_q, p.seqlen_q, p.head_dim_v),
+        ];
+        for (name, s, h, sl, d) in tensors {
+            let named = s.kind(p.batch, h, sl, d);
+            match named {
+                Some(k) if self.layouts.contains(&k) => {}
+                _ if self.arbitrary_strides => {}
+                _ => {
+                    return Err(Unsupported::new(format!(
+                        "{name} layout {} not supported",
+                        named.map_or("custom strides", |k| k.rule_name())
+                    )));
+                }
+            }
+            let m = self.stride_multiple_of.max(1);
+            if s.batch % m != 0 || s.head % m != 0 || s.seq % m != 0 {
+                return Err(Unsupported::new(format!(
+                    "{name} strides (batch {}, head {}, seq {}) must be multiples of {m} elements",
+                    s.batch, s.head, s.seq
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A tensor in host memory: 16-bit patterns of `dtype`, laid out with some [`crate::Strides`].
+///
+/// `data.len()` must be at least the span the problem's strides give for this tensor; elements
+/// between rows (padding) are ignored on input and left untouched on output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    /// Element type.
+    pub dtype: DType,
+    /// Raw 16-bit patterns.
+    pub data: Vec<u16>,
+}
+
+impl HostTensor {
+    /// A tensor of `len` elements all equal to `value` (rounded to `dtype`).
+    pub fn filled(dtype: DType, len: usize, value: f64) -> HostTensor {
+        HostTensor { dtype, data: vec![dtype.to_bits(value); len] }
+    }
+    /// Value of element `i` as f64.
+    pub fn get(&self, i: usize) -> f64 {
+        self.dtype.from_bits(self.data[i])
+    }
+}
+
+/// Inputs of a forward call on the host path.
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardInputs<'a> {
+    /// Q, strides `problem.layout.q`.
+    pub q: &'a HostTensor,
+    /// K, strides `problem.layout.k`.
+    pub k: &'a HostTensor,
+    /// V, strides `problem.layout.v`.
+    pub v: &'a HostTensor,
+}
+
+/// Inputs of a backward call on the host path.
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardInputs<'a> {
+    /// Q, strides `problem.layout.q`.
+    pub q: &'a HostTensor,
+    /// K, strides `problem.layout.k`.
+    pub k: &'a HostTensor,
+    /// V, strides `problem.layout.v`.
+    pub v: &'a HostTensor,
+    /// Forward output O, strides `problem.layout.o`.
+    pub o: &'a HostTensor,
+    /// Gradient of O, strides `problem.layout.o`, same dtype as Q.
+    pub d_o: &'a HostTensor,
+    /// Forward LSE, `[b, h_q, s_q]` natural log, fp32.
+    pub lse: &'a [f32],
+}
+
+/// Measurements an executor reports about one call.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExecStats {
+    /// Time of the computation itself (device events for GPU executors, wall clock for CPU),
+    /// excluding host<->device copies, in milliseconds.
+    pub compute_ms: f64,
+    /// Bytes of workspace the executor allocated beyond inputs and outputs.
+    pub workspace_bytes: u64,
+    /// Peak bytes the call allocated on its device (outputs + workspace), if known.
+    pub peak_bytes: Option<u64>,
+}
+
+/// Result of a forward call on the host path.
+#[derive(Clone, Debug)]
+pub struct ForwardOutput {
+    /// O, strides `problem.layout.o` (padding elements are 0).
+    pub o: HostTensor,
+    /// LSE `[b, h_q, s_q]`, natural log of the sum of `exp(scale * q.k)`, fp32; `-inf` for rows
+    /// with no admissible key.
+    pub lse: Vec<f32>,
+    /// Measurements.
+    pub stats: ExecStats,
+}
+
+/// Result of a backward call on the host path.
+#[derive(Clone, Debug)]
+pub struct BackwardOutput {
+    /// dQ, strides `problem.layout.q`.
+    pub dq: HostTensor,
+    /// dK, strides `problem.layout.k`.
+    pub dk: HostTensor,
+    /// dV, strides `problem.layout.v`.
+    pub dv: HostTensor,
+    /// Measurements.
+    pub stats: ExecStats,
+}
+
+/// Raw device pointers for the forward device path (CUDA `CUdeviceptr` values as `u64`).
+///
+/// Q/K/V/O use the problem's strides and dtype; `lse` is `[b, h_q, s_q]` fp32 contiguous.
+/// `stream` is a `CUstream` (0 = the executor's own stream; the call is then synchronous).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceForwardArgs {
+    /// Q.
+    pub q: u64,
+    /// K.
+    pub k: u64,
+    /// V.
+    pub v: u64,
+    /// Output O.
+    pub o: u64,
+    /// Output LSE.
+    pub lse: u64,
+}
+
+/// Raw device pointers for the backward device path; dQ/dK/dV use the strides of Q/K/V.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceBackwardArgs {
+    /// Q.
+    pub q: u64,
+    /// K.
+    pub k: u64,
+    /// V.
+    pub v: u64,
+    /// Forward O.
+    pub o: u64,
+    /// Gradient of O.
+    pub d_o: u64,
+    /// Forward LSE.
+    pub lse: u64,
+    /// Output dQ.
+    pub dq: u64,
+    /// Output dK.
+    pub dk: u64,
+    /// Output dV.
+    pub dv: u64,
+}
+
+/// An attention executor. Object safe; shared across threads.
+pub trait Executor: Send + Sync {
+    /// Registry name, as rule packs write it (`reference`, `chunked`, `cudnn`).
+    fn name(&self) -> &str;
+
+    /// One line describing the device it runs on (e.g. `"NVIDIA H200 (sm_90), driver 13000"`).
+    fn device_description(&self) -> String;
+
+    /// Capability manifest, as data.
+    fn manifest(&self) -> Manifest;
+
+    /// Exact run-time gate: `Ok` iff the executor runs this problem exactly. No device work.
+    fn check(&self, problem: &AttentionProblem) -> Result<(), Unsupported>;
+
+    /// Forward on host tensors: returns O and LSE.
+    fn forward(
+        &self,
+        problem: &AttentionProblem,
+        inputs: &ForwardInputs<'_>,
+    ) -> Result<ForwardOutput, ExecError>;
+
+    /// Backward on host tensors: returns dQ, dK, dV from dO, O and LSE.
+    fn backward(
+        &self,
+        problem: &AttentionProblem,
+        inputs: &BackwardInputs<'_>,
+    ) -> Result<BackwardOutput, ExecError>;
+
+    /// Forward on device memory (fast path for benches). Synchronous on return.
+    ///
+    /// # Safety
+    /// Every pointer must be a live allocation on this executor's device covering the span the
+    /// problem's strides give (LSE: `lse_len()` floats), and outputs must not alias inputs.
+    unsafe fn forward_device(
+        &self,
+        problem: &AttentionProblem,
+        args: &DeviceForwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        let _ = (problem, args);
+        Err(ExecError::Unsupported { reason: format!("{}: no device path", self.name()) })
+    }
+
+    /// Backward on device memory (fast path for benches). Synchronous on return.
+    ///
+    /// # Safety
+    /// As for [`Executor::forward_device`].
+    unsafe fn backward_device(
+        &self,
+        problem: &AttentionProblem,
+        args: &DeviceBackwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        let _ = (problem, args);
+        Err(ExecError::Unsupported { reason: format!("{}: no device path", self.name()) })
+    }
+}
+
+/// Shared validation of host inputs: dtype and length of every tensor against the problem.
+/// Executors call this before any work.
+pub fn validate_forward_inputs(
+    p: &AttentionProblem,
+    inputs: &ForwardInputs<'_>,
+) -> Result<(), ExecError> {
+    p.validate().map_err(ExecError::invalid)?;
+    check_tensor("q", p.dtype, p.q_span(), inputs.q)?;
+    check_tensor("k", p.dtype, p.k_span(), inputs.k)?;
+    check_tensor("v", p.dtype, p.v_span(), inputs.v)
+}
+
+/// Shared validation of backward host inputs (dO's dtype included, LSE length).
+pub fn validate_backward_inputs(
+    p: &AttentionProblem,
+    inputs: &BackwardInputs<'_>,
+) -> Result<(), ExecError> {
+    p.validate().map_err(ExecError::invalid)?;
+    check_tensor("q", p.dtype, p.q_span(), inputs.q)?;
+    check_tensor("k", p.dtype, p.k_span(), inputs.k)?;
+    check_tensor("v", p.dtype, p.v_span(), inputs.v)?;
+    check_tensor("o", p.dtype, p.o_span(), inputs.o)?;
+    check_tensor("d_o", p.dtype, p.o_span(), inputs.d_o)?;
+    if inputs.lse.len() != p.lse_len() {
+        return Err(ExecError::invalid(format!(
+            "lse has {} elements, expected b*h_q*s_q = {}",
+            inputs.lse.len(),
+            p.lse_len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_tensor(name: &str, dtype: DType, span: usize, t: &HostTensor) -> Result<(), ExecError> {
+    if t.dtype != dtype {
+        return Err(ExecError::invalid(format!(
+            "{name} has dtype {}, problem says {dtype}",
+            t.dtype
+        )));
+    }
+    if t.data.len() < span {
+        return Err(ExecError::invalid(format!(
+            "{name} has {} elements, its strides need {span}",
+            t.data.len()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,518 @@
+//! The description of one attention call: shapes, dtype, memory layout, mask, scale.
+//!
+//! An [`AttentionProblem`] is what an executor is asked to run. It carries no data: the tensors
+//! travel separately (host tensors in [`crate::executor`], device pointers in the device paths).
+//!
+//! # Conventions
+//! - Logical tensor shapes: Q `[b, h_q, s_q, d_qk]`, K `[b, h_kv, s_kv, d_qk]`,
+//!   V `[b, h_kv, s_kv, d_v]`, O and dO `[b, h_q, s_q, d_v]`, LSE `[b, h_q, s_q]` (contiguous,
+//!   fp32, natural log). The physical layout of Q, K, V, O (and dQ, dK, dV, dO, which use the
+//!   strides of Q, K, V, O respectively) is given by [`Strides`]; the head dimension is always
+//!   contiguous (stride 1).
+//! - GQA: query head `h` reads KV head `h / (h_q / h_kv)`; `h_q` must be a multiple of `h_kv`.
+//! - Masks are expressed as a window around a diagonal, see [`MaskSpec`].
+//! - A query row with no admissible key gets `O = 0` and `LSE = -inf` (so a ring merge by
+//!   `logaddexp` ignores it), and contributes nothing to the gradients.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Element type of Q, K, V, O, dO, dQ, dK, dV. Accumulation is always fp32 or wider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> usize {
+        2
+    }
+    /// Name as used in rule packs (`fp16`, `bf16`).
+    pub fn rule_name(self) -> &'static str {
+        match self {
+            DType::F16 => "fp16",
+            DType::BF16 => "bf16",
+        }
+    }
+    /// Round an f64 to this dtype and back (what storing a value in this dtype does).
+    pub fn round(self, x: f64) -> f64 {
+        match self {
+            DType::F16 => half::f16::from_f64(x).to_f64(),
+            DType::BF16 => half::bf16::from_f64(x).to_f64(),
+        }
+    }
+    /// Encode an f64 as this dtype's 16-bit pattern (round to nearest even).
+    pub fn to_bits(self, x: f64) -> u16 {
+        match self {
+            DType::F16 => half::f16::from_f64(x).to_bits(),
+            DType::BF16 => half::bf16::from_f64(x).to_bits(),
+        }
+    }
+    /// Decode this dtype's 16-bit pattern.
+    pub fn from_bits(self, b: u16) -> f64 {
+        match self {
+            DType::F16 => half::f16::from_bits(b).to_f64(),
+            DType::BF16 => half::bf16::from_bits(b).to_f64(),
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.rule_name())
+    }
+}
+
+/// Named layouts; all of them are special cases of [`Strides`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayoutKind {
+    /// `[b, s, h, d]` contiguous (the default of most training stacks).
+    Bshd,
+    /// `[s, b, h, d]` contiguous (Megatron / Transformer Engine `sbhd`).
+    Sbhd,
+    /// `[b, h, s, d]` contiguous (PyTorch SDPA's logical order).
+    Bhsd,
+}
+
+impl LayoutKind {
+    /// Rule-pack name (`bshd`, `sbhd`, `bhsd`).
+    pub fn rule_name(self) -> &'static str {
+        match self {
+            LayoutKind::Bshd => "bshd",
+            LayoutKind::Sbhd => "sbhd",
+            LayoutKind::Bhsd => "bhsd",
+        }
+    }
+}
+
+/// Element strides of a 4-D tensor in logical order `(batch, head, seq)`; the head-dim stride is 1.
+///
+/// Strides are in elements, not bytes, and must be non-negative. Executors may require more
+/// (for instance multiples of 8 elements for 16-byte aligned rows) and refuse with
+/// [`crate::ExecError::Unsupported`] or [`crate::ExecError::InvalidInput`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Strides {
+    /// Stride between batch entries.
+    pub batch: usize,
+    /// Stride between heads.
+    pub head: usize,
+    /// Stride between consecutive sequence positions (the "row" stride).
+    pub seq: usize,
+}
+
+impl Strides {
+    /// Contiguous strides of a named layout for a tensor of `[b, h, s, d]`.
+    pub fn of(kind: LayoutKind, b: usize, h: usize, s: usize, d: usize) -> Strides {
+        match kind {
+            LayoutKind::Bshd => Strides { batch: s * h * d, head: d, seq: h * d },
+            LayoutKind::Sbhd => Strides { batch: h * d, head: d, seq: b * h * d },
+            LayoutKind::Bhsd => Strides { batch: h * s * d, head: s * d, seq: d },
+        }
+    }
+
+    /// Offset (in elements) of element `(b, h, s, d)`.
+    pub fn offset(&self, b: usize, h: usize, s: usize, d: usize) -> usize {
+        b * self.batch + h * self.head + s * self.seq + d
+    }
+
+    /// Number of elements a buffer must hold for a tensor `[b, h, s, d]` with these strides
+    /// (largest offset + 1), or 0 for an empty tensor.
+    pub fn span(&self, b: usize, h: usize, s: usize, d: usize) -> usize {
+        if b == 0 || h == 0 || s == 0 || d == 0 {
+            return 0;
+        }
+        self.offset(b - 1, h - 1, s - 1, d - 1) + 1
+    }
+
+    /// The named layout these strides are, if any, for a tensor `[b, h, s, d]`.
+    pub fn kind(&self, b: usize, h: usize, s: usize, d: usize) -> Option<LayoutKind> {
+        [LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd]
+            .into_iter()
+            .find(|k| Strides::of(*k, b, h, s, d) == *self)
+    }
+}
+
+/// Physical layouts of the four tensors of a call. Gradients use the strides of their forward
+/// counterpart (dQ like Q, dK like K, dV like V, dO like O).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TensorLayouts {
+    /// Q (and dQ).
+    pub q: Strides,
+    /// K (and dK).
+    pub k: Strides,
+    /// V (and dV).
+    pub v: Strides,
+    /// O (and dO).
+    pub o: Strides,
+}
+
+/// Which mask the call applies before the softmax.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskKind {
+    /// No causal constraint (a window may still apply).
+    NoMask,
+    /// Causal, diagonal anchored at the top-left corner: query `i` sees keys `j <= i`.
+    CausalTopLeft,
+    /// Causal, diagonal anchored at the bottom-right corner: query `i` sees keys
+    /// `j <= i + s_kv - s_q` (FlashAttention >= 2.1 and cuDNN convention).
+    CausalBottomRight,
+}
+
+impl MaskKind {
+    /// Rule-pack name (`no_mask`, `causal`, `causal_bottom_right`).
+    pub fn rule_name(self) -> &'static str {
+        match self {
+            MaskKind::NoMask => "no_mask",
+            MaskKind::CausalTopLeft => "causal",
+            MaskKind::CausalBottomRight => "causal_bottom_right",
+        }
+    }
+}
+
+/// Where the window's diagonal sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiagonalAlignment {
+    /// Diagonal through `(0, 0)`: offset 0.
+    TopLeft,
+    /// Diagonal through `(s_q - 1, s_kv - 1)`: offset `s_kv - s_q`.
+    BottomRight,
+}
+
+/// Mask = causal kind + sliding window + diagonal alignment.
+///
+/// Query row `i` may attend key `j` iff, with `off = 0` (top-left) or `off = s_kv - s_q`
+/// (bottom-right) and `c = i + off`:
+/// `(left < 0 || j >= c - left) && (right < 0 || j <= c + right)`, and `0 <= j < s_kv`.
+/// Causal masks force `right = 0` when `right` is unbounded or larger; their alignment is the
+/// one their name says, and [`MaskSpec::validate`] rejects a contradicting `alignment`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MaskSpec {
+    /// Causal kind.
+    pub kind: MaskKind,
+    /// Keys to the left of the diagonal a query may see; `-1` = unbounded.
+    pub window_left: i64,
+    /// Keys to the right of the diagonal a query may see; `-1` = unbounded.
+    pub window_right: i64,
+    /// Diagonal alignment (must match the causal kind for causal masks).
+    pub alignment: DiagonalAlignment,
+}
+
+impl MaskSpec {
+    /// No mask at all.
+    pub const NONE: MaskSpec = MaskSpec {
+        kind: MaskKind::NoMask,
+        window_left: -1,
+        window_right: -1,
+        alignment: DiagonalAlignment::TopLeft,
+    };
+    /// Causal, top-left diagonal.
+    pub const CAUSAL_TOP_LEFT: MaskSpec = MaskSpec {
+        kind: MaskKind::CausalTopLeft,
+        window_left: -1,
+        window_right: 0,
+        alignment: DiagonalAlignment::TopLeft,
+    };
+    /// Causal, bottom-right diagonal.
+    pub const CAUSAL_BOTTOM_RIGHT: MaskSpec = MaskSpec {
+        kind: MaskKind::CausalBottomRight,
+        window_left: -1,
+        window_right: 0,
+        alignment: DiagonalAlignment::BottomRight,
+    };
+
+    /// Sliding window `(left, right)` (`-1` = unbounded) around the given diagonal, no causal kind.
+    pub fn window(left: i64, right: i64, alignment: DiagonalAlignment) -> MaskSpec {
+        MaskSpec { kind: MaskKind::NoMask, window_left: left, window_right: right, alignment }
+    }
+
+    /// Does this mask restrict anything through its window (beyond the causal diagonal)?
+    pub fn has_window(&self) -> bool {
+        self.window_left >= 0 || (self.kind == MaskKind::NoMask && self.window_right >= 0)
+    }
+
+    /// Check internal consistency.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.window_left < -1 || self.window_right < -1 {
+            return Err(format!(
+                "window ({}, {}): sizes must be >= 0 or -1 (unbounded)",
+                self.window_left, self.window_right
+            ));
+        }
+        match (self.kind, self.alignment) {
+            (MaskKind::CausalTopLeft, DiagonalAlignment::BottomRight) => {
+                Err("causal top-left mask with a bottom-right diagonal alignment".into())
+            }
+            (MaskKind::CausalBottomRight, DiagonalAlignment::TopLeft) => {
+                Err("causal bottom-right mask with a top-left diagonal alignment".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The effective window after applying the causal kind: `(offset, left, right)` with
+    /// `None` for unbounded. `offset` is added to the query index to find the diagonal.
+    pub fn effective(&self, seqlen_q: usize, seqlen_kv: usize) -> EffectiveMask {
+        let offset = match self.alignment {
+            DiagonalAlignment::TopLeft => 0,
+            DiagonalAlignment::BottomRight => seqlen_kv as i64 - seqlen_q as i64,
+        };
+        let left = (self.window_left >= 0).then_some(self.window_left);
+        let mut right = (self.window_right >= 0).then_some(self.window_right);
+        if self.kind != MaskKind::NoMask {
+            right = Some(right.map_or(0, |r| r.min(0)));
+        }
+        EffectiveMask { offset, left, right, seqlen_kv: seqlen_kv as i64 }
+    }
+}
+
+/// A mask reduced to a diagonal offset and a window; see [`MaskSpec::effective`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EffectiveMask {
+    /// Added to the query index to find its diagonal key.
+    pub offset: i64,
+    /// Keys left of the diagonal (None = unbounded).
+    pub left: Option<i64>,
+    /// Keys right of the diagonal (None = unbounded).
+    pub right: Option<i64>,
+    /// Number of keys.
+    pub seqlen_kv: i64,
+}
+
+impl EffectiveMask {
+    /// Half-open key range `[lo, hi)` query row `i` may attend (empty when `lo >= hi`).
+    pub fn row_range(&self, i: usize) -> (i64, i64) {
+        let c = i as i64 + self.offset;
+        let lo = self.left.map_or(0, |l| (c - l).max(0));
+        let hi = self.right.map_or(self.seqlen_kv, |r| (c + r + 1).min(self.seqlen_kv));
+        (lo.min(self.seqlen_kv), hi.max(0))
+    }
+
+    /// May query `i` attend key `j`?
+    pub fn allows(&self, i: usize, j: usize) -> bool {
+        let (lo, hi) = self.row_range(i);
+        (j as i64) >= lo && (j as i64) < hi
+    }
+
+    /// Union of the key ranges of query rows `[i0, i1)` (empty when `lo >= hi`). The ranges are
+    /// monotone in `i`, so the union is `[lo(i0), hi(i1 - 1))` clipped to non-empty rows.
+    pub fn rows_range(&self, i0: usize, i1: usize) -> (i64, i64) {
+        if i0 >= i1 {
+            return (0, 0);
+        }
+        let (lo, _) = self.row_range(i0);
+        let (_, hi) = self.row_range(i1 - 1);
+        (lo, hi)
+    }
+}
+
+/// One attention call, without its data.
+///
+/// Build one with [`AttentionProblem::new`] (contiguous `bshd`, no mask, scale
+/// `1/sqrt(head_dim_qk)`) and adjust the public fields; call [`AttentionProblem::validate`]
+/// before trusting it (every executor does).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttentionProblem {
+    /// Batch size `b`.
+    pub batch: usize,
+    /// Query heads `h_q`.
+    pub heads_q: usize,
+    /// Key/value heads `h_kv` (`h_q % h_kv == 0`; 1 = MQA, `h_q` = MHA).
+    pub heads_kv: usize,
+    /// Query sequence length `s_q`.
+    pub seqlen_q: usize,
+    /// Key/value sequence length `s_kv`.
+    pub seqlen_kv: usize,
+    /// Head dim of Q and K.
+    pub head_dim_qk: usize,
+    /// Head dim of V and O.
+    pub head_dim_v: usize,
+    /// Element type of all tensors except LSE (fp32).
+    pub dtype: DType,
+    /// Physical layouts.
+    pub layout: TensorLayouts,
+    /// Mask.
+    pub mask: MaskSpec,
+    /// Multiplier applied to `Q K^T` before the softmax.
+    pub softmax_scale: f64,
+    /// Ask for bitwise-reproducible results (executors that cannot promise it refuse).
+    pub deterministic: bool,
+}
+
+impl AttentionProblem {
+    /// A problem with contiguous `bshd` tensors, no mask, scale `1/sqrt(head_dim_qk)`,
+    /// deterministic.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        batch: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        seqlen_q: usize,
+        seqlen_kv: usize,
+        head_dim_qk: usize,
+        head_dim_v: usize,
+        dtype: DType,
+    ) -> AttentionProblem {
+        let mut p = AttentionProblem {
+            batch,
+            heads_q,
+            heads_kv,
+            seqlen_q,
+            seqlen_kv,
+            head_dim_qk,
+            head_dim_v,
+            dtype,
+            layout: TensorLayouts {
+                q: Strides { batch: 0, head: 0, seq: 0 },
+                k: Strides { batch: 0, head: 0, seq: 0 },
+                v: Strides { batch: 0, head: 0, seq: 0 },
+                o: Strides { batch: 0, head: 0, seq: 0 },
+            },
+            mask: MaskSpec::NONE,
+            softmax_scale: 1.0 / (head_dim_qk.max(1) as f64).sqrt(),
+            deterministic: true,
+        };
+        p.set_layout(LayoutKind::Bshd);
+        p
+    }
+
+    /// Set all four tensors to a contiguous named layout.
+    pub fn set_layout(&mut self, kind: LayoutKind) {
+        let (b, hq, hkv, sq, skv) =
+            (self.batch, self.heads_q, self.heads_kv, self.seqlen_q, self.seqlen_kv);
+        self.layout = TensorLayouts {
+            q: Strides::of(kind, b, hq, sq, self.head_dim_qk),
+            k: Strides::of(kind, b, hkv, skv, self.head_dim_qk),
+            v: Strides::of(kind, b, hkv, skv, self.head_dim_v),
+            o: Strides::of(kind, b, hq, sq, self.head_dim_v),
+        };
+    }
+
+    /// Builder-style: set the mask.
+    pub fn with_mask(mut self, mask: MaskSpec) -> Self {
+        self.mask = mask;
+        self
+    }
+
+    /// Builder-style: set a named layout.
+    pub fn with_layout(mut self, kind: LayoutKind) -> Self {
+        self.set_layout(kind);
+        self
+    }
+
+    /// Query heads per KV head.
+    pub fn group_size(&self) -> usize {
+        self.heads_q / self.heads_kv.max(1)
+    }
+
+    /// Elements a Q (dQ) buffer must hold.
+    pub fn q_span(&self) -> usize {
+        self.layout.q.span(self.batch, self.heads_q, self.seqlen_q, self.head_dim_qk)
+    }
+    /// Elements a K (dK) buffer must hold.
+    pub fn k_span(&self) -> usize {
+        self.layout.k.span(self.batch, self.heads_kv, self.seqlen_kv, self.head_dim_qk)
+    }
+    /// Elements a V (dV) buffer must hold.
+    pub fn v_span(&self) -> usize {
+        self.layout.v.span(self.batch, self.heads_kv, self.seqlen_kv, self.head_dim_v)
+    }
+    /// Elements an O (dO) buffer must hold.
+    pub fn o_span(&self) -> usize {
+        self.layout.o.span(self.batch, self.heads_q, self.seqlen_q, self.head_dim_v)
+    }
+    /// Elements of LSE (`[b, h_q, s_q]`, contiguous fp32).
+    pub fn lse_len(&self) -> usize {
+        self.batch * self.heads_q * self.seqlen_q
+    }
+
+    /// Effective mask for this problem's sequence lengths.
+    pub fn effective_mask(&self) -> EffectiveMask {
+        self.mask.effective(self.seqlen_q, self.seqlen_kv)
+    }
+
+    /// Number of (query, key) pairs the mask admits, summed over one head of one batch entry.
+    pub fn admitted_pairs(&self) -> u64 {
+        let m = self.effective_mask();
+        (0..self.seqlen_q)
+            .map(|i| {
+                let (lo, hi) = m.row_range(i);
+                (hi - lo).max(0) as u64
+            })
+            .sum()
+    }
+
+    /// FLOPs of the forward pass counting only admitted pairs (2 GEMMs).
+    pub fn forward_flops(&self) -> f64 {
+        2.0 * (self.batch * self.heads_q) as f64
+            * self.admitted_pairs() as f64
+            * (self.head_dim_qk + self.head_dim_v) as f64
+    }
+
+    /// FLOPs of the backward pass counting admitted pairs (5 GEMMs: S recompute, dP, dV, dQ, dK).
+    pub fn backward_flops(&self) -> f64 {
+        2.0 * (self.batch * self.heads_q) as f64
+            * self.admitted_pairs() as f64
+            * (3 * self.head_dim_qk + 2 * self.head_dim_v) as f64
+    }
+
+    /// Structural validity independent of any executor: positive sizes, GQA divisibility,
+    /// consistent mask, finite positive scale, head dim contiguous and strides that do not make
+    /// rows overlap. Returns a human-readable reason on failure.
+    pub fn validate(&self) -> Result<(), String> {
+        let dims = [
+            ("batch", self.batch),
+            ("heads_q", self.heads_q),
+            ("heads_kv", self.heads_kv),
+            ("seqlen_q", self.seqlen_q),
+            ("seqlen_kv", self.seqlen_kv),
+            ("head_dim_qk", self.head_dim_qk),
+            ("head_dim_v", self.head_dim_v),
+        ];
+        for (name, v) in dims {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.heads_q % self.heads_kv != 0 {
+            return Err(format!(
+                "heads_q ({}) is not a multiple of heads_kv ({})",
+                self.heads_q, self.heads_kv
+            ));
+        }
+        self.mask.validate()?;
+        if !(self.softmax_scale.is_finite() && self.softmax_scale > 0.0) {
+            return Err(format!("softmax_scale {} must be finite and positive", self.softmax_scale));
+        }
+        let t = [
+            ("q", self.layout.q, self.heads_q, self.seqlen_q, self.head_dim_qk),
+            ("k", self.layout.k, self.heads_kv, self.seqlen_kv, self.head_dim_qk),
+            ("v", self.layout.v, self.heads_kv, self.seqlen_kv, self.head_dim_v),
+            ("o", self.layout.o, self.heads_q, self.seqlen_q, self.head_dim_v),
+        ];
+        for (name, s, h, sl, d) in t {
+            // Rows must not overlap: every (b, h, s) row of d elements is distinct. Sorting the
+            // three strides and checking each covers the extent of the smaller ones is sufficient.
+            let mut dims = [(s.batch, self.batch), (s.head, h), (s.seq, sl)];
+            dims.sort();
+            let mut extent = d;
+            for (stride, n) in dims {
+                if n > 1 && stride < extent {
+                    return Err(format!(
+                        "{name} strides (batch {}, head {}, seq {}) overlap for head dim {d}",
+                        s.batch, s.head, s.seq
+                    ));
+                }
+                extent = extent.max(stride * (n - 1) + extent);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,397 @@
+//! `reference`: CPU float64 forward and backward for every shape, mask, window, GQA ratio and
+//! layout. It is the oracle of the tests and what `attn-policy run` uses where no GPU is present.
+//!
+//! Besides the exact float64 path, [`naive_forward`] / [`naive_backward`] simulate the textbook
+//! attention computed in the problem's low precision (every intermediate a framework would store
+//! is rounded to the dtype): the baseline of the FlashAttention accuracy criterion
+//! `err(executor, fp64) <= 2 * err(naive same dtype, fp64)`.
+
+use crate::executor::{
+    BackwardInputs, BackwardOutput, DeviceKind, ExecError, ExecStats, Executor, ForwardInputs,
+    ForwardOutput, HeadDimRange, HostTensor, Manifest, Unsupported, validate_backward_inputs,
+    validate_forward_inputs,
+};
+use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind, Strides};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Registry name.
+pub const NAME: &str = "reference";
+
+/// Largest `b * h_q * s_q * s_kv` the reference accepts (about a minute of CPU time at d=128);
+/// larger problems are refused rather than left running for hours.
+pub const MAX_SCORE_ELEMENTS: u64 = 1 << 28;
+
+/// The reference's manifest: everything, up to [`MAX_SCORE_ELEMENTS`].
+pub fn manifest() -> Manifest {
+    Manifest {
+        name: NAME.into(),
+        device: DeviceKind::Cpu,
+        min_compute_capability: None,
+        dtypes: vec![DType::F16, DType::BF16],
+        head_dim_qk: HeadDimRange { min: 1, max: 65536, multiple_of: 1 },
+        head_dim_v: HeadDimRange { min: 1, max: 65536, multiple_of: 1 },
+        head_dim_v_may_differ: true,
+        masks: vec![MaskKind::NoMask, MaskKind::CausalTopLeft, MaskKind::CausalBottomRight],
+        windows: true,
+        rectangular: true,
+        layouts: vec![LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd],
+        arbitrary_strides: true,
+        stride_multiple_of: 1,
+        gqa: true,
+        max_seqlen: None,
+        max_score_elements: Some(MAX_SCORE_ELEMENTS),
+        backward: true,
+        deterministic: true,
+        notes: vec![
+            "float64 arithmetic on the host; inputs decoded from fp16/bf16 exactly".into(),
+            "outputs rounded once to the problem dtype (LSE to fp32)".into(),
+            format!("refuses b*h_q*s_q*s_kv > {MAX_SCORE_ELEMENTS} (CPU time)"),
+        ],
+    }
+}
+
+/// Registry constructor.
+pub fn create() -> Result<Arc<dyn Executor>, ExecError> {
+    Ok(Arc::new(Reference))
+}
+
+/// The CPU float64 executor.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reference;
+
+/// How intermediates are rounded.
+#[derive(Clone, Copy)]
+enum Rounding {
+    Exact,
+    Dtype(DType),
+}
+
+impl Rounding {
+    #[inline]
+    fn r(self, x: f64) -> f64 {
+        match self {
+            Rounding::Exact => x,
+            Rounding::Dtype(d) => d.round(x),
+        }
+    }
+}
+
+/// Gather `[s, d]` of head `(b, h)` from a strided buffer.
+fn gather(x: &[f64], st: &Strides, b: usize, h: usize, s: usize, d: usize) -> Vec<f64> {
+    let mut out = vec![0.0; s * d];
+    for i in 0..s {
+        let o = st.offset(b, h, i, 0);
+        out[i * d..(i + 1) * d].copy_from_slice(&x[o..o + d]);
+    }
+    out
+}
+
+fn scatter(dst: &mut [f64], src: &[f64], st: &Strides, b: usize, h: usize, s: usize, d: usize) {
+    for i in 0..s {
+        let o = st.offset(b, h, i, 0);
+        dst[o..o + d].copy_from_slice(&src[i * d..(i + 1) * d]);
+    }
+}
+
+/// Per-head forward: returns (P as [sq, skv] probabilities, O [sq, dv], lse [sq]).
+#[allow(clippy::type_complexity)]
+fn head_forward(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    rd: Rounding,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (sq, skv, dqk, dv) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let m = p.effective_mask();
+    let mut probs = vec![0.0; sq * skv];
+    let mut o = vec![0.0; sq * dv];
+    let mut lse = vec![f64::NEG_INFINITY; sq];
+    let mut row = vec![0.0; skv];
+    for i in 0..sq {
+        let (lo, hi) = m.row_range(i);
+        if lo >= hi {
+            continue;
+        }
+        let (lo, hi) = (lo as usize, hi as usize);
+        let qi = &q[i * dqk..(i + 1) * dqk];
+        let mut mx = f64::NEG_INFINITY;
+        for j in lo..hi {
+            let kj = &k[j * dqk..(j + 1) * dqk];
+            let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+            // A low-precision framework stores Q K^T, then the scaled scores.
+            let s = rd.r(rd.r(dot) * p.softmax_scale);
+            row[j] = s;
+            mx = mx.max(s);
+        }
+        let sum: f64 = (lo..hi).map(|j| (row[j] - mx).exp()).sum();
+        lse[i] = mx + sum.ln();
+        for j in lo..hi {
+            probs[i * skv + j] = rd.r((row[j] - mx).exp() / sum);
+        }
+        let oi = &mut o[i * dv..(i + 1) * dv];
+        for j in lo..hi {
+            let pj = probs[i * skv + j];
+            let vj = &v[j * dv..(j + 1) * dv];
+            for (a, b) in oi.iter_mut().zip(vj) {
+                *a += pj * b;
+            }
+        }
+        for a in oi.iter_mut() {
+            *a = rd.r(*a);
+        }
+    }
+    (probs, o, lse)
+}
+
+fn forward_impl(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    rd: Rounding,
+) -> (Vec<f64>, Vec<f64>) {
+    let (b, hq, sq, skv, dqk, dv) =
+        (p.batch, p.heads_q, p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let ratio = p.group_size();
+    let mut o = vec![0.0; p.o_span()];
+    let mut lse = vec![f64::NEG_INFINITY; p.lse_len()];
+    let jobs: Vec<(usize, usize)> = (0..b).flat_map(|bi| (0..hq).map(move |h| (bi, h))).collect();
+    let results = parallel_map(&jobs, |&(bi, h)| {
+        let g = h / ratio;
+        let qh = gather(q, &p.layout.q, bi, h, sq, dqk);
+        let kh = gather(k, &p.layout.k, bi, g, skv, dqk);
+        let vh = gather(v, &p.layout.v, bi, g, skv, dv);
+        let (_, oh, lh) = head_forward(p, &qh, &kh, &vh, rd);
+        (oh, lh)
+    });
+    for (&(bi, h), (oh, lh)) in jobs.iter().zip(results) {
+        scatter(&mut o, &oh, &p.layout.o, bi, h, sq, dv);
+        lse[(bi * hq + h) * sq..(bi * hq + h + 1) * sq].copy_from_slice(&lh);
+    }
+    (o, lse)
+}
+
+#[allow(clippy::type_complexity)]
+fn backward_impl(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    rd: Rounding,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (b, hkv, sq, skv, dqk, dv) =
+        (p.batch, p.heads_kv, p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let ratio = p.group_size();
+    let scale = p.softmax_scale;
+    let jobs: Vec<(usize, usize)> = (0..b).flat_map(|bi| (0..hkv).map(move |g| (bi, g))).collect();
+    let results = parallel_map(&jobs, |&(bi, g)| {
+        let kh = gather(k, &p.layout.k, bi, g, skv, dqk);
+        let vh = gather(v, &p.layout.v, bi, g, skv, dv);
+        let mut dk = vec![0.0; skv * dqk];
+        let mut dvv = vec![0.0; skv * dv];
+        let mut dqs = Vec::with_capacity(ratio);
+        for r in 0..ratio {
+            let h = g * ratio + r;
+            let qh = gather(q, &p.layout.q, bi, h, sq, dqk);
+            let doh = gather(d_o, &p.layout.o, bi, h, sq, dv);
+            let (probs, oh, _) = head_forward(p, &qh, &kh, &vh, rd);
+            let mut dq = vec![0.0; sq * dqk];
+            let mut ds_row = vec![0.0; skv];
+            for i in 0..sq {
+                let doi = &doh[i * dv..(i + 1) * dv];
+                // D = rowsum(dO * O); equals rowsum(P * dP) in exact arithmetic.
+                let dsum: f64 = doi.iter().zip(&oh[i * dv..(i + 1) * dv]).map(|(a, b)| a * b).sum();
+                for j in 0..skv {
+                    let pij = probs[i * skv + j];
+                    if pij == 0.0 {
+                        ds_row[j] = 0.0;
+                        continue;
+                    }
+                    let vj = &vh[j * dv..(j + 1) * dv];
+                    let dp = rd.r(doi.iter().zip(vj).map(|(a, b)| a * b).sum::<f64>());
+                    ds_row[j] = rd.r(pij * (dp - dsum));
+                    for (a, b) in dvv[j * dv..(j + 1) * dv].iter_mut().zip(doi) {
+                        *a += pij * b;
+                    }
+                }
+                let qi = &qh[i * dqk..(i + 1) * dqk];
+                let dqi = &mut dq[i * dqk..(i + 1) * dqk];
+                for j in 0..skv {
+                    let ds = ds_row[j];
+                    if ds == 0.0 {
+                        continue;
+                    }
+                    let kj = &kh[j * dqk..(j + 1) * dqk];
+                    for (a, b) in dqi.iter_mut().zip(kj) {
+                        *a += ds * b;
+                    }
+                    for (a, b) in dk[j * dqk..(j + 1) * dqk].iter_mut().zip(qi) {
+                        *a += ds * b;
+                    }
+                }
+                for a in dqi.iter_mut() {
+                    *a = rd.r(*a * scale);
+                }
+            }
+            dqs.push(dq);
+        }
+        for a in dk.iter_mut() {
+            *a = rd.r(*a * scale);
+        }
+        for a in dvv.iter_mut() {
+            *a = rd.r(*a);
+        }
+        (dqs, dk, dvv)
+    });
+    let mut dq = vec![0.0; p.q_span()];
+    let mut dk = vec![0.0; p.k_span()];
+    let mut dvo = vec![0.0; p.v_span()];
+    for (&(bi, g), (dqs, dkh, dvh)) in jobs.iter().zip(results) {
+        for (r, dqh) in dqs.iter().enumerate() {
+            scatter(&mut dq, dqh, &p.layout.q, bi, g * ratio + r, sq, dqk);
+        }
+        scatter(&mut dk, &dkh, &p.layout.k, bi, g, skv, dqk);
+        scatter(&mut dvo, &dvh, &p.layout.v, bi, g, skv, dv);
+    }
+    (dq, dk, dvo)
+}
+
+/// Map `f` over `items` on all available cores, preserving order.
+fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<(usize, R)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= items.len() {
+                            break;
+                        }
+                        mine.push((i, f(&items[i])));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("reference worker panicked")).collect()
+    });
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Exact float64 forward on strided f64 buffers (Q/K/V/O strides from the problem).
+/// Returns `(O, LSE)`; LSE natural log, `-inf` for rows with no admissible key.
+pub fn forward_f64(p: &AttentionProblem, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    forward_impl(p, q, k, v, Rounding::Exact)
+}
+
+/// Exact float64 backward: `(dQ, dK, dV)` for upstream gradient `d_o` (strides of O).
+pub fn backward_f64(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    backward_impl(p, q, k, v, d_o, Rounding::Exact)
+}
+
+/// Textbook attention with every stored intermediate (scores, probabilities, dP, dS, outputs)
+/// rounded to `p.dtype`: the "naive same-dtype" baseline. Returns `(O, LSE)`.
+pub fn naive_forward(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    forward_impl(p, q, k, v, Rounding::Dtype(p.dtype))
+}
+
+/// Backward of [`naive_forward`], same rounding. Returns `(dQ, dK, dV)`.
+pub fn naive_backward(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    backward_impl(p, q, k, v, d_o, Rounding::Dtype(p.dtype))
+}
+
+/// Decode a host tensor into f64.
+pub fn decode(t: &HostTensor) -> Vec<f64> {
+    t.data.iter().map(|&b| t.dtype.from_bits(b)).collect()
+}
+
+/// Encode f64 values as a host tensor of `dtype`.
+pub fn encode(dtype: DType, x: &[f64]) -> HostTensor {
+    HostTensor { dtype, data: x.iter().map(|&v| dtype.to_bits(v)).collect() }
+}
+
+impl Executor for Reference {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn device_description(&self) -> String {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        format!("host CPU, float64, {n} threads")
+    }
+
+    fn manifest(&self) -> Manifest {
+        manifest()
+    }
+
+    fn check(&self, problem: &AttentionProblem) -> Result<(), Unsupported> {
+        manifest().admits(problem)
+    }
+
+    fn forward(
+        &self,
+        p: &AttentionProblem,
+        inputs: &ForwardInputs<'_>,
+    ) -> Result<ForwardOutput, ExecError> {
+        self.check(p)?;
+        validate_forward_inputs(p, inputs)?;
+        let (q, k, v) = (decode(inputs.q), decode(inputs.k), decode(inputs.v));
+        let t = Instant::now();
+        let (o, lse) = forward_f64(p, &q, &k, &v);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(ForwardOutput {
+            o: encode(p.dtype, &o),
+            lse: lse.iter().map(|&x| x as f32).collect(),
+            stats: ExecStats { compute_ms: ms, workspace_bytes: 0, peak_bytes: None },
+        })
+    }
+
+    /// Recomputes the forward in float64 from Q, K, V (the given O and LSE are validated but
+    /// not used, so the result is the exact gradient of the inputs' function).
+    fn backward(
+        &self,
+        p: &AttentionProblem,
+        inputs: &BackwardInputs<'_>,
+    ) -> Result<BackwardOutput, ExecError> {
+        self.check(p)?;
+        validate_backward_inputs(p, inputs)?;
+        let (q, k, v, d_o) =
+            (decode(inputs.q), decode(inputs.k), decode(inputs.v), decode(inputs.d_o));
+        let t = Instant::now();
+        let (dq, dk, dv) = backward_f64(p, &q, &k, &v, &d_o);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(BackwardOutput {
+            dq: encode(p.dtype, &dq),
+            dk: encode(p.dtype, &dk),
+            dv: encode(p.dtype, &dv),
+            stats: ExecStats { compute_ms: ms, workspace_bytes: 0, peak_bytes: None },
+        })
+    }
+}
