@@ -12,6 +12,7 @@
 //! so the crate builds and tests on machines without CUDA; callers need no `cfg`.
 
 pub mod chunked;
+pub mod cudnn;
 pub mod executor;
 pub mod problem;
 pub mod reference;

@@ -7,7 +7,8 @@ use std::ffi::c_void;
 use std::fmt;
 
 use cudarc::cudnn::sys::{
-    self, cudnnBackendAttributeName_t as A, cudnnBackendAttributeType_t as T, cudnnBackendDescriptorType_t as D,
+    self, cudnnBackendAttributeName_t as A, cudnnBackendAttributeType_t as T,
+    cudnnBackendDescriptorType_t as D,
 };
 
 use super::engine::EngineInfo;
@@ -30,14 +31,20 @@ fn last_error() -> String {
     // SAFETY: the buffer is writable for its full length, which is passed as max_size.
     unsafe { sys::cudnnGetLastErrorString(buf.as_mut_ptr().cast(), buf.len()) };
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).trim().replace('\n', " | ")
+    String::from_utf8_lossy(&buf[..end])
+        .trim()
+        .replace('\n', " | ")
 }
 
 fn check(st: sys::cudnnStatus_t, call: impl fmt::Display) -> Result<(), CallError> {
     if st == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(CallError { call: call.to_string(), status: format!("{st:?}"), message: last_error() })
+        Err(CallError {
+            call: call.to_string(),
+            status: format!("{st:?}"),
+            message: last_error(),
+        })
     }
 }
 
@@ -57,7 +64,10 @@ impl Desc {
     pub(crate) fn new(ty: D) -> Result<Desc, CallError> {
         let mut raw: sys::cudnnBackendDescriptor_t = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
-        check(unsafe { sys::cudnnBackendCreateDescriptor(ty, &mut raw) }, format_args!("create {ty:?}"))?;
+        check(
+            unsafe { sys::cudnnBackendCreateDescriptor(ty, &mut raw) },
+            format_args!("create {ty:?}"),
+        )?;
         Ok(Desc(raw))
     }
 
@@ -72,7 +82,9 @@ impl Desc {
     /// `cudnnBackendDescriptor_t` for BACKEND_DESCRIPTOR, a `#[repr(u32)]` enum for enum types).
     unsafe fn set<E>(&self, name: A, ty: T, vals: &[E]) -> Result<(), CallError> {
         // SAFETY: forwarded to the caller's contract; the slice outlives the call.
-        let st = unsafe { sys::cudnnBackendSetAttribute(self.0, name, ty, vals.len() as i64, vals.as_ptr().cast()) };
+        let st = unsafe {
+            sys::cudnnBackendSetAttribute(self.0, name, ty, vals.len() as i64, vals.as_ptr().cast())
+        };
         check(st, format_args!("set {name:?}"))
     }
 
@@ -91,7 +103,11 @@ impl Desc {
         unsafe { self.set(name, T::CUDNN_TYPE_DATA_TYPE, &[cudnn_dtype(v)]) }
     }
 
-    pub(crate) fn set_descs(&self, name: A, descs: &[sys::cudnnBackendDescriptor_t]) -> Result<(), CallError> {
+    pub(crate) fn set_descs(
+        &self,
+        name: A,
+        descs: &[sys::cudnnBackendDescriptor_t],
+    ) -> Result<(), CallError> {
         // SAFETY: BACKEND_DESCRIPTOR takes descriptor handles.
         unsafe { self.set(name, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, descs) }
     }
@@ -112,7 +128,10 @@ impl Desc {
 
     pub(crate) fn finalize(&self, what: impl fmt::Display) -> Result<(), CallError> {
         // SAFETY: a live descriptor.
-        check(unsafe { sys::cudnnBackendFinalize(self.0) }, format_args!("finalize {what}"))
+        check(
+            unsafe { sys::cudnnBackendFinalize(self.0) },
+            format_args!("finalize {what}"),
+        )
     }
 
     /// Reads up to `out.len()` elements; returns how many cuDNN wrote.
@@ -123,7 +142,14 @@ impl Desc {
         let mut n: i64 = 0;
         // SAFETY: `out` is writable for out.len() elements.
         let st = unsafe {
-            sys::cudnnBackendGetAttribute(self.0, name, ty, out.len() as i64, &mut n, out.as_mut_ptr().cast())
+            sys::cudnnBackendGetAttribute(
+                self.0,
+                name,
+                ty,
+                out.len() as i64,
+                &mut n,
+                out.as_mut_ptr().cast(),
+            )
         };
         check(st, format_args!("get {name:?}"))?;
         Ok(n.max(0) as usize)
@@ -140,7 +166,9 @@ impl Desc {
     fn count(&self, name: A, ty: T) -> Result<usize, CallError> {
         let mut n: i64 = 0;
         // SAFETY: zero-capacity query with a null array.
-        let st = unsafe { sys::cudnnBackendGetAttribute(self.0, name, ty, 0, &mut n, std::ptr::null_mut()) };
+        let st = unsafe {
+            sys::cudnnBackendGetAttribute(self.0, name, ty, 0, &mut n, std::ptr::null_mut())
+        };
         check(st, format_args!("count {name:?}"))?;
         Ok(n.max(0) as usize)
     }
@@ -196,6 +224,7 @@ impl Lowering {
         self.tensors[&uid]
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn pointwise(
         &mut self,
         mode: PwMode,
@@ -208,7 +237,13 @@ impl Lowering {
     ) -> Result<sys::cudnnBackendDescriptor_t, CallError> {
         let p = Desc::new(D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
         // SAFETY: POINTWISE_MODE takes cudnnPointwiseMode_t.
-        unsafe { p.set(A::CUDNN_ATTR_POINTWISE_MODE, T::CUDNN_TYPE_POINTWISE_MODE, &[pw_mode(mode)]) }?;
+        unsafe {
+            p.set(
+                A::CUDNN_ATTR_POINTWISE_MODE,
+                T::CUDNN_TYPE_POINTWISE_MODE,
+                &[pw_mode(mode)],
+            )
+        }?;
         p.set_dtype(A::CUDNN_ATTR_POINTWISE_MATH_PREC, prec)?;
         if let Some(axis) = axis {
             p.set_i64(A::CUDNN_ATTR_POINTWISE_AXIS, &[axis])?;
@@ -231,20 +266,41 @@ impl Lowering {
 
     fn band_mask(&mut self, m: &BandMaskOp) -> Result<sys::cudnnBackendDescriptor_t, CallError> {
         let op = Desc::new(D::CUDNN_BACKEND_OPERATION_DIAGONAL_BAND_MASK_DESCRIPTOR)?;
-        op.set_desc(A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_XDESC, self.t(m.x))?;
-        op.set_desc(A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_BDESC, self.t(m.b))?;
-        op.set_desc(A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_YDESC, self.t(m.y))?;
+        op.set_desc(
+            A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_XDESC,
+            self.t(m.x),
+        )?;
+        op.set_desc(
+            A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_BDESC,
+            self.t(m.b),
+        )?;
+        op.set_desc(
+            A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_YDESC,
+            self.t(m.y),
+        )?;
         if let Some(l) = m.left_bound {
-            op.set_desc(A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_LEFT_BOUND_DESC, self.t(l))?;
+            op.set_desc(
+                A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_LEFT_BOUND_DESC,
+                self.t(l),
+            )?;
         }
         if let Some(s) = m.shift_right {
-            op.set_desc(A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SHIFT_RIGHT_BOUND_DESC, self.t(s))?;
+            op.set_desc(
+                A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SHIFT_RIGHT_BOUND_DESC,
+                self.t(s),
+            )?;
         }
         if let Some(s) = m.seq_q {
-            op.set_desc(A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SEQ_LEN_QDESC, self.t(s))?;
+            op.set_desc(
+                A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SEQ_LEN_QDESC,
+                self.t(s),
+            )?;
         }
         if let Some(s) = m.seq_kv {
-            op.set_desc(A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SEQ_LEN_KVDESC, self.t(s))?;
+            op.set_desc(
+                A::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_SEQ_LEN_KVDESC,
+                self.t(s),
+            )?;
         }
         // SAFETY: COMPARISON_MODE takes cudnnPointwiseMode_t.
         unsafe {
@@ -273,7 +329,15 @@ impl Lowering {
                 self.keep(m);
                 Ok(self.keep(o))
             }
-            Op::Pointwise { mode, x, b, t, y, prec, axis } => self.pointwise(*mode, *prec, *axis, *x, *b, *t, *y),
+            Op::Pointwise {
+                mode,
+                x,
+                b,
+                t,
+                y,
+                prec,
+                axis,
+            } => self.pointwise(*mode, *prec, *axis, *x, *b, *t, *y),
             Op::Reduction { op, x, y } => {
                 let r = Desc::new(D::CUDNN_BACKEND_REDUCTION_DESCRIPTOR)?;
                 let red = match op {
@@ -281,7 +345,13 @@ impl Lowering {
                     RedOp::Max => sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_MAX,
                 };
                 // SAFETY: REDUCTION_OPERATOR_TYPE takes cudnnReduceTensorOp_t.
-                unsafe { r.set(A::CUDNN_ATTR_REDUCTION_OPERATOR, T::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &[red]) }?;
+                unsafe {
+                    r.set(
+                        A::CUDNN_ATTR_REDUCTION_OPERATOR,
+                        T::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE,
+                        &[red],
+                    )
+                }?;
                 r.set_dtype(A::CUDNN_ATTR_REDUCTION_COMP_TYPE, DType::Float)?;
                 r.finalize("reduction")?;
                 let o = Desc::new(D::CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR)?;
@@ -299,7 +369,15 @@ impl Lowering {
                 o.finalize("op reshape")?;
                 Ok(self.keep(o))
             }
-            Op::SdpaFwd { q, k, v, o, scale, stats, mask } => {
+            Op::SdpaFwd {
+                q,
+                k,
+                v,
+                o,
+                scale,
+                stats,
+                mask,
+            } => {
                 let op = Desc::new(D::CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR)?;
                 op.set_desc(A::CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, self.t(*q))?;
                 op.set_desc(A::CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, self.t(*k))?;
@@ -307,7 +385,9 @@ impl Lowering {
                 op.set_desc(A::CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, self.t(*o))?;
                 op.set_desc(A::CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, self.t(*scale))?;
                 match stats {
-                    NativeStats::StatsDesc(st) => op.set_desc(A::CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, self.t(*st))?,
+                    NativeStats::StatsDesc(st) => {
+                        op.set_desc(A::CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, self.t(*st))?
+                    }
                     NativeStats::Softmax { x, y, stats } => {
                         let sm = Desc::new(D::CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR)?;
                         sm.set_desc(A::CUDNN_ATTR_OPERATION_SOFTMAX_XDESC, self.t(*x))?;
@@ -319,14 +399,23 @@ impl Lowering {
                     }
                 }
                 if let Some((band, input, output)) = mask {
-                    let ops = band.iter().map(|m| self.band_mask(m)).collect::<Result<Vec<_>, _>>()?;
+                    let ops = band
+                        .iter()
+                        .map(|m| self.band_mask(m))
+                        .collect::<Result<Vec<_>, _>>()?;
                     // the frontend finalizes the mask subgraph without a handle
                     let sub = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
                     sub.set_descs(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &ops)?;
                     sub.finalize("sdpa mask subgraph")?;
                     op.set_desc(A::CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH, sub.raw())?;
-                    op.set_i64(A::CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH_INPUT_UID, &[*input])?;
-                    op.set_i64(A::CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH_OUTPUT_UID, &[*output])?;
+                    op.set_i64(
+                        A::CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH_INPUT_UID,
+                        &[*input],
+                    )?;
+                    op.set_i64(
+                        A::CUDNN_ATTR_OPERATION_SDPA_FWD_SUBGRAPH_OUTPUT_UID,
+                        &[*output],
+                    )?;
                     self.keep(sub);
                 }
                 op.finalize("op sdpa fwd")?;
@@ -338,7 +427,10 @@ impl Lowering {
 
 /// Lowers `ir` into a finalized operation graph bound to `handle`.
 pub(crate) fn lower(ir: &GraphIr, handle: sys::cudnnHandle_t) -> Result<LoweredGraph, CallError> {
-    let mut l = Lowering { keep: Vec::new(), tensors: HashMap::new() };
+    let mut l = Lowering {
+        keep: Vec::new(),
+        tensors: HashMap::new(),
+    };
     for t in ir.tensors.values() {
         let d = Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
         d.set_dtype(A::CUDNN_ATTR_TENSOR_DATA_TYPE, t.dtype)?;
@@ -356,13 +448,20 @@ pub(crate) fn lower(ir: &GraphIr, handle: sys::cudnnHandle_t) -> Result<LoweredG
         let raw = l.keep(d);
         l.tensors.insert(t.uid, raw);
     }
-    let ops = ir.ops.iter().map(|op| l.op(op)).collect::<Result<Vec<_>, _>>()?;
+    let ops = ir
+        .ops
+        .iter()
+        .map(|op| l.op(op))
+        .collect::<Result<Vec<_>, _>>()?;
     let g = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
     g.set_descs(A::CUDNN_ATTR_OPERATIONGRAPH_OPS, &ops)?;
     // without a handle (or a DEVICEPROP) heuristics return no configs (measured on 9.19)
     g.set_handle(A::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle)?;
     g.finalize(format_args!("operation graph {:?}", ir.kind))?;
-    Ok(LoweredGraph { graph: g, _keep: l.keep })
+    Ok(LoweredGraph {
+        graph: g,
+        _keep: l.keep,
+    })
 }
 
 /// A finalized execution plan and what it runs.
@@ -391,33 +490,67 @@ fn engine_of(cfg: &Desc) -> Result<(String, bool), CallError> {
     let engine = Desc::new(D::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
     let mut raw = [engine.raw()];
     // SAFETY: BACKEND_DESCRIPTOR into a pre-created descriptor.
-    unsafe { cfg.get(A::CUDNN_ATTR_ENGINECFG_ENGINE, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raw) }?;
+    unsafe {
+        cfg.get(
+            A::CUDNN_ATTR_ENGINECFG_ENGINE,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            &mut raw,
+        )
+    }?;
     let idx = engine.get_i64(A::CUDNN_ATTR_ENGINE_GLOBAL_INDEX)?;
     let mut tag = format!("eng{idx}");
-    let knobs = (0..32).map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR)).collect::<Result<Vec<_>, _>>()?;
+    let knobs = (0..32)
+        .map(|_| Desc::new(D::CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut raws: Vec<_> = knobs.iter().map(Desc::raw).collect();
     // SAFETY: BACKEND_DESCRIPTOR into pre-created descriptors.
-    let n = unsafe { cfg.get(A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raws) }?;
+    let n = unsafe {
+        cfg.get(
+            A::CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            &mut raws,
+        )
+    }?;
     for k in knobs.iter().take(n) {
         let mut ty = [0u32];
         // SAFETY: KNOB_TYPE is a C enum (4 bytes); read as u32 to accept values newer than cudarc.
-        unsafe { k.get(A::CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, T::CUDNN_TYPE_KNOB_TYPE, &mut ty) }?;
+        unsafe {
+            k.get(
+                A::CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                T::CUDNN_TYPE_KNOB_TYPE,
+                &mut ty,
+            )
+        }?;
         let v = k.get_i64(A::CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE)?;
         tag.push_str(&format!("_k{}={v}", ty[0]));
     }
     let mut notes = [0u32; 16];
     // SAFETY: NUMERICAL_NOTE is a C enum array, read as u32.
-    let n = unsafe { engine.get(A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, T::CUDNN_TYPE_NUMERICAL_NOTE, &mut notes) }?;
+    let n = unsafe {
+        engine.get(
+            A::CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+            T::CUDNN_TYPE_NUMERICAL_NOTE,
+            &mut notes,
+        )
+    }?;
     let nondet = sys::cudnnBackendNumericalNote_t::CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC as u32;
     Ok((tag, notes[..n.min(16)].contains(&nondet)))
 }
 
 fn plan_json(plan: &Desc) -> Result<String, CallError> {
-    let n = plan.count(A::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, T::CUDNN_TYPE_CHAR)?;
+    let n = plan.count(
+        A::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+        T::CUDNN_TYPE_CHAR,
+    )?;
     let mut buf = vec![0u8; n + 1];
     // SAFETY: CHAR into a byte buffer of n + 1.
-    let got =
-        unsafe { plan.get(A::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION, T::CUDNN_TYPE_CHAR, &mut buf[..n]) }?;
+    let got = unsafe {
+        plan.get(
+            A::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+            T::CUDNN_TYPE_CHAR,
+            &mut buf[..n],
+        )
+    }?;
     buf.truncate(got.min(n));
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
@@ -426,16 +559,33 @@ fn heuristics(graph: &Desc, mode: sys::cudnnBackendHeurMode_t) -> Result<Vec<Des
     let h = Desc::new(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     h.set_desc(A::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph.raw())?;
     // SAFETY: HEUR_MODE takes cudnnBackendHeurMode_t.
-    unsafe { h.set(A::CUDNN_ATTR_ENGINEHEUR_MODE, T::CUDNN_TYPE_HEUR_MODE, &[mode]) }?;
+    unsafe {
+        h.set(
+            A::CUDNN_ATTR_ENGINEHEUR_MODE,
+            T::CUDNN_TYPE_HEUR_MODE,
+            &[mode],
+        )
+    }?;
     h.finalize(format_args!("heuristics {mode:?}"))?;
-    let n = h.count(A::CUDNN_ATTR_ENGINEHEUR_RESULTS, T::CUDNN_TYPE_BACKEND_DESCRIPTOR)?;
-    let cfgs = (0..n).map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)).collect::<Result<Vec<_>, _>>()?;
+    let n = h.count(
+        A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+        T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+    )?;
+    let cfgs = (0..n)
+        .map(|_| Desc::new(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+        .collect::<Result<Vec<_>, _>>()?;
     if cfgs.is_empty() {
         return Ok(cfgs);
     }
     let mut raws: Vec<_> = cfgs.iter().map(Desc::raw).collect();
     // SAFETY: BACKEND_DESCRIPTOR into pre-created descriptors.
-    let got = unsafe { h.get(A::CUDNN_ATTR_ENGINEHEUR_RESULTS, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &mut raws) }?;
+    let got = unsafe {
+        h.get(
+            A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            &mut raws,
+        )
+    }?;
     let mut cfgs = cfgs;
     cfgs.truncate(got);
     Ok(cfgs)
@@ -455,7 +605,10 @@ pub(crate) fn build_plan(
     let mut not_fused = Vec::new();
     let mut failed = Vec::new();
     let mut heur_errors = Vec::new();
-    for mode in [sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A, sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK] {
+    for mode in [
+        sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A,
+        sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
+    ] {
         let cfgs = match heuristics(&graph.graph, mode) {
             Ok(c) => c,
             Err(e) => {
@@ -483,8 +636,16 @@ pub(crate) fn build_plan(
                 not_fused.push(engine.summary());
                 continue;
             }
-            let workspace = plan.get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?.max(0) as usize;
-            return Ok(Ok(BuiltPlan { plan, workspace, engine, _cfg: cfg, _graph: graph }));
+            let workspace = plan
+                .get_i64(A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?
+                .max(0) as usize;
+            return Ok(Ok(BuiltPlan {
+                plan,
+                workspace,
+                engine,
+                _cfg: cfg,
+                _graph: graph,
+            }));
         }
     }
     Ok(Err(if proposed == 0 {
@@ -517,5 +678,8 @@ pub(crate) unsafe fn execute(
     vp.set_ptrs(A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, &[workspace])?;
     vp.finalize("variant pack")?;
     // SAFETY: the caller guarantees the pointers; plan and pack are finalized.
-    check(unsafe { sys::cudnnBackendExecute(handle, plan.plan.raw(), vp.raw()) }, "cudnnBackendExecute")
+    check(
+        unsafe { sys::cudnnBackendExecute(handle, plan.plan.raw(), vp.raw()) },
+        "cudnnBackendExecute",
+    )
 }

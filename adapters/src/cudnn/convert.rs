@@ -53,7 +53,12 @@ pub fn mask_of(p: &AttentionProblem) -> MaskSpec {
         DiagonalAlignment::TopLeft => Diagonal::TopLeft,
         DiagonalAlignment::BottomRight => Diagonal::BottomRight,
     };
-    MaskSpec { left: e.left, right: e.right, diagonal }.canonical(p.seqlen_q as i64, p.seqlen_kv as i64)
+    MaskSpec {
+        left: e.left,
+        right: e.right,
+        diagonal,
+    }
+    .canonical(p.seqlen_q as i64, p.seqlen_kv as i64)
 }
 
 fn strides4(s: crate::problem::Strides) -> [i64; 4] {
@@ -111,7 +116,8 @@ pub fn check(p: &AttentionProblem, version: Option<CudnnVersion>) -> Result<(), 
         }
     }
     if let Some(v) = version
-        && let Some(reason) = v.unsupported_reason(&spec_of(p, Direction::Forward), Direction::Forward)
+        && let Some(reason) =
+            v.unsupported_reason(&spec_of(p, Direction::Forward), Direction::Forward)
     {
         return Err(Unsupported::new(reason));
     }
@@ -120,11 +126,19 @@ pub fn check(p: &AttentionProblem, version: Option<CudnnVersion>) -> Result<(), 
 
 /// Forward graphs to try, in order: the native SDPA op where the runtime version allows it for
 /// this mask (cudnn-frontend's UNIFIED choice), then the composite graph.
-pub fn forward_candidates(spec: &SdpaSpec, version: CudnnVersion, native_allowed: bool) -> Vec<GraphKind> {
+pub fn forward_candidates(
+    spec: &SdpaSpec,
+    version: CudnnVersion,
+    native_allowed: bool,
+) -> Vec<GraphKind> {
     let native = native_allowed
         && version.has_native_sdpa()
         && (spec.mask.is_none() || version.has_sdpa_subgraph());
-    if native { vec![GraphKind::NativeFwd, GraphKind::CompositeFwd] } else { vec![GraphKind::CompositeFwd] }
+    if native {
+        vec![GraphKind::NativeFwd, GraphKind::CompositeFwd]
+    } else {
+        vec![GraphKind::CompositeFwd]
+    }
 }
 
 /// A three-valued probe answer (`probe.fused_attn_graph` in rule packs).
@@ -173,7 +187,10 @@ mod tests {
             let pr = p(64, 64, 128).with_layout(kind);
             let s = spec_of(&pr, Direction::Backward);
             let l = pr.layout.q;
-            assert_eq!(s.layouts.q, [l.batch as i64, l.head as i64, l.seq as i64, 1]);
+            assert_eq!(
+                s.layouts.q,
+                [l.batch as i64, l.head as i64, l.seq as i64, 1]
+            );
             let g = s.layouts.grads.unwrap();
             assert_eq!(g.dq, s.layouts.q);
             assert_eq!(g.d_o, s.layouts.o);
@@ -181,7 +198,10 @@ mod tests {
         }
         let f = spec_of(&p(64, 64, 128), Direction::Forward);
         assert!(f.layouts.grads.is_none());
-        assert!(!f.deterministic, "forward graphs ignore the deterministic flag");
+        assert!(
+            !f.deterministic,
+            "forward graphs ignore the deterministic flag"
+        );
     }
 
     #[test]
@@ -194,7 +214,14 @@ mod tests {
         let sq = p(64, 64, 64).with_mask(PMask::CAUSAL_BOTTOM_RIGHT);
         assert_eq!(mask_of(&sq), MaskSpec::CAUSAL);
         let w = p(64, 64, 64).with_mask(PMask::window(16, 0, DiagonalAlignment::TopLeft));
-        assert_eq!(mask_of(&w), MaskSpec { left: Some(16), right: Some(0), diagonal: Diagonal::TopLeft });
+        assert_eq!(
+            mask_of(&w),
+            MaskSpec {
+                left: Some(16),
+                right: Some(0),
+                diagonal: Diagonal::TopLeft
+            }
+        );
         // the band semantics agree with the problem's effective mask everywhere
         for m in [
             PMask::CAUSAL_BOTTOM_RIGHT,
@@ -206,7 +233,11 @@ mod tests {
             let e = pr.effective_mask();
             for i in 0..24 {
                 for j in 0..40 {
-                    assert_eq!(band.keeps(i as i64, j as i64, 24, 40), e.allows(i, j), "{m:?} {i} {j}");
+                    assert_eq!(
+                        band.keeps(i as i64, j as i64, 24, 40),
+                        e.allows(i, j),
+                        "{m:?} {i} {j}"
+                    );
                 }
             }
         }
@@ -229,26 +260,58 @@ mod tests {
         odd.layout.q.seq = 68;
         odd.layout.q.head = 68 * 64 * 2;
         odd.layout.q.batch = 68 * 64 * 2 * 8;
-        assert!(check(&odd, None).unwrap_err().reason.contains("multiples of 8"));
+        assert!(
+            check(&odd, None)
+                .unwrap_err()
+                .reason
+                .contains("multiples of 8")
+        );
     }
 
     #[test]
     fn native_op_only_where_the_version_allows_the_mask() {
         let none = spec_of(&p(64, 64, 64), Direction::Forward);
-        let causal = spec_of(&p(64, 64, 64).with_mask(PMask::CAUSAL_TOP_LEFT), Direction::Forward);
+        let causal = spec_of(
+            &p(64, 64, 64).with_mask(PMask::CAUSAL_TOP_LEFT),
+            Direction::Forward,
+        );
         let v919 = CudnnVersion(91900);
         let v921 = CudnnVersion(92100);
-        assert_eq!(forward_candidates(&none, v919, true), vec![GraphKind::NativeFwd, GraphKind::CompositeFwd]);
-        assert_eq!(forward_candidates(&causal, v919, true), vec![GraphKind::CompositeFwd]);
-        assert_eq!(forward_candidates(&causal, v921, true), vec![GraphKind::NativeFwd, GraphKind::CompositeFwd]);
-        assert_eq!(forward_candidates(&none, CudnnVersion(91200), true), vec![GraphKind::CompositeFwd]);
-        assert_eq!(forward_candidates(&none, v921, false), vec![GraphKind::CompositeFwd]);
+        assert_eq!(
+            forward_candidates(&none, v919, true),
+            vec![GraphKind::NativeFwd, GraphKind::CompositeFwd]
+        );
+        assert_eq!(
+            forward_candidates(&causal, v919, true),
+            vec![GraphKind::CompositeFwd]
+        );
+        assert_eq!(
+            forward_candidates(&causal, v921, true),
+            vec![GraphKind::NativeFwd, GraphKind::CompositeFwd]
+        );
+        assert_eq!(
+            forward_candidates(&none, CudnnVersion(91200), true),
+            vec![GraphKind::CompositeFwd]
+        );
+        assert_eq!(
+            forward_candidates(&none, v921, false),
+            vec![GraphKind::CompositeFwd]
+        );
     }
 
     #[test]
     fn probe_answers_are_three_valued() {
-        assert_eq!(ProbeAnswer::Yes { engine: "eng2".into() }.as_fact(), Some(true));
-        assert_eq!(ProbeAnswer::No { reason: "x".into() }.as_fact(), Some(false));
+        assert_eq!(
+            ProbeAnswer::Yes {
+                engine: "eng2".into()
+            }
+            .as_fact(),
+            Some(true)
+        );
+        assert_eq!(
+            ProbeAnswer::No { reason: "x".into() }.as_fact(),
+            Some(false)
+        );
         assert_eq!(ProbeAnswer::Unknown { reason: "x".into() }.as_fact(), None);
     }
 }

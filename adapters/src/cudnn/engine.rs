@@ -65,15 +65,25 @@ impl EngineInfo {
     pub fn from_plan_json(json: &str, tag: String, nondeterministic: bool) -> EngineInfo {
         let doc: Value = serde_json::from_str(json.trim_end_matches('\0')).unwrap_or(Value::Null);
         let engine_id = find_key(&doc, "engineId").and_then(Value::as_i64);
-        let finalize_mode = find_key(&doc, "finalizeMode").and_then(Value::as_str).map(str::to_string);
+        let finalize_mode = find_key(&doc, "finalizeMode")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         let mut kernels = Vec::new();
         collect_key(&doc, "kernelName", &mut kernels);
-        EngineInfo { engine_id, finalize_mode, kernels, tag, nondeterministic }
+        EngineInfo {
+            engine_id,
+            finalize_mode,
+            kernels,
+            tag,
+            nondeterministic,
+        }
     }
 
     /// Whether the plan is a fused flash-attention engine (the pattern matched).
     pub fn is_fused_attention(&self) -> bool {
-        self.finalize_mode.as_deref().is_some_and(|m| FUSED_ATTENTION_MODES.contains(&m))
+        self.finalize_mode
+            .as_deref()
+            .is_some_and(|m| FUSED_ATTENTION_MODES.contains(&m))
     }
 
     /// A short human-readable name: the tag, the mode and the first kernel.
@@ -112,7 +122,10 @@ mod tests {
         assert_eq!(e.kernels.len(), 1);
         assert!(e.kernels[0].contains("sm90_flash_fprop_wgmma"));
         assert!(e.is_fused_attention());
-        assert!(e.summary().starts_with("eng2_k24=7 mode=SDPA_FWD kernel=cudnn_generated"));
+        assert!(
+            e.summary()
+                .starts_with("eng2_k24=7 mode=SDPA_FWD kernel=cudnn_generated")
+        );
     }
 
     #[test]

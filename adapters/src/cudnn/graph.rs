@@ -103,7 +103,10 @@ impl Tensor {
     }
     /// A host scalar passed by value.
     pub fn is_by_value(&self) -> bool {
-        matches!(self.binding, Binding::Scale | Binding::ConstF32(_) | Binding::ConstI32(_))
+        matches!(
+            self.binding,
+            Binding::Scale | Binding::ConstF32(_) | Binding::ConstI32(_)
+        )
     }
 }
 
@@ -342,11 +345,31 @@ struct Builder {
 
 impl Builder {
     fn new() -> Self {
-        Builder { tensors: BTreeMap::new(), ops: Vec::new(), next_virtual: uid::FIRST_VIRTUAL }
+        Builder {
+            tensors: BTreeMap::new(),
+            ops: Vec::new(),
+            next_virtual: uid::FIRST_VIRTUAL,
+        }
     }
 
-    fn tensor(&mut self, uid: i64, dtype: DType, dims: [i64; 4], strides: Strides, binding: Binding) -> i64 {
-        let prev = self.tensors.insert(uid, Tensor { uid, dtype, dims, strides, binding });
+    fn tensor(
+        &mut self,
+        uid: i64,
+        dtype: DType,
+        dims: [i64; 4],
+        strides: Strides,
+        binding: Binding,
+    ) -> i64 {
+        let prev = self.tensors.insert(
+            uid,
+            Tensor {
+                uid,
+                dtype,
+                dims,
+                strides,
+                binding,
+            },
+        );
         debug_assert!(prev.is_none(), "uid {uid} defined twice");
         uid
     }
@@ -379,7 +402,15 @@ impl Builder {
     }
 
     fn pw(&mut self, mode: PwMode, x: i64, b: Option<i64>, y: i64) {
-        self.ops.push(Op::Pointwise { mode, x, b, t: None, y, prec: DType::Float, axis: None });
+        self.ops.push(Op::Pointwise {
+            mode,
+            x,
+            b,
+            t: None,
+            y,
+            prec: DType::Float,
+            axis: None,
+        });
     }
 
     /// New virtual fp32 output of the same dims as `x`, from a binary/unary pointwise.
@@ -414,13 +445,29 @@ impl Builder {
     /// `x (+) scalar` with the frontend's compute type and axis 3 (as `CompositeDiagonalBandMaskNode`).
     fn index_arith(&mut self, mode: PwMode, x: i64, scalar: i64, out: DType) -> i64 {
         let y = self.virt(out, self.dims(x));
-        self.ops.push(Op::Pointwise { mode, x, b: Some(scalar), t: None, y, prec: out, axis: Some(3) });
+        self.ops.push(Op::Pointwise {
+            mode,
+            x,
+            b: Some(scalar),
+            t: None,
+            y,
+            prec: out,
+            axis: Some(3),
+        });
         y
     }
 
     fn compare(&mut self, mode: PwMode, x: i64, b: i64) -> i64 {
         let y = self.virt(DType::Boolean, self.dims(x));
-        self.ops.push(Op::Pointwise { mode, x, b: Some(b), t: None, y, prec: DType::Boolean, axis: None });
+        self.ops.push(Op::Pointwise {
+            mode,
+            x,
+            b: Some(b),
+            t: None,
+            y,
+            prec: DType::Boolean,
+            axis: None,
+        });
         y
     }
 
@@ -475,7 +522,12 @@ impl Builder {
     }
 
     fn finish(self, kind: GraphKind, scratch_bytes: usize) -> GraphIr {
-        GraphIr { kind, tensors: self.tensors, ops: self.ops, scratch_bytes }
+        GraphIr {
+            kind,
+            tensors: self.tensors,
+            ops: self.ops,
+            scratch_bytes,
+        }
     }
 }
 
@@ -486,14 +538,28 @@ fn stats_strides(spec: &SdpaSpec) -> Strides {
 /// The composite forward graph (any cuDNN 9): O and LSE.
 pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
     let io = DType::from(spec.dtype);
-    let (b, hq, hk, sq, skv, dqk, dv) = (spec.b, spec.h_q, spec.h_kv, spec.s_q, spec.s_kv, spec.d_qk, spec.d_v);
+    let (b, hq, hk, sq, skv, dqk, dv) = (
+        spec.b, spec.h_q, spec.h_kv, spec.s_q, spec.s_kv, spec.d_qk, spec.d_v,
+    );
     let l = &spec.layouts;
     let mut g = Builder::new();
     let q = g.tensor(uid::Q, io, [b, hq, sq, dqk], l.q, Binding::Io(IoRole::Q));
-    let kt = g.tensor(uid::K, io, [b, hk, dqk, skv], transposed(l.k), Binding::Io(IoRole::K));
+    let kt = g.tensor(
+        uid::K,
+        io,
+        [b, hk, dqk, skv],
+        transposed(l.k),
+        Binding::Io(IoRole::K),
+    );
     let v = g.tensor(uid::V, io, [b, hk, skv, dv], l.v, Binding::Io(IoRole::V));
     let o = g.tensor(uid::O, io, [b, hq, sq, dv], l.o, Binding::Io(IoRole::O));
-    let stats = g.tensor(uid::STATS, DType::Float, [b, hq, sq, 1], stats_strides(spec), Binding::Io(IoRole::Stats));
+    let stats = g.tensor(
+        uid::STATS,
+        DType::Float,
+        [b, hq, sq, 1],
+        stats_strides(spec),
+        Binding::Io(IoRole::Stats),
+    );
     let scale = g.scalar(uid::SCALE, Binding::Scale);
     let sdims = [b, hq, sq, skv];
     let rdims = [b, hq, sq, 1];
@@ -521,7 +587,9 @@ pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
 /// `SOFTMAX` op, as cudnn-frontend's `UnifiedSDPANode` builds them.
 pub fn native_fwd(spec: &SdpaSpec, version: CudnnVersion) -> GraphIr {
     let io = DType::from(spec.dtype);
-    let (b, hq, hk, sq, skv, dqk, dv) = (spec.b, spec.h_q, spec.h_kv, spec.s_q, spec.s_kv, spec.d_qk, spec.d_v);
+    let (b, hq, hk, sq, skv, dqk, dv) = (
+        spec.b, spec.h_q, spec.h_kv, spec.s_q, spec.s_kv, spec.d_qk, spec.d_v,
+    );
     let l = &spec.layouts;
     let v921 = version.has_sdpa_subgraph();
     let mut g = Builder::new();
@@ -529,7 +597,13 @@ pub fn native_fwd(spec: &SdpaSpec, version: CudnnVersion) -> GraphIr {
     let k = g.tensor(uid::K, io, [b, hk, skv, dqk], l.k, Binding::Io(IoRole::K));
     let v = g.tensor(uid::V, io, [b, hk, skv, dv], l.v, Binding::Io(IoRole::V));
     let o = g.tensor(uid::O, io, [b, hq, sq, dv], l.o, Binding::Io(IoRole::O));
-    let st = g.tensor(uid::STATS, DType::Float, [b, hq, sq, 1], stats_strides(spec), Binding::Io(IoRole::Stats));
+    let st = g.tensor(
+        uid::STATS,
+        DType::Float,
+        [b, hq, sq, 1],
+        stats_strides(spec),
+        Binding::Io(IoRole::Stats),
+    );
     let scale = g.scalar(uid::SCALE, Binding::Scale);
     let sdims = [b, hq, sq, skv];
     let stats = if v921 {
@@ -589,7 +663,15 @@ pub fn native_fwd(spec: &SdpaSpec, version: CudnnVersion) -> GraphIr {
     } else {
         None
     };
-    g.ops.push(Op::SdpaFwd { q, k, v, o, scale, stats, mask });
+    g.ops.push(Op::SdpaFwd {
+        q,
+        k,
+        v,
+        o,
+        scale,
+        stats,
+        mask,
+    });
     g.finish(GraphKind::NativeFwd, 0)
 }
 
@@ -598,26 +680,78 @@ pub fn native_fwd(spec: &SdpaSpec, version: CudnnVersion) -> GraphIr {
 /// frontend's "dP workspace" form); otherwise dQ is accumulated in fp32 scratch.
 pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
     let io = DType::from(spec.dtype);
-    let (b, hq, hk, sq, skv, dqk, dv) = (spec.b, spec.h_q, spec.h_kv, spec.s_q, spec.s_kv, spec.d_qk, spec.d_v);
+    let (b, hq, hk, sq, skv, dqk, dv) = (
+        spec.b, spec.h_q, spec.h_kv, spec.s_q, spec.s_kv, spec.d_qk, spec.d_v,
+    );
     let l = &spec.layouts;
-    let gl = l.grads.expect("backward spec validated with gradient layouts");
+    let gl = l
+        .grads
+        .expect("backward spec validated with gradient layouts");
     let mut g = Builder::new();
     let q = g.tensor(uid::Q, io, [b, hq, sq, dqk], l.q, Binding::Io(IoRole::Q));
-    let kt = g.tensor(uid::K, io, [b, hk, dqk, skv], transposed(l.k), Binding::Io(IoRole::K));
-    let vt = g.tensor(uid::V, io, [b, hk, dv, skv], transposed(l.v), Binding::Io(IoRole::V));
+    let kt = g.tensor(
+        uid::K,
+        io,
+        [b, hk, dqk, skv],
+        transposed(l.k),
+        Binding::Io(IoRole::K),
+    );
+    let vt = g.tensor(
+        uid::V,
+        io,
+        [b, hk, dv, skv],
+        transposed(l.v),
+        Binding::Io(IoRole::V),
+    );
     let o = g.tensor(uid::O, io, [b, hq, sq, dv], l.o, Binding::Io(IoRole::O));
-    let d_o = g.tensor(uid::DO, io, [b, hq, sq, dv], gl.d_o, Binding::Io(IoRole::DO));
-    let stats = g.tensor(uid::STATS, DType::Float, [b, hq, sq, 1], stats_strides(spec), Binding::Io(IoRole::Stats));
-    let dq = g.tensor(uid::DQ, io, [b, hq, sq, dqk], gl.dq, Binding::Io(IoRole::DQ));
-    let dk = g.tensor(uid::DK, io, [b, hk, skv, dqk], gl.dk, Binding::Io(IoRole::DK));
-    let dvt = g.tensor(uid::DV, io, [b, hk, skv, dv], gl.dv, Binding::Io(IoRole::DV));
+    let d_o = g.tensor(
+        uid::DO,
+        io,
+        [b, hq, sq, dv],
+        gl.d_o,
+        Binding::Io(IoRole::DO),
+    );
+    let stats = g.tensor(
+        uid::STATS,
+        DType::Float,
+        [b, hq, sq, 1],
+        stats_strides(spec),
+        Binding::Io(IoRole::Stats),
+    );
+    let dq = g.tensor(
+        uid::DQ,
+        io,
+        [b, hq, sq, dqk],
+        gl.dq,
+        Binding::Io(IoRole::DQ),
+    );
+    let dk = g.tensor(
+        uid::DK,
+        io,
+        [b, hk, skv, dqk],
+        gl.dk,
+        Binding::Io(IoRole::DK),
+    );
+    let dvt = g.tensor(
+        uid::DV,
+        io,
+        [b, hk, skv, dv],
+        gl.dv,
+        Binding::Io(IoRole::DV),
+    );
     let scale = g.scalar(uid::SCALE, Binding::Scale);
     let one = g.scalar(uid::ONE, Binding::ConstF32(1.0));
 
     let rdims = [b, hq, sq, 1];
     let sdims = [b, hq, sq, skv];
     let ssum_bytes = (b * hq * sq) as usize * 4;
-    let ssum = g.tensor(uid::SOFTMAX_SUM, DType::Float, rdims, dense(rdims), Binding::Scratch(0));
+    let ssum = g.tensor(
+        uid::SOFTMAX_SUM,
+        DType::Float,
+        rdims,
+        dense(rdims),
+        Binding::Scratch(0),
+    );
     let mut scratch = align_up(ssum_bytes);
 
     // softmax_sum = Σ_d dO * O
@@ -672,7 +806,13 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
         g.matmul(ds, kr, dq);
     } else {
         let qdims = [b, hq, sq, dqk];
-        let acc = g.tensor(uid::DQ_ACCUM, DType::Float, qdims, dense(qdims), Binding::Scratch(scratch));
+        let acc = g.tensor(
+            uid::DQ_ACCUM,
+            DType::Float,
+            qdims,
+            dense(qdims),
+            Binding::Scratch(scratch),
+        );
         scratch += align_up((b * hq * sq * dqk) as usize * 4);
         g.matmul(ds, kr, acc);
         g.pw(PwMode::Identity, acc, None, dq);
@@ -692,7 +832,15 @@ impl GraphIr {
                     s.extend(b.iter().chain(t.iter()).copied());
                 }
                 Op::Reduction { x, y, .. } | Op::Reshape { x, y } => s.extend([*x, *y]),
-                Op::SdpaFwd { q, k, v, o, scale, stats, mask } => {
+                Op::SdpaFwd {
+                    q,
+                    k,
+                    v,
+                    o,
+                    scale,
+                    stats,
+                    mask,
+                } => {
                     s.extend([*q, *k, *v, *o, *scale]);
                     match stats {
                         NativeStats::StatsDesc(st) => {
@@ -705,7 +853,9 @@ impl GraphIr {
                         for m in band {
                             s.extend([m.x, m.b, m.y]);
                             s.extend(
-                                [m.left_bound, m.shift_right, m.seq_q, m.seq_kv].into_iter().flatten(),
+                                [m.left_bound, m.shift_right, m.seq_q, m.seq_kv]
+                                    .into_iter()
+                                    .flatten(),
                             );
                         }
                     }
@@ -752,9 +902,21 @@ mod tests {
             MaskSpec::NONE,
             MaskSpec::CAUSAL,
             MaskSpec::CAUSAL_BOTTOM_RIGHT,
-            MaskSpec { left: Some(16), right: Some(0), diagonal: Diagonal::TopLeft },
-            MaskSpec { left: Some(16), right: Some(4), diagonal: Diagonal::BottomRight },
-            MaskSpec { left: Some(8), right: None, diagonal: Diagonal::TopLeft },
+            MaskSpec {
+                left: Some(16),
+                right: Some(0),
+                diagonal: Diagonal::TopLeft,
+            },
+            MaskSpec {
+                left: Some(16),
+                right: Some(4),
+                diagonal: Diagonal::BottomRight,
+            },
+            MaskSpec {
+                left: Some(8),
+                right: None,
+                diagonal: Diagonal::TopLeft,
+            },
         ] {
             for (hq, hk) in [(8, 8), (8, 2)] {
                 for det in [false, true] {
@@ -774,7 +936,12 @@ mod tests {
         let defined: BTreeSet<i64> = g.tensors.keys().copied().collect();
         assert_eq!(referenced, defined, "{:?}", g.kind);
         for t in g.tensors.values() {
-            assert_eq!(t.strides[3] == 1 || t.dims[3] == 1 || t.is_virtual(), true, "uid {}", t.uid);
+            // the head dim is contiguous in every bound tensor (Kᵀ/Vᵀ views: in dim 2)
+            assert!(
+                t.strides[3] == 1 || t.strides[2] == 1 || t.dims[3] == 1,
+                "uid {}",
+                t.uid
+            );
             if t.is_virtual() {
                 assert!(t.uid >= uid::FIRST_VIRTUAL);
             }
@@ -784,7 +951,12 @@ mod tests {
     #[test]
     fn every_graph_binds_exactly_the_tensors_its_ops_use() {
         for s in specs() {
-            for g in [composite_fwd(&s), native_fwd(&s, v(91900)), native_fwd(&s, v(92100)), composite_bwd(&s)] {
+            for g in [
+                composite_fwd(&s),
+                native_fwd(&s, v(91900)),
+                native_fwd(&s, v(92100)),
+                composite_bwd(&s),
+            ] {
                 assert_well_formed(&g);
             }
         }
@@ -793,7 +965,11 @@ mod tests {
     #[test]
     fn unmasked_graphs_carry_no_neg_inf_scalar() {
         let s = SdpaSpec::dense_bhsd(1, 4, 4, 64, 64, 64, IoDtype::F16, MaskSpec::NONE);
-        for g in [composite_fwd(&s), composite_bwd(&s), native_fwd(&s, v(92100))] {
+        for g in [
+            composite_fwd(&s),
+            composite_bwd(&s),
+            native_fwd(&s, v(92100)),
+        ] {
             assert!(!g.tensors.contains_key(&uid::NEG_INF), "{:?}", g.kind);
         }
         let c = SdpaSpec::dense_bhsd(1, 4, 4, 64, 64, 64, IoDtype::F16, MaskSpec::CAUSAL);
@@ -849,10 +1025,21 @@ mod tests {
     fn native_forward_switches_stats_and_mask_form_at_9_21() {
         let s = SdpaSpec::dense_bhsd(1, 4, 4, 64, 64, 64, IoDtype::F16, MaskSpec::CAUSAL);
         let old = native_fwd(&s, v(91900));
-        assert!(matches!(old.ops[0], Op::SdpaFwd { stats: NativeStats::StatsDesc(_), mask: None, .. }));
+        assert!(matches!(
+            old.ops[0],
+            Op::SdpaFwd {
+                stats: NativeStats::StatsDesc(_),
+                mask: None,
+                ..
+            }
+        ));
         let new = native_fwd(&s, v(92100));
         match &new.ops[0] {
-            Op::SdpaFwd { stats: NativeStats::Softmax { .. }, mask: Some((band, _, _)), .. } => {
+            Op::SdpaFwd {
+                stats: NativeStats::Softmax { .. },
+                mask: Some((band, _, _)),
+                ..
+            } => {
                 assert_eq!(band.len(), 1);
                 assert_eq!(band[0].cmp, PwMode::CmpGe);
             }
@@ -863,15 +1050,25 @@ mod tests {
     #[test]
     fn window_left_bound_uses_cudnn_inclusive_count() {
         // TE window (w, 0) keeps col >= row - w; cuDNN keeps col + W > row, so W = w + 1.
-        let m = MaskSpec { left: Some(16), right: Some(0), diagonal: Diagonal::TopLeft };
+        let m = MaskSpec {
+            left: Some(16),
+            right: Some(0),
+            diagonal: Diagonal::TopLeft,
+        };
         let s = SdpaSpec::dense_bhsd(1, 1, 1, 64, 64, 64, IoDtype::F16, m);
         let g = composite_fwd(&s);
         assert_eq!(g.tensors[&uid::LEFT_BOUND].binding, Binding::ConstF32(17.0));
         // bottom-right with s_q=64, s_kv=96 shifts the bound by s_kv - s_q
-        let m = MaskSpec { diagonal: Diagonal::BottomRight, ..m };
+        let m = MaskSpec {
+            diagonal: Diagonal::BottomRight,
+            ..m
+        };
         let s = SdpaSpec::dense_bhsd(1, 1, 1, 64, 96, 64, IoDtype::F16, m);
         let g = composite_fwd(&s);
-        assert_eq!(g.tensors[&uid::LEFT_BOUND].binding, Binding::ConstF32(17.0 - 32.0));
+        assert_eq!(
+            g.tensors[&uid::LEFT_BOUND].binding,
+            Binding::ConstF32(17.0 - 32.0)
+        );
         assert_eq!(g.tensors[&uid::SEQ_KV].binding, Binding::ConstI32(96));
     }
 }

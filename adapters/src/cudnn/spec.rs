@@ -50,12 +50,23 @@ pub struct MaskSpec {
 
 impl MaskSpec {
     /// No mask.
-    pub const NONE: MaskSpec = MaskSpec { left: None, right: None, diagonal: Diagonal::TopLeft };
+    pub const NONE: MaskSpec = MaskSpec {
+        left: None,
+        right: None,
+        diagonal: Diagonal::TopLeft,
+    };
     /// Causal, top-left aligned.
-    pub const CAUSAL: MaskSpec = MaskSpec { left: None, right: Some(0), diagonal: Diagonal::TopLeft };
+    pub const CAUSAL: MaskSpec = MaskSpec {
+        left: None,
+        right: Some(0),
+        diagonal: Diagonal::TopLeft,
+    };
     /// Causal, bottom-right aligned.
-    pub const CAUSAL_BOTTOM_RIGHT: MaskSpec =
-        MaskSpec { left: None, right: Some(0), diagonal: Diagonal::BottomRight };
+    pub const CAUSAL_BOTTOM_RIGHT: MaskSpec = MaskSpec {
+        left: None,
+        right: Some(0),
+        diagonal: Diagonal::BottomRight,
+    };
 
     /// True when no element is masked.
     pub fn is_none(&self) -> bool {
@@ -80,7 +91,10 @@ impl MaskSpec {
     /// bounds the alignment is irrelevant. Used for the plan-cache key and the graph.
     pub fn canonical(&self, s_q: i64, s_kv: i64) -> MaskSpec {
         if self.is_none() || s_q == s_kv {
-            MaskSpec { diagonal: Diagonal::TopLeft, ..*self }
+            MaskSpec {
+                diagonal: Diagonal::TopLeft,
+                ..*self
+            }
         } else {
             *self
         }
@@ -260,7 +274,12 @@ impl SdpaSpec {
                 k,
                 v: k,
                 o: q,
-                grads: Some(GradLayouts { d_o: q, dq: q, dk: k, dv: k }),
+                grads: Some(GradLayouts {
+                    d_o: q,
+                    dq: q,
+                    dk: k,
+                    dv: k,
+                }),
             },
             deterministic: false,
         }
@@ -282,7 +301,10 @@ impl SdpaSpec {
             }
         }
         if self.h_q % self.h_kv != 0 {
-            return Err(SpecError::Heads { h_q: self.h_q, h_kv: self.h_kv });
+            return Err(SpecError::Heads {
+                h_q: self.h_q,
+                h_kv: self.h_kv,
+            });
         }
         for d in [self.d_qk, self.d_v] {
             if d % 8 != 0 {
@@ -302,7 +324,10 @@ impl SdpaSpec {
         }
         for (tensor, s) in all {
             if s[3] != 1 {
-                return Err(SpecError::InnerStride { tensor, stride: s[3] });
+                return Err(SpecError::InnerStride {
+                    tensor,
+                    stride: s[3],
+                });
             }
         }
         Ok(())
@@ -328,7 +353,9 @@ impl SdpaSpec {
     /// FLOPs of the forward pass (two GEMMs), counting only unmasked score elements.
     pub fn fwd_flops(&self) -> f64 {
         let kept = self.kept_fraction();
-        2.0 * (self.b * self.h_q * self.s_q * self.s_kv) as f64 * (self.d_qk + self.d_v) as f64 * kept
+        2.0 * (self.b * self.h_q * self.s_q * self.s_kv) as f64
+            * (self.d_qk + self.d_v) as f64
+            * kept
     }
 
     /// Fraction of the s_q x s_kv score matrix the mask keeps (exact count).
@@ -340,7 +367,10 @@ impl SdpaSpec {
         for row in 0..self.s_q {
             let r = row + self.mask.offset(self.s_q, self.s_kv);
             let lo = self.mask.left.map_or(0, |l| (r - l).max(0));
-            let hi = self.mask.right.map_or(self.s_kv - 1, |rb| (r + rb).min(self.s_kv - 1));
+            let hi = self
+                .mask
+                .right
+                .map_or(self.s_kv - 1, |rb| (r + rb).min(self.s_kv - 1));
             if hi >= lo {
                 kept += hi - lo + 1;
             }
@@ -362,20 +392,37 @@ mod tests {
         assert!(MaskSpec::CAUSAL_BOTTOM_RIGHT.keeps(0, 4, 4, 8));
         assert!(!MaskSpec::CAUSAL_BOTTOM_RIGHT.keeps(0, 5, 4, 8));
         // window (2, 0): row 5 sees cols 3..=5
-        let w = MaskSpec { left: Some(2), right: Some(0), diagonal: Diagonal::TopLeft };
+        let w = MaskSpec {
+            left: Some(2),
+            right: Some(0),
+            diagonal: Diagonal::TopLeft,
+        };
         let seen: Vec<i64> = (0..8).filter(|&c| w.keeps(5, c, 8, 8)).collect();
         assert_eq!(seen, vec![3, 4, 5]);
         // left-only window sees the future
-        let l = MaskSpec { left: Some(1), right: None, diagonal: Diagonal::TopLeft };
+        let l = MaskSpec {
+            left: Some(1),
+            right: None,
+            diagonal: Diagonal::TopLeft,
+        };
         let seen: Vec<i64> = (0..8).filter(|&c| l.keeps(2, c, 8, 8)).collect();
         assert_eq!(seen, vec![1, 2, 3, 4, 5, 6, 7]);
     }
 
     #[test]
     fn canonical_mask_merges_equivalent_alignments() {
-        assert_eq!(MaskSpec::CAUSAL_BOTTOM_RIGHT.canonical(16, 16), MaskSpec::CAUSAL);
-        assert_eq!(MaskSpec::CAUSAL_BOTTOM_RIGHT.canonical(8, 16), MaskSpec::CAUSAL_BOTTOM_RIGHT);
-        let none_br = MaskSpec { diagonal: Diagonal::BottomRight, ..MaskSpec::NONE };
+        assert_eq!(
+            MaskSpec::CAUSAL_BOTTOM_RIGHT.canonical(16, 16),
+            MaskSpec::CAUSAL
+        );
+        assert_eq!(
+            MaskSpec::CAUSAL_BOTTOM_RIGHT.canonical(8, 16),
+            MaskSpec::CAUSAL_BOTTOM_RIGHT
+        );
+        let none_br = MaskSpec {
+            diagonal: Diagonal::BottomRight,
+            ..MaskSpec::NONE
+        };
         assert_eq!(none_br.canonical(8, 16), MaskSpec::NONE);
     }
 
@@ -384,10 +431,16 @@ mod tests {
         // bshd: element (b, h, s, d) at b*S*H*D + s*H*D + h*D + d
         let (b, h, s, d) = (2i64, 3i64, 5i64, 8i64);
         let st = bshd_strides(h, s, d);
-        assert_eq!(st[0] * 1 + st[1] * 2 + st[2] * 4 + 7, s * h * d + 4 * h * d + 2 * d + 7);
+        assert_eq!(
+            st[0] + st[1] * 2 + st[2] * 4 + 7,
+            s * h * d + 4 * h * d + 2 * d + 7
+        );
         // sbhd: element (b, h, s, d) at s*B*H*D + b*H*D + h*D + d
         let st = sbhd_strides(b, h, d);
-        assert_eq!(st[0] * 1 + st[1] * 2 + st[2] * 4 + 7, 4 * b * h * d + h * d + 2 * d + 7);
+        assert_eq!(
+            st[0] + st[1] * 2 + st[2] * 4 + 7,
+            4 * b * h * d + h * d + 2 * d + 7
+        );
     }
 
     #[test]
@@ -396,17 +449,29 @@ mod tests {
         assert_eq!(ok.validate(Direction::Backward), Ok(()));
         let mut s = ok;
         s.h_kv = 3;
-        assert_eq!(s.validate(Direction::Forward), Err(SpecError::Heads { h_q: 8, h_kv: 3 }));
+        assert_eq!(
+            s.validate(Direction::Forward),
+            Err(SpecError::Heads { h_q: 8, h_kv: 3 })
+        );
         let mut s = ok;
         s.layouts.k = [1, 2, 3, 4];
-        assert!(matches!(s.validate(Direction::Forward), Err(SpecError::InnerStride { tensor: "k", .. })));
+        assert!(matches!(
+            s.validate(Direction::Forward),
+            Err(SpecError::InnerStride { tensor: "k", .. })
+        ));
         let mut s = ok;
         s.d_qk = 60;
-        assert_eq!(s.validate(Direction::Forward), Err(SpecError::HeadDimAlign { d: 60 }));
+        assert_eq!(
+            s.validate(Direction::Forward),
+            Err(SpecError::HeadDimAlign { d: 60 })
+        );
         let mut s = ok;
         s.layouts.grads = None;
         assert_eq!(s.validate(Direction::Forward), Ok(()));
-        assert_eq!(s.validate(Direction::Backward), Err(SpecError::MissingGradLayouts));
+        assert_eq!(
+            s.validate(Direction::Backward),
+            Err(SpecError::MissingGradLayouts)
+        );
     }
 
     #[test]

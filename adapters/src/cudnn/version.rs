@@ -44,7 +44,9 @@ impl CudnnVersion {
             ));
         }
         if self.0 == 91000 || self.0 == 91001 {
-            return Some(format!("cuDNN {self} has a known fp16/bf16 SDPA defect (cudnn-frontend refuses 9.10.0/9.10.1)"));
+            return Some(format!(
+                "cuDNN {self} has a known fp16/bf16 SDPA defect (cudnn-frontend refuses 9.10.0/9.10.1)"
+            ));
         }
         if self.0 <= 91500 && spec.s_kv % 128 != 0 {
             return Some(format!(
@@ -52,8 +54,14 @@ impl CudnnVersion {
                 spec.s_kv
             ));
         }
-        if self.0 == 91400 && spec.mask.left.is_some() && spec.mask.right.is_none() && spec.s_kv > 1024 {
-            return Some(format!("cuDNN {self} has a sliding-window defect for non-causal s_kv > 1024"));
+        if self.0 == 91400
+            && spec.mask.left.is_some()
+            && spec.mask.right.is_none()
+            && spec.s_kv > 1024
+        {
+            return Some(format!(
+                "cuDNN {self} has a sliding-window defect for non-causal s_kv > 1024"
+            ));
         }
         if dir == Direction::Backward && spec.s_q == 1 && spec.s_kv == 1 {
             return Some("cuDNN has no SDPA backward for s_q = s_kv = 1".to_string());
@@ -88,12 +96,38 @@ mod tests {
     #[test]
     fn unsupported_versions_name_the_reason() {
         let s = SdpaSpec::dense_bhsd(1, 1, 1, 100, 100, 64, IoDtype::Bf16, MaskSpec::CAUSAL);
-        assert!(CudnnVersion(90500).unsupported_reason(&s, Direction::Forward).unwrap().contains("9.6.0"));
-        assert!(CudnnVersion(91001).unsupported_reason(&s, Direction::Forward).unwrap().contains("9.10"));
-        assert!(CudnnVersion(91400).unsupported_reason(&s, Direction::Forward).unwrap().contains("128"));
-        assert_eq!(CudnnVersion(91900).unsupported_reason(&s, Direction::Forward), None);
+        assert!(
+            CudnnVersion(90500)
+                .unsupported_reason(&s, Direction::Forward)
+                .unwrap()
+                .contains("9.6.0")
+        );
+        assert!(
+            CudnnVersion(91001)
+                .unsupported_reason(&s, Direction::Forward)
+                .unwrap()
+                .contains("9.10")
+        );
+        assert!(
+            CudnnVersion(91400)
+                .unsupported_reason(&s, Direction::Forward)
+                .unwrap()
+                .contains("128")
+        );
+        assert_eq!(
+            CudnnVersion(91900).unsupported_reason(&s, Direction::Forward),
+            None
+        );
         let one = SdpaSpec::dense_bhsd(1, 1, 1, 1, 1, 64, IoDtype::Bf16, MaskSpec::NONE);
-        assert!(CudnnVersion(91900).unsupported_reason(&one, Direction::Backward).is_some());
-        assert!(CudnnVersion(91900).unsupported_reason(&one, Direction::Forward).is_none());
+        assert!(
+            CudnnVersion(91900)
+                .unsupported_reason(&one, Direction::Backward)
+                .is_some()
+        );
+        assert!(
+            CudnnVersion(91900)
+                .unsupported_reason(&one, Direction::Forward)
+                .is_none()
+        );
     }
 }

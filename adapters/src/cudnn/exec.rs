@@ -1,0 +1,814 @@
+//! The `cudnn` executor: FusedAttention through the cuDNN backend graph API.
+//!
+//! - One cuDNN handle per (thread, device), created with the device's context current; the
+//!   caller's stream is bound with `cudnnSetStream` on every call.
+//! - A thread-local plan cache (cuDNN handles are not to be shared between threads, and cudarc's
+//!   handle is neither Send nor Sync) holding plans and refusals, never buffers.
+//! - Workspace (the backward's fp32 scratch plus cuDNN's own) is allocated per call,
+//!   stream-ordered (`cuMemAllocAsync`/`cuMemFreeAsync` on the call's stream).
+//! - Every plan is checked to be a fused-attention engine before it is cached or run.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::rc::Rc;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use cudarc::cudnn::{result as cudnn_result, sys as cudnn_sys};
+use cudarc::driver::{
+    CudaContext, CudaStream, DevicePtr, DevicePtrMut, result as drv, sys as drv_sys,
+};
+
+use crate::executor::{
+    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, ExecError, ExecStats,
+    Executor, ForwardInputs, ForwardOutput, HostTensor, Manifest, Unsupported,
+    validate_backward_inputs, validate_forward_inputs,
+};
+use crate::problem::AttentionProblem;
+
+use super::backend::{self, BuiltPlan, CallError, PlanRefusal};
+use super::cache::{CacheStats, PlanCache, PlanKey};
+use super::convert::{self, ProbeAnswer};
+use super::engine::EngineInfo;
+use super::graph::{self, Binding, GraphKind, IoRole};
+use super::spec::{Direction, SdpaSpec};
+use super::version::CudnnVersion;
+
+/// Typed errors of the cuDNN executor.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudnnError {
+    /// The executor's gate refuses the problem.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// cuDNN proposes no engine for the graph here.
+    #[error("cuDNN {version} proposes no engine for the {graph:?} graph: {detail}")]
+    NoEngine {
+        /// Runtime version.
+        version: CudnnVersion,
+        /// Which graph.
+        graph: GraphKind,
+        /// Heuristics errors, if any.
+        detail: String,
+    },
+    /// A deterministic backward was asked for and every engine cuDNN proposes is marked
+    /// NONDETERMINISTIC.
+    #[error(
+        "cuDNN {version} has no deterministic plan for the {graph:?} graph (engines {engines} are NONDETERMINISTIC)"
+    )]
+    NoDeterministicPlan {
+        /// Runtime version.
+        version: CudnnVersion,
+        /// Which graph.
+        graph: GraphKind,
+        /// Refused engine tags.
+        engines: String,
+    },
+    /// Plans built, but none is a fused-attention engine: refused, not run.
+    #[error(
+        "refused: cuDNN's plan for the {graph:?} graph is not a fused-attention engine ({plans})"
+    )]
+    NotFusedAttention {
+        /// Which graph.
+        graph: GraphKind,
+        /// The plans seen (tag, finalize mode, kernel).
+        plans: String,
+    },
+    /// Every proposed config failed to finalize.
+    #[error("cuDNN {version}: no config of the {graph:?} graph finalized: {detail}")]
+    NoPlan {
+        /// Runtime version.
+        version: CudnnVersion,
+        /// Which graph.
+        graph: GraphKind,
+        /// The errors.
+        detail: String,
+    },
+    /// A cuDNN call failed.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// A CUDA driver call failed.
+    #[error("CUDA: {0}")]
+    Cuda(String),
+    /// No usable GPU or cuDNN library.
+    #[error("no device: {0}")]
+    NoDevice(String),
+}
+
+impl CudnnError {
+    /// A capability refusal (the policy may pick another backend), as opposed to a failure.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            CudnnError::Unsupported(_)
+                | CudnnError::NoEngine { .. }
+                | CudnnError::NoDeterministicPlan { .. }
+                | CudnnError::NotFusedAttention { .. }
+                | CudnnError::NoPlan { .. }
+        )
+    }
+}
+
+impl From<drv::DriverError> for CudnnError {
+    fn from(e: drv::DriverError) -> Self {
+        CudnnError::Cuda(format!("{e:?}"))
+    }
+}
+
+impl From<Unsupported> for CudnnError {
+    fn from(u: Unsupported) -> Self {
+        CudnnError::Unsupported(u.reason)
+    }
+}
+
+impl From<CudnnError> for ExecError {
+    fn from(e: CudnnError) -> Self {
+        match e {
+            CudnnError::NoDevice(reason) => ExecError::NoDevice { reason },
+            CudnnError::Call(c) => ExecError::Backend {
+                library: "cudnn",
+                message: c.to_string(),
+            },
+            CudnnError::Cuda(message) => ExecError::Backend {
+                library: "cuda",
+                message,
+            },
+            refusal => ExecError::Unsupported {
+                reason: refusal.to_string(),
+            },
+        }
+    }
+}
+
+/// What one call ran.
+#[derive(Clone, Debug)]
+pub struct RunReport {
+    /// The graph that ran.
+    pub graph: GraphKind,
+    /// The engine that ran.
+    pub engine: Arc<EngineInfo>,
+    /// Whether the plan came from the cache.
+    pub cache_hit: bool,
+    /// Bytes of workspace allocated for the call (scratch + cuDNN's).
+    pub workspace_bytes: usize,
+    /// Host time of the call (lookup, variant pack, execute, workspace), microseconds.
+    pub host_us: f64,
+}
+
+enum Slot {
+    Io(IoRole),
+    Scalar(usize),
+    Scratch(usize),
+}
+
+struct CachedPlan {
+    built: BuiltPlan,
+    kind: GraphKind,
+    uids: Vec<i64>,
+    slots: Vec<Slot>,
+    scalars: Vec<u32>,
+    scale_slot: Option<usize>,
+    scratch: usize,
+    engine: Arc<EngineInfo>,
+}
+
+type Entry = Result<Rc<CachedPlan>, CudnnError>;
+
+struct DeviceState {
+    handle: cudnn_sys::cudnnHandle_t,
+    cache: PlanCache<PlanKey, Entry>,
+}
+
+impl Drop for DeviceState {
+    fn drop(&mut self) {
+        // SAFETY: created by cudnnCreate on this thread, destroyed once.
+        let _ = unsafe { cudnn_result::destroy_handle(self.handle) };
+    }
+}
+
+thread_local! {
+    static STATES: RefCell<HashMap<usize, DeviceState>> = RefCell::new(HashMap::new());
+}
+
+/// Pointers of the caller's tensors for one call (CUdeviceptr values; 0 when unused).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IoPtrs {
+    /// Q.
+    pub q: u64,
+    /// K.
+    pub k: u64,
+    /// V.
+    pub v: u64,
+    /// O.
+    pub o: u64,
+    /// LSE.
+    pub lse: u64,
+    /// dO.
+    pub d_o: u64,
+    /// dQ.
+    pub dq: u64,
+    /// dK.
+    pub dk: u64,
+    /// dV.
+    pub dv: u64,
+}
+
+impl IoPtrs {
+    fn get(&self, r: IoRole) -> u64 {
+        match r {
+            IoRole::Q => self.q,
+            IoRole::K => self.k,
+            IoRole::V => self.v,
+            IoRole::O => self.o,
+            IoRole::Stats => self.lse,
+            IoRole::DO => self.d_o,
+            IoRole::DQ => self.dq,
+            IoRole::DK => self.dk,
+            IoRole::DV => self.dv,
+        }
+    }
+}
+
+impl From<&DeviceForwardArgs> for IoPtrs {
+    fn from(a: &DeviceForwardArgs) -> Self {
+        IoPtrs {
+            q: a.q,
+            k: a.k,
+            v: a.v,
+            o: a.o,
+            lse: a.lse,
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&DeviceBackwardArgs> for IoPtrs {
+    fn from(a: &DeviceBackwardArgs) -> Self {
+        IoPtrs {
+            q: a.q,
+            k: a.k,
+            v: a.v,
+            o: a.o,
+            lse: a.lse,
+            d_o: a.d_o,
+            dq: a.dq,
+            dk: a.dk,
+            dv: a.dv,
+        }
+    }
+}
+
+/// The cuDNN executor on one device.
+pub struct CudnnExecutor {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    ordinal: usize,
+    version: CudnnVersion,
+    cc: (i32, i32),
+    gpu: String,
+    native_allowed: bool,
+}
+
+fn cudnn_loadable() -> bool {
+    // SAFETY: tries to dlopen the candidate library names; no symbols are called.
+    unsafe { cudnn_sys::is_culib_present() }
+}
+
+/// The runtime cuDNN version, or why it cannot be read (library missing).
+pub fn runtime_version() -> Result<CudnnVersion, CudnnError> {
+    if !cudnn_loadable() {
+        return Err(CudnnError::NoDevice(
+            "libcudnn not found (LD_LIBRARY_PATH)".into(),
+        ));
+    }
+    Ok(CudnnVersion(cudnn_result::get_version() as u32))
+}
+
+fn manifest_cached() -> &'static Manifest {
+    static M: OnceLock<Manifest> = OnceLock::new();
+    M.get_or_init(convert::manifest)
+}
+
+impl CudnnExecutor {
+    /// An executor on CUDA device `ordinal`.
+    pub fn new(ordinal: usize) -> Result<CudnnExecutor, CudnnError> {
+        // SAFETY: tries to dlopen the driver library; no symbols are called.
+        if !unsafe { drv_sys::is_culib_present() } {
+            return Err(CudnnError::NoDevice(
+                "the CUDA driver library (libcuda) is not present".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| CudnnError::NoDevice(format!("CUDA device {ordinal}: {e:?}")))?;
+        let version = runtime_version()?;
+        let cc = ctx.compute_capability()?;
+        let gpu = ctx.name()?;
+        // Keep freed workspace in the device's default pool: per-call stream-ordered workspace
+        // then costs a pool lookup, not a fresh mapping, after the first call.
+        // SAFETY: plain driver calls on this context's device.
+        unsafe {
+            ctx.bind_to_thread()?;
+            let mut pool: drv_sys::CUmemoryPool = std::ptr::null_mut();
+            if drv_sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+                == drv_sys::CUresult::CUDA_SUCCESS
+            {
+                let mut threshold: u64 = u64::MAX;
+                let _ = drv_sys::cuMemPoolSetAttribute(
+                    pool,
+                    drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                );
+            }
+        }
+        let stream = ctx.default_stream();
+        let native_allowed = std::env::var("ATTN_POLICY_CUDNN_NATIVE")
+            .map(|v| v != "0")
+            .unwrap_or(true);
+        Ok(CudnnExecutor {
+            ctx,
+            stream,
+            ordinal,
+            version,
+            cc,
+            gpu,
+            native_allowed,
+        })
+    }
+
+    /// The runtime cuDNN version (`cudnnGetVersion()`).
+    pub fn version(&self) -> CudnnVersion {
+        self.version
+    }
+    /// The CUDA context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// The executor's own stream (used by the host path and the trait's device path).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// Compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+    /// Whether the native SDPA op may be tried (env `ATTN_POLICY_CUDNN_NATIVE=0` turns it off).
+    pub fn set_native_allowed(&mut self, allowed: bool) {
+        self.native_allowed = allowed;
+    }
+
+    /// Plan-cache counters of the calling thread for this device.
+    pub fn cache_stats(&self) -> CacheStats {
+        STATES.with(|s| {
+            s.borrow()
+                .get(&self.ordinal)
+                .map(|st| st.cache.stats())
+                .unwrap_or_default()
+        })
+    }
+
+    fn gate(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
+        if self.cc.0 < 8 {
+            return Err(Unsupported::new(format!(
+                "compute capability {}.{} < 8.0",
+                self.cc.0, self.cc.1
+            )));
+        }
+        convert::check(p, Some(self.version))
+    }
+
+    fn with_state<R>(
+        &self,
+        f: impl FnOnce(&mut DeviceState) -> Result<R, CudnnError>,
+    ) -> Result<R, CudnnError> {
+        self.ctx.bind_to_thread()?;
+        STATES.with(|states| {
+            let mut states = states.borrow_mut();
+            let st = match states.entry(self.ordinal) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let handle = cudnn_result::create_handle().map_err(|e| {
+                        CudnnError::Call(CallError {
+                            call: "cudnnCreate".into(),
+                            status: format!("{e:?}"),
+                            message: String::new(),
+                        })
+                    })?;
+                    v.insert(DeviceState {
+                        handle,
+                        cache: PlanCache::default(),
+                    })
+                }
+            };
+            f(st)
+        })
+    }
+
+    fn build(&self, handle: cudnn_sys::cudnnHandle_t, kind: GraphKind, spec: &SdpaSpec) -> Entry {
+        let ir = match kind {
+            GraphKind::CompositeFwd => graph::composite_fwd(spec),
+            GraphKind::NativeFwd => graph::native_fwd(spec, self.version),
+            GraphKind::CompositeBwd => graph::composite_bwd(spec),
+        };
+        let version = self.version;
+        let lowered = backend::lower(&ir, handle).map_err(|e| CudnnError::NoPlan {
+            version,
+            graph: kind,
+            detail: format!("graph not accepted: {e}"),
+        })?;
+        let built = match backend::build_plan(lowered, handle, spec.deterministic, true)? {
+            Ok(b) => b,
+            Err(PlanRefusal::NoConfigs(errs)) => {
+                return Err(CudnnError::NoEngine {
+                    version,
+                    graph: kind,
+                    detail: errs.join("; "),
+                });
+            }
+            Err(PlanRefusal::NoDeterministic(tags)) => {
+                return Err(CudnnError::NoDeterministicPlan {
+                    version,
+                    graph: kind,
+                    engines: tags.join(", "),
+                });
+            }
+            Err(PlanRefusal::NotFused(plans)) => {
+                return Err(CudnnError::NotFusedAttention {
+                    graph: kind,
+                    plans: plans.join("; "),
+                });
+            }
+            Err(PlanRefusal::AllFailed(errs)) => {
+                return Err(CudnnError::NoPlan {
+                    version,
+                    graph: kind,
+                    detail: errs.join("; "),
+                });
+            }
+        };
+        let mut uids = Vec::new();
+        let mut slots = Vec::new();
+        let mut scalars = Vec::new();
+        let mut scale_slot = None;
+        for t in ir.variant_pack() {
+            uids.push(t.uid);
+            slots.push(match t.binding {
+                Binding::Io(r) => Slot::Io(r),
+                Binding::Scratch(off) => Slot::Scratch(off),
+                Binding::Scale => {
+                    scale_slot = Some(scalars.len());
+                    scalars.push(0);
+                    Slot::Scalar(scalars.len() - 1)
+                }
+                Binding::ConstF32(v) => {
+                    scalars.push(v.to_bits());
+                    Slot::Scalar(scalars.len() - 1)
+                }
+                Binding::ConstI32(v) => {
+                    scalars.push(v as u32);
+                    Slot::Scalar(scalars.len() - 1)
+                }
+                Binding::Virtual => unreachable!("variant_pack() holds only non-virtual tensors"),
+            });
+        }
+        let engine = Arc::new(built.engine.clone());
+        Ok(Rc::new(CachedPlan {
+            built,
+            kind,
+            uids,
+            slots,
+            scalars,
+            scale_slot,
+            scratch: ir.scratch_bytes,
+            engine,
+        }))
+    }
+
+    fn plan(
+        &self,
+        st: &mut DeviceState,
+        dir: Direction,
+        spec: &SdpaSpec,
+    ) -> Result<(Rc<CachedPlan>, bool), CudnnError> {
+        let kinds = match dir {
+            Direction::Forward => {
+                convert::forward_candidates(spec, self.version, self.native_allowed)
+            }
+            Direction::Backward => vec![GraphKind::CompositeBwd],
+        };
+        let handle = st.handle;
+        let mut last = None;
+        for kind in kinds {
+            let key = PlanKey {
+                device: self.ordinal,
+                kind,
+                spec: *spec,
+                version: self.version,
+            };
+            let (entry, hit) = st.cache.get_or_try_insert_with(key, || {
+                Ok::<_, CudnnError>(self.build(handle, kind, spec))
+            })?;
+            match entry {
+                Ok(p) => return Ok((p, hit)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| CudnnError::Unsupported("no graph candidate".into())))
+    }
+
+    fn spec_checked(&self, p: &AttentionProblem, dir: Direction) -> Result<SdpaSpec, CudnnError> {
+        self.gate(p)?;
+        let spec = convert::spec_of(p, dir);
+        spec.validate(dir)
+            .map_err(|e| CudnnError::Unsupported(e.to_string()))?;
+        if let Some(reason) = self.version.unsupported_reason(&spec, dir) {
+            return Err(CudnnError::Unsupported(reason));
+        }
+        Ok(spec)
+    }
+
+    /// The engine cuDNN would run for `p` in direction `dir` (builds and caches the plan).
+    pub fn plan_info(
+        &self,
+        p: &AttentionProblem,
+        dir: Direction,
+    ) -> Result<(GraphKind, Arc<EngineInfo>), CudnnError> {
+        let spec = self.spec_checked(p, dir)?;
+        self.with_state(|st| {
+            let (plan, _) = self.plan(st, dir, &spec)?;
+            Ok((plan.kind, plan.engine.clone()))
+        })
+    }
+
+    /// Can cuDNN build a fused-attention plan for this problem here? (The three-valued probe.)
+    pub fn probe(&self, p: &AttentionProblem, dir: Direction) -> ProbeAnswer {
+        match self.plan_info(p, dir) {
+            Ok((_, engine)) => ProbeAnswer::Yes {
+                engine: engine.summary(),
+            },
+            Err(e) if e.is_refusal() => ProbeAnswer::No {
+                reason: e.to_string(),
+            },
+            Err(e) => ProbeAnswer::Unknown {
+                reason: e.to_string(),
+            },
+        }
+    }
+
+    /// Enqueues one call on `stream` without synchronizing: the fast path (benches, stream tests).
+    ///
+    /// # Safety
+    /// The pointers in `io` must be live device allocations on this executor's device covering
+    /// the spans of `p`'s strides (LSE: `b*h_q*s_q` floats), outputs not aliasing inputs, and
+    /// must stay valid until the work completes on `stream`.
+    pub unsafe fn enqueue(
+        &self,
+        p: &AttentionProblem,
+        dir: Direction,
+        io: &IoPtrs,
+        stream: &CudaStream,
+    ) -> Result<RunReport, CudnnError> {
+        let t0 = Instant::now();
+        let spec = self.spec_checked(p, dir)?;
+        let scale = p.softmax_scale as f32;
+        let cu_stream = stream.cu_stream();
+        self.with_state(|st| {
+            let (plan, hit) = self.plan(st, dir, &spec)?;
+            // SAFETY: the handle belongs to this thread; the stream to this context.
+            unsafe { cudnn_result::set_stream(st.handle, cu_stream as *mut _) }.map_err(|e| {
+                CudnnError::Call(CallError {
+                    call: "cudnnSetStream".into(),
+                    status: format!("{e:?}"),
+                    message: String::new(),
+                })
+            })?;
+            let total = (plan.scratch + plan.built.workspace).max(256);
+            // SAFETY: stream-ordered allocation on the call's stream, freed on it below.
+            let ws = unsafe { drv::malloc_async(cu_stream, total) }?;
+            let mut scalars = plan.scalars.clone();
+            if let Some(i) = plan.scale_slot {
+                scalars[i] = scale.to_bits();
+            }
+            let ptrs: Vec<*mut c_void> = plan
+                .slots
+                .iter()
+                .map(|s| match s {
+                    Slot::Io(r) => io.get(*r) as *mut c_void,
+                    Slot::Scalar(i) => (&scalars[*i] as *const u32).cast_mut().cast(),
+                    Slot::Scratch(off) => (ws + *off as u64) as *mut c_void,
+                })
+                .collect();
+            let cudnn_ws = (ws + plan.scratch as u64) as *mut c_void;
+            // SAFETY: caller's pointers per the contract; scalars live until execute returns.
+            let run =
+                unsafe { backend::execute(st.handle, &plan.built, &plan.uids, &ptrs, cudnn_ws) };
+            // SAFETY: freed in stream order after the work that uses it.
+            let freed = unsafe { drv::free_async(ws, cu_stream) };
+            run?;
+            freed?;
+            Ok(RunReport {
+                graph: plan.kind,
+                engine: plan.engine.clone(),
+                cache_hit: hit,
+                workspace_bytes: total,
+                host_us: t0.elapsed().as_secs_f64() * 1e6,
+            })
+        })
+    }
+
+    /// Runs synchronously on the executor's stream, timing with device events.
+    unsafe fn run_timed(
+        &self,
+        p: &AttentionProblem,
+        dir: Direction,
+        io: &IoPtrs,
+    ) -> Result<(RunReport, f64), CudnnError> {
+        let flags = Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.stream.record_event(flags)?;
+        // SAFETY: forwarded contract.
+        let report = unsafe { self.enqueue(p, dir, io, &self.stream) }?;
+        let end = self.stream.record_event(flags)?;
+        end.synchronize()?;
+        let ms = start.elapsed_ms(&end)? as f64;
+        Ok((report, ms))
+    }
+
+    fn host_forward(
+        &self,
+        p: &AttentionProblem,
+        inputs: &ForwardInputs<'_>,
+    ) -> Result<ForwardOutput, CudnnError> {
+        let s = &self.stream;
+        let q = s.clone_htod(&inputs.q.data[..p.q_span()])?;
+        let k = s.clone_htod(&inputs.k.data[..p.k_span()])?;
+        let v = s.clone_htod(&inputs.v.data[..p.v_span()])?;
+        let mut o = s.alloc_zeros::<u16>(p.o_span())?;
+        let mut lse = s.alloc_zeros::<f32>(p.lse_len())?;
+        let (report, ms) = {
+            let (qp, _g1) = q.device_ptr(s);
+            let (kp, _g2) = k.device_ptr(s);
+            let (vp, _g3) = v.device_ptr(s);
+            let (op, _g4) = o.device_ptr_mut(s);
+            let (lp, _g5) = lse.device_ptr_mut(s);
+            let io = IoPtrs {
+                q: qp,
+                k: kp,
+                v: vp,
+                o: op,
+                lse: lp,
+                ..Default::default()
+            };
+            // SAFETY: freshly allocated buffers of the problem's spans on this device.
+            unsafe { self.run_timed(p, Direction::Forward, &io) }?
+        };
+        let o = s.clone_dtoh(&o)?;
+        let lse = s.clone_dtoh(&lse)?;
+        Ok(ForwardOutput {
+            o: HostTensor {
+                dtype: p.dtype,
+                data: o,
+            },
+            lse,
+            stats: ExecStats {
+                compute_ms: ms,
+                workspace_bytes: report.workspace_bytes as u64,
+                peak_bytes: Some(
+                    (report.workspace_bytes + p.o_span() * 2 + p.lse_len() * 4) as u64,
+                ),
+            },
+        })
+    }
+
+    fn host_backward(
+        &self,
+        p: &AttentionProblem,
+        inputs: &BackwardInputs<'_>,
+    ) -> Result<BackwardOutput, CudnnError> {
+        let s = &self.stream;
+        let q = s.clone_htod(&inputs.q.data[..p.q_span()])?;
+        let k = s.clone_htod(&inputs.k.data[..p.k_span()])?;
+        let v = s.clone_htod(&inputs.v.data[..p.v_span()])?;
+        let o = s.clone_htod(&inputs.o.data[..p.o_span()])?;
+        let d_o = s.clone_htod(&inputs.d_o.data[..p.o_span()])?;
+        let lse = s.clone_htod(inputs.lse)?;
+        let mut dq = s.alloc_zeros::<u16>(p.q_span())?;
+        let mut dk = s.alloc_zeros::<u16>(p.k_span())?;
+        let mut dv = s.alloc_zeros::<u16>(p.v_span())?;
+        let (report, ms) = {
+            let (qp, _g1) = q.device_ptr(s);
+            let (kp, _g2) = k.device_ptr(s);
+            let (vp, _g3) = v.device_ptr(s);
+            let (op, _g4) = o.device_ptr(s);
+            let (dop, _g5) = d_o.device_ptr(s);
+            let (lp, _g6) = lse.device_ptr(s);
+            let (dqp, _g7) = dq.device_ptr_mut(s);
+            let (dkp, _g8) = dk.device_ptr_mut(s);
+            let (dvp, _g9) = dv.device_ptr_mut(s);
+            let io = IoPtrs {
+                q: qp,
+                k: kp,
+                v: vp,
+                o: op,
+                lse: lp,
+                d_o: dop,
+                dq: dqp,
+                dk: dkp,
+                dv: dvp,
+            };
+            // SAFETY: freshly allocated buffers of the problem's spans on this device.
+            unsafe { self.run_timed(p, Direction::Backward, &io) }?
+        };
+        let t = |d: Vec<u16>| HostTensor {
+            dtype: p.dtype,
+            data: d,
+        };
+        Ok(BackwardOutput {
+            dq: t(s.clone_dtoh(&dq)?),
+            dk: t(s.clone_dtoh(&dk)?),
+            dv: t(s.clone_dtoh(&dv)?),
+            stats: ExecStats {
+                compute_ms: ms,
+                workspace_bytes: report.workspace_bytes as u64,
+                peak_bytes: Some(
+                    (report.workspace_bytes + (p.q_span() + p.k_span() + p.v_span()) * 2) as u64,
+                ),
+            },
+        })
+    }
+}
+
+impl Executor for CudnnExecutor {
+    fn name(&self) -> &str {
+        convert::NAME
+    }
+
+    fn device_description(&self) -> String {
+        format!(
+            "{} (sm_{}{}), cuDNN {}",
+            self.gpu, self.cc.0, self.cc.1, self.version
+        )
+    }
+
+    fn manifest(&self) -> Manifest {
+        manifest_cached().clone()
+    }
+
+    fn check(&self, problem: &AttentionProblem) -> Result<(), Unsupported> {
+        self.gate(problem)
+    }
+
+    fn forward(
+        &self,
+        problem: &AttentionProblem,
+        inputs: &ForwardInputs<'_>,
+    ) -> Result<ForwardOutput, ExecError> {
+        self.check(problem)?;
+        validate_forward_inputs(problem, inputs)?;
+        Ok(self.host_forward(problem, inputs)?)
+    }
+
+    fn backward(
+        &self,
+        problem: &AttentionProblem,
+        inputs: &BackwardInputs<'_>,
+    ) -> Result<BackwardOutput, ExecError> {
+        self.check(problem)?;
+        validate_backward_inputs(problem, inputs)?;
+        Ok(self.host_backward(problem, inputs)?)
+    }
+
+    unsafe fn forward_device(
+        &self,
+        problem: &AttentionProblem,
+        args: &DeviceForwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        // SAFETY: forwarded contract (trait docs).
+        let (r, ms) = unsafe { self.run_timed(problem, Direction::Forward, &IoPtrs::from(args)) }?;
+        Ok(ExecStats {
+            compute_ms: ms,
+            workspace_bytes: r.workspace_bytes as u64,
+            peak_bytes: None,
+        })
+    }
+
+    unsafe fn backward_device(
+        &self,
+        problem: &AttentionProblem,
+        args: &DeviceBackwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        // SAFETY: forwarded contract (trait docs).
+        let (r, ms) = unsafe { self.run_timed(problem, Direction::Backward, &IoPtrs::from(args)) }?;
+        Ok(ExecStats {
+            compute_ms: ms,
+            workspace_bytes: r.workspace_bytes as u64,
+            peak_bytes: None,
+        })
+    }
+}
+
+/// The process-wide executor on device 0 (created on first use).
+pub fn shared() -> Result<Arc<CudnnExecutor>, CudnnError> {
+    static SHARED: OnceLock<Result<Arc<CudnnExecutor>, CudnnError>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| CudnnExecutor::new(0).map(Arc::new))
+        .clone()
+}
