@@ -1,5 +1,29 @@
-//! attn-policy: declarative attention-backend selection.
+//! attn-policy: declarative, explainable attention-backend selection.
+//!
+//! ```no_run
+//! use attn_policy::{Facts, Policy};
+//! let policy = Policy::embedded("te").expect("the te pack loads");
+//! let facts = Facts::from_json(&serde_json::json!({"head_dim_qk": 512, "head_dim_v": 512})).unwrap();
+//! let decision = policy.decide(&facts);
+//! println!("{}", attn_policy::Explanation::new(&policy, &facts, &decision).to_text(false));
+//! ```
+//!
+//! Layout: [`lang`] (syntax) -> [`check`] (types, lowering) -> [`eval`] (conditions) ->
+//! [`policy`] (rules, decide) -> [`decision`] (explanations); [`pack`] loads YAML; [`facts`]
+//! is the typed input.
+
 pub mod check;
+pub mod corpus;
+pub mod decision;
+pub mod diag;
 pub mod eval;
 pub mod facts;
 pub mod lang;
+pub mod pack;
+pub mod policy;
+
+pub use decision::{Decision, Explanation, Status};
+pub use diag::{Diagnostic, Diagnostics, Severity};
+pub use facts::{Facts, InputError};
+pub use pack::{LoadError, PackSource, load_pack};
+pub use policy::Policy;

@@ -2,6 +2,7 @@
 
 pub mod domains;
 pub mod input;
+pub mod presets;
 pub mod schema;
 pub mod value;
 

@@ -664,3 +664,45 @@ pub fn input_keys() -> Vec<&'static str> {
 pub fn expression_names() -> impl Iterator<Item = &'static str> {
     FIELDS.iter().map(|d| d.path)
 }
+
+/// The fact catalogue as a markdown table (`attn-policy facts`, docs/facts.md).
+pub fn markdown_table() -> String {
+    let mut out =
+        String::from("| fact | type | default | origin | meaning |\n|---|---|---|---|---|\n");
+    for d in FIELDS {
+        let ty = if d.nullable {
+            format!("{}?", d.ty.name())
+        } else {
+            d.ty.name()
+        };
+        let default = match d.default {
+            DefaultValue::Null => "null".to_string(),
+            DefaultValue::Bool(b) => b.to_string(),
+            DefaultValue::Int(i) => i.to_string(),
+            DefaultValue::Float(x) => format!("{x:?}"),
+            DefaultValue::Enum(e) => format!("`{e}`"),
+            DefaultValue::Version(v) => v.to_string(),
+            DefaultValue::Computed => match d.origin {
+                Origin::Probe => "unknown".to_string(),
+                _ => "computed".to_string(),
+            },
+        };
+        let origin = match d.origin {
+            Origin::Input => {
+                if d.fixed {
+                    "input (fixed)"
+                } else {
+                    "input"
+                }
+            }
+            Origin::Derived => "derived",
+            Origin::Probe => "probe",
+        };
+        out.push_str(&format!(
+            "| `{}` | {ty} | {default} | {origin} | {} |\n",
+            d.path,
+            d.doc.replace('|', "\\|")
+        ));
+    }
+    out
+}

@@ -1,0 +1,373 @@
+//! Arguments shared by subcommands: where the config comes from, which pack, how to print.
+
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde_json::{Map, Value as Json, json};
+
+use attn_policy::facts::{Facts, presets};
+use attn_policy::{PackSource, Policy, load_pack};
+
+/// The attention configuration: a preset, a file, then flags, each overriding the previous.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConfigArgs {
+    /// Config object (JSON or YAML, the `config` format of conformance records); `-` reads stdin.
+    pub config: Option<PathBuf>,
+    /// Start from a named preset (see `attn-policy presets`).
+    #[arg(long, value_name = "NAME")]
+    pub preset: Option<String>,
+    /// Set head_dim_qk and head_dim_v.
+    #[arg(long, value_name = "N")]
+    pub head_dim: Option<i64>,
+    #[arg(long, value_name = "N")]
+    pub head_dim_qk: Option<i64>,
+    #[arg(long, value_name = "N")]
+    pub head_dim_v: Option<i64>,
+    /// GPU architecture as sm number: 80, 89, 90, 100, 103, 120.
+    #[arg(long, value_name = "SM")]
+    pub sm: Option<u32>,
+    /// cuDNN runtime version, e.g. 9.19.0.
+    #[arg(long, value_name = "VERSION")]
+    pub cudnn: Option<String>,
+    /// qkv_dtype: fp16, bf16, fp32, fp8_e4m3, fp8_e5m2.
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// qkv_layout, e.g. bshd_bshd_bshd, sbhd_sbhd_sbhd, thd_thd_thd.
+    #[arg(long)]
+    pub layout: Option<String>,
+    /// attn_mask_type: no_mask, causal, causal_bottom_right, padding, padding_causal, ...
+    #[arg(long)]
+    pub mask: Option<String>,
+    /// Sliding window LEFT,RIGHT (-1 = unbounded), e.g. 128,0.
+    #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
+    pub window: Option<String>,
+    #[arg(long, value_name = "N")]
+    pub batch: Option<i64>,
+    /// Query heads (num_heads).
+    #[arg(long, value_name = "N")]
+    pub heads: Option<i64>,
+    /// Key/value heads (num_gqa_groups).
+    #[arg(long, value_name = "N")]
+    pub kv_heads: Option<i64>,
+    /// Set max_seqlen_q and max_seqlen_kv.
+    #[arg(long, value_name = "N")]
+    pub seqlen: Option<i64>,
+    #[arg(long, value_name = "N")]
+    pub seqlen_q: Option<i64>,
+    #[arg(long, value_name = "N")]
+    pub seqlen_kv: Option<i64>,
+    /// Context-parallel algorithm: p2p, all_gather, a2a, a2a+p2p (turns context_parallel on).
+    #[arg(long, value_name = "TYPE")]
+    pub cp_comm_type: Option<String>,
+    /// Context-parallel group size (turns context_parallel on when > 1).
+    #[arg(long, value_name = "N")]
+    pub cp_size: Option<i64>,
+    /// Inference (is_training = false).
+    #[arg(long)]
+    pub inference: bool,
+    /// Require deterministic algorithms.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Set any fact: PATH=JSON, e.g. --set softcap=30 --set 'flash_attn_versions.v3="3.0.0"'.
+    #[arg(long = "set", value_name = "PATH=JSON")]
+    pub sets: Vec<String>,
+    /// Set an environment switch: NAME=VALUE, e.g. --env NVTE_FLASH_ATTN=0.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub envs: Vec<String>,
+    /// Answer a probe fact: NAME=true|false, e.g. --probe fused_attn_graph=true.
+    #[arg(long = "probe", value_name = "NAME=BOOL")]
+    pub probes: Vec<String>,
+}
+
+fn insert_path(obj: &mut Map<String, Json>, path: &str, value: Json) {
+    match path.split_once('.') {
+        Some((head, rest)) => {
+            let entry = obj
+                .entry(head.to_string())
+                .or_insert_with(|| Json::Object(Map::new()));
+            if !entry.is_object() {
+                *entry = Json::Object(Map::new());
+            }
+            insert_path(entry.as_object_mut().expect("object"), rest, value);
+        }
+        None => {
+            obj.insert(path.to_string(), value);
+        }
+    }
+}
+
+fn merge(into: &mut Map<String, Json>, from: &Json) {
+    if let Some(from) = from.as_object() {
+        for (k, v) in from {
+            match (into.get_mut(k), v) {
+                (Some(Json::Object(a)), Json::Object(_)) if k != "window_size" => merge(a, v),
+                _ => {
+                    into.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+}
+
+impl ConfigArgs {
+    /// The merged config object (before typing).
+    pub fn to_json(&self) -> Result<Json, String> {
+        let mut obj = Map::new();
+        if let Some(name) = &self.preset {
+            let p = presets::find(name).ok_or_else(|| {
+                let hint = attn_policy::facts::did_you_mean(name, presets::names())
+                    .map(|h| format!(" (did you mean `{h}`?)"))
+                    .unwrap_or_default();
+                format!("unknown preset `{name}`{hint}; see `attn-policy presets`")
+            })?;
+            merge(&mut obj, &(p.config)());
+        }
+        if let Some(path) = &self.config {
+            let text = if path.as_os_str() == "-" {
+                let mut s = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut s)
+                    .map_err(|e| format!("cannot read stdin: {e}"))?;
+                s
+            } else {
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+            };
+            let value: Json = match serde_json::from_str(&text) {
+                Ok(v) => v,
+                Err(json_err) => serde_saphyr::from_str(&text).map_err(|e| {
+                    format!(
+                        "{}: neither JSON ({json_err}) nor YAML ({})",
+                        path.display(),
+                        e.without_snippet()
+                    )
+                })?,
+            };
+            // Accept a whole conformance record too.
+            let value = value.get("config").cloned().unwrap_or(value);
+            if !value.is_object() {
+                return Err(format!("{}: expected a config object", path.display()));
+            }
+            merge(&mut obj, &value);
+        }
+        let mut set = |k: &str, v: Json| insert_path(&mut obj, k, v);
+        if let Some(d) = self.head_dim {
+            set("head_dim_qk", json!(d));
+            set("head_dim_v", json!(d));
+        }
+        if let Some(d) = self.head_dim_qk {
+            set("head_dim_qk", json!(d));
+        }
+        if let Some(d) = self.head_dim_v {
+            set("head_dim_v", json!(d));
+        }
+        if let Some(sm) = self.sm {
+            set("device_compute_capability", json!([sm / 10, sm % 10]));
+        }
+        if let Some(v) = &self.cudnn {
+            set("cudnn_version", json!(v));
+        }
+        if let Some(v) = &self.dtype {
+            set("qkv_dtype", json!(v));
+        }
+        if let Some(v) = &self.layout {
+            set("qkv_layout", json!(v));
+        }
+        if let Some(v) = &self.mask {
+            set("attn_mask_type", json!(v));
+        }
+        if let Some(w) = &self.window {
+            let parts: Vec<&str> = w.split(',').map(str::trim).collect();
+            let parsed: Option<Vec<i64>> = parts.iter().map(|p| p.parse().ok()).collect();
+            match parsed {
+                Some(v) if v.len() == 2 => set("window_size", json!(v)),
+                _ if w == "none" || w == "null" => set("window_size", Json::Null),
+                _ => {
+                    return Err(format!(
+                        "--window expects LEFT,RIGHT (e.g. 128,0 or -1,-1), got `{w}`"
+                    ));
+                }
+            }
+        }
+        for (flag, key) in [
+            (self.batch, "batch_size"),
+            (self.heads, "num_heads"),
+            (self.kv_heads, "num_gqa_groups"),
+        ] {
+            if let Some(v) = flag {
+                set(key, json!(v));
+            }
+        }
+        if let Some(s) = self.seqlen {
+            set("max_seqlen_q", json!(s));
+            set("max_seqlen_kv", json!(s));
+        }
+        if let Some(s) = self.seqlen_q {
+            set("max_seqlen_q", json!(s));
+        }
+        if let Some(s) = self.seqlen_kv {
+            set("max_seqlen_kv", json!(s));
+        }
+        if let Some(t) = &self.cp_comm_type {
+            set("context_parallel", json!(true));
+            set("cp_comm_type", json!(t));
+            if self.cp_size.is_none() {
+                set("cp_size", json!(if t == "a2a+p2p" { 4 } else { 2 }));
+                if t == "a2a+p2p" {
+                    set("cp_size_a2a", json!(2));
+                }
+            }
+        }
+        if let Some(n) = self.cp_size {
+            set("cp_size", json!(n));
+            set("context_parallel", json!(n > 1));
+        }
+        if self.inference {
+            set("is_training", json!(false));
+        }
+        if self.deterministic {
+            set("deterministic", json!(true));
+        }
+        for s in &self.sets {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--set expects PATH=JSON, got `{s}`"))?;
+            let value: Json =
+                serde_json::from_str(v).unwrap_or_else(|_| Json::String(v.to_string()));
+            set(k.trim(), value);
+        }
+        for s in &self.envs {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--env expects NAME=VALUE, got `{s}`"))?;
+            set(&format!("env.{}", k.trim()), json!(v.trim()));
+        }
+        for s in &self.probes {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--probe expects NAME=true|false, got `{s}`"))?;
+            let b = match v.trim() {
+                "true" | "yes" | "1" => Json::Bool(true),
+                "false" | "no" | "0" => Json::Bool(false),
+                "unknown" | "null" => Json::Null,
+                other => {
+                    return Err(format!(
+                        "--probe {k}: expected true, false or unknown, got `{other}`"
+                    ));
+                }
+            };
+            set(&format!("probe.{}", k.trim()), b);
+        }
+        Ok(Json::Object(obj))
+    }
+
+    pub fn facts(&self) -> Result<Facts, String> {
+        let json = self.to_json()?;
+        Facts::from_json(&json).map_err(|e| format!("invalid config: {e}"))
+    }
+}
+
+/// Which rule pack to use.
+#[derive(Args, Debug, Clone)]
+pub struct PackArgs {
+    /// Embedded pack: te (TransformerEngine 2.20.2 + FROST) or native (this project's executors).
+    #[arg(long, default_value = "te", value_name = "NAME")]
+    pub pack: String,
+    /// Load the pack from a folder holding pack.yaml instead of an embedded one.
+    #[arg(long, value_name = "DIR")]
+    pub rules: Option<PathBuf>,
+    /// Site policy overlay file(s): extra rules in their own layer (repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub overlay: Vec<PathBuf>,
+    /// Pure TransformerEngine parity: switch off the `guard` layer (rules for TE's crash paths).
+    #[arg(long)]
+    pub parity: bool,
+}
+
+impl PackArgs {
+    /// Loads the pack; on failure prints the diagnostics and returns exit code 2.
+    pub fn load(&self, color: bool) -> Result<Policy, i32> {
+        let source = match &self.rules {
+            Some(dir) => PackSource::Dir(dir.clone()),
+            None => {
+                let names = attn_policy::pack::embedded::pack_names();
+                if !names.contains(&self.pack.as_str()) {
+                    let hint = attn_policy::facts::did_you_mean(&self.pack, names.iter().copied())
+                        .map(|h| format!(" (did you mean `{h}`?)"))
+                        .unwrap_or_default();
+                    return Err(super::fail(format!(
+                        "unknown pack `{}`{hint}; embedded packs: {}",
+                        self.pack,
+                        names.join(", ")
+                    )));
+                }
+                PackSource::Embedded(self.pack.clone())
+            }
+        };
+        let mut policy = load_pack(source, &self.overlay).map_err(|e| {
+            eprint!("{}", e.render(color));
+            2
+        })?;
+        if self.parity && policy.layers.iter().any(|l| l == "guard") {
+            policy
+                .set_layer_enabled("guard", false)
+                .map_err(super::fail)?;
+        }
+        Ok(policy)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
+pub enum Format {
+    /// A compact table (colour only on a terminal).
+    #[default]
+    Human,
+    /// The explain/v1 JSON document (docs/decision-json.md).
+    Json,
+    /// TransformerEngine's return tuple as a JSON object.
+    Te,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
+pub enum ColorChoice {
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct OutputArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    pub format: Format,
+    /// Shorthand for --format json.
+    #[arg(long)]
+    pub json: bool,
+    /// Colour: auto (terminal only, honours NO_COLOR), always, never.
+    #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
+}
+
+impl OutputArgs {
+    pub fn format(&self) -> Format {
+        if self.json { Format::Json } else { self.format }
+    }
+
+    pub fn color(&self, stream_is_tty: bool) -> bool {
+        match self.color {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => stream_is_tty && std::env::var_os("NO_COLOR").is_none(),
+        }
+    }
+
+    pub fn stdout_color(&self) -> bool {
+        self.color(std::io::stdout().is_terminal())
+    }
+
+    pub fn stderr_color(&self) -> bool {
+        self.color(std::io::stderr().is_terminal())
+    }
+}

@@ -1,0 +1,68 @@
+//! Subcommands of `attn-policy`. Exit codes: 0 a backend was selected (or the command
+//! succeeded), 1 no backend can serve the input (or a check found problems), 2 bad input or bad
+//! rules.
+
+pub mod args;
+mod bench;
+mod explain;
+
+use clap::{Parser, Subcommand};
+
+/// Decide which attention backend may run an attention call, and say why.
+#[derive(Parser, Debug)]
+#[command(name = "attn-policy", version, about, long_about = None, after_help = "\
+Examples:
+  attn-policy explain --preset gemma4-global-cp-p2p
+  attn-policy explain --preset gemma4-global-cp-p2p --sm 90 --format te
+  attn-policy explain config.json --json
+  echo '{\"head_dim_qk\": 512, \"head_dim_v\": 512}' | attn-policy explain - --sm 100
+  attn-policy presets
+
+Exit codes: 0 selected, 1 no backend can serve the input, 2 bad input or bad rules.")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Decide for one configuration and explain every backend's status.
+    Explain(explain::ExplainArgs),
+    /// Median time per decision (uncached, full explanation) over a corpus or the presets.
+    Bench(bench::BenchArgs),
+    /// List the named presets usable with --preset.
+    Presets,
+    /// List every fact (input field) with its type and default.
+    Facts,
+}
+
+pub fn run() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    match cli.command {
+        Command::Explain(a) => explain::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Presets => {
+            for p in attn_policy::facts::presets::PRESETS {
+                println!("{:<30} {}", p.name, p.about);
+            }
+            0
+        }
+        Command::Facts => {
+            print!("{}", attn_policy::facts::schema::markdown_table());
+            0
+        }
+    }
+}
+
+/// Prints an error to stderr and returns exit code 2.
+pub fn fail(message: impl std::fmt::Display) -> i32 {
+    eprintln!("error: {message}");
+    2
+}

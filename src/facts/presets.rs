@@ -1,0 +1,149 @@
+//! Named configurations for `--preset`: the Gemma-4 shapes of the FROST pull request and a few
+//! common ones. Each is a config object in the conformance format (a JSON fragment over the
+//! defaults); flags given after `--preset` override it.
+
+use serde_json::{Value as Json, json};
+
+pub struct Preset {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub config: fn() -> Json,
+}
+
+/// A Blackwell (B200) machine with the FROST stack installed (cuDNN frontend 1.29, cutlass-dsl
+/// 4.7.1) and flash-attn 2.8.3. FA4 4.0.0b11 conflicts with cutlass-dsl 4.7.1 (PR #3527), so it
+/// is absent.
+fn b200() -> Json {
+    json!({
+        "device_compute_capability": [10, 0],
+        "cudnn_version": [9, 21, 0],
+        "flash_attn_versions": {"v2": "2.8.3", "v3": null, "v4": null},
+        "cudnn_frontend_version": "1.29.0",
+        "cutlass_dsl_version": "4.7.1",
+    })
+}
+
+fn merge(mut base: Json, extra: Json) -> Json {
+    if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    base
+}
+
+/// Gemma-4 global layer of the PR: b2 hq8 hkv4 head_dim 512 causal bf16, training, bshd.
+fn gemma4_global() -> Json {
+    merge(
+        b200(),
+        json!({
+            "qkv_dtype": "bf16", "qkv_layout": "bshd_bshd_bshd", "batch_size": 2,
+            "num_heads": 8, "num_gqa_groups": 4, "max_seqlen_q": 8192, "max_seqlen_kv": 8192,
+            "head_dim_qk": 512, "head_dim_v": 512, "attn_mask_type": "causal",
+            "is_training": true, "softmax_scale": 0.044194173824159216,
+        }),
+    )
+}
+
+/// Gemma-4 sliding layer: head_dim 256 with a 1024-token causal window.
+fn gemma4_sliding() -> Json {
+    merge(
+        gemma4_global(),
+        json!({"head_dim_qk": 256, "head_dim_v": 256, "window_size": [1024, 0], "softmax_scale": 0.0625}),
+    )
+}
+
+fn cp(base: Json, comm: &str) -> Json {
+    let (size, a2a) = if comm == "a2a+p2p" { (4, 2) } else { (2, 1) };
+    merge(
+        base,
+        json!({"context_parallel": true, "cp_comm_type": comm, "cp_size": size, "cp_size_a2a": a2a}),
+    )
+}
+
+pub static PRESETS: &[Preset] = &[
+    Preset {
+        name: "gemma4-global",
+        about: "Gemma-4 global layer: d512 GQA 8/4 causal bf16 on B200, no CP",
+        config: gemma4_global,
+    },
+    Preset {
+        name: "gemma4-global-cp-p2p",
+        about: "Gemma-4 global layer under context parallelism, p2p ring (cp 2)",
+        config: || cp(gemma4_global(), "p2p"),
+    },
+    Preset {
+        name: "gemma4-global-cp-all-gather",
+        about: "Gemma-4 global layer, CP all_gather (cp 2)",
+        config: || cp(gemma4_global(), "all_gather"),
+    },
+    Preset {
+        name: "gemma4-global-cp-a2a",
+        about: "Gemma-4 global layer, CP a2a (cp 2)",
+        config: || cp(gemma4_global(), "a2a"),
+    },
+    Preset {
+        name: "gemma4-global-cp-a2a-p2p",
+        about: "Gemma-4 global layer, CP a2a+p2p (cp 4, a2a 2)",
+        config: || cp(gemma4_global(), "a2a+p2p"),
+    },
+    Preset {
+        name: "gemma4-sliding",
+        about: "Gemma-4 sliding layer: d256, window (1024, 0), B200, no CP",
+        config: gemma4_sliding,
+    },
+    Preset {
+        name: "gemma4-sliding-cp-p2p",
+        about: "Gemma-4 sliding layer, CP p2p (TE asserts: SWA needs a2a/all_gather)",
+        config: || cp(gemma4_sliding(), "p2p"),
+    },
+    Preset {
+        name: "gemma4-sliding-cp-all-gather",
+        about: "Gemma-4 sliding layer, CP all_gather",
+        config: || cp(gemma4_sliding(), "all_gather"),
+    },
+    Preset {
+        name: "gemma4-sliding-cp-a2a",
+        about: "Gemma-4 sliding layer, CP a2a",
+        config: || cp(gemma4_sliding(), "a2a"),
+    },
+    Preset {
+        name: "gemma4-sliding-cp-a2a-p2p",
+        about: "Gemma-4 sliding layer, CP a2a+p2p",
+        config: || cp(gemma4_sliding(), "a2a+p2p"),
+    },
+    Preset {
+        name: "llama3-8b-h100",
+        about: "Llama-3 8B training layer on H100: d128 GQA 32/8 causal bf16, s 8192, flash-attn 2.8.3 + 3.0.0",
+        config: || {
+            json!({
+                "device_compute_capability": [9, 0], "cudnn_version": [9, 19, 0],
+                "flash_attn_versions": {"v2": "2.8.3", "v3": "3.0.0", "v4": null, "fa3_supports_softcap": true},
+                "qkv_dtype": "bf16", "qkv_layout": "bshd_bshd_bshd", "batch_size": 1, "num_heads": 32,
+                "num_gqa_groups": 8, "max_seqlen_q": 8192, "max_seqlen_kv": 8192, "head_dim_qk": 128,
+                "head_dim_v": 128, "attn_mask_type": "causal", "softmax_scale": 0.08838834764831843,
+            })
+        },
+    },
+    Preset {
+        name: "a100-d256-inference",
+        about: "A100 inference, d256 MHA causal fp16, flash-attn 2.8.3",
+        config: || {
+            json!({
+                "device_compute_capability": [8, 0], "cudnn_version": [9, 19, 0],
+                "flash_attn_versions": {"v2": "2.8.3", "v3": null, "v4": null},
+                "qkv_dtype": "fp16", "qkv_layout": "bshd_bshd_bshd", "batch_size": 4, "num_heads": 16,
+                "num_gqa_groups": 16, "max_seqlen_q": 2048, "max_seqlen_kv": 2048, "head_dim_qk": 256,
+                "head_dim_v": 256, "attn_mask_type": "causal", "is_training": false, "softmax_scale": 0.0625,
+            })
+        },
+    },
+];
+
+pub fn find(name: &str) -> Option<&'static Preset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+pub fn names() -> impl Iterator<Item = &'static str> {
+    PRESETS.iter().map(|p| p.name)
+}

@@ -1,0 +1,100 @@
+//! The YAML shapes of pack files (serde-saphyr keeps each node's position; see
+//! docs/rule-language.md for the format). Kept to plain structs: spans inside
+//! `flatten`/`untagged` would be lost.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackFile {
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub defs: BTreeMap<String, Spanned<String>>,
+    pub backends: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub layers: Vec<Spanned<LayerRef>>,
+    pub preference: Vec<Spanned<PreferenceDef>>,
+    /// Oldest versions the pack supports (`cudnn_version: 9.12.0`), for obsolete-workaround lints.
+    #[serde(default)]
+    pub min_versions: BTreeMap<String, Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerRef {
+    pub file: String,
+    pub layer: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreferenceDef {
+    pub id: Spanned<String>,
+    #[serde(default)]
+    pub when: Option<Spanned<String>>,
+    pub order: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub refs: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendFile {
+    pub backend: Spanned<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub supports: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub variants: Vec<Spanned<VariantDef>>,
+    #[serde(default)]
+    pub rules: Vec<Spanned<RuleDef>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantDef {
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub applicable: Option<Spanned<String>>,
+    #[serde(default)]
+    pub value: Option<Spanned<String>>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+/// A layer file (guards, site overlays): rules that each name their backend.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerFile {
+    #[serde(default)]
+    pub layer: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    pub rules: Vec<Spanned<RuleDef>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleDef {
+    pub id: Spanned<String>,
+    /// Only in layer files: the backend the rule declines.
+    #[serde(default)]
+    pub backend: Option<Spanned<String>>,
+    pub when: Spanned<String>,
+    pub reason: String,
+    #[serde(default)]
+    pub refs: Vec<String>,
+    #[serde(default)]
+    pub variants: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub kind: Option<Spanned<String>>,
+    /// Workaround rules: the condition under which the workaround is no longer needed.
+    #[serde(default)]
+    pub until: Option<Spanned<String>>,
+}
