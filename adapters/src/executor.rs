@@ -35,7 +35,9 @@ pub struct Unsupported {
 impl Unsupported {
     /// Build from anything printable.
     pub fn new(reason: impl Into<String>) -> Unsupported {
-        Unsupported { reason: reason.into() }
+        Unsupported {
+            reason: reason.into(),
+        }
     }
 }
 
@@ -103,7 +105,9 @@ impl From<Unsupported> for ExecError {
 impl ExecError {
     /// Shorthand for [`ExecError::InvalidInput`].
     pub fn invalid(reason: impl Into<String>) -> ExecError {
-        ExecError::InvalidInput { reason: reason.into() }
+        ExecError::InvalidInput {
+            reason: reason.into(),
+        }
     }
     /// Is this a capability refusal (as opposed to a real error)?
     pub fn is_unsupported(&self) -> bool {
@@ -141,7 +145,11 @@ impl HeadDimRange {
 
 impl fmt::Display for HeadDimRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}..={} (multiple of {})", self.min, self.max, self.multiple_of)
+        write!(
+            f,
+            "{}..={} (multiple of {})",
+            self.min, self.max, self.multiple_of
+        )
     }
 }
 
@@ -215,7 +223,10 @@ impl Manifest {
             return Err(Unsupported::new("head_dim_v != head_dim_qk"));
         }
         if !self.masks.contains(&p.mask.kind) {
-            return Err(Unsupported::new(format!("mask {} not supported", p.mask.kind.rule_name())));
+            return Err(Unsupported::new(format!(
+                "mask {} not supported",
+                p.mask.kind.rule_name()
+            )));
         }
         if !self.windows && p.mask.has_window() {
             return Err(Unsupported::new("sliding window not supported"));
@@ -224,7 +235,9 @@ impl Manifest {
             return Err(Unsupported::new("seqlen_q != seqlen_kv not supported"));
         }
         if !self.gqa && p.heads_kv != p.heads_q {
-            return Err(Unsupported::new("GQA/MQA (heads_kv < heads_q) not supported"));
+            return Err(Unsupported::new(
+                "GQA/MQA (heads_kv < heads_q) not supported",
+            ));
         }
         if let Some(m) = self.max_seqlen
             && (p.seqlen_q > m || p.seqlen_kv > m)
@@ -289,7 +302,10 @@ pub struct HostTensor {
 impl HostTensor {
     /// A tensor of `len` elements all equal to `value` (rounded to `dtype`).
     pub fn filled(dtype: DType, len: usize, value: f64) -> HostTensor {
-        HostTensor { dtype, data: vec![dtype.to_bits(value); len] }
+        HostTensor {
+            dtype,
+            data: vec![dtype.to_bits(value); len],
+        }
     }
     /// Value of element `i` as f64.
     pub fn get(&self, i: usize) -> f64 {
@@ -442,7 +458,9 @@ pub trait Executor: Send + Sync {
         args: &DeviceForwardArgs,
     ) -> Result<ExecStats, ExecError> {
         let _ = (problem, args);
-        Err(ExecError::Unsupported { reason: format!("{}: no device path", self.name()) })
+        Err(ExecError::Unsupported {
+            reason: format!("{}: no device path", self.name()),
+        })
     }
 
     /// Backward on device memory (fast path for benches). Synchronous on return.
@@ -455,7 +473,9 @@ pub trait Executor: Send + Sync {
         args: &DeviceBackwardArgs,
     ) -> Result<ExecStats, ExecError> {
         let _ = (problem, args);
-        Err(ExecError::Unsupported { reason: format!("{}: no device path", self.name()) })
+        Err(ExecError::Unsupported {
+            reason: format!("{}: no device path", self.name()),
+        })
     }
 }
 

@@ -110,9 +110,21 @@ impl Strides {
     /// Contiguous strides of a named layout for a tensor of `[b, h, s, d]`.
     pub fn of(kind: LayoutKind, b: usize, h: usize, s: usize, d: usize) -> Strides {
         match kind {
-            LayoutKind::Bshd => Strides { batch: s * h * d, head: d, seq: h * d },
-            LayoutKind::Sbhd => Strides { batch: h * d, head: d, seq: b * h * d },
-            LayoutKind::Bhsd => Strides { batch: h * s * d, head: s * d, seq: d },
+            LayoutKind::Bshd => Strides {
+                batch: s * h * d,
+                head: d,
+                seq: h * d,
+            },
+            LayoutKind::Sbhd => Strides {
+                batch: h * d,
+                head: d,
+                seq: b * h * d,
+            },
+            LayoutKind::Bhsd => Strides {
+                batch: h * s * d,
+                head: s * d,
+                seq: d,
+            },
         }
     }
 
@@ -230,7 +242,12 @@ impl MaskSpec {
 
     /// Sliding window `(left, right)` (`-1` = unbounded) around the given diagonal, no causal kind.
     pub fn window(left: i64, right: i64, alignment: DiagonalAlignment) -> MaskSpec {
-        MaskSpec { kind: MaskKind::NoMask, window_left: left, window_right: right, alignment }
+        MaskSpec {
+            kind: MaskKind::NoMask,
+            window_left: left,
+            window_right: right,
+            alignment,
+        }
     }
 
     /// Does this mask restrict anything through its window (beyond the causal diagonal)?
@@ -269,7 +286,12 @@ impl MaskSpec {
         if self.kind != MaskKind::NoMask {
             right = Some(right.map_or(0, |r| r.min(0)));
         }
-        EffectiveMask { offset, left, right, seqlen_kv: seqlen_kv as i64 }
+        EffectiveMask {
+            offset,
+            left,
+            right,
+            seqlen_kv: seqlen_kv as i64,
+        }
     }
 }
 
@@ -291,7 +313,9 @@ impl EffectiveMask {
     pub fn row_range(&self, i: usize) -> (i64, i64) {
         let c = i as i64 + self.offset;
         let lo = self.left.map_or(0, |l| (c - l).max(0));
-        let hi = self.right.map_or(self.seqlen_kv, |r| (c + r + 1).min(self.seqlen_kv));
+        let hi = self
+            .right
+            .map_or(self.seqlen_kv, |r| (c + r + 1).min(self.seqlen_kv));
         (lo.min(self.seqlen_kv), hi.max(0))
     }
 
@@ -370,10 +394,26 @@ impl AttentionProblem {
             head_dim_v,
             dtype,
             layout: TensorLayouts {
-                q: Strides { batch: 0, head: 0, seq: 0 },
-                k: Strides { batch: 0, head: 0, seq: 0 },
-                v: Strides { batch: 0, head: 0, seq: 0 },
-                o: Strides { batch: 0, head: 0, seq: 0 },
+                q: Strides {
+                    batch: 0,
+                    head: 0,
+                    seq: 0,
+                },
+                k: Strides {
+                    batch: 0,
+                    head: 0,
+                    seq: 0,
+                },
+                v: Strides {
+                    batch: 0,
+                    head: 0,
+                    seq: 0,
+                },
+                o: Strides {
+                    batch: 0,
+                    head: 0,
+                    seq: 0,
+                },
             },
             mask: MaskSpec::NONE,
             softmax_scale: 1.0 / (head_dim_qk.max(1) as f64).sqrt(),
@@ -385,8 +425,13 @@ impl AttentionProblem {
 
     /// Set all four tensors to a contiguous named layout.
     pub fn set_layout(&mut self, kind: LayoutKind) {
-        let (b, hq, hkv, sq, skv) =
-            (self.batch, self.heads_q, self.heads_kv, self.seqlen_q, self.seqlen_kv);
+        let (b, hq, hkv, sq, skv) = (
+            self.batch,
+            self.heads_q,
+            self.heads_kv,
+            self.seqlen_q,
+            self.seqlen_kv,
+        );
         self.layout = TensorLayouts {
             q: Strides::of(kind, b, hq, sq, self.head_dim_qk),
             k: Strides::of(kind, b, hkv, skv, self.head_dim_qk),
@@ -414,19 +459,27 @@ impl AttentionProblem {
 
     /// Elements a Q (dQ) buffer must hold.
     pub fn q_span(&self) -> usize {
-        self.layout.q.span(self.batch, self.heads_q, self.seqlen_q, self.head_dim_qk)
+        self.layout
+            .q
+            .span(self.batch, self.heads_q, self.seqlen_q, self.head_dim_qk)
     }
     /// Elements a K (dK) buffer must hold.
     pub fn k_span(&self) -> usize {
-        self.layout.k.span(self.batch, self.heads_kv, self.seqlen_kv, self.head_dim_qk)
+        self.layout
+            .k
+            .span(self.batch, self.heads_kv, self.seqlen_kv, self.head_dim_qk)
     }
     /// Elements a V (dV) buffer must hold.
     pub fn v_span(&self) -> usize {
-        self.layout.v.span(self.batch, self.heads_kv, self.seqlen_kv, self.head_dim_v)
+        self.layout
+            .v
+            .span(self.batch, self.heads_kv, self.seqlen_kv, self.head_dim_v)
     }
     /// Elements an O (dO) buffer must hold.
     pub fn o_span(&self) -> usize {
-        self.layout.o.span(self.batch, self.heads_q, self.seqlen_q, self.head_dim_v)
+        self.layout
+            .o
+            .span(self.batch, self.heads_q, self.seqlen_q, self.head_dim_v)
     }
     /// Elements of LSE (`[b, h_q, s_q]`, contiguous fp32).
     pub fn lse_len(&self) -> usize {
@@ -489,13 +542,40 @@ impl AttentionProblem {
         }
         self.mask.validate()?;
         if !(self.softmax_scale.is_finite() && self.softmax_scale > 0.0) {
-            return Err(format!("softmax_scale {} must be finite and positive", self.softmax_scale));
+            return Err(format!(
+                "softmax_scale {} must be finite and positive",
+                self.softmax_scale
+            ));
         }
         let t = [
-            ("q", self.layout.q, self.heads_q, self.seqlen_q, self.head_dim_qk),
-            ("k", self.layout.k, self.heads_kv, self.seqlen_kv, self.head_dim_qk),
-            ("v", self.layout.v, self.heads_kv, self.seqlen_kv, self.head_dim_v),
-            ("o", self.layout.o, self.heads_q, self.seqlen_q, self.head_dim_v),
+            (
+                "q",
+                self.layout.q,
+                self.heads_q,
+                self.seqlen_q,
+                self.head_dim_qk,
+            ),
+            (
+                "k",
+                self.layout.k,
+                self.heads_kv,
+                self.seqlen_kv,
+                self.head_dim_qk,
+            ),
+            (
+                "v",
+                self.layout.v,
+                self.heads_kv,
+                self.seqlen_kv,
+                self.head_dim_v,
+            ),
+            (
+                "o",
+                self.layout.o,
+                self.heads_q,
+                self.seqlen_q,
+                self.head_dim_v,
+            ),
         ];
         for (name, s, h, sl, d) in t {
             // Rows must not overlap: every (b, h, s) row of d elements is distinct. Sorting the

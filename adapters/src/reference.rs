@@ -29,10 +29,22 @@ pub fn manifest() -> Manifest {
         device: DeviceKind::Cpu,
         min_compute_capability: None,
         dtypes: vec![DType::F16, DType::BF16],
-        head_dim_qk: HeadDimRange { min: 1, max: 65536, multiple_of: 1 },
-        head_dim_v: HeadDimRange { min: 1, max: 65536, multiple_of: 1 },
+        head_dim_qk: HeadDimRange {
+            min: 1,
+            max: 65536,
+            multiple_of: 1,
+        },
+        head_dim_v: HeadDimRange {
+            min: 1,
+            max: 65536,
+            multiple_of: 1,
+        },
         head_dim_v_may_differ: true,
-        masks: vec![MaskKind::NoMask, MaskKind::CausalTopLeft, MaskKind::CausalBottomRight],
+        masks: vec![
+            MaskKind::NoMask,
+            MaskKind::CausalTopLeft,
+            MaskKind::CausalBottomRight,
+        ],
         windows: true,
         rectangular: true,
         layouts: vec![LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd],
@@ -152,12 +164,20 @@ fn forward_impl(
     v: &[f64],
     rd: Rounding,
 ) -> (Vec<f64>, Vec<f64>) {
-    let (b, hq, sq, skv, dqk, dv) =
-        (p.batch, p.heads_q, p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let (b, hq, sq, skv, dqk, dv) = (
+        p.batch,
+        p.heads_q,
+        p.seqlen_q,
+        p.seqlen_kv,
+        p.head_dim_qk,
+        p.head_dim_v,
+    );
     let ratio = p.group_size();
     let mut o = vec![0.0; p.o_span()];
     let mut lse = vec![f64::NEG_INFINITY; p.lse_len()];
-    let jobs: Vec<(usize, usize)> = (0..b).flat_map(|bi| (0..hq).map(move |h| (bi, h))).collect();
+    let jobs: Vec<(usize, usize)> = (0..b)
+        .flat_map(|bi| (0..hq).map(move |h| (bi, h)))
+        .collect();
     let results = parallel_map(&jobs, |&(bi, h)| {
         let g = h / ratio;
         let qh = gather(q, &p.layout.q, bi, h, sq, dqk);
@@ -182,11 +202,19 @@ fn backward_impl(
     d_o: &[f64],
     rd: Rounding,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (b, hkv, sq, skv, dqk, dv) =
-        (p.batch, p.heads_kv, p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let (b, hkv, sq, skv, dqk, dv) = (
+        p.batch,
+        p.heads_kv,
+        p.seqlen_q,
+        p.seqlen_kv,
+        p.head_dim_qk,
+        p.head_dim_v,
+    );
     let ratio = p.group_size();
     let scale = p.softmax_scale;
-    let jobs: Vec<(usize, usize)> = (0..b).flat_map(|bi| (0..hkv).map(move |g| (bi, g))).collect();
+    let jobs: Vec<(usize, usize)> = (0..b)
+        .flat_map(|bi| (0..hkv).map(move |g| (bi, g)))
+        .collect();
     let results = parallel_map(&jobs, |&(bi, g)| {
         let kh = gather(k, &p.layout.k, bi, g, skv, dqk);
         let vh = gather(v, &p.layout.v, bi, g, skv, dv);
@@ -203,7 +231,11 @@ fn backward_impl(
             for i in 0..sq {
                 let doi = &doh[i * dv..(i + 1) * dv];
                 // D = rowsum(dO * O); equals rowsum(P * dP) in exact arithmetic.
-                let dsum: f64 = doi.iter().zip(&oh[i * dv..(i + 1) * dv]).map(|(a, b)| a * b).sum();
+                let dsum: f64 = doi
+                    .iter()
+                    .zip(&oh[i * dv..(i + 1) * dv])
+                    .map(|(a, b)| a * b)
+                    .sum();
                 for j in 0..skv {
                     let pij = probs[i * skv + j];
                     if pij == 0.0 {
@@ -261,7 +293,9 @@ fn backward_impl(
 
 /// Map `f` over `items` on all available cores, preserving order.
 fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len());
     if threads <= 1 {
         return items.iter().map(f).collect();
     }
@@ -282,7 +316,10 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("reference worker panicked")).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("reference worker panicked"))
+            .collect()
     });
     out.sort_by_key(|(i, _)| *i);
     out.into_iter().map(|(_, r)| r).collect()
@@ -334,7 +371,10 @@ pub fn decode(t: &HostTensor) -> Vec<f64> {
 
 /// Encode f64 values as a host tensor of `dtype`.
 pub fn encode(dtype: DType, x: &[f64]) -> HostTensor {
-    HostTensor { dtype, data: x.iter().map(|&v| dtype.to_bits(v)).collect() }
+    HostTensor {
+        dtype,
+        data: x.iter().map(|&v| dtype.to_bits(v)).collect(),
+    }
 }
 
 impl Executor for Reference {
@@ -369,7 +409,11 @@ impl Executor for Reference {
         Ok(ForwardOutput {
             o: encode(p.dtype, &o),
             lse: lse.iter().map(|&x| x as f32).collect(),
-            stats: ExecStats { compute_ms: ms, workspace_bytes: 0, peak_bytes: None },
+            stats: ExecStats {
+                compute_ms: ms,
+                workspace_bytes: 0,
+                peak_bytes: None,
+            },
         })
     }
 
@@ -382,8 +426,12 @@ impl Executor for Reference {
     ) -> Result<BackwardOutput, ExecError> {
         self.check(p)?;
         validate_backward_inputs(p, inputs)?;
-        let (q, k, v, d_o) =
-            (decode(inputs.q), decode(inputs.k), decode(inputs.v), decode(inputs.d_o));
+        let (q, k, v, d_o) = (
+            decode(inputs.q),
+            decode(inputs.k),
+            decode(inputs.v),
+            decode(inputs.d_o),
+        );
         let t = Instant::now();
         let (dq, dk, dv) = backward_f64(p, &q, &k, &v, &d_o);
         let ms = t.elapsed().as_secs_f64() * 1e3;
@@ -391,7 +439,11 @@ impl Executor for Reference {
             dq: encode(p.dtype, &dq),
             dk: encode(p.dtype, &dk),
             dv: encode(p.dtype, &dv),
-            stats: ExecStats { compute_ms: ms, workspace_bytes: 0, peak_bytes: None },
+            stats: ExecStats {
+                compute_ms: ms,
+                workspace_bytes: 0,
+                peak_bytes: None,
+            },
         })
     }
 }

@@ -35,7 +35,10 @@ pub struct Registry {
 impl Registry {
     /// An empty registry.
     pub fn empty() -> Registry {
-        Registry { entries: Vec::new(), created: Mutex::new(Vec::new()) }
+        Registry {
+            entries: Vec::new(),
+            created: Mutex::new(Vec::new()),
+        }
     }
 
     /// The executors built into this crate: `reference` always; `chunked` always listed (its
@@ -70,10 +73,13 @@ impl Registry {
 
     /// The entry for `name`.
     pub fn entry(&self, name: &str) -> Result<&RegistryEntry, ExecError> {
-        self.entries.iter().find(|e| e.name == name).ok_or_else(|| ExecError::UnknownExecutor {
-            name: name.to_string(),
-            known: self.names().join(", "),
-        })
+        self.entries
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| ExecError::UnknownExecutor {
+                name: name.to_string(),
+                known: self.names().join(", "),
+            })
     }
 
     /// Static manifest of `name` (no device touched).

@@ -10,7 +10,10 @@ pub struct Rng {
 impl Rng {
     /// Seeded generator.
     pub fn new(seed: u64) -> Rng {
-        Rng { state: seed ^ 0x9E37_79B9_7F4A_7C15, spare: None }
+        Rng {
+            state: seed ^ 0x9E37_79B9_7F4A_7C15,
+            spare: None,
+        }
     }
 
     /// Next 64 random bits.

@@ -7,9 +7,7 @@
 //! computed in the same low precision (plus [`ABS_FLOOR`]); LSE must match float64 to
 //! [`LSE_REL_TOL`] relative (denominator `max(|ref|, 1)`; `-inf` rows must agree exactly).
 
-use crate::executor::{
-    BackwardInputs, DeviceKind, ExecError, Executor, ForwardInputs, HostTensor,
-};
+use crate::executor::{BackwardInputs, DeviceKind, ExecError, Executor, ForwardInputs, HostTensor};
 use crate::problem::AttentionProblem;
 use crate::reference;
 use crate::registry::Registry;
@@ -132,7 +130,12 @@ pub fn random_inputs(p: &AttentionProblem, seed: u64) -> RandomInputs {
         dtype: p.dtype,
         data: (0..n).map(|_| p.dtype.to_bits(rng.normal())).collect(),
     };
-    RandomInputs { q: t(p.q_span()), k: t(p.k_span()), v: t(p.v_span()), d_o: t(p.o_span()) }
+    RandomInputs {
+        q: t(p.q_span()),
+        k: t(p.k_span()),
+        v: t(p.v_span()),
+        d_o: t(p.o_span()),
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -171,7 +174,11 @@ fn lse_check(got: &[f32], want: &[f64]) -> (f64, bool) {
             continue;
         }
         let x = (g as f64 - w).abs() / w.abs().max(1.0);
-        err = if x.is_nan() { f64::INFINITY } else { err.max(x) };
+        err = if x.is_nan() {
+            f64::INFINITY
+        } else {
+            err.max(x)
+        };
     }
     (err, inf_ok && err <= LSE_REL_TOL)
 }
@@ -213,8 +220,16 @@ pub fn run_on(
     ex.check(p)?;
     let inputs = random_inputs(p, seed);
     let cpu = ex.manifest().device == DeviceKind::Cpu;
-    let (warmup, iters) = if cpu { (0, 1) } else { (opts.warmup, opts.iters.max(1)) };
-    let fin = ForwardInputs { q: &inputs.q, k: &inputs.k, v: &inputs.v };
+    let (warmup, iters) = if cpu {
+        (0, 1)
+    } else {
+        (opts.warmup, opts.iters.max(1))
+    };
+    let fin = ForwardInputs {
+        q: &inputs.q,
+        k: &inputs.k,
+        v: &inputs.v,
+    };
     for _ in 0..warmup {
         ex.forward(p, &fin)?;
     }
@@ -268,7 +283,10 @@ pub fn run_on(
                 opts.verify_max_score_elements
             )),
         ),
-        _ => (Some(verify(p, &inputs, &fwd.o, &fwd.lse, bwd.as_ref())), None),
+        _ => (
+            Some(verify(p, &inputs, &fwd.o, &fwd.lse, bwd.as_ref())),
+            None,
+        ),
     };
     Ok(RunReport {
         executor: ex.name().to_string(),
@@ -311,19 +329,37 @@ pub fn verify(
         let qd = (p.batch, p.heads_q, p.seqlen_q, p.head_dim_qk);
         let kd = (p.batch, p.heads_kv, p.seqlen_kv, p.head_dim_qk);
         let vd = (p.batch, p.heads_kv, p.seqlen_kv, p.head_dim_v);
-        let got = [reference::decode(&b.dq), reference::decode(&b.dk), reference::decode(&b.dv)];
+        let got = [
+            reference::decode(&b.dq),
+            reference::decode(&b.dk),
+            reference::decode(&b.dv),
+        ];
         for (name, st, dims, g, r, n) in [
             ("dq", &p.layout.q, qd, &got[0], &dq_r, &dq_n),
             ("dk", &p.layout.k, kd, &got[1], &dk_r, &dk_n),
             ("dv", &p.layout.v, vd, &got[2], &dv_r, &dv_n),
         ] {
-            checks.push(mk_check(name, max_abs_err(st, dims, g, r), max_abs_err(st, dims, n, r)));
+            checks.push(mk_check(
+                name,
+                max_abs_err(st, dims, g, r),
+                max_abs_err(st, dims, n, r),
+            ));
         }
     }
     let passed = lse_passed && checks.iter().all(|c| c.passed);
-    Verification { checks, lse_rel_err, lse_passed, passed }
+    Verification {
+        checks,
+        lse_rel_err,
+        lse_passed,
+        passed,
+    }
 }
 
 fn mk_check(name: &str, err: f64, naive_err: f64) -> ErrCheck {
-    ErrCheck { name: name.into(), err, naive_err, passed: err <= 2.0 * naive_err + ABS_FLOOR }
+    ErrCheck {
+        name: name.into(),
+        err,
+        naive_err,
+        passed: err <= 2.0 * naive_err + ABS_FLOOR,
+    }
 }

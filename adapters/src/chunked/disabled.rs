@@ -35,7 +35,11 @@ impl Executor for Chunked {
     fn check(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
         super::check_problem(p)
     }
-    fn forward(&self, _: &AttentionProblem, _: &ForwardInputs<'_>) -> Result<ForwardOutput, ExecError> {
+    fn forward(
+        &self,
+        _: &AttentionProblem,
+        _: &ForwardInputs<'_>,
+    ) -> Result<ForwardOutput, ExecError> {
         Err(ExecError::NoDevice { reason: WHY.into() })
     }
     fn backward(

@@ -28,7 +28,7 @@ mod mock;
 #[cfg(feature = "cuda")]
 mod enabled;
 #[cfg(feature = "cuda")]
-pub use enabled::Chunked;
+pub use enabled::{Chunked, DeviceBuffer, compile_kernels_only, nvrtc_arch};
 
 #[cfg(not(feature = "cuda"))]
 mod disabled;
@@ -79,10 +79,22 @@ pub fn manifest() -> Manifest {
         device: DeviceKind::Cuda,
         min_compute_capability: Some(80),
         dtypes: vec![DType::F16, DType::BF16],
-        head_dim_qk: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },
-        head_dim_v: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },
+        head_dim_qk: HeadDimRange {
+            min: 8,
+            max: MAX_HEAD_DIM,
+            multiple_of: 8,
+        },
+        head_dim_v: HeadDimRange {
+            min: 8,
+            max: MAX_HEAD_DIM,
+            multiple_of: 8,
+        },
         head_dim_v_may_differ: true,
-        masks: vec![MaskKind::NoMask, MaskKind::CausalTopLeft, MaskKind::CausalBottomRight],
+        masks: vec![
+            MaskKind::NoMask,
+            MaskKind::CausalTopLeft,
+            MaskKind::CausalBottomRight,
+        ],
         windows: true,
         rectangular: true,
         layouts: vec![LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd],

@@ -17,6 +17,7 @@ pub(crate) enum Elem {
 }
 
 impl Elem {
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn bytes(self) -> u64 {
         match self {
             Elem::Low => 2,
@@ -278,7 +279,10 @@ pub(crate) fn make_plan(
             return Ok(plan);
         }
         if chunk <= min {
-            return Err(ExecError::Workspace { needed: plan.bytes, budget: cfg.workspace_budget });
+            return Err(ExecError::Workspace {
+                needed: plan.bytes,
+                budget: cfg.workspace_budget,
+            });
         }
         chunk = (chunk / 2).max(min);
     }
@@ -310,7 +314,13 @@ pub(crate) fn forward(
     io: &DeviceForwardArgs,
     ws: u64,
 ) -> Result<(), ExecError> {
-    let (hq, sq, skv, dqk, dv) = (p.heads_q, p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let (hq, sq, skv, dqk, dv) = (
+        p.heads_q,
+        p.seqlen_q,
+        p.seqlen_kv,
+        p.head_dim_qk,
+        p.head_dim_v,
+    );
     let ratio = p.group_size();
     let (lq, lk, lv, lo_) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
     let m = p.effective_mask();
@@ -349,9 +359,21 @@ pub(crate) fn forward(
                     rows,
                     n,
                     dqk,
-                    RowMajor { ptr: at(io.q, &lq, b, h0, i0), ld: ld(lq.seq, dqk), stride: lq.head },
-                    RowMajor { ptr: at(io.k, &lk, b, g, klo), ld: ld(lk.seq, dqk), stride: 0 },
-                    RowMajor { ptr: s_buf, ld: lds, stride: blk },
+                    RowMajor {
+                        ptr: at(io.q, &lq, b, h0, i0),
+                        ld: ld(lq.seq, dqk),
+                        stride: lq.head,
+                    },
+                    RowMajor {
+                        ptr: at(io.k, &lk, b, g, klo),
+                        ld: ld(lk.seq, dqk),
+                        stride: 0,
+                    },
+                    RowMajor {
+                        ptr: s_buf,
+                        ld: lds,
+                        stride: blk,
+                    },
                     Elem::F32,
                     1.0,
                     0.0,
@@ -378,9 +400,21 @@ pub(crate) fn forward(
                     rows,
                     dv,
                     n,
-                    RowMajor { ptr: p_buf, ld: lds, stride: blk },
-                    RowMajor { ptr: at(io.v, &lv, b, g, klo), ld: ld(lv.seq, dv), stride: 0 },
-                    RowMajor { ptr: at(io.o, &lo_, b, h0, i0), ld: ld(lo_.seq, dv), stride: lo_.head },
+                    RowMajor {
+                        ptr: p_buf,
+                        ld: lds,
+                        stride: blk,
+                    },
+                    RowMajor {
+                        ptr: at(io.v, &lv, b, g, klo),
+                        ld: ld(lv.seq, dv),
+                        stride: 0,
+                    },
+                    RowMajor {
+                        ptr: at(io.o, &lo_, b, h0, i0),
+                        ld: ld(lo_.seq, dv),
+                        stride: lo_.head,
+                    },
                     Elem::Low,
                     1.0,
                     0.0,
@@ -400,13 +434,23 @@ pub(crate) fn backward(
     io: &DeviceBackwardArgs,
     ws: u64,
 ) -> Result<(), ExecError> {
-    let (hq, sq, skv, dqk, dv) = (p.heads_q, p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let (hq, sq, skv, dqk, dv) = (
+        p.heads_q,
+        p.seqlen_q,
+        p.seqlen_kv,
+        p.head_dim_qk,
+        p.head_dim_v,
+    );
     let ratio = p.group_size();
     let (lq, lk, lv, lo_) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
     let m = p.effective_mask();
     let scale = p.softmax_scale as f32;
-    let (s_buf, p_buf, dp_buf, ds_buf) =
-        (ws + plan.off_s, ws + plan.off_p, ws + plan.off_dp, ws + plan.off_ds);
+    let (s_buf, p_buf, dp_buf, ds_buf) = (
+        ws + plan.off_s,
+        ws + plan.off_p,
+        ws + plan.off_dp,
+        ws + plan.off_ds,
+    );
     let (acc_dk, acc_dv, d_buf) = (ws + plan.off_acc_dk, ws + plan.off_acc_dv, ws + plan.off_d);
     ops.row_dot(&RowDotArgs {
         o: io.o,
@@ -423,8 +467,20 @@ pub(crate) fn backward(
     for b in 0..p.batch {
         for g in 0..p.heads_kv {
             let h0 = g * ratio;
-            ops.fill_f32(&FillF32Args { dst: acc_dk, ld: skv * dqk, rows: 1, cols: skv * dqk, value: 0.0 })?;
-            ops.fill_f32(&FillF32Args { dst: acc_dv, ld: skv * dv, rows: 1, cols: skv * dv, value: 0.0 })?;
+            ops.fill_f32(&FillF32Args {
+                dst: acc_dk,
+                ld: skv * dqk,
+                rows: 1,
+                cols: skv * dqk,
+                value: 0.0,
+            })?;
+            ops.fill_f32(&FillF32Args {
+                dst: acc_dv,
+                ld: skv * dv,
+                rows: 1,
+                cols: skv * dv,
+                value: 0.0,
+            })?;
             for i0 in (0..sq).step_by(plan.chunk_rows) {
                 let rows = plan.chunk_rows.min(sq - i0);
                 let Some((klo, khi)) = chunk_range(&m, i0, rows, skv) else {
@@ -441,11 +497,26 @@ pub(crate) fn backward(
                 let n = khi - klo;
                 let lds = lds_for(n);
                 let blk = rows * lds;
-                let q_c = RowMajor { ptr: at(io.q, &lq, b, h0, i0), ld: ld(lq.seq, dqk), stride: lq.head };
-                let do_c =
-                    RowMajor { ptr: at(io.d_o, &lo_, b, h0, i0), ld: ld(lo_.seq, dv), stride: lo_.head };
-                let k_r = RowMajor { ptr: at(io.k, &lk, b, g, klo), ld: ld(lk.seq, dqk), stride: 0 };
-                let v_r = RowMajor { ptr: at(io.v, &lv, b, g, klo), ld: ld(lv.seq, dv), stride: 0 };
+                let q_c = RowMajor {
+                    ptr: at(io.q, &lq, b, h0, i0),
+                    ld: ld(lq.seq, dqk),
+                    stride: lq.head,
+                };
+                let do_c = RowMajor {
+                    ptr: at(io.d_o, &lo_, b, h0, i0),
+                    ld: ld(lo_.seq, dv),
+                    stride: lo_.head,
+                };
+                let k_r = RowMajor {
+                    ptr: at(io.k, &lk, b, g, klo),
+                    ld: ld(lk.seq, dqk),
+                    stride: 0,
+                };
+                let v_r = RowMajor {
+                    ptr: at(io.v, &lv, b, g, klo),
+                    ld: ld(lv.seq, dv),
+                    stride: 0,
+                };
                 // S = Q_c K^T, dP = dO_c V^T.
                 ops.gemm(&gemm_rm(
                     false,
@@ -455,7 +526,11 @@ pub(crate) fn backward(
                     dqk,
                     q_c,
                     k_r,
-                    RowMajor { ptr: s_buf, ld: lds, stride: blk },
+                    RowMajor {
+                        ptr: s_buf,
+                        ld: lds,
+                        stride: blk,
+                    },
                     Elem::F32,
                     1.0,
                     0.0,
@@ -469,7 +544,11 @@ pub(crate) fn backward(
                     dv,
                     do_c,
                     v_r,
-                    RowMajor { ptr: dp_buf, ld: lds, stride: blk },
+                    RowMajor {
+                        ptr: dp_buf,
+                        ld: lds,
+                        stride: blk,
+                    },
                     Elem::F32,
                     1.0,
                     0.0,
@@ -500,9 +579,21 @@ pub(crate) fn backward(
                     rows,
                     dqk,
                     n,
-                    RowMajor { ptr: ds_buf, ld: lds, stride: blk },
-                    RowMajor { ptr: at(io.k, &lk, b, g, klo), ld: ld(lk.seq, dqk), stride: 0 },
-                    RowMajor { ptr: at(io.dq, &lq, b, h0, i0), ld: ld(lq.seq, dqk), stride: lq.head },
+                    RowMajor {
+                        ptr: ds_buf,
+                        ld: lds,
+                        stride: blk,
+                    },
+                    RowMajor {
+                        ptr: at(io.k, &lk, b, g, klo),
+                        ld: ld(lk.seq, dqk),
+                        stride: 0,
+                    },
+                    RowMajor {
+                        ptr: at(io.dq, &lq, b, h0, i0),
+                        ld: ld(lq.seq, dqk),
+                        stride: lq.head,
+                    },
                     Elem::Low,
                     scale,
                     0.0,
@@ -519,9 +610,21 @@ pub(crate) fn backward(
                         n,
                         dv,
                         rows,
-                        RowMajor { ptr: p_buf + 2 * roff, ld: lds, stride: 0 },
-                        RowMajor { ptr: at(io.d_o, &lo_, b, h, i0), ld: ld(lo_.seq, dv), stride: 0 },
-                        RowMajor { ptr: acc_dv + 4 * (klo * dv) as u64, ld: dv, stride: 0 },
+                        RowMajor {
+                            ptr: p_buf + 2 * roff,
+                            ld: lds,
+                            stride: 0,
+                        },
+                        RowMajor {
+                            ptr: at(io.d_o, &lo_, b, h, i0),
+                            ld: ld(lo_.seq, dv),
+                            stride: 0,
+                        },
+                        RowMajor {
+                            ptr: acc_dv + 4 * (klo * dv) as u64,
+                            ld: dv,
+                            stride: 0,
+                        },
                         Elem::F32,
                         1.0,
                         1.0,
@@ -533,9 +636,21 @@ pub(crate) fn backward(
                         n,
                         dqk,
                         rows,
-                        RowMajor { ptr: ds_buf + 2 * roff, ld: lds, stride: 0 },
-                        RowMajor { ptr: at(io.q, &lq, b, h, i0), ld: ld(lq.seq, dqk), stride: 0 },
-                        RowMajor { ptr: acc_dk + 4 * (klo * dqk) as u64, ld: dqk, stride: 0 },
+                        RowMajor {
+                            ptr: ds_buf + 2 * roff,
+                            ld: lds,
+                            stride: 0,
+                        },
+                        RowMajor {
+                            ptr: at(io.q, &lq, b, h, i0),
+                            ld: ld(lq.seq, dqk),
+                            stride: 0,
+                        },
+                        RowMajor {
+                            ptr: acc_dk + 4 * (klo * dqk) as u64,
+                            ld: dqk,
+                            stride: 0,
+                        },
                         Elem::F32,
                         scale,
                         1.0,
