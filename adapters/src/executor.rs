@@ -139,7 +139,7 @@ pub struct HeadDimRange {
 impl HeadDimRange {
     /// Does `d` fall in the range?
     pub fn contains(&self, d: usize) -> bool {
-        d >= self.min && d <= self.max && d % self.multiple_of.max(1) == 0
+        d >= self.min && d <= self.max && d.is_multiple_of(self.multiple_of.max(1))
     }
 }
 

@@ -534,7 +534,7 @@ impl AttentionProblem {
                 return Err(format!("{name} must be positive"));
             }
         }
-        if self.heads_q % self.heads_kv != 0 {
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(format!(
                 "heads_q ({}) is not a multiple of heads_kv ({})",
                 self.heads_q, self.heads_kv

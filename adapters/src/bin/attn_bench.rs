@@ -1,1 +1,387 @@
-fn main() {}
+//! attn-bench: the chunked executor against PyTorch SDPA on the same inputs, one process.
+//!
+//! For each sequence length: random bshd inputs on the GPU, the chunked executor's forward and
+//! forward+backward (median of CUDA-event timings), its peak extra memory (outputs + workspace),
+//! a bitwise determinism check of two backward runs, then the same inputs (and the chunked
+//! outputs, for a max-|diff| check) written to a scratch folder and handed to
+//! `python3 adapters/bench/sdpa_compare.py` (PyTorch SDPA backends). Prints a markdown table.
+//!
+//! Usage: attn-bench [--seqlens 4096,16384,32768] [--head-dim 512] [--batch 2] [--hq 8]
+//!        [--hkv 4] [--dtype bf16|fp16] [--iters 5] [--no-torch] [--scratch DIR]
+//!        [--budget-mib 1024] [--torch-backends efficient_expanded,math] [--json FILE]
+
+use attn_policy_adapters::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
+use attn_policy_adapters::{
+    AttentionProblem, DType, DeviceBackwardArgs, DeviceForwardArgs, ExecError, Executor, MaskSpec,
+};
+use std::io::Write;
+use std::process::Command;
+
+struct Args {
+    seqlens: Vec<usize>,
+    d: usize,
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    dtype: DType,
+    iters: usize,
+    torch: bool,
+    scratch: String,
+    budget_mib: u64,
+    backends: String,
+    json: Option<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        seqlens: vec![4096, 16384, 32768],
+        d: 512,
+        b: 2,
+        hq: 8,
+        hkv: 4,
+        dtype: DType::BF16,
+        iters: 5,
+        torch: true,
+        scratch: "/dev/shm/attn-bench".into(),
+        budget_mib: 1024,
+        backends: "efficient_expanded,math".into(),
+        json: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut val = || it.next().ok_or(format!("{k} needs a value"));
+        let num = |s: String| s.parse::<usize>().map_err(|e| format!("{s}: {e}"));
+        match k.as_str() {
+            "--seqlens" => {
+                a.seqlens = val()?
+                    .split(',')
+                    .map(|s| num(s.to_string()))
+                    .collect::<Result<_, _>>()?
+            }
+            "--head-dim" => a.d = num(val()?)?,
+            "--batch" => a.b = num(val()?)?,
+            "--hq" => a.hq = num(val()?)?,
+            "--hkv" => a.hkv = num(val()?)?,
+            "--iters" => a.iters = num(val()?)?.max(1),
+            "--budget-mib" => a.budget_mib = num(val()?)? as u64,
+            "--dtype" => {
+                a.dtype = match val()?.as_str() {
+                    "bf16" => DType::BF16,
+                    "fp16" => DType::F16,
+                    o => return Err(format!("unknown dtype {o}")),
+                }
+            }
+            "--no-torch" => a.torch = false,
+            "--scratch" => a.scratch = val()?,
+            "--torch-backends" => a.backends = val()?,
+            "--json" => a.json = Some(val()?),
+            o => return Err(format!("unknown argument {o}")),
+        }
+    }
+    Ok(a)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn fnv(data: &[u16]) -> u64 {
+    data.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn write_raw(path: &str, data: &[u16]) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+    f.write_all(&bytes)
+}
+
+struct Row {
+    name: String,
+    s: usize,
+    fwd_ms: Option<f64>,
+    fb_ms: Option<f64>,
+    peak_mib: Option<f64>,
+    note: String,
+}
+
+fn main() {
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("attn-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&a) {
+        eprintln!("attn-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(a: &Args) -> Result<(), ExecError> {
+    let cfg = ChunkedConfig {
+        workspace_budget: a.budget_mib << 20,
+        ..Default::default()
+    };
+    let ex = Chunked::new(cfg)?;
+    println!("device: {}", ex.device_description());
+    let gemm = ex.probe_gemm_tflops(a.dtype, 8192)?;
+    println!(
+        "cuBLAS {} GEMM 8192^3 on random data: {gemm:.0} TFLOP/s",
+        a.dtype
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    let mut json = Vec::new();
+    for &s in &a.seqlens {
+        let p = AttentionProblem::new(a.b, a.hq, a.hkv, s, s, a.d, a.d, a.dtype)
+            .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+        let seed = 1000 + s as u64;
+        let q = ex.random(a.dtype, p.q_span(), seed)?;
+        let k = ex.random(a.dtype, p.k_span(), seed + 1)?;
+        let v = ex.random(a.dtype, p.v_span(), seed + 2)?;
+        let d_o = ex.random(a.dtype, p.o_span(), seed + 3)?;
+        let o = ex.alloc(2 * p.o_span())?;
+        let lse = ex.alloc(4 * p.lse_len())?;
+        let dq = ex.alloc(2 * p.q_span())?;
+        let dk = ex.alloc(2 * p.k_span())?;
+        let dv = ex.alloc(2 * p.v_span())?;
+        let fa = DeviceForwardArgs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            o: o.ptr(),
+            lse: lse.ptr(),
+        };
+        let ba = DeviceBackwardArgs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            o: o.ptr(),
+            d_o: d_o.ptr(),
+            lse: lse.ptr(),
+            dq: dq.ptr(),
+            dk: dk.ptr(),
+            dv: dv.ptr(),
+        };
+        // SAFETY: all buffers are live allocations of the spans the problem needs.
+        let (fwd, fb, ws_f, ws_b) = unsafe {
+            ex.forward_device(&p, &fa)?;
+            ex.backward_device(&p, &ba)?;
+            let mut tf = Vec::new();
+            for _ in 0..a.iters * 2 {
+                tf.push(ex.forward_device(&p, &fa)?.compute_ms);
+            }
+            let mut tfb = Vec::new();
+            let (mut wf, mut wb) = (0, 0);
+            for _ in 0..a.iters {
+                let f = ex.forward_device(&p, &fa)?;
+                let b = ex.backward_device(&p, &ba)?;
+                wf = f.workspace_bytes;
+                wb = b.workspace_bytes;
+                tfb.push(f.compute_ms + b.compute_ms);
+            }
+            (median(tf), median(tfb), wf, wb)
+        };
+        // Determinism: a second backward must reproduce dQ, dK, dV bit for bit.
+        let grads = |ex: &Chunked| -> Result<[Vec<u16>; 3], ExecError> {
+            Ok([
+                ex.download_u16(&dq, p.q_span())?,
+                ex.download_u16(&dk, p.k_span())?,
+                ex.download_u16(&dv, p.v_span())?,
+            ])
+        };
+        let g1 = grads(&ex)?;
+        for b in [&dq, &dk, &dv] {
+            ex.poison(b, 0xFF)?;
+        }
+        // SAFETY: as above.
+        unsafe { ex.backward_device(&p, &ba)? };
+        let g2 = grads(&ex)?;
+        let identical = g1 == g2;
+        let nonzero = g1[0].iter().any(|&x| x != 0);
+        let hashes: Vec<String> = g2.iter().map(|g| format!("{:016x}", fnv(g))).collect();
+        println!(
+            "s={s}: backward run twice: {} (hashes dq/dk/dv {})",
+            if identical {
+                "bitwise identical"
+            } else {
+                "DIFFERENT"
+            },
+            hashes.join("/")
+        );
+        let out_bytes =
+            2 * (p.o_span() + p.q_span() + p.k_span() + p.v_span()) as u64 + 4 * p.lse_len() as u64;
+        let peak = (out_bytes + ws_f.max(ws_b)) as f64 / 1048576.0;
+        let flops = 4.0 * (a.b * a.hq) as f64 * (s * s) as f64 * a.d as f64 / 2.0;
+        let note = format!(
+            "fwd {:.0} TFLOP/s, fwd+bwd {:.0} TFLOP/s ({:.0}% / {:.0}% of GEMM); determinism: {}",
+            flops / fwd / 1e9,
+            3.5 * flops / fb / 1e9,
+            100.0 * flops / fwd / 1e9 / gemm,
+            100.0 * 3.5 * flops / fb / 1e9 / gemm,
+            if identical && nonzero {
+                "bitwise identical"
+            } else {
+                "FAILED"
+            }
+        );
+        json.push(serde_json::json!({
+            "impl": "chunked", "s": s, "fwd_ms": fwd, "fwdbwd_ms": fb, "peak_extra_mib": peak,
+            "fwd_tflops": flops / fwd / 1e9, "fwdbwd_tflops": 3.5 * flops / fb / 1e9,
+            "deterministic": identical, "workspace_fwd": ws_f, "workspace_bwd": ws_b,
+        }));
+        rows.push(Row {
+            name: "chunked (this crate)".into(),
+            s,
+            fwd_ms: Some(fwd),
+            fb_ms: Some(fb),
+            peak_mib: Some(peak),
+            note,
+        });
+        if a.torch {
+            torch_rows(
+                a,
+                &ex,
+                &p,
+                s,
+                [&q, &k, &v, &d_o, &o, &dq, &dk, &dv],
+                flops,
+                &mut rows,
+                &mut json,
+            )?;
+        }
+        println!("{}", table(&rows));
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json).unwrap_or_default(),
+        )
+        .map_err(|e| ExecError::invalid(format!("{path}: {e}")))?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn torch_rows(
+    a: &Args,
+    ex: &Chunked,
+    p: &AttentionProblem,
+    s: usize,
+    bufs: [&DeviceBuffer; 8],
+    flops: f64,
+    rows: &mut Vec<Row>,
+    json: &mut Vec<serde_json::Value>,
+) -> Result<(), ExecError> {
+    let io = |e: std::io::Error| ExecError::invalid(format!("scratch files: {e}"));
+    std::fs::create_dir_all(&a.scratch).map_err(io)?;
+    let names = ["q", "k", "v", "do", "o", "dq", "dk", "dv"];
+    let spans = [
+        p.q_span(),
+        p.k_span(),
+        p.v_span(),
+        p.o_span(),
+        p.o_span(),
+        p.q_span(),
+        p.k_span(),
+        p.v_span(),
+    ];
+    // Large gradients are only compared up to 16k (host traffic).
+    let n_files = if s <= 16384 { 8 } else { 5 };
+    for f in ["o", "dq", "dk", "dv"] {
+        let _ = std::fs::remove_file(format!("{}/{f}.bin", a.scratch));
+    }
+    for i in 0..n_files {
+        let data = ex.download_u16(bufs[i], spans[i])?;
+        write_raw(&format!("{}/{}.bin", a.scratch, names[i]), &data).map_err(io)?;
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/sdpa_compare.py");
+    let script = if std::path::Path::new(script).exists() {
+        script.to_string()
+    } else {
+        "adapters/bench/sdpa_compare.py".to_string()
+    };
+    let out = Command::new("python3")
+        .arg(&script)
+        .args([
+            "--dir",
+            &a.scratch,
+            "--b",
+            &a.b.to_string(),
+            "--hq",
+            &a.hq.to_string(),
+        ])
+        .args([
+            "--hkv",
+            &a.hkv.to_string(),
+            "--s",
+            &s.to_string(),
+            "--d",
+            &a.d.to_string(),
+        ])
+        .args(["--dtype", a.dtype.rule_name(), "--backends", &a.backends])
+        .args(["--iters", &a.iters.to_string()])
+        .output()
+        .map_err(|e| ExecError::invalid(format!("python3: {e}")))?;
+    if !out.status.success() {
+        println!("python3 failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            println!("python: {line}");
+            continue;
+        };
+        let name = format!("torch SDPA {}", v["backend"].as_str().unwrap_or("?"));
+        let fwd = v["fwd_ms"].as_f64();
+        let fb = v["fwdbwd_ms"].as_f64();
+        let note = if let Some(err) = v["err"].as_str() {
+            err.to_string()
+        } else {
+            let mut n = format!(
+                "fwd {:.0} TFLOP/s, fwd+bwd {:.0} TFLOP/s",
+                fwd.map_or(0.0, |f| flops / f / 1e9),
+                fb.map_or(0.0, |f| 3.5 * flops / f / 1e9)
+            );
+            for key in ["o", "dq", "dk", "dv"] {
+                if let Some(d) = v[format!("max_diff_{key}_vs_chunked")].as_f64() {
+                    n += &format!("; max|{key}-chunked| {d:.2e}");
+                }
+            }
+            n
+        };
+        let mut j = v.clone();
+        j["s"] = serde_json::json!(s);
+        json.push(j);
+        rows.push(Row {
+            name,
+            s,
+            fwd_ms: fwd,
+            fb_ms: fb,
+            peak_mib: v["fwdbwd_peak_mib"].as_f64(),
+            note,
+        });
+    }
+    Ok(())
+}
+
+fn table(rows: &[Row]) -> String {
+    let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
+    let mut t = String::from(
+        "| impl | s | fwd ms | fwd+bwd ms | peak extra MiB (fwd+bwd) | notes |\n|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        t += &format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.name,
+            r.s,
+            f(r.fwd_ms, 2),
+            f(r.fb_ms, 2),
+            f(r.peak_mib, 0),
+            r.note
+        );
+    }
+    t
+}

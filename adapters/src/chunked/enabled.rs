@@ -270,6 +270,45 @@ impl Chunked {
         self.stream.synchronize().map_err(drv)
     }
 
+    /// Measure this device's cuBLAS rate for an `n x n x n` GEMM on random data (the ceiling the
+    /// benches report against): 3 warm-ups, then the mean of 10 timed products.
+    pub fn probe_gemm_tflops(&self, dtype: DType, n: usize) -> Result<f64, ExecError> {
+        let a = self.random(dtype, n * n, 1)?;
+        let b = self.random(dtype, n * n, 2)?;
+        let c = self.alloc(2 * n * n)?;
+        let g = CublasGemm {
+            trans_a: false,
+            trans_b: false,
+            m: n,
+            n,
+            k: n,
+            a: a.ptr,
+            lda: n,
+            stride_a: 0,
+            b: b.ptr,
+            ldb: n,
+            stride_b: 0,
+            c: c.ptr,
+            ldc: n,
+            stride_c: 0,
+            c_elem: Elem::Low,
+            alpha: 1.0,
+            beta: 0.0,
+            batch: 1,
+        };
+        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ops = CudaOps {
+            ex: self,
+            k: self.kernels(dtype),
+            dtype,
+        };
+        for _ in 0..3 {
+            ops.gemm(&g)?;
+        }
+        let ms = self.timed(|| (0..10).try_for_each(|_| ops.gemm(&g)))?;
+        Ok(2.0 * (n as f64).powi(3) / (ms / 10.0 * 1e-3) / 1e12)
+    }
+
     fn kernels(&self, dtype: DType) -> &Kernels {
         match dtype {
             DType::BF16 => &self.bf16,
