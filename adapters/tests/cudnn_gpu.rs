@@ -67,19 +67,7 @@ fn numerics_forward_backward_against_float64() {
     };
     println!(
         "{:>4} {:>5} {:<34} {:>5} {:>5} {:>8} {:>4} | {:>6} {:>6} {:>6} {:>6} {:>9} | engines fwd / bwd",
-        "d",
-        "dtype",
-        "mask",
-        "hq/hk",
-        "lay",
-        "sq x skv",
-        "det",
-        "o",
-        "dq",
-        "dk",
-        "dv",
-        "lse_rel",
-        "engines fwd / bwd"
+        "d", "dtype", "mask", "hq/hk", "lay", "sq x skv", "det", "o", "dq", "dk", "dv", "lse_rel"
     );
     let mut failures = Vec::new();
     let mut case = 0usize;
