@@ -631,7 +631,7 @@ fn enum_value(d: Domain, s: &str, span: Span) -> Result<Value, TypeError> {
         help: did_you_mean(s, d.values().iter().copied())
             .map(|x| format!("did you mean {x:?}?"))
             .or_else(|| Some(format!("values: {}", d.values().join(", ")))),
-        ..terr(span, format!("{s:?} is not a {} value", d.name()))
+        ..terr(span, format!("{s:?} is not a valid {}", d.name()))
     })
 }
 

@@ -100,6 +100,10 @@ impl Loader {
     }
 }
 
+fn syntax(e: crate::lang::SyntaxError) -> TypeError {
+    TypeError { message: format!("syntax: {}", e.message), span: e.span, help: None }
+}
+
 fn type_diag(
     sources: &SourceMap,
     file: u16,
@@ -108,9 +112,14 @@ fn type_diag(
     code: &'static str,
 ) -> Diagnostic {
     let loc = sources.expr_loc(file, node, e.span);
-    Diagnostic::error(code, e.message)
+    let one_line = node.value.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (code, message) = match e.message.strip_prefix("syntax: ") {
+        Some(m) => ("E-SYNTAX", m.to_string()),
+        None => (code, e.message),
+    };
+    Diagnostic::error(code, message)
         .at(loc)
-        .label(format!("in `{}`", node.value.trim()))
+        .label(format!("in `{one_line}`"))
         .help(e.help)
 }
 
@@ -167,11 +176,14 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
     let mut backends: Vec<Backend> = Vec::new();
     let mut rules: Vec<Rule> = Vec::new();
     let mut pending_rules: Vec<(u16, Spanned<RuleDef>, u8, Option<u16>)> = Vec::new();
+    let mut broken_backend_files = 0;
     for entry in &pack.backends {
         let Some(file) = l.read(&entry.value) else {
+            broken_backend_files += 1;
             continue;
         };
         let Some(bf) = l.parse::<BackendFile>(file) else {
+            broken_backend_files += 1;
             continue;
         };
         let loc = l.sources.node_loc(file, &bf.backend);
@@ -193,11 +205,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
                                l: &mut Loader|
              -> Option<Compiled> {
                 let node = src.as_ref()?;
-                let parsed = parse_expr(&node.value).map_err(|e| TypeError {
-                    message: e.message,
-                    span: e.span,
-                    help: None,
-                });
+                let parsed = parse_expr(&node.value).map_err(syntax);
                 let r = parsed.and_then(|ast| {
                     if boolean {
                         compiler.condition(&ast)
@@ -318,6 +326,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
             }
             (None, Some(name)) => match backends.iter().position(|b| b.name == name.value) {
                 Some(b) => b as u16,
+                None if broken_backend_files > 0 => continue,
                 None => {
                     let at = l.sources.node_loc(file, name);
                     let hint = did_you_mean(&name.value, backends.iter().map(|b| b.name.as_str()));
@@ -384,11 +393,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
         };
         let when_loc = l.sources.node_loc(file, &def.when);
         let when = match parse_expr(&def.when.value)
-            .map_err(|e| TypeError {
-                message: e.message,
-                span: e.span,
-                help: None,
-            })
+            .map_err(syntax)
             .and_then(|ast| compiler.condition(&ast))
         {
             Ok(c) => c,
@@ -401,11 +406,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
         let until = match &def.until {
             None => None,
             Some(node) => match parse_expr(&node.value)
-                .map_err(|e| TypeError {
-                    message: e.message,
-                    span: e.span,
-                    help: None,
-                })
+                .map_err(syntax)
                 .and_then(|ast| compiler.condition(&ast))
             {
                 Ok(c) => Some(c),
@@ -456,11 +457,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
         let def = &p.value;
         let when = def.when.as_ref().and_then(|node| {
             match parse_expr(&node.value)
-                .map_err(|e| TypeError {
-                    message: e.message,
-                    span: e.span,
-                    help: None,
-                })
+                .map_err(syntax)
                 .and_then(|ast| compiler.condition(&ast))
             {
                 Ok(c) => {
@@ -500,6 +497,8 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
                         .at(at),
                     );
                 }
+                // A backend whose file failed to load already has its own error.
+                None if broken_backend_files > 0 => {}
                 None => {
                     let at = l.sources.node_loc(pack_file, name);
                     let hint = did_you_mean(&name.value, backends.iter().map(|b| b.name.as_str()));

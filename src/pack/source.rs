@@ -104,30 +104,27 @@ impl SourceMap {
         if (text.starts_with('"') || text.starts_with('\'')) && text[1..].starts_with(value) {
             return exact(base + 1);
         }
-        // Block scalar: find each value line in the file, in order.
-        if text.starts_with('|') || text.starts_with('>') {
-            let mut cursor = base;
-            let mut consumed = 0;
-            for line in value.split_inclusive('\n') {
-                let content = line.trim_end_matches('\n');
-                let line_end = consumed + line.len();
-                let Some(found) = (!content.is_empty())
-                    .then(|| f.text[cursor..].find(content))
-                    .flatten()
-                else {
-                    consumed = line_end;
-                    continue;
-                };
+        // Multi-line (block or folded) scalar: find each value line in the file, in order.
+        let mut cursor = base;
+        let mut consumed = 0;
+        for line in value.split_inclusive('\n') {
+            let content = line.trim_end_matches('\n');
+            let line_end = consumed + line.len();
+            let found = if content.is_empty() {
+                None
+            } else {
+                f.text[cursor..].find(content)
+            };
+            if let Some(found) = found {
                 let at = cursor + found;
                 if span.start >= consumed && span.start <= consumed + content.len() {
                     let start = at + (span.start - consumed);
-                    let end =
-                        start + (span.end.min(consumed + content.len()) - span.start.min(span.end));
+                    let end = start + (span.end.min(consumed + content.len()).saturating_sub(span.start));
                     return Loc { file, start, end };
                 }
                 cursor = at + content.len();
-                consumed = line_end;
             }
+            consumed = line_end;
         }
         Loc {
             file,
