@@ -5,6 +5,7 @@
 pub mod args;
 mod bench;
 mod explain;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,8 @@ pub struct Cli {
 pub enum Command {
     /// Decide for one configuration and explain every backend's status.
     Explain(explain::ExplainArgs),
+    /// Select an executor with a pack (default `native`), run it on random inputs, verify, report.
+    Run(run::RunArgs),
     /// Median time per decision (uncached, full explanation) over a corpus or the presets.
     Bench(bench::BenchArgs),
     /// List the named presets usable with --preset.
@@ -48,6 +51,7 @@ pub fn run() -> i32 {
     match cli.command {
         Command::Explain(a) => explain::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Run(a) => run::run(a),
         Command::Presets => {
             for p in attn_policy::facts::presets::PRESETS {
                 println!("{:<30} {}", p.name, p.about);

@@ -616,6 +616,10 @@ pub static FIELDS: &[FieldDef] = &[
     ),
     // --- Probes (answered by live adapters; unknown otherwise) ---
     probe(
+        "probe.cuda_device",
+        "A usable CUDA GPU and driver are present (and the build has the `cuda` feature).",
+    ),
+    probe(
         "probe.fused_attn_graph",
         "cuDNN can build the FusedAttention graph (forward, and backward when training) on this GPU.",
     ),

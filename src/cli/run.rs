@@ -1,0 +1,279 @@
+//! `attn-policy run`: select with a pack whose backends are this project's executors (default
+//! `native`), then execute on random inputs, verify against the float64 reference when small
+//! enough, and report which executor ran, time and peak memory. No silent fallback: if the
+//! selected executor refuses at run time, that is an error.
+
+use clap::Args;
+use serde_json::json;
+
+use super::args::{ConfigArgs, Format, OutputArgs};
+use attn_policy::facts::{Facts, Value};
+use attn_policy::{Explanation, PackSource, load_pack};
+use attn_policy_adapters::run::{RunOptions, VerifyMode, run_on};
+use attn_policy_adapters::{
+    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Registry,
+};
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Examples:
+  attn-policy run --pack native --head-dim 64 --seqlen 128          # anywhere: CPU reference
+  attn-policy run --preset gemma4-global --seqlen 16384             # on a GPU: chunked executor
+  attn-policy run --head-dim 128 --seqlen 4096 --mask causal --heads 8 --kv-heads 4 --json")]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Embedded pack whose backends are executors.
+    #[arg(long, default_value = "native")]
+    pub pack: String,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Forward only.
+    #[arg(long)]
+    pub forward_only: bool,
+    /// Verification: auto (when small enough), always, never.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
+    pub verify: String,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// Maps the attention facts to an executor problem; facts an executor cannot express are
+/// refused here (the native pack declines them first, so this is a second line of defence).
+fn problem_from(facts: &Facts) -> Result<AttentionProblem, String> {
+    let int = |p: &str| match facts.get(p) {
+        Some(Value::Int(i)) if i > 0 => Ok(i as usize),
+        other => Err(format!("{p} must be a positive integer, found {other:?}")),
+    };
+    let text = |p: &str| -> String {
+        let slot = attn_policy::facts::schema::slot(p).expect("schema fact");
+        match (facts.get(p), attn_policy::facts::FIELDS[slot].ty) {
+            (Some(Value::Enum(i)), attn_policy::facts::Ty::Enum(d)) => {
+                d.values()[i as usize].to_string()
+            }
+            _ => String::new(),
+        }
+    };
+    let dtype = match text("qkv_dtype").as_str() {
+        "fp16" => DType::F16,
+        "bf16" => DType::BF16,
+        other => {
+            return Err(format!(
+                "qkv_dtype {other} cannot be executed (fp16 or bf16)"
+            ));
+        }
+    };
+    let mut p = AttentionProblem::new(
+        int("batch_size")?,
+        int("num_heads")?,
+        int("num_gqa_groups")?,
+        int("max_seqlen_q")?,
+        int("max_seqlen_kv")?,
+        int("head_dim_qk")?,
+        int("head_dim_v")?,
+        dtype,
+    );
+    p.set_layout(match text("qkv_layout").as_str() {
+        "bshd_bshd_bshd" => LayoutKind::Bshd,
+        "sbhd_sbhd_sbhd" => LayoutKind::Sbhd,
+        "bhsd_bhsd_bhsd" => LayoutKind::Bhsd,
+        other => return Err(format!("qkv_layout {other} cannot be executed")),
+    });
+    let (left, right) = match (facts.get("window.left"), facts.get("window.right")) {
+        (Some(Value::Int(l)), Some(Value::Int(r))) => (l, r),
+        _ => (-1, -1),
+    };
+    let bottom_right = facts.get("bottom_right_diagonal") == Some(Value::Bool(true));
+    p.mask = match text("attn_mask_type").as_str() {
+        "no_mask" => MaskSpec::window(
+            left,
+            right,
+            if bottom_right {
+                DiagonalAlignment::BottomRight
+            } else {
+                DiagonalAlignment::TopLeft
+            },
+        ),
+        "causal" => MaskSpec {
+            window_left: left,
+            ..MaskSpec::CAUSAL_TOP_LEFT
+        },
+        "causal_bottom_right" => MaskSpec {
+            window_left: left,
+            ..MaskSpec::CAUSAL_BOTTOM_RIGHT
+        },
+        other => return Err(format!("attn_mask_type {other} cannot be executed")),
+    };
+    debug_assert!(matches!(
+        p.mask.kind,
+        MaskKind::NoMask | MaskKind::CausalTopLeft | MaskKind::CausalBottomRight
+    ));
+    if let Some(Value::Float(s)) = facts.get("softmax_scale") {
+        // TE's schema default is 1.0; a config that leaves it unset means the usual 1/sqrt(d).
+        if s > 0.0 && s != 1.0 {
+            p.softmax_scale = s;
+        }
+    }
+    p.deterministic = facts.get("deterministic") == Some(Value::Bool(true));
+    p.validate()?;
+    Ok(p)
+}
+
+pub fn run(a: RunArgs) -> i32 {
+    let color = a.output.stdout_color();
+    let policy = match load_pack(PackSource::Embedded(a.pack.clone()), &[]) {
+        Ok(p) => p,
+        Err(e) => {
+            eprint!("{}", e.render(a.output.stderr_color()));
+            return 2;
+        }
+    };
+    let mut facts = match a.config.facts() {
+        Ok(f) => f,
+        Err(e) => return super::fail(e),
+    };
+    let problem = match problem_from(&facts) {
+        Ok(p) => Some(p),
+        Err(_) => None,
+    };
+    // Live probes: is there a GPU executor, and can cuDNN build this graph here?
+    let registry = Registry::builtin();
+    let gpu = registry.get("chunked").is_ok();
+    if facts.get("probe.cuda_device") == Some(Value::Unknown) {
+        let _ = facts.set_probe("cuda_device", Some(gpu));
+    }
+    if facts.get("probe.fused_attn_graph") == Some(Value::Unknown) {
+        let cudnn_ok = gpu
+            && registry.names().contains(&"cudnn")
+            && problem
+                .as_ref()
+                .is_some_and(|p| registry.get("cudnn").is_ok_and(|e| e.check(p).is_ok()));
+        let _ = facts.set_probe("fused_attn_graph", Some(cudnn_ok));
+    }
+    let decision = policy.decide(&facts);
+    let ex = Explanation::new(&policy, &facts, &decision);
+    let Some(sel) = decision.selected else {
+        print!("{}", ex.to_text(color));
+        eprintln!(
+            "error: no executor of pack `{}` can run this configuration",
+            policy.name
+        );
+        return 1;
+    };
+    let name = policy.backends[sel as usize].name.clone();
+    let problem = match problem {
+        Some(p) => p,
+        None => {
+            return super::fail(format!(
+                "`{name}` was selected but the config cannot be expressed as an executor problem: {}",
+                problem_from(&facts).err().unwrap_or_default()
+            ));
+        }
+    };
+    let opts = RunOptions {
+        backward: !a.forward_only,
+        verify: match a.verify.as_str() {
+            "always" => VerifyMode::Always,
+            "never" => VerifyMode::Never,
+            _ => VerifyMode::Auto,
+        },
+        ..RunOptions::default()
+    };
+    let executor = match registry.get(&name) {
+        Ok(e) => e,
+        Err(e) => {
+            return super::fail(format!(
+                "pack `{}` selected `{name}`, but the executor is unavailable: {e}",
+                policy.name
+            ));
+        }
+    };
+    let report = match run_on(executor.as_ref(), &problem, a.seed, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            // No silent fallback: the selected executor refused or failed.
+            eprintln!("error: the selected executor `{name}` did not run: {e}");
+            return 2;
+        }
+    };
+    let verified = report.verification.as_ref().map(|v| v.passed);
+    match a.output.format() {
+        Format::Json | Format::Te => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json!({"decision": ex.to_json(), "run": report}))
+                    .expect("json")
+            );
+        }
+        Format::Human => {
+            print!("{}", ex.to_text(color));
+            println!();
+            println!(
+                "ran:       {} on {} (seed {})",
+                report.executor, report.device, report.seed
+            );
+            println!(
+                "problem:   b{} hq{} hkv{} s_q {} s_kv {} d_qk {} d_v {} {} {} {}",
+                problem.batch,
+                problem.heads_q,
+                problem.heads_kv,
+                problem.seqlen_q,
+                problem.seqlen_kv,
+                problem.head_dim_qk,
+                problem.head_dim_v,
+                problem.dtype,
+                problem.mask.kind.rule_name(),
+                if problem.deterministic {
+                    "deterministic"
+                } else {
+                    ""
+                }
+            );
+            println!(
+                "forward:   {:.3} ms ({:.1} TFLOP/s)",
+                report.forward_ms, report.forward_tflops
+            );
+            if let Some(b) = report.backward_ms {
+                println!("backward:  {b:.3} ms");
+            }
+            match report.peak_bytes {
+                Some(p) => println!(
+                    "peak mem:  {:.1} MiB (workspace {:.1} MiB)",
+                    p as f64 / 1048576.0,
+                    report.workspace_bytes as f64 / 1048576.0
+                ),
+                None => println!(
+                    "peak mem:  not measured (workspace {:.1} MiB)",
+                    report.workspace_bytes as f64 / 1048576.0
+                ),
+            }
+            match &report.verification {
+                Some(v) => {
+                    println!(
+                        "verified:  {} against the float64 reference (LSE rel err {:.2e})",
+                        if v.passed { "PASS" } else { "FAIL" },
+                        v.lse_rel_err
+                    );
+                    for c in &v.checks {
+                        println!(
+                            "           {:<3} err {:.3e}  naive same-dtype err {:.3e}  {}",
+                            c.name,
+                            c.err,
+                            c.naive_err,
+                            if c.passed { "ok" } else { "FAIL" }
+                        );
+                    }
+                }
+                None => println!(
+                    "verified:  skipped ({})",
+                    report.verification_skipped.as_deref().unwrap_or("disabled")
+                ),
+            }
+            if !gpu {
+                println!("note:      no CUDA GPU here, so the CPU float64 reference ran");
+            }
+        }
+    }
+    if verified == Some(false) { 1 } else { 0 }
+}
