@@ -87,6 +87,12 @@ impl Registry {
         Ok((self.entry(name)?.manifest)())
     }
 
+    /// Every registered executor's static manifest, in registration order (for pack
+    /// cross-checks and docs; serializes to JSON with serde).
+    pub fn manifests(&self) -> Vec<Manifest> {
+        self.entries.iter().map(|e| (e.manifest)()).collect()
+    }
+
     /// The executor for `name`, created on first use and shared afterwards.
     pub fn get(&self, name: &str) -> Result<Arc<dyn Executor>, ExecError> {
         let entry = self.entry(name)?;
