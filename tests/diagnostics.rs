@@ -6,11 +6,14 @@ use std::path::Path;
 use attn_policy::Policy;
 
 fn render(name: &str) -> String {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid").join(name);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/invalid")
+        .join(name);
     let err = Policy::from_dir(&dir).expect_err("fixture must fail to load");
     assert!(err.diagnostics.has_errors());
     // Paths are machine-specific: show them relative to the fixtures folder.
-    err.render(false).replace(&format!("{}/", dir.display()), "")
+    err.render(false)
+        .replace(&format!("{}/", dir.display()), "")
 }
 
 macro_rules! fixture {

@@ -2,7 +2,8 @@
 
 #[test]
 fn facts_md_matches_the_schema() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/facts.md")).expect("docs/facts.md");
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/facts.md"))
+        .expect("docs/facts.md");
     let table = attn_policy::facts::schema::markdown_table();
     assert!(
         doc.contains(&table),

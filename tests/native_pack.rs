@@ -1,0 +1,126 @@
+//! The `native` pack may not admit what its executor refuses: for a grid of configurations,
+//! every backend the pack finds eligible must accept the problem by its manifest. Also: on a
+//! machine without a GPU, small problems go to the CPU reference.
+
+use attn_policy::facts::Value;
+use attn_policy::{Facts, Policy};
+use attn_policy_adapters::{
+    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskSpec, Registry,
+};
+use serde_json::json;
+
+fn problem(c: &serde_json::Value) -> Option<AttentionProblem> {
+    let dtype = match c["qkv_dtype"].as_str()? {
+        "fp16" => DType::F16,
+        "bf16" => DType::BF16,
+        _ => return None,
+    };
+    let g = |k: &str| c[k].as_u64().map(|v| v as usize);
+    let mut p = AttentionProblem::new(
+        g("batch_size")?,
+        g("num_heads")?,
+        g("num_gqa_groups")?,
+        g("max_seqlen_q")?,
+        g("max_seqlen_kv")?,
+        g("head_dim_qk")?,
+        g("head_dim_v")?,
+        dtype,
+    );
+    p.set_layout(match c["qkv_layout"].as_str()? {
+        "bshd_bshd_bshd" => LayoutKind::Bshd,
+        "sbhd_sbhd_sbhd" => LayoutKind::Sbhd,
+        _ => return None,
+    });
+    let (l, r) = (
+        c["window_size"][0].as_i64().unwrap_or(-1),
+        c["window_size"][1].as_i64().unwrap_or(-1),
+    );
+    p.mask = match c["attn_mask_type"].as_str()? {
+        "no_mask" => MaskSpec::window(l, r, DiagonalAlignment::BottomRight),
+        "causal" => MaskSpec {
+            window_left: l,
+            ..MaskSpec::CAUSAL_TOP_LEFT
+        },
+        "causal_bottom_right" => MaskSpec {
+            window_left: l,
+            ..MaskSpec::CAUSAL_BOTTOM_RIGHT
+        },
+        _ => return None,
+    };
+    Some(p)
+}
+
+#[test]
+fn pack_admits_nothing_its_executors_refuse() {
+    let policy = Policy::embedded("native").expect("native pack loads");
+    let registry = Registry::builtin();
+    let mut checked = 0;
+    for d in [8, 60, 64, 128, 256, 264, 512, 1024, 2048, 4096] {
+        for dv in [d, 128] {
+            for dtype in ["fp16", "bf16", "fp32"] {
+                for layout in ["bshd_bshd_bshd", "sbhd_sbhd_sbhd", "thd_thd_thd"] {
+                    for (mask, window) in [
+                        ("no_mask", json!(null)),
+                        ("causal", json!(null)),
+                        ("causal_bottom_right", json!([64, 0])),
+                        ("no_mask", json!([32, 32])),
+                        ("padding", json!(null)),
+                    ] {
+                        for (sq, skv) in [(64, 64), (32, 96)] {
+                            let c = json!({"qkv_dtype": dtype, "qkv_layout": layout, "attn_mask_type": mask, "window_size": window,
+                                "batch_size": 1, "num_heads": 4, "num_gqa_groups": 2, "max_seqlen_q": sq, "max_seqlen_kv": skv,
+                                "head_dim_qk": d, "head_dim_v": dv, "device_compute_capability": [9, 0],
+                                "probe": {"cuda_device": true, "fused_attn_graph": true}});
+                            let facts = Facts::from_json(&c).expect("valid config");
+                            let decision = policy.decide(&facts);
+                            for (b, backend) in policy.backends.iter().enumerate() {
+                                if !decision.backends[b].status.eligible() {
+                                    continue;
+                                }
+                                let p = problem(&c).unwrap_or_else(|| {
+                                    panic!("{} admitted an inexpressible config {c}", backend.name)
+                                });
+                                let manifest = registry.manifest(&backend.name).ok();
+                                // cudnn's manifest lives with its executor; check the ones registered.
+                                if let Some(m) = manifest {
+                                    m.admits(&p).unwrap_or_else(|e| {
+                                        panic!(
+                                            "pack admits {c} for {} but its manifest refuses: {e}",
+                                            backend.name
+                                        )
+                                    });
+                                    checked += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 100,
+        "grid exercised too few admissions: {checked}"
+    );
+}
+
+#[test]
+fn without_gpu_small_problems_go_to_the_reference() {
+    let policy = Policy::embedded("native").expect("native pack loads");
+    let facts = Facts::from_json(&json!({"head_dim_qk": 64, "head_dim_v": 64, "max_seqlen_q": 128, "max_seqlen_kv": 128, "qkv_layout": "bshd_bshd_bshd",
+        "probe": {"cuda_device": false, "fused_attn_graph": false}})).expect("valid");
+    let d = policy.decide(&facts);
+    assert_eq!(
+        d.selected
+            .map(|s| policy.backends[s as usize].name.as_str()),
+        Some("reference")
+    );
+    let big = Facts::from_json(&json!({"head_dim_qk": 64, "head_dim_v": 64, "max_seqlen_q": 65536, "max_seqlen_kv": 65536, "qkv_layout": "bshd_bshd_bshd",
+        "probe": {"cuda_device": false, "fused_attn_graph": false}})).expect("valid");
+    let d = policy.decide(&big);
+    assert_eq!(
+        d.selected, None,
+        "a huge problem without a GPU has no executor"
+    );
+    assert_eq!(big.get("probe.cuda_device"), Some(Value::Bool(false)));
+}
