@@ -347,7 +347,7 @@ fn torch_rows(
             );
             for key in ["o", "dq", "dk", "dv"] {
                 if let Some(d) = v[format!("max_diff_{key}_vs_chunked")].as_f64() {
-                    n += &format!("; max|{key}-chunked| {d:.2e}");
+                    n += &format!("; max abs diff {key} vs chunked {d:.2e}");
                 }
             }
             n
