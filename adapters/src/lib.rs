@@ -14,6 +14,7 @@
 pub mod chunked;
 pub mod cudnn;
 pub mod executor;
+pub mod frost;
 pub mod problem;
 pub mod reference;
 pub mod registry;
