@@ -105,10 +105,10 @@ fn value_json(v: Value, slot: Option<usize>, facts: &Facts) -> Json {
         Ty::Enum(d) => Some(d),
         _ => None,
     });
-    if v == Value::BadVersion {
-        if let Some(raw) = slot.and_then(|s| facts.raw_version(s)) {
-            return Json::String(format!("{raw} (unparseable)"));
-        }
+    if v == Value::BadVersion
+        && let Some(raw) = slot.and_then(|s| facts.raw_version(s))
+    {
+        return Json::String(format!("{raw} (unparseable)"));
     }
     v.to_json(domain)
 }
@@ -118,10 +118,10 @@ fn value_text(v: Value, slot: usize, facts: &Facts) -> String {
         Ty::Enum(d) => Some(d),
         _ => None,
     };
-    if v == Value::BadVersion {
-        if let Some(raw) = facts.raw_version(slot) {
-            return format!("{raw:?} (unparseable)");
-        }
+    if v == Value::BadVersion
+        && let Some(raw) = facts.raw_version(slot)
+    {
+        return format!("{raw:?} (unparseable)");
     }
     v.display(domain).to_string()
 }

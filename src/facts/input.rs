@@ -259,13 +259,13 @@ impl Facts {
                 format!("expected a list of integers or null, found {value}"),
             )
         })?;
-        if let Some(n) = len {
-            if items.len() != n {
-                return Err(err(
-                    path,
-                    format!("expected {n} integers, found {}", items.len()),
-                ));
-            }
+        if let Some(n) = len
+            && items.len() != n
+        {
+            return Err(err(
+                path,
+                format!("expected {n} integers, found {}", items.len()),
+            ));
         }
         let ints = items
             .iter()
