@@ -1,0 +1,367 @@
+"""attn-policy: declarative, explainable attention-backend selection, in-process.
+
+    >>> import attn_policy
+    >>> policy = attn_policy.Policy.load("te")
+    >>> d = policy.select({"head_dim_qk": 128, "head_dim_v": 128, "device_compute_capability": [9, 0]})
+    >>> d.selected
+    'FusedAttention'
+
+Decisions are cached per policy, keyed by the complete fact set (see ``Policy.cache_stats``).
+``policy.check(config, backend)`` checks a backend a framework chose itself; see ``CheckMode``.
+The TransformerEngine drop-in is :mod:`attn_policy.te`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _native
+from ._native import PolicyError
+
+__all__ = [
+    "Policy",
+    "Decision",
+    "Verdict",
+    "PolicyError",
+    "PolicyViolation",
+    "CheckMode",
+    "embedded_packs",
+]
+
+logger = logging.getLogger("attn_policy")
+
+
+class PolicyViolation(PolicyError):
+    """Raised by ``check`` in ``enforce`` mode: the backend is not allowed here.
+    ``.verdict`` holds the verdict; the message is the explanation."""
+
+    def __init__(self, message: str, verdict: "Verdict"):
+        super().__init__(message)
+        self.verdict = verdict
+        self.diagnostics: list = []
+
+
+class CheckMode:
+    """How ``Policy.check`` reacts to a backend the policy declines."""
+
+    ENFORCE = "enforce"  # raise PolicyViolation with the explanation
+    WARN = "warn"  # log a warning once per (call site, backend, rule)
+    AUDIT = "audit"  # count per rule; Policy.report() summarises
+    ALL = (ENFORCE, WARN, AUDIT)
+
+
+def embedded_packs() -> List[str]:
+    """Names of the packs compiled into the module (``te``, ...)."""
+    return list(_native.embedded_packs())
+
+
+@dataclass(frozen=True)
+class Decline:
+    """One rule that declined a backend."""
+
+    id: str
+    reason: str
+    location: str
+    values: Dict[str, Any]
+    layer: str
+    kind: str = "decline"
+
+    @classmethod
+    def _from(cls, j: Mapping[str, Any]) -> "Decline":
+        return cls(
+            id=j["id"],
+            reason=j["reason"],
+            location=j["location"],
+            values=dict(j.get("values") or {}),
+            layer=j["layer"],
+            kind=j.get("kind", "decline"),
+        )
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """A backend's status in a decision, with every rule that declined it."""
+
+    name: str
+    status: str
+    variant: Optional[Dict[str, Any]]
+    declined_by: List[Decline]
+    pending: List[Decline]
+
+    def __getitem__(self, key: str) -> Any:  # dict-style access, as in to_dict()
+        return getattr(self, key)
+
+
+class Decision:
+    """The outcome of ``Policy.select``: ``.selected``, ``.backends``, ``.explain()``,
+    ``.to_dict()`` (the CLI's ``explain --json``), ``.te_tuple()``."""
+
+    __slots__ = ("_d", "_dict")
+
+    def __init__(self, native: "_native.NativeDecision"):
+        self._d = native
+        self._dict: Optional[Dict[str, Any]] = None
+
+    @property
+    def selected(self) -> Optional[str]:
+        """The selected backend, or None when no backend can serve the call."""
+        return self._d.selected
+
+    @property
+    def provisional(self) -> bool:
+        """An earlier backend in the preference order awaits a probe answer."""
+        return self._d.provisional
+
+    @property
+    def backends(self) -> List[BackendStatus]:
+        """Every backend of the pack with its status and declining rules."""
+        return [
+            BackendStatus(
+                name=b["name"],
+                status=b["status"],
+                variant=b.get("variant"),
+                declined_by=[Decline._from(r) for r in b.get("declined_by", [])],
+                pending=[Decline._from(r) for r in b.get("pending", [])],
+            )
+            for b in self.to_dict()["backends"]
+        ]
+
+    @property
+    def provenance(self) -> Dict[str, str]:
+        """For TE drop-in decisions: where each environment fact came from
+        (object, argument, set_environment, probe, os.environ, default)."""
+        return dict(self._d.provenance)
+
+    def status(self, backend: str) -> Optional[str]:
+        return self._d.status_of(backend)
+
+    def explain(self, color: bool = False) -> str:
+        """The CLI's human text (``attn-policy explain``)."""
+        return self._d.explain(color)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The ``attn-policy/explain/v1`` document (``attn-policy explain --json``)."""
+        if self._dict is None:
+            self._dict = self._d.to_dict()
+        return self._dict
+
+    def to_json(self) -> str:
+        return self._d.to_json()
+
+    def te_tuple(self, frost: bool = False) -> tuple:
+        """TransformerEngine's return tuple (6 values; 7 with ``use_frost_attention``)."""
+        return self._d.te_tuple(frost)
+
+    def __repr__(self) -> str:
+        return repr(self._d)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of ``Policy.check``: whether ``backend`` may run this call."""
+
+    backend: str
+    allowed: bool
+    status: str
+    selected: Optional[str]
+    declined_by: List[Decline] = field(default_factory=list)
+    decision: Optional[Decision] = field(default=None, compare=False, repr=False)
+
+    def __bool__(self) -> bool:
+        return self.allowed
+
+    def explain(self) -> str:
+        if self.allowed:
+            return f"{self.backend} is allowed ({self.status})"
+        lines = [f"{self.backend} is not allowed here ({self.status}); the policy selects {self.selected or 'no backend'}"]
+        for r in self.declined_by:
+            vals = ", ".join(f"{k} = {v}" for k, v in r.values.items())
+            lines.append(f"  {r.id} [{r.layer}] {r.reason}")
+            lines.append(f"      {vals}  at {r.location}")
+        return "\n".join(lines)
+
+
+class _Audit:
+    """Per-rule counters for ``audit`` mode (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.declined = 0
+        # (backend, rule id) -> [count, reason, {fallback: count}]
+        self.rules: Dict[Tuple[str, str], List[Any]] = {}
+        self.warned: set = set()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.calls = 0
+            self.declined = 0
+            self.rules.clear()
+            self.warned.clear()
+
+
+class Policy:
+    """A loaded rule pack with its decision cache. Thread-safe; share one per process."""
+
+    def __init__(self, native: "_native.NativePolicy", check_mode: str = CheckMode.AUDIT):
+        if check_mode not in CheckMode.ALL:
+            raise PolicyError(f"unknown check mode `{check_mode}`; modes: {', '.join(CheckMode.ALL)}")
+        self._p = native
+        self.check_mode = check_mode
+        self._audit = _Audit()
+
+    @classmethod
+    def load(
+        cls,
+        pack: Union[str, "os.PathLike[str]"] = "te",
+        *,
+        overlays: Sequence[Union[str, "os.PathLike[str]"]] = (),
+        parity: bool = False,
+        layers_off: Sequence[str] = (),
+        cache_size: int = 4096,
+        check_mode: str = CheckMode.AUDIT,
+    ) -> "Policy":
+        """Loads an embedded pack by name (``"te"``) or a folder holding ``pack.yaml``.
+
+        ``overlays``: site-policy overlay files. ``parity``: switch off the ``guard`` layer
+        (pure TE parity, like ``--parity``). Raises ``PolicyError`` with every diagnostic
+        (``.diagnostics``) when the pack does not load.
+        """
+        pack = os.fspath(pack)
+        is_dir = os.sep in pack or pack.startswith(".") or os.path.isdir(pack)
+        native = _native.NativePolicy.load(
+            pack=None if is_dir else pack,
+            path=pack if is_dir else None,
+            overlays=[os.fspath(o) for o in overlays],
+            layers_off=list(layers_off),
+            parity=parity,
+            cache_size=cache_size,
+        )
+        return cls(native, check_mode)
+
+    @property
+    def name(self) -> str:
+        return self._p.name
+
+    @property
+    def backend_names(self) -> List[str]:
+        return list(self._p.backend_names)
+
+    def select(self, config: Union[Mapping[str, Any], Any]) -> Decision:
+        """Decides for one attention call. ``config`` is a dict of facts by TE's names (the
+        ``config`` of a conformance record), a JSON string, or an object whose attributes are
+        those facts (``vars(obj)`` is read). Raises ``PolicyError`` for a bad config."""
+        if type(config) is dict or isinstance(config, str):
+            return Decision(self._p.select(config))
+        if isinstance(config, Mapping):
+            return Decision(self._p.select(dict(config)))
+        if hasattr(config, "__dict__"):
+            return Decision(self._p.select(dict(vars(config))))
+        raise PolicyError(f"invalid config: expected a dict of facts, found {type(config).__name__}")
+
+    def _select_native(self, config: Any) -> "_native.NativeDecision":
+        if type(config) is dict:
+            return self._p.select(config)
+        return self.select(config)._d
+
+    # -- check mode ------------------------------------------------------------------------
+
+    def check(self, config: Any, backend: str, mode: Optional[str] = None) -> Verdict:
+        """Checks a backend the framework chose itself. ``mode`` (default: the policy's
+        ``check_mode``): ``enforce`` raises ``PolicyViolation`` with the explanation,
+        ``warn`` logs once per (call site, backend, rule), ``audit`` counts per rule for
+        ``report()``. Every mode returns the ``Verdict`` when it does not raise."""
+        mode = mode or self.check_mode
+        if mode not in CheckMode.ALL:
+            raise PolicyError(f"unknown check mode `{mode}`; modes: {', '.join(CheckMode.ALL)}")
+        nd = self._select_native(config)
+        status = nd.status_of(backend)
+        if status is None:
+            raise PolicyError(
+                f"unknown backend `{backend}`; backends of pack `{self.name}`: {', '.join(self.backend_names)}"
+            )
+        allowed = nd.eligible(backend)
+        a = self._audit
+        if allowed:
+            with a.lock:
+                a.calls += 1
+            return Verdict(backend, True, status, nd.selected, [], Decision(nd))
+        declined = [Decline._from(r) for r in nd.declined_by(backend)]
+        verdict = Verdict(backend, False, status, nd.selected, declined, Decision(nd))
+        fallback = nd.selected or "no backend"
+        with a.lock:
+            a.calls += 1
+            a.declined += 1
+            for r in declined or [Decline(f"<{status}>", f"{backend} is {status}", "", {}, "")]:
+                entry = a.rules.setdefault((backend, r.id), [0, r.reason, {}])
+                entry[0] += 1
+                entry[2][fallback] = entry[2].get(fallback, 0) + 1
+        if mode == CheckMode.ENFORCE:
+            raise PolicyViolation(verdict.explain() + "\n\n" + nd.explain(False), verdict)
+        if mode == CheckMode.WARN:
+            frame = sys._getframe(1)
+            site = (frame.f_code.co_filename, frame.f_lineno)
+            for r in declined:
+                key = (site, backend, r.id)
+                with a.lock:
+                    if key in a.warned:
+                        continue
+                    a.warned.add(key)
+                logger.warning(
+                    "attn-policy: %s declined by %s at %s:%d: %s (falls back to %s)",
+                    backend, r.id, site[0], site[1], r.reason, fallback,
+                )
+        return verdict
+
+    def report(self) -> str:
+        """Summary of ``check`` calls: for every rule that declined a checked backend, the
+        share of calls it affected and where they fell back to."""
+        a = self._audit
+        with a.lock:
+            calls, declined = a.calls, a.declined
+            rules = sorted(a.rules.items(), key=lambda kv: -kv[1][0])
+        if calls == 0:
+            return "no calls checked"
+        lines = [f"{calls} calls checked; {declined} ({100.0 * declined / calls:.0f}%) were declined by the policy"]
+        for (backend, rid), (count, reason, fallbacks) in rules:
+            top = max(fallbacks.items(), key=lambda kv: kv[1])[0]
+            lines.append(
+                f"{100.0 * count / calls:.0f}% of calls ({count}) fell back from {backend} to {top} because of {rid}: {reason}"
+            )
+        return "\n".join(lines)
+
+    def report_dict(self) -> Dict[str, Any]:
+        """The ``report()`` data: calls, declined, and per (backend, rule) counts and fallbacks."""
+        a = self._audit
+        with a.lock:
+            return {
+                "calls": a.calls,
+                "declined": a.declined,
+                "rules": [
+                    {"backend": b, "rule": r, "count": c, "reason": reason, "fallbacks": dict(fb)}
+                    for (b, r), (c, reason, fb) in a.rules.items()
+                ],
+            }
+
+    def reset_report(self) -> None:
+        self._audit.reset()
+
+    # -- cache -----------------------------------------------------------------------------
+
+    def cache_stats(self) -> Dict[str, int]:
+        """Decision cache counters: hits, misses, inserts, evictions, len, capacity."""
+        return dict(self._p.cache_stats())
+
+    def cache_clear(self) -> None:
+        self._p.cache_clear()
+
+    def __repr__(self) -> str:
+        return f"<attn_policy.Policy {self.name!r} backends={self.backend_names}>"
