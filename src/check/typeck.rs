@@ -338,6 +338,7 @@ impl Compiler {
         let arity_ok = match func {
             Func::Abs => args.len() == 1,
             Func::Gcd | Func::RoundUp => args.len() == 2,
+            Func::If => args.len() == 3,
             Func::Max | Func::Min => args.len() >= 2,
         };
         if !arity_ok {
@@ -349,6 +350,9 @@ impl Compiler {
                 ),
             ));
         }
+        if func == Func::If {
+            return self.if_call(args, slots);
+        }
         let mut ids = Vec::new();
         let mut ty = T::Int;
         for a in args {
@@ -357,6 +361,7 @@ impl Compiler {
                 Func::Gcd | Func::RoundUp => t == T::Int,
                 Func::Max | Func::Min => t.numeric() || t == T::Version,
                 Func::Abs => t.numeric(),
+                Func::If => unreachable!("if() is lowered by if_call"),
             };
             if !ok {
                 return Err(terr(
@@ -374,6 +379,45 @@ impl Compiler {
         }
         let (start, len) = self.program.push_children(&ids);
         Ok((self.program.push(Node::Call { func, start, len }), ty))
+    }
+
+    /// `if(cond, a, b)`: `cond` is a bool; the branches share a type (int and float mix to
+    /// float, a null branch takes the other's type).
+    fn if_call(&mut self, args: &[Expr], slots: &mut Vec<u16>) -> Result<(NodeId, T), TypeError> {
+        let (c, ct) = self.lower(&args[0], slots)?;
+        if ct != T::Bool && ct != T::Null {
+            return Err(terr(
+                args[0].span,
+                format!("the condition of `if` must be a bool, not a {}", ct.name()),
+            ));
+        }
+        let (a, at) = self.lower(&args[1], slots)?;
+        let (b, bt) = self.operand(&args[2], Some(at), slots)?;
+        let ty = match (at, bt) {
+            (x, y) if x == y => x,
+            (T::Null, y) => y,
+            (x, T::Null) => x,
+            (x, y) if x.numeric() && y.numeric() => T::Float,
+            (x, y) => {
+                return Err(terr(
+                    args[2].span,
+                    format!(
+                        "the branches of `if` differ in type ({} and {})",
+                        x.name(),
+                        y.name()
+                    ),
+                ));
+            }
+        };
+        let (start, len) = self.program.push_children(&[c, a, b]);
+        Ok((
+            self.program.push(Node::Call {
+                func: Func::If,
+                start,
+                len,
+            }),
+            ty,
+        ))
     }
 
     /// Lowers an operand that may be a string literal, resolved against `other`.

@@ -15,6 +15,8 @@ pub enum Func {
     Gcd,
     RoundUp,
     Abs,
+    /// `if(cond, a, b)`: `a` when `cond` holds, else `b` (unknown when `cond` is unknown).
+    If,
 }
 
 impl Func {
@@ -25,11 +27,12 @@ impl Func {
             "gcd" => Func::Gcd,
             "round_up" => Func::RoundUp,
             "abs" => Func::Abs,
+            "if" => Func::If,
             _ => return None,
         })
     }
 
-    pub const NAMES: &'static [&'static str] = &["max", "min", "gcd", "round_up", "abs"];
+    pub const NAMES: &'static [&'static str] = &["max", "min", "gcd", "round_up", "abs", "if"];
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -271,6 +274,17 @@ fn gcd(mut a: i64, mut b: i64) -> i64 {
 fn call(func: Func, mut args: impl Iterator<Item = Value>) -> Value {
     let first = args.next().unwrap_or(Value::Null);
     match func {
+        Func::If => {
+            let (then, otherwise) = (
+                args.next().unwrap_or(Value::Null),
+                args.next().unwrap_or(Value::Null),
+            );
+            match Truth::of(first) {
+                Truth::True => then,
+                Truth::False => otherwise,
+                Truth::Unknown => Value::Unknown,
+            }
+        }
         Func::Abs => match first {
             Value::Int(i) => i.checked_abs().map_or(Value::Null, Value::Int),
             Value::Float(x) => Value::Float(x.abs()),
@@ -343,6 +357,11 @@ mod tests {
         assert_eq!(f(Func::RoundUp, 80, 16), Value::Int(80));
         assert_eq!(f(Func::Max, 3, 9), Value::Int(9));
         assert_eq!(f(Func::Min, 3, 9), Value::Int(3));
+        let pick = |c: Value| call(Func::If, [c, Value::Int(1), Value::Int(2)].into_iter());
+        assert_eq!(pick(Value::Bool(true)), Value::Int(1));
+        assert_eq!(pick(Value::Bool(false)), Value::Int(2));
+        assert_eq!(pick(Value::Null), Value::Int(2));
+        assert_eq!(pick(Value::Unknown), Value::Unknown);
     }
 
     #[test]

@@ -267,8 +267,8 @@ pub static FIELDS: &[FieldDef] = &[
     f(
         "core_attention_bias_requires_grad",
         Ty::Bool,
-        D::Bool(false),
-        "Whether dBias is needed (DPA passes False without a bias).",
+        D::Bool(true),
+        "Whether dBias is needed. Default True (AttentionParams' default, which the conformance corpus leaves in place without a bias; FU.44 reads it).",
     ),
     f(
         "pad_between_seqs",

@@ -101,7 +101,11 @@ impl Loader {
 }
 
 fn syntax(e: crate::lang::SyntaxError) -> TypeError {
-    TypeError { message: format!("syntax: {}", e.message), span: e.span, help: None }
+    TypeError {
+        message: format!("syntax: {}", e.message),
+        span: e.span,
+        help: None,
+    }
 }
 
 fn type_diag(
@@ -317,16 +321,10 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
             continue;
         }
         seen.insert(def.id.value.clone(), id_loc);
-        let backend = match (backend, &def.backend) {
-            (Some(b), None) => b,
-            (Some(_), Some(extra)) => {
-                let at = l.sources.node_loc(file, extra);
-                l.diags.push(Diagnostic::error("E-RULE", "`backend:` belongs in layer files; a backend file's rules apply to its own backend").at(at));
-                continue;
-            }
-            (None, Some(name)) => match backends.iter().position(|b| b.name == name.value) {
-                Some(b) => b as u16,
-                None if broken_backend_files > 0 => continue,
+        let resolve = |l: &mut Loader, name: &Spanned<String>| -> Option<u16> {
+            match backends.iter().position(|b| b.name == name.value) {
+                Some(b) => Some(b as u16),
+                None if broken_backend_files > 0 => None,
                 None => {
                     let at = l.sources.node_loc(file, name);
                     let hint = did_you_mean(&name.value, backends.iter().map(|b| b.name.as_str()));
@@ -335,10 +333,55 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
                             .at(at)
                             .help(hint.map(|h| format!("did you mean `{h}`?"))),
                     );
+                    None
+                }
+            }
+        };
+        let targets: Vec<u16> = match (backend, &def.backend, def.backends.is_empty()) {
+            (Some(b), None, true) => vec![b],
+            (Some(_), _, _) => {
+                let extra = def
+                    .backend
+                    .as_ref()
+                    .or(def.backends.first())
+                    .expect("given");
+                let at = l.sources.node_loc(file, extra);
+                l.diags.push(Diagnostic::error("E-RULE", "`backend:` belongs in layer files; a backend file's rules apply to its own backend").at(at));
+                continue;
+            }
+            (None, Some(name), true) => match resolve(&mut l, name) {
+                Some(b) => vec![b],
+                None => continue,
+            },
+            (None, None, false) => {
+                let mut out = Vec::new();
+                for name in &def.backends {
+                    if let Some(b) = resolve(&mut l, name) {
+                        if !out.contains(&b) {
+                            out.push(b);
+                        }
+                    }
+                }
+                if out.len() != def.backends.len() {
                     continue;
                 }
-            },
-            (None, None) => {
+                out
+            }
+            (None, Some(name), false) => {
+                let at = l.sources.node_loc(file, name);
+                l.diags.push(
+                    Diagnostic::error(
+                        "E-RULE",
+                        format!(
+                            "rule `{}` names both `backend:` and `backends:`",
+                            def.id.value
+                        ),
+                    )
+                    .at(at),
+                );
+                continue;
+            }
+            (None, None, true) => {
                 l.diags.push(
                     Diagnostic::error(
                         "E-RULE",
@@ -352,6 +395,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
                 continue;
             }
         };
+        let backend = targets[0];
         let b = &backends[backend as usize];
         let mut mask = 0u64;
         for v in &def.variants {
@@ -373,6 +417,10 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
         }
         if def.variants.is_empty() {
             mask = b.all_variants();
+        } else if targets.len() > 1 {
+            let at = l.sources.node_loc(file, &def.variants[0]);
+            l.diags
+                .push(Diagnostic::error("E-RULE", "`variants:` needs a single `backend:`").at(at));
         }
         let kind = match def.kind.as_ref().map(|k| k.value.as_str()) {
             None | Some("decline") => RuleKind::Decline,
@@ -417,7 +465,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
                 }
             },
         };
-        let probes = when
+        let probes: Vec<u16> = when
             .slots
             .iter()
             .copied()
@@ -432,23 +480,29 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
                 .at(id_loc),
             );
         }
-        rules.push(Rule {
-            id: def.id.value.clone(),
-            backend,
-            variants: mask,
-            variant_names: def.variants.iter().map(|v| v.value.clone()).collect(),
-            kind,
-            layer,
-            when_src: def.when.value.trim().to_string(),
-            when,
-            until_src: def.until.as_ref().map(|u| u.value.trim().to_string()),
-            until,
-            reason: def.reason.trim().to_string(),
-            refs: def.refs.clone(),
-            loc,
-            when_loc,
-            probes,
-        });
+        for &target in &targets {
+            rules.push(Rule {
+                id: def.id.value.clone(),
+                backend: target,
+                variants: if target == backend {
+                    mask
+                } else {
+                    backends[target as usize].all_variants()
+                },
+                variant_names: def.variants.iter().map(|v| v.value.clone()).collect(),
+                kind,
+                layer,
+                when_src: def.when.value.trim().to_string(),
+                when: when.clone(),
+                until_src: def.until.as_ref().map(|u| u.value.trim().to_string()),
+                until: until.clone(),
+                reason: def.reason.trim().to_string(),
+                refs: def.refs.clone(),
+                loc,
+                when_loc,
+                probes: probes.clone(),
+            });
+        }
     }
 
     let mut preference = Vec::new();

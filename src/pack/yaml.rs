@@ -86,6 +86,10 @@ pub struct RuleDef {
     /// Only in layer files: the backend the rule declines.
     #[serde(default)]
     pub backend: Option<Spanned<String>>,
+    /// Only in layer files, instead of `backend:`: several backends the rule declines alike
+    /// (TE's "disable every backend" filters).
+    #[serde(default)]
+    pub backends: Vec<Spanned<String>>,
     pub when: Spanned<String>,
     pub reason: String,
     #[serde(default)]
