@@ -14,6 +14,7 @@
 
 pub mod cache;
 pub mod check;
+pub mod conformance;
 pub mod corpus;
 pub mod decision;
 pub mod diag;

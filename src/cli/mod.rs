@@ -4,6 +4,7 @@
 
 pub mod args;
 mod bench;
+mod conformance;
 mod explain;
 mod run;
 
@@ -33,6 +34,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Median time per decision (uncached, full explanation) over a corpus or the presets.
     Bench(bench::BenchArgs),
+    /// Decide every record of a TE corpus and compare with TE's decisions (agreement, classes).
+    Conformance(conformance::ConformanceArgs),
     /// List the named presets usable with --preset.
     Presets,
     /// List every fact (input field) with its type and default.
@@ -52,6 +55,7 @@ pub fn run() -> i32 {
         Command::Explain(a) => explain::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Run(a) => run::run(a),
+        Command::Conformance(a) => conformance::run(a),
         Command::Presets => {
             for p in attn_policy::facts::presets::PRESETS {
                 println!("{:<30} {}", p.name, p.about);
