@@ -274,7 +274,32 @@ impl NativeDecision {
             text.push_str("\nfacts from the environment:\n");
             let width = self.provenance.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
             for (k, s) in &self.provenance {
-                let value = self
+                let children: Vec<String> = FIELDS
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| {
+                        f.path.len() > k.len() + 1
+                            && f.path.starts_with(k.as_str())
+                            && f.path.as_bytes()[k.len()] == b'.'
+                    })
+                    .map(|(slot, f)| {
+                        let dom = match f.ty {
+                            attn_policy::facts::Ty::Enum(d) => Some(d),
+                            _ => None,
+                        };
+                        format!(
+                            "{}={}",
+                            &f.path[k.len() + 1..],
+                            self.facts.values()[slot].display(dom)
+                        )
+                    })
+                    .collect();
+                let value = if !children.is_empty() {
+                    Some(children.join(", "))
+                } else {
+                    None
+                };
+                let value = value.or_else(|| self
                     .facts
                     .get(k)
                     .map(|v| {
@@ -285,7 +310,7 @@ impl NativeDecision {
                             }
                         });
                         v.display(dom).to_string()
-                    })
+                    }))
                     .unwrap_or_default();
                 if value.is_empty() {
                     text.push_str(&format!("  {k:<width$}  from {s}\n"));
@@ -602,8 +627,16 @@ fn te_config(
 ) -> PyResult<(Map<String, Json>, Provenance)> {
     let mut cfg = Map::new();
     let mut prov: Provenance = Vec::new();
-    // A plain dict (a corpus record's `config`) reads like an object's attributes.
-    let as_dict = params.cast::<PyDict>().ok();
+    // A plain dict (a corpus record's `config`) reads like an object's attributes; a
+    // dataclass or SimpleNamespace is read through its instance `__dict__` (no exception per
+    // absent field); anything else through getattr.
+    let as_dict: Option<Bound<'_, PyDict>> = match params.cast::<PyDict>() {
+        Ok(d) => Some(d.clone()),
+        Err(_) => match get_opt(params, "__dict__")? {
+            Some(d) => d.cast_into::<PyDict>().ok(),
+            None => None,
+        },
+    };
     let get = |k: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
         match &as_dict {
             Some(d) => d.get_item(k),

@@ -1,0 +1,288 @@
+//! C ABI for attn-policy: load a pack, select from a JSON config, read the decision JSON and
+//! the selected backend. Opaque handles, JSON strings, status codes; no panic crosses the
+//! boundary (every entry point runs under `catch_unwind` and reports a panic as
+//! `ATTN_POLICY_PANIC` with its message). The header is `include/attn_policy.h` (cbindgen;
+//! a test regenerates it and fails when the committed copy differs).
+//!
+//! Strings returned through `out`/`error` parameters are owned by the caller and freed with
+//! `attn_policy_string_free`. Handles are thread-safe: many threads may select on one policy.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr;
+use std::sync::Arc;
+
+use attn_policy::cache::CachedPolicy;
+use attn_policy::decision::Decision;
+use attn_policy::{Explanation, Facts, PackSource, load_pack};
+
+/// Success.
+pub const ATTN_POLICY_OK: c_int = 0;
+/// A null pointer or a string that is not UTF-8.
+pub const ATTN_POLICY_INVALID_ARGUMENT: c_int = 1;
+/// The pack failed to load (the message holds every diagnostic).
+pub const ATTN_POLICY_PACK_ERROR: c_int = 2;
+/// The config is not a valid fact set (the message is the CLI's).
+pub const ATTN_POLICY_CONFIG_ERROR: c_int = 3;
+/// A panic inside the library, caught at the boundary.
+pub const ATTN_POLICY_PANIC: c_int = 4;
+
+/// A loaded pack with its decision cache.
+pub struct AttnPolicy {
+    inner: CachedPolicy,
+    /// Backend names as C strings, for `attn_policy_decision_selected`.
+    names: Vec<CString>,
+}
+
+/// One decision, with the facts that produced it.
+pub struct AttnDecision {
+    policy: *const AttnPolicy,
+    facts: Facts,
+    decision: Arc<Decision>,
+}
+
+/// Version of this ABI (bumped on any incompatible change).
+#[unsafe(no_mangle)]
+pub extern "C" fn attn_policy_abi_version() -> u32 {
+    1
+}
+
+fn to_c(s: String) -> *mut c_char {
+    CString::new(s.replace('\0', " "))
+        .map(CString::into_raw)
+        .unwrap_or(ptr::null_mut())
+}
+
+unsafe fn set_error(error: *mut *mut c_char, message: String) {
+    if !error.is_null() {
+        unsafe { *error = to_c(message) };
+    }
+}
+
+unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, (c_int, String)> {
+    if p.is_null() {
+        return Err((ATTN_POLICY_INVALID_ARGUMENT, format!("{what} is NULL")));
+    }
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| (ATTN_POLICY_INVALID_ARGUMENT, format!("{what} is not UTF-8")))
+}
+
+/// Runs `f`, turning an error or a panic into a status code and `*error`.
+unsafe fn guard(
+    error: *mut *mut c_char,
+    f: impl FnOnce() -> Result<(), (c_int, String)>,
+) -> c_int {
+    if !error.is_null() {
+        unsafe { *error = ptr::null_mut() };
+    }
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => ATTN_POLICY_OK,
+        Ok(Err((code, msg))) => {
+            unsafe { set_error(error, msg) };
+            code
+        }
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            unsafe { set_error(error, format!("internal error (panic): {msg}")) };
+            ATTN_POLICY_PANIC
+        }
+    }
+}
+
+/// Loads a pack: `pack` names an embedded pack (`"te"`) unless `dir` (a folder holding
+/// pack.yaml) is non-NULL. `parity` non-zero switches off the `guard` layer. `cache_size`
+/// bounds the decision cache. On success `*out` is a new handle (free with
+/// `attn_policy_free`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn attn_policy_load(
+    pack: *const c_char,
+    dir: *const c_char,
+    parity: c_int,
+    cache_size: usize,
+    out: *mut *mut AttnPolicy,
+    error: *mut *mut c_char,
+) -> c_int {
+    unsafe {
+        guard(error, || {
+            if out.is_null() {
+                return Err((ATTN_POLICY_INVALID_ARGUMENT, "out is NULL".into()));
+            }
+            *out = ptr::null_mut();
+            let source = if !dir.is_null() {
+                PackSource::Dir(str_arg(dir, "dir")?.into())
+            } else {
+                let name = if pack.is_null() { "te" } else { str_arg(pack, "pack")? };
+                let names = attn_policy::pack::embedded::pack_names();
+                if !names.contains(&name) {
+                    return Err((
+                        ATTN_POLICY_PACK_ERROR,
+                        format!("unknown pack `{name}`; embedded packs: {}", names.join(", ")),
+                    ));
+                }
+                PackSource::Embedded(name.into())
+            };
+            let mut policy = load_pack(source, &[])
+                .map_err(|e| (ATTN_POLICY_PACK_ERROR, e.render(false)))?;
+            if parity != 0 && policy.layers.iter().any(|l| l == "guard") {
+                policy
+                    .set_layer_enabled("guard", false)
+                    .map_err(|m| (ATTN_POLICY_PACK_ERROR, m))?;
+            }
+            let names = policy
+                .backends
+                .iter()
+                .map(|b| CString::new(b.name.replace('\0', " ")).unwrap_or_default())
+                .collect();
+            *out = Box::into_raw(Box::new(AttnPolicy {
+                inner: CachedPolicy::new(policy, cache_size),
+                names,
+            }));
+            Ok(())
+        })
+    }
+}
+
+/// Frees a policy handle (NULL is ignored). Free its decisions first.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn attn_policy_free(policy: *mut AttnPolicy) {
+    if !policy.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(policy) })));
+    }
+}
+
+/// Decides for a JSON config (an object of facts by TE's names). On success `*out` is a new
+/// decision (free with `attn_policy_decision_free`; it must not outlive the policy).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn attn_policy_select(
+    policy: *const AttnPolicy,
+    config_json: *const c_char,
+    out: *mut *mut AttnDecision,
+    error: *mut *mut c_char,
+) -> c_int {
+    unsafe {
+        guard(error, || {
+            if policy.is_null() || out.is_null() {
+                return Err((ATTN_POLICY_INVALID_ARGUMENT, "policy or out is NULL".into()));
+            }
+            *out = ptr::null_mut();
+            let text = str_arg(config_json, "config_json")?;
+            let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+                (ATTN_POLICY_CONFIG_ERROR, format!("invalid config: not JSON: {e}"))
+            })?;
+            let facts = Facts::from_json(&json)
+                .map_err(|e| (ATTN_POLICY_CONFIG_ERROR, format!("invalid config: {e}")))?;
+            let decision = (*policy).inner.decide(&facts);
+            *out = Box::into_raw(Box::new(AttnDecision {
+                policy,
+                facts,
+                decision,
+            }));
+            Ok(())
+        })
+    }
+}
+
+/// Frees a decision (NULL is ignored).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn attn_policy_decision_free(decision: *mut AttnDecision) {
+    if !decision.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(decision) })));
+    }
+}
+
+/// Which rendering `attn_policy_decision_render` produces.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnPolicyFormat {
+    /// The `attn-policy/explain/v1` JSON document (`attn-policy explain --json`).
+    Json = 0,
+    /// The human text (`attn-policy explain`).
+    Text = 1,
+    /// TransformerEngine's return tuple as a JSON object (`--format te`).
+    Te = 2,
+}
+
+/// Renders a decision into `*out` (free with `attn_policy_string_free`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn attn_policy_decision_render(
+    decision: *const AttnDecision,
+    format: AttnPolicyFormat,
+    out: *mut *mut c_char,
+    error: *mut *mut c_char,
+) -> c_int {
+    unsafe {
+        guard(error, || {
+            if decision.is_null() || out.is_null() {
+                return Err((ATTN_POLICY_INVALID_ARGUMENT, "decision or out is NULL".into()));
+            }
+            let d = &*decision;
+            let policy = (*d.policy).inner.policy();
+            let ex = Explanation::new(policy, &d.facts, &d.decision);
+            let s = match format {
+                AttnPolicyFormat::Json => ex.to_json().to_string(),
+                AttnPolicyFormat::Text => ex.to_text(false),
+                AttnPolicyFormat::Te => ex.to_te().to_string(),
+            };
+            *out = to_c(s);
+            Ok(())
+        })
+    }
+}
+
+/// The selected backend's name (owned by the policy, valid until `attn_policy_free`; do not free),
+/// or NULL when no backend can serve the configuration.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn attn_policy_decision_selected(decision: *const AttnDecision) -> *const c_char {
+    if decision.is_null() {
+        return ptr::null();
+    }
+    catch_unwind(AssertUnwindSafe(|| unsafe {
+        let d = &*decision;
+        match d.decision.selected {
+            Some(s) => (&(*d.policy).names)[s as usize].as_ptr(),
+            None => ptr::null(),
+        }
+    }))
+    .unwrap_or(ptr::null())
+}
+
+/// Cache counters (any pointer may be NULL).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn attn_policy_cache_stats(
+    policy: *const AttnPolicy,
+    hits: *mut u64,
+    misses: *mut u64,
+    evictions: *mut u64,
+) -> c_int {
+    if policy.is_null() {
+        return ATTN_POLICY_INVALID_ARGUMENT;
+    }
+    let s = unsafe { (*policy).inner.cache().stats() };
+    unsafe {
+        if !hits.is_null() {
+            *hits = s.hits;
+        }
+        if !misses.is_null() {
+            *misses = s.misses;
+        }
+        if !evictions.is_null() {
+            *evictions = s.evictions;
+        }
+    }
+    ATTN_POLICY_OK
+}
+
+/// Frees a string returned by this library (NULL is ignored).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn attn_policy_string_free(s: *mut c_char) {
+    if !s.is_null() {
+        drop(unsafe { CString::from_raw(s) });
+    }
+}
