@@ -345,7 +345,40 @@ impl<'a> Explanation<'a> {
         }
         out.push('\n');
         if d.pending {
-            out.push_str("provisional: a backend earlier in the preference order awaits a probe (see below)\n");
+            // Name the undecided backends that come first, and the probes they wait for.
+            let mut waiting = Vec::new();
+            if let Some(i) = d.preference {
+                for &b in &p.preference[i as usize].order {
+                    if Some(b) == d.selected {
+                        break;
+                    }
+                    if d.backends[b as usize].status == Status::Undecided {
+                        let mut probes: Vec<&str> = d
+                            .unknown
+                            .iter()
+                            .filter(|&&r| p.rules[r as usize].backend == b)
+                            .flat_map(|&r| {
+                                p.rules[r as usize]
+                                    .probes
+                                    .iter()
+                                    .map(|&s| FIELDS[s as usize].path)
+                            })
+                            .collect();
+                        probes.sort_unstable();
+                        probes.dedup();
+                        waiting.push(format!(
+                            "{} (until {} is answered)",
+                            p.backends[b as usize].name,
+                            probes.join(", ")
+                        ));
+                    }
+                }
+            }
+            let _ = writeln!(
+                out,
+                "provisional: undecided and earlier in the preference order: {}; answer with --probe NAME=true|false",
+                waiting.join("; ")
+            );
         }
         let disabled: Vec<&str> = p
             .layers

@@ -1,6 +1,8 @@
 //! Named configurations for `--preset`: the Gemma-4 shapes of the FROST pull request and a few
 //! common ones. Each is a config object in the conformance format (a JSON fragment over the
-//! defaults); flags given after `--preset` override it.
+//! defaults); flags given after `--preset` override it. Presets describe a machine, so they
+//! also answer the probe facts as that machine would (documented per preset); `--probe`
+//! overrides an answer.
 
 use serde_json::{Value as Json, json};
 
@@ -20,6 +22,9 @@ fn b200() -> Json {
         "flash_attn_versions": {"v2": "2.8.3", "v3": null, "v4": null},
         "cudnn_frontend_version": "1.29.0",
         "cutlass_dsl_version": "4.7.1",
+        // What the FROST pull request reports for B200: cuDNN's FROST engines serve
+        // (256, 512]; the C++ fused path caps at 256 (set per preset below).
+        "probe": {"frost_plan": true},
     })
 }
 
@@ -41,6 +46,7 @@ fn gemma4_global() -> Json {
             "num_heads": 8, "num_gqa_groups": 4, "max_seqlen_q": 8192, "max_seqlen_kv": 8192,
             "head_dim_qk": 512, "head_dim_v": 512, "attn_mask_type": "causal",
             "is_training": true, "softmax_scale": 0.044194173824159216,
+            "probe": {"frost_plan": true, "fused_attn_graph": false},
         }),
     )
 }
@@ -49,7 +55,8 @@ fn gemma4_global() -> Json {
 fn gemma4_sliding() -> Json {
     merge(
         gemma4_global(),
-        json!({"head_dim_qk": 256, "head_dim_v": 256, "window_size": [1024, 0], "softmax_scale": 0.0625}),
+        json!({"head_dim_qk": 256, "head_dim_v": 256, "window_size": [1024, 0], "softmax_scale": 0.0625,
+               "probe": {"frost_plan": true, "fused_attn_graph": true}}),
     )
 }
 
@@ -122,6 +129,7 @@ pub static PRESETS: &[Preset] = &[
                 "qkv_dtype": "bf16", "qkv_layout": "bshd_bshd_bshd", "batch_size": 1, "num_heads": 32,
                 "num_gqa_groups": 8, "max_seqlen_q": 8192, "max_seqlen_kv": 8192, "head_dim_qk": 128,
                 "head_dim_v": 128, "attn_mask_type": "causal", "softmax_scale": 0.08838834764831843,
+                "probe": {"fused_attn_graph": true},
             })
         },
     },
@@ -135,6 +143,7 @@ pub static PRESETS: &[Preset] = &[
                 "qkv_dtype": "fp16", "qkv_layout": "bshd_bshd_bshd", "batch_size": 4, "num_heads": 16,
                 "num_gqa_groups": 16, "max_seqlen_q": 2048, "max_seqlen_kv": 2048, "head_dim_qk": 256,
                 "head_dim_v": 256, "attn_mask_type": "causal", "is_training": false, "softmax_scale": 0.0625,
+                "probe": {"fused_attn_graph": true},
             })
         },
     },
