@@ -1,0 +1,131 @@
+//! Differential conformance against TransformerEngine 2.20.2's own decisions
+//! (../shared/conformance/te-2.20.2-corpus-a.jsonl.gz, beside the checkout in CI). The rates
+//! asserted here are the ones documented in docs/conformance.md.
+
+use std::process::Command;
+
+use serde_json::{Value as Json, json};
+
+const CORPUS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shared/conformance/te-2.20.2-corpus-a.jsonl.gz"
+);
+
+/// docs/conformance.md: agreement of `--parity` on corpus-a.
+const DOCUMENTED_PARITY_RATE: f64 = 1.0;
+
+fn conformance(extra: &[&str]) -> Json {
+    assert!(
+        std::path::Path::new(CORPUS).exists(),
+        "corpus missing: {CORPUS} (CI checks out shared/ beside the repository)"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+        .args(["conformance", CORPUS, "--json", "--top", "50"])
+        .args(extra)
+        .output()
+        .expect("binary runs");
+    assert!(
+        out.status.success(),
+        "conformance failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("--json prints one JSON object")
+}
+
+#[test]
+fn te_parity_meets_the_documented_rate() {
+    let r = conformance(&["--parity"]);
+    let (total, agree) = (r["total"].as_u64().unwrap(), r["agree"].as_u64().unwrap());
+    assert_eq!(total, 20_000);
+    assert_eq!(r["disagree"].as_u64().unwrap(), total - agree);
+    assert_eq!(r["input_errors"], 0);
+    let rate = agree as f64 / total as f64;
+    assert!(
+        rate >= DOCUMENTED_PARITY_RATE,
+        "agreement {agree}/{total} is below the documented rate; classes: {:#}",
+        r["classes"]
+    );
+    // TE raised (SIGFPE) on 8 records; the pack selects nothing for them.
+    assert_eq!(r["per_backend"]["raised"], json!({"agree": 8, "total": 8}));
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/conformance.md"))
+        .expect("docs/conformance.md");
+    assert!(
+        doc.contains("20000/20000"),
+        "docs/conformance.md states the parity result"
+    );
+}
+
+#[test]
+fn guard_layer_only_removes_backends() {
+    // With the guard layer on, every difference from TE is a backend the guards decline:
+    // an available backend becomes unavailable, never the other way round.
+    let r = conformance(&[]);
+    assert!(
+        r["disagree"].as_u64().unwrap() > 0,
+        "the corpus exercises the guards"
+    );
+    for c in r["classes"].as_array().unwrap() {
+        let diff = c["difference"].as_str().unwrap();
+        assert!(
+            !diff.contains("false -> true") && !diff.contains("-> FrostAttention"),
+            "a guard added a backend: {diff}"
+        );
+    }
+}
+
+#[test]
+fn classes_name_the_differing_fields() {
+    // A record whose TE decision was altered disagrees, in the field that was altered.
+    let dir = std::env::temp_dir().join(format!("attn-policy-conf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("two.jsonl");
+    let config = json!({"device_compute_capability": [9, 0], "cudnn_version": [9, 19, 0],
+        "flash_attn_versions": {"v2": "2.8.3", "v3": null, "v4": null}, "qkv_dtype": "bf16",
+        "qkv_layout": "bshd_bshd_bshd", "head_dim_qk": 128, "head_dim_v": 128,
+        "attn_mask_type": "causal", "is_training": true, "deterministic": false});
+    let te = json!({"selected": "FusedAttention", "flash_attention_backend": "2.8.3",
+        "fused_attention_backend": 1, "available_backends": [true, true, true]});
+    let mut wrong = te.clone();
+    wrong["selected"] = json!("FlashAttention");
+    let lines = [
+        json!({"id": "ok", "config": config, "decision": te}),
+        json!({"id": "bad", "config": config, "decision": wrong}),
+        json!({"id": "raised", "config": config, "decision": null}),
+    ];
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&file, text.join("\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+        .args(["conformance", file.to_str().unwrap(), "--json", "--parity"])
+        .output()
+        .expect("binary runs");
+    let r: Json = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        (r["total"].as_u64(), r["agree"].as_u64()),
+        (Some(3), Some(1))
+    );
+    let classes = r["classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 2);
+    let find =
+        |ex: &str| classes.iter().find(|c| c["example"] == ex).unwrap()["difference"].clone();
+    assert_eq!(
+        find("bad"),
+        json!("selected FlashAttention -> FusedAttention")
+    );
+    assert_eq!(
+        find("raised"),
+        json!("TE raised -> selected FusedAttention")
+    );
+    // --min-rate turns the rate into the exit status.
+    let strict = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+        .args([
+            "conformance",
+            file.to_str().unwrap(),
+            "--parity",
+            "--min-rate",
+            "0.5",
+        ])
+        .status()
+        .unwrap();
+    assert_eq!(strict.code(), Some(1));
+    let _ = std::fs::remove_dir_all(&dir);
+}
