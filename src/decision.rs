@@ -81,6 +81,8 @@ pub struct Decision {
     pub fired: Vec<u32>,
     /// Rules whose condition is unknown until a probe answers.
     pub unknown: Vec<u32>,
+    /// Scratch: values of the pack's definitions during the last decision.
+    pub(crate) memo: Vec<Option<Value>>,
 }
 
 impl Decision {

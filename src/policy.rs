@@ -136,6 +136,10 @@ impl Policy {
     pub fn decide_into(&self, facts: &Facts, out: &mut Decision) {
         let values = facts.values();
         out.reset(self.backends.len());
+        // Each definition is computed at most once per decision.
+        out.memo.clear();
+        out.memo.resize(self.program.memo_count as usize, None);
+        let memo = &mut out.memo;
         let n = self.backends.len();
         for (i, b) in self.backends.iter().enumerate() {
             let r = &mut out.backends[i];
@@ -144,7 +148,7 @@ impl Policy {
             } else {
                 for (v, var) in b.variants.iter().enumerate() {
                     let ok = var.applicable.as_ref().is_none_or(|c| {
-                        Truth::of(self.program.eval(c.node, values)) == Truth::True
+                        Truth::of(self.program.eval_memo(c.node, values, memo)) == Truth::True
                     });
                     if ok {
                         r.applicable |= 1 << v;
@@ -157,7 +161,12 @@ impl Policy {
                 continue;
             }
             let r = &mut out.backends[rule.backend as usize];
-            match Truth::of(self.program.eval(rule.when.node, values)) {
+            // A rule that only declines variants that are not available here cannot change
+            // anything: those variants are already reported as not available.
+            if rule.variants & r.applicable == 0 {
+                continue;
+            }
+            match Truth::of(self.program.eval_memo(rule.when.node, values, memo)) {
                 Truth::True => {
                     out.fired.push(i as u32);
                     r.declined |= rule.variants;
@@ -191,7 +200,9 @@ impl Policy {
                     .variants
                     .get(v)
                     .and_then(|var| var.value.as_ref())
-                    .map_or(Value::Null, |c| self.program.eval(c.node, values));
+                    .map_or(Value::Null, |c| {
+                        self.program.eval_memo(c.node, values, memo)
+                    });
             }
         }
         // Preference: the first entry whose condition holds orders the eligible backends.
@@ -199,9 +210,9 @@ impl Policy {
             .preference
             .iter()
             .position(|p| {
-                p.when
-                    .as_ref()
-                    .is_none_or(|c| Truth::of(self.program.eval(c.node, values)) == Truth::True)
+                p.when.as_ref().is_none_or(|c| {
+                    Truth::of(self.program.eval_memo(c.node, values, memo)) == Truth::True
+                })
             })
             .map(|p| p as u16);
         if let Some(p) = out.preference {

@@ -141,6 +141,10 @@ impl Compiler {
                 help: None,
             })
             .and_then(|ast| self.expr(&ast));
+        if let Ok(c) = &result {
+            // Each definition is computed once per decision (see Program::eval_memo).
+            self.program.memoise(c.node);
+        }
         let state = self.defs.get_mut(name).expect("def exists");
         state.in_progress = false;
         if let Ok(c) = &result {
@@ -235,6 +239,9 @@ impl Compiler {
                         }
                     }
                 }
+                // Kleene `and`/`or` are commutative: evaluate cheap operands first so that
+                // short-circuiting skips the expensive ones (same result, fewer nodes).
+                ids.sort_by_key(|&n| self.program.cost(n));
                 let (start, len) = self.program.push_children(&ids);
                 let node = if is_and {
                     Node::And { start, len }
@@ -447,6 +454,19 @@ impl Compiler {
             ExprKind::Group(inner) => self.static_type(inner),
             _ => {
                 // Type without keeping nodes: lower into a scratch and roll back.
+                // Definitions first compiled during the probe would point into the rolled-back
+                // nodes: compile them for real first.
+                let mut names = Vec::new();
+                collect_paths(e, &mut names);
+                for n in names {
+                    if self
+                        .defs
+                        .get(&n)
+                        .is_some_and(|d| d.compiled.is_none() && !d.in_progress)
+                    {
+                        let _ = self.compile_def(&n);
+                    }
+                }
                 let mark = (
                     self.program.nodes.len(),
                     self.program.children.len(),
@@ -454,9 +474,7 @@ impl Compiler {
                 );
                 let mut scratch = Vec::new();
                 let t = self.lower(e, &mut scratch).ok().map(|(_, t)| t);
-                self.program.nodes.truncate(mark.0);
-                self.program.children.truncate(mark.1);
-                self.program.consts.truncate(mark.2);
+                self.program.truncate(mark.0, mark.1, mark.2);
                 t
             }
         }
@@ -660,6 +678,24 @@ impl Compiler {
             len,
             negate,
         }))
+    }
+}
+
+/// Every name an expression mentions (facts and definitions alike).
+fn collect_paths(e: &Expr, out: &mut Vec<String>) {
+    match &e.kind {
+        ExprKind::Path(p) => out.push(p.clone()),
+        ExprKind::List(xs) | ExprKind::Call(_, xs) => xs.iter().for_each(|x| collect_paths(x, out)),
+        ExprKind::Not(a) | ExprKind::Neg(a) | ExprKind::Group(a) => collect_paths(a, out),
+        ExprKind::And(a, b) | ExprKind::Or(a, b) | ExprKind::Arith(_, a, b) => {
+            collect_paths(a, out);
+            collect_paths(b, out);
+        }
+        ExprKind::Compare(first, rest) => {
+            collect_paths(first, out);
+            rest.iter().for_each(|(_, _, x)| collect_paths(x, out));
+        }
+        _ => {}
     }
 }
 

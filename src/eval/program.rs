@@ -73,6 +73,45 @@ pub struct Program {
     pub nodes: Vec<Node>,
     pub children: Vec<NodeId>,
     pub consts: Vec<Value>,
+    /// Per node: its memo index if it is the root of a pack definition, else `NO_MEMO`.
+    pub memo_of: Vec<u16>,
+    pub memo_count: u16,
+    /// Per const list start: the bit set of its enum values, when the list is all enums (< 64),
+    /// so `x in [...]` over an enum is one shift.
+    pub enum_masks: Vec<Option<u64>>,
+}
+
+pub const NO_MEMO: u16 = u16::MAX;
+
+/// Where definition values are kept during one evaluation.
+pub trait Memo {
+    fn get(&self, i: usize) -> Option<Value>;
+    fn set(&mut self, i: usize, v: Value);
+}
+
+/// No memo: every use of a definition recomputes it (analysis with partial facts).
+pub struct NoMemo;
+
+impl Memo for NoMemo {
+    #[inline]
+    fn get(&self, _: usize) -> Option<Value> {
+        None
+    }
+    #[inline]
+    fn set(&mut self, _: usize, _: Value) {}
+}
+
+impl Memo for [Option<Value>] {
+    #[inline]
+    fn get(&self, i: usize) -> Option<Value> {
+        self.get(i).copied().flatten()
+    }
+    #[inline]
+    fn set(&mut self, i: usize, v: Value) {
+        if let Some(x) = self.get_mut(i) {
+            *x = Some(v);
+        }
+    }
 }
 
 /// Truth of a value in a boolean position: null is false, unknown stays unknown.
@@ -96,7 +135,17 @@ impl Truth {
 impl Program {
     pub fn push(&mut self, node: Node) -> NodeId {
         self.nodes.push(node);
+        self.memo_of.push(NO_MEMO);
         (self.nodes.len() - 1) as NodeId
+    }
+
+    /// Drops nodes, children and consts pushed after a mark (type probing in the compiler).
+    pub fn truncate(&mut self, nodes: usize, children: usize, consts: usize) {
+        self.nodes.truncate(nodes);
+        self.memo_of.truncate(nodes);
+        self.children.truncate(children);
+        self.consts.truncate(consts);
+        self.enum_masks.truncate(consts);
     }
 
     pub fn push_children(&mut self, ids: &[NodeId]) -> (u32, u32) {
@@ -108,15 +157,102 @@ impl Program {
     pub fn push_consts(&mut self, vals: &[Value]) -> (u32, u32) {
         let start = self.consts.len() as u32;
         self.consts.extend_from_slice(vals);
+        let mask = vals.iter().try_fold(0u64, |m, v| match v {
+            Value::Enum(e) if *e < 64 => Some(m | 1 << e),
+            _ => None,
+        });
+        self.enum_masks.resize(self.consts.len(), None);
+        if !vals.is_empty() {
+            self.enum_masks[start as usize] = mask;
+        }
         (start, vals.len() as u32)
     }
 
-    /// Evaluates node `id` over the fact slots `facts`.
+    /// Evaluates node `id` over the fact slots `facts`, recomputing shared definitions at each use.
     pub fn eval(&self, id: NodeId, facts: &[Value]) -> Value {
+        self.eval_in(id, facts, &mut NoMemo)
+    }
+
+    /// Like [`Program::eval`], but each pack definition is computed at most once per `memo`
+    /// (one memo per decision: reset it with [`Program::new_memo`] / `fill(None)`).
+    pub fn eval_memo(&self, id: NodeId, facts: &[Value], memo: &mut [Option<Value>]) -> Value {
+        self.eval_in(id, facts, memo)
+    }
+
+    /// Static evaluation cost of a node: its tree size, a memoised definition counting once.
+    pub fn cost(&self, id: NodeId) -> usize {
+        self.cost_in(id, true)
+    }
+
+    fn cost_in(&self, id: NodeId, top: bool) -> usize {
+        if !top && self.memo_of.get(id as usize).is_some_and(|&m| m != NO_MEMO) {
+            return 2;
+        }
+        let kids = |start: u32, len: u32| -> usize {
+            self.children[start as usize..(start + len) as usize]
+                .iter()
+                .map(|&c| self.cost_in(c, false))
+                .sum()
+        };
+        1 + match self.nodes[id as usize] {
+            Node::Const(_) | Node::Slot(_) => 0,
+            Node::Not(a) | Node::IsNull(a) | Node::IsNotNull(a) | Node::Neg(a) => {
+                self.cost_in(a, false)
+            }
+            Node::And { start, len } | Node::Or { start, len } | Node::Call { start, len, .. } => {
+                kids(start, len)
+            }
+            Node::Cmp(_, a, b) | Node::Arith(_, a, b) => {
+                self.cost_in(a, false) + self.cost_in(b, false)
+            }
+            Node::In { item, .. } => 1 + self.cost_in(item, false),
+        }
+    }
+
+    /// A memo sized for this program's definitions.
+    pub fn new_memo(&self) -> Vec<Option<Value>> {
+        vec![None; self.memo_count as usize]
+    }
+
+    /// Marks `node` as the root of a definition whose value is memoised per decision.
+    pub fn memoise(&mut self, node: NodeId) {
+        self.memo_of.resize(self.nodes.len(), NO_MEMO);
+        if self.memo_of[node as usize] == NO_MEMO {
+            self.memo_of[node as usize] = self.memo_count;
+            self.memo_count += 1;
+        }
+    }
+
+    #[inline]
+    fn eval_in<M: Memo + ?Sized>(&self, id: NodeId, facts: &[Value], memo: &mut M) -> Value {
+        // Leaves are most of the calls: answer them without the general evaluator's frame.
+        match self.nodes[id as usize] {
+            Node::Slot(s) => return facts[s as usize],
+            Node::Const(v) => return v,
+            _ => {}
+        }
+        self.eval_inner(id, facts, memo)
+    }
+
+    fn eval_inner<M: Memo + ?Sized>(&self, id: NodeId, facts: &[Value], memo: &mut M) -> Value {
+        let slot = self.memo_of.get(id as usize).copied().unwrap_or(NO_MEMO);
+        if slot != NO_MEMO
+            && let Some(v) = memo.get(slot as usize)
+        {
+            return v;
+        }
+        let v = self.eval_node(id, facts, memo);
+        if slot != NO_MEMO {
+            memo.set(slot as usize, v);
+        }
+        v
+    }
+
+    fn eval_node<M: Memo + ?Sized>(&self, id: NodeId, facts: &[Value], memo: &mut M) -> Value {
         match self.nodes[id as usize] {
             Node::Const(v) => v,
             Node::Slot(s) => facts[s as usize],
-            Node::Not(a) => match Truth::of(self.eval(a, facts)) {
+            Node::Not(a) => match Truth::of(self.eval_in(a, facts, memo)) {
                 Truth::True => Value::Bool(false),
                 Truth::False => Value::Bool(true),
                 Truth::Unknown => Value::Unknown,
@@ -125,7 +261,7 @@ impl Program {
                 // Kleene: false wins over unknown.
                 let mut unknown = false;
                 for &c in &self.children[start as usize..(start + len) as usize] {
-                    match Truth::of(self.eval(c, facts)) {
+                    match Truth::of(self.eval_in(c, facts, memo)) {
                         Truth::False => return Value::Bool(false),
                         Truth::Unknown => unknown = true,
                         Truth::True => {}
@@ -140,7 +276,7 @@ impl Program {
             Node::Or { start, len } => {
                 let mut unknown = false;
                 for &c in &self.children[start as usize..(start + len) as usize] {
-                    match Truth::of(self.eval(c, facts)) {
+                    match Truth::of(self.eval_in(c, facts, memo)) {
                         Truth::True => return Value::Bool(true),
                         Truth::Unknown => unknown = true,
                         Truth::False => {}
@@ -153,7 +289,7 @@ impl Program {
                 }
             }
             Node::Cmp(op, a, b) => {
-                let (x, y) = (self.eval(a, facts), self.eval(b, facts));
+                let (x, y) = (self.eval_in(a, facts, memo), self.eval_in(b, facts, memo));
                 if x == Value::Unknown || y == Value::Unknown {
                     return Value::Unknown;
                 }
@@ -165,10 +301,22 @@ impl Program {
                 len,
                 negate,
             } => {
-                let x = self.eval(item, facts);
+                let x = self.eval_in(item, facts, memo);
                 match x {
                     Value::Unknown => Value::Unknown,
                     Value::Null | Value::BadVersion => Value::Bool(false),
+                    Value::Enum(e)
+                        if e < 64
+                            && self
+                                .enum_masks
+                                .get(start as usize)
+                                .copied()
+                                .flatten()
+                                .is_some() =>
+                    {
+                        let mask = self.enum_masks[start as usize].unwrap_or(0);
+                        Value::Bool(((mask >> e) & 1 == 1) != negate)
+                    }
                     _ => {
                         let found = self.consts[start as usize..(start + len) as usize]
                             .iter()
@@ -177,23 +325,40 @@ impl Program {
                     }
                 }
             }
-            Node::IsNull(a) => match self.eval(a, facts) {
+            Node::IsNull(a) => match self.eval_in(a, facts, memo) {
                 Value::Unknown => Value::Unknown,
                 v => Value::Bool(v == Value::Null),
             },
-            Node::IsNotNull(a) => match self.eval(a, facts) {
+            Node::IsNotNull(a) => match self.eval_in(a, facts, memo) {
                 Value::Unknown => Value::Unknown,
                 v => Value::Bool(v != Value::Null),
             },
-            Node::Arith(op, a, b) => arith(op, self.eval(a, facts), self.eval(b, facts)),
-            Node::Neg(a) => match self.eval(a, facts) {
+            Node::Arith(op, a, b) => arith(
+                op,
+                self.eval_in(a, facts, memo),
+                self.eval_in(b, facts, memo),
+            ),
+            Node::Neg(a) => match self.eval_in(a, facts, memo) {
                 Value::Int(i) => i.checked_neg().map_or(Value::Null, Value::Int),
                 Value::Float(x) => Value::Float(-x),
                 other => other,
             },
+            // `if` is lazy: only the branch the condition picks is evaluated.
+            Node::Call {
+                func: Func::If,
+                start,
+                len: 3,
+            } => {
+                let a = &self.children[start as usize..start as usize + 3];
+                match Truth::of(self.eval_in(a[0], facts, memo)) {
+                    Truth::True => self.eval_in(a[1], facts, memo),
+                    Truth::False => self.eval_in(a[2], facts, memo),
+                    Truth::Unknown => Value::Unknown,
+                }
+            }
             Node::Call { func, start, len } => {
                 let args = &self.children[start as usize..(start + len) as usize];
-                call(func, args.iter().map(|&c| self.eval(c, facts)))
+                call(func, args.iter().map(|&c| self.eval_in(c, facts, memo)))
             }
         }
     }
