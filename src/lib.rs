@@ -12,6 +12,7 @@
 //! [`policy`] (rules, decide) -> [`decision`] (explanations); [`pack`] loads YAML; [`facts`]
 //! is the typed input.
 
+pub mod analysis;
 pub mod cache;
 pub mod check;
 pub mod conformance;

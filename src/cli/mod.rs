@@ -4,9 +4,14 @@
 
 pub mod args;
 mod bench;
+mod check;
 mod conformance;
+mod coverage;
+mod diff;
 mod explain;
+mod gaps;
 mod run;
+mod why_not;
 
 use clap::{Parser, Subcommand};
 
@@ -34,12 +39,22 @@ pub enum Command {
     Run(run::RunArgs),
     /// Median time per decision (uncached, full explanation) over a corpus or the presets.
     Bench(bench::BenchArgs),
-    /// Decide every record of a TE corpus and compare with TE's decisions (agreement, classes).
-    Conformance(conformance::ConformanceArgs),
     /// List the named presets usable with --preset.
     Presets,
     /// List every fact (input field) with its type and default.
     Facts,
+    /// Load, type-check and lint a pack (never/always-firing, subsumed, capabilities, ...).
+    Check(check::CheckArgs),
+    /// Every region of the configuration space where no backend is selected (exact).
+    Gaps(gaps::GapsArgs),
+    /// Regions where two packs select different backends (exact).
+    Diff(diff::DiffArgs),
+    /// Smallest verified input changes that would make BACKEND eligible.
+    WhyNot(why_not::WhyNotArgs),
+    /// How often each rule fired on a corpus; rules never exercised.
+    Coverage(coverage::CoverageArgs),
+    /// Decide every record of a TE corpus and compare with TE's decisions (agreement, classes).
+    Conformance(conformance::ConformanceArgs),
 }
 
 pub fn run() -> i32 {
@@ -54,8 +69,13 @@ pub fn run() -> i32 {
     match cli.command {
         Command::Explain(a) => explain::run(a),
         Command::Bench(a) => bench::run(a),
-        Command::Run(a) => run::run(a),
+        Command::Check(a) => check::run(a),
+        Command::Gaps(a) => gaps::run(a),
+        Command::Diff(a) => diff::run(a),
+        Command::WhyNot(a) => why_not::run(a),
+        Command::Coverage(a) => coverage::run(a),
         Command::Conformance(a) => conformance::run(a),
+        Command::Run(a) => run::run(a),
         Command::Presets => {
             for p in attn_policy::facts::presets::PRESETS {
                 println!("{:<30} {}", p.name, p.about);

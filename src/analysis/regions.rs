@@ -1,0 +1,529 @@
+//! `gaps` (inputs where no backend is selected) and `diff` (inputs where two packs decide
+//! differently), as compact regions with one verified example each.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::Serialize;
+use serde_json::{Map, Value as Json};
+
+use crate::check::Compiler;
+use crate::eval::program::{Program, Truth};
+use crate::facts::Facts;
+use crate::lang::parse_expr;
+use crate::policy::Policy;
+
+use super::search::{Cond, PolicyEval, Stats, Step, search};
+use super::space::{Assign, Space, SpaceBuilder, mask_of};
+
+/// Node budget of one search (a safety net; the te pack needs far fewer).
+pub const DEFAULT_BUDGET: u64 = 50_000_000;
+
+/// An error in the analysis inputs (a `--where` expression that does not compile).
+#[derive(Debug, thiserror::Error)]
+pub enum AnalysisError {
+    #[error("--where: {0}")]
+    Where(String),
+}
+
+/// A restriction of the searched space (`--where EXPR`), compiled in its own program.
+pub struct Restriction {
+    pub program: Program,
+    pub cond: Cond,
+    pub source: String,
+}
+
+impl Restriction {
+    /// Compiles a condition over the fact schema (pack definitions are not available).
+    pub fn parse(text: &str) -> Result<Restriction, AnalysisError> {
+        let ast = parse_expr(text).map_err(|e| AnalysisError::Where(e.message))?;
+        let mut c = Compiler::default();
+        let compiled = c.condition(&ast).map_err(|e| {
+            AnalysisError::Where(match e.help {
+                Some(h) => format!("{} ({h})", e.message),
+                None => e.message,
+            })
+        })?;
+        Ok(Restriction {
+            cond: Cond {
+                node: compiled.node,
+                mask: mask_of(&compiled.slots),
+            },
+            program: c.program,
+            source: text.to_string(),
+        })
+    }
+
+    fn truth(&self, vals: &[crate::facts::Value]) -> Truth {
+        Truth::of(self.program.eval(self.cond.node, vals))
+    }
+
+    /// Whether the condition holds for a concrete input.
+    pub fn holds(&self, facts: &Facts) -> bool {
+        self.truth(facts.values()) == Truth::True
+    }
+
+    /// The conjunction of a region's constraints (as `gaps` / `diff` print them).
+    pub fn of_constraints(c: &Map<String, Json>) -> Result<Restriction, AnalysisError> {
+        let parts: Vec<String> = c
+            .values()
+            .filter_map(|v| v.as_str().map(|s| format!("({s})")))
+            .collect();
+        Restriction::parse(if parts.is_empty() {
+            "true"
+        } else {
+            return Restriction::parse(&parts.join(" and "));
+        })
+    }
+}
+
+/// Adds every condition of a policy to a space builder.
+pub fn add_policy(b: &mut SpaceBuilder, p: &Policy) {
+    for r in &p.rules {
+        b.root(&p.program, r.when.node);
+    }
+    for bk in &p.backends {
+        for v in &bk.variants {
+            if let Some(c) = &v.applicable {
+                b.root(&p.program, c.node);
+            }
+        }
+    }
+    for pr in &p.preference {
+        if let Some(c) = &pr.when {
+            b.root(&p.program, c.node);
+        }
+    }
+}
+
+/// A region before rendering: a set of classes per var (`None`: any).
+#[derive(Clone, Debug)]
+struct Raw<P> {
+    sets: Vec<Option<Vec<u32>>>,
+    example: Assign,
+    payload: P,
+}
+
+trait Payload: Clone {
+    type Key: std::hash::Hash + Eq + Clone;
+    fn key(&self) -> Self::Key;
+    fn absorb(&mut self, other: &Self);
+}
+
+fn raw<P>(a: &Assign, payload: P) -> Raw<P> {
+    Raw {
+        sets: a.iter().map(|c| c.map(|c| vec![c])).collect(),
+        example: a.clone(),
+        payload,
+    }
+}
+
+fn set_hash(v: usize, s: &Option<Vec<u32>>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (v, s).hash(&mut h);
+    h.finish()
+}
+
+fn key_hash<K: std::hash::Hash>(k: &K) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    k.hash(&mut h);
+    h.finish()
+}
+
+/// Merges regions that differ in one var only, until nothing merges. Keys are sums of
+/// per-var fingerprints, so one pass costs O(regions) per var.
+fn merge<P: Payload>(space: &Space, mut regions: Vec<Raw<P>>) -> Vec<Raw<P>> {
+    let nv = space.vars.len();
+    let hashes = |r: &Raw<P>| -> (Vec<u64>, u64) {
+        let h: Vec<u64> = (0..nv).map(|v| set_hash(v, &r.sets[v])).collect();
+        let t = h
+            .iter()
+            .fold(key_hash(&r.payload.key()), |a, x| a.wrapping_add(*x));
+        (h, t)
+    };
+    let mut hs: Vec<(Vec<u64>, u64)> = regions.iter().map(hashes).collect();
+    loop {
+        let before = regions.len();
+        for v in 0..nv {
+            if regions.iter().all(|r| r.sets[v].is_none()) {
+                continue;
+            }
+            let mut index: HashMap<u64, Vec<usize>> = HashMap::new();
+            let mut out: Vec<Raw<P>> = Vec::with_capacity(regions.len());
+            let mut out_h: Vec<(Vec<u64>, u64)> = Vec::with_capacity(regions.len());
+            let mut dirty: Vec<usize> = Vec::new();
+            for (r, h) in regions.into_iter().zip(hs) {
+                let key = h.1.wrapping_sub(h.0[v]);
+                let slot = index.get(&key).and_then(|cands| {
+                    cands.iter().copied().find(|&i| {
+                        let t: &Raw<P> = &out[i];
+                        t.payload.key() == r.payload.key()
+                            && (0..nv).all(|u| u == v || t.sets[u] == r.sets[u])
+                    })
+                });
+                match slot {
+                    Some(i) => {
+                        let target = &mut out[i];
+                        target.sets[v] = match (target.sets[v].take(), &r.sets[v]) {
+                            (Some(mut a), Some(b)) => {
+                                a.extend(b);
+                                a.sort_unstable();
+                                a.dedup();
+                                (a.len() < space.vars[v].classes.len()).then_some(a)
+                            }
+                            _ => None,
+                        };
+                        target.payload.absorb(&r.payload);
+                        dirty.push(i);
+                    }
+                    None => {
+                        index.entry(key).or_default().push(out.len());
+                        out.push(r);
+                        out_h.push(h);
+                    }
+                }
+            }
+            dirty.sort_unstable();
+            dirty.dedup();
+            for i in dirty {
+                out_h[i] = hashes(&out[i]);
+            }
+            regions = out;
+            hs = out_h;
+        }
+        if regions.len() == before {
+            return regions;
+        }
+    }
+}
+
+fn constraints(space: &Space, sets: &[Option<Vec<u32>>]) -> Map<String, Json> {
+    let mut out = Map::new();
+    for (i, s) in sets.iter().enumerate() {
+        let Some(s) = s else { continue };
+        let v = &space.vars[i];
+        if let Some(p) = v.parent {
+            // Members of an absent object carry no constraint of their own.
+            if let Some(ps) = &sets[p] {
+                if ps
+                    .iter()
+                    .all(|&c| space.vars[p].classes[c as usize].value == crate::facts::Value::Null)
+                {
+                    continue;
+                }
+            }
+        }
+        if let Some(text) = space.render(i, s) {
+            out.insert(v.path.to_string(), Json::String(text));
+        }
+    }
+    out
+}
+
+#[derive(Clone, Debug)]
+struct GapPayload {
+    declined: Vec<BTreeSet<usize>>,
+    not_applicable: Vec<BTreeSet<usize>>,
+}
+
+impl Payload for GapPayload {
+    type Key = ();
+    fn key(&self) {}
+    fn absorb(&mut self, other: &Self) {
+        for (a, b) in self.declined.iter_mut().zip(&other.declined) {
+            a.extend(b);
+        }
+        for (a, b) in self.not_applicable.iter_mut().zip(&other.not_applicable) {
+            a.extend(b);
+        }
+    }
+}
+
+/// One region of `gaps` output.
+#[derive(Clone, Debug, Serialize)]
+pub struct GapRegion {
+    /// Per fact, an expression its value satisfies throughout the region.
+    pub constraints: Map<String, Json>,
+    /// One configuration of the region (conformance `config` format).
+    pub example: Json,
+    /// Per backend, the rules that decline everywhere in (part of) the region.
+    pub declined_by: BTreeMap<String, Vec<String>>,
+    /// Per backend, variants that are not applicable there (e.g. a library not installed).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub not_applicable: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GapReport {
+    pub regions: Vec<GapRegion>,
+    pub classes_examined: u64,
+    pub search_nodes: u64,
+    /// Size of the full cross product of classes (what naive enumeration would visit).
+    pub class_product: f64,
+    pub facts_enumerated: usize,
+    pub complete: bool,
+    pub assumptions: Vec<String>,
+}
+
+pub fn assumptions() -> Vec<String> {
+    vec![
+        "probe facts (probe.*) are answered \"supported\" (true)".into(),
+        "unparseable version strings are not enumerated".into(),
+        "integer sizes are >= 1 (token counts, shapes >= 0, windows >= -1), dropout and softcap >= 0"
+            .into(),
+    ]
+}
+
+/// Finds every region of the space where no backend is selected.
+pub fn gaps(
+    policy: &Policy,
+    restrict: Option<&Restriction>,
+    budget: u64,
+) -> (GapReport, Space, Stats) {
+    let ev = PolicyEval::new(policy);
+    let mut b = SpaceBuilder::new();
+    add_policy(&mut b, policy);
+    if let Some(r) = restrict {
+        b.root(&r.program, r.cond.node);
+    }
+    let space = b.build();
+    let mut rules = Vec::new();
+    let nb = policy.backends.len();
+    let mut found: Vec<Raw<GapPayload>> = Vec::new();
+    let stats = search(
+        &space,
+        budget,
+        &mut |vals| {
+            if let Some(r) = restrict {
+                match r.truth(vals) {
+                    Truth::False => return Step::Prune,
+                    Truth::Unknown => return Step::Split(r.cond.mask),
+                    Truth::True => {}
+                }
+            }
+            ev.rules(vals, &mut rules);
+            let t = ev.any_selected(vals, &rules);
+            match t.truth {
+                Truth::True => Step::Prune,
+                Truth::Unknown => Step::Split(t.mask),
+                Truth::False => {
+                    let mut p = GapPayload {
+                        declined: vec![BTreeSet::new(); nb],
+                        not_applicable: vec![BTreeSet::new(); nb],
+                    };
+                    for (i, r) in policy.rules.iter().enumerate() {
+                        if rules[i] == Truth::True {
+                            p.declined[r.backend as usize].insert(i);
+                        }
+                    }
+                    for (bi, apps) in ev.applicable.iter().enumerate() {
+                        for (vi, a) in apps.iter().enumerate() {
+                            if a.is_some_and(|c| ev.truth(c, vals) == Truth::False) {
+                                p.not_applicable[bi].insert(vi);
+                            }
+                        }
+                    }
+                    Step::Leaf(p)
+                }
+            }
+        },
+        &mut |a, p| {
+            found.push(raw(a, p));
+            true
+        },
+    );
+    let merged = merge(&space, found);
+    let regions = merged
+        .iter()
+        .map(|r| GapRegion {
+            constraints: constraints(&space, &r.sets),
+            example: space.example(&r.example),
+            declined_by: (0..nb)
+                .filter(|&b| !r.payload.declined[b].is_empty())
+                .map(|b| {
+                    (
+                        policy.backends[b].name.clone(),
+                        r.payload.declined[b]
+                            .iter()
+                            .map(|&i| policy.rules[i].id.clone())
+                            .collect(),
+                    )
+                })
+                .collect(),
+            not_applicable: (0..nb)
+                .filter(|&b| !r.payload.not_applicable[b].is_empty())
+                .map(|b| {
+                    (
+                        policy.backends[b].name.clone(),
+                        r.payload.not_applicable[b]
+                            .iter()
+                            .filter_map(|&v| policy.backends[b].variants.get(v))
+                            .map(|v| v.name.clone())
+                            .collect(),
+                    )
+                })
+                .collect(),
+        })
+        .collect();
+    let report = GapReport {
+        regions,
+        classes_examined: stats.classes,
+        search_nodes: stats.nodes,
+        class_product: space.product(),
+        facts_enumerated: space.vars.len(),
+        complete: !stats.truncated && stats.stuck == 0,
+        assumptions: assumptions(),
+    };
+    (report, space, stats)
+}
+
+#[derive(Clone, Debug)]
+struct DiffPayload {
+    old: Option<u16>,
+    new: Option<u16>,
+    rules: BTreeSet<String>,
+}
+
+impl Payload for DiffPayload {
+    type Key = (Option<u16>, Option<u16>);
+    fn key(&self) -> Self::Key {
+        (self.old, self.new)
+    }
+    fn absorb(&mut self, other: &Self) {
+        self.rules.extend(other.rules.iter().cloned());
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DiffRegion {
+    pub constraints: Map<String, Json>,
+    pub example: Json,
+    pub old: Option<String>,
+    pub new: Option<String>,
+    /// Rules that fire in one pack and not in the other there (and changed preference entries).
+    pub rules: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DiffReport {
+    pub regions: Vec<DiffRegion>,
+    pub classes_examined: u64,
+    pub search_nodes: u64,
+    pub complete: bool,
+    pub assumptions: Vec<String>,
+}
+
+fn applied_pref(ev: &PolicyEval, vals: &[crate::facts::Value]) -> Option<String> {
+    for (i, p) in ev.pref.iter().enumerate() {
+        match p.map_or(Truth::True, |c| ev.truth(c, vals)) {
+            Truth::True => return Some(ev.policy.preference[i].id.clone()),
+            Truth::False => {}
+            Truth::Unknown => return None,
+        }
+    }
+    None
+}
+
+/// Every region where `old` and `new` select differently.
+pub fn diff(old: &Policy, new: &Policy, budget: u64) -> (DiffReport, Space) {
+    let eo = PolicyEval::new(old);
+    let en = PolicyEval::new(new);
+    let mut b = SpaceBuilder::new();
+    add_policy(&mut b, old);
+    add_policy(&mut b, new);
+    let space = b.build();
+    let (mut ro, mut rn) = (Vec::new(), Vec::new());
+    let mut found: Vec<Raw<DiffPayload>> = Vec::new();
+    let stats = search(
+        &space,
+        budget,
+        &mut |vals| {
+            eo.rules(vals, &mut ro);
+            let so = eo.select(vals, &ro);
+            en.rules(vals, &mut rn);
+            let sn = en.select(vals, &rn);
+            match (so, sn) {
+                (Ok(a), Ok(b)) => {
+                    let same = match (a, b) {
+                        (None, None) => true,
+                        (Some(x), Some(y)) => {
+                            old.backends[x as usize].name == new.backends[y as usize].name
+                        }
+                        _ => false,
+                    };
+                    if same {
+                        return Step::Prune;
+                    }
+                    let mut rules = BTreeSet::new();
+                    let truth_by_id = |p: &Policy, t: &[Truth]| -> HashMap<String, Truth> {
+                        p.rules
+                            .iter()
+                            .zip(t)
+                            .map(|(r, t)| (r.id.clone(), *t))
+                            .collect()
+                    };
+                    let to = truth_by_id(old, &ro);
+                    let tn = truth_by_id(new, &rn);
+                    for id in to.keys().chain(tn.keys()) {
+                        let x = to.get(id).copied().unwrap_or(Truth::False);
+                        let y = tn.get(id).copied().unwrap_or(Truth::False);
+                        if x != y && x != Truth::Unknown && y != Truth::Unknown {
+                            rules.insert(id.clone());
+                        }
+                    }
+                    let (po, pn) = (applied_pref(&eo, vals), applied_pref(&en, vals));
+                    if po != pn {
+                        if let Some(p) = po {
+                            rules.insert(format!("preference:{p}"));
+                        }
+                        if let Some(p) = pn {
+                            rules.insert(format!("preference:{p}"));
+                        }
+                    }
+                    Step::Leaf(DiffPayload {
+                        old: a,
+                        new: b,
+                        rules,
+                    })
+                }
+                (Err(m1), Err(m2)) => Step::Split(m1 | m2),
+                (Err(m), _) | (_, Err(m)) => Step::Split(m),
+            }
+        },
+        &mut |a, p| {
+            found.push(raw(a, p));
+            true
+        },
+    );
+    let merged = merge(&space, found);
+    let regions = merged
+        .iter()
+        .map(|r| DiffRegion {
+            constraints: constraints(&space, &r.sets),
+            example: space.example(&r.example),
+            old: r.payload.old.map(|b| old.backends[b as usize].name.clone()),
+            new: r.payload.new.map(|b| new.backends[b as usize].name.clone()),
+            rules: r.payload.rules.iter().cloned().collect(),
+        })
+        .collect();
+    (
+        DiffReport {
+            regions,
+            classes_examined: stats.classes,
+            search_nodes: stats.nodes,
+            complete: !stats.truncated && stats.stuck == 0,
+            assumptions: assumptions(),
+        },
+        space,
+    )
+}
+
+/// Decides an example config with probes answered "supported" (verification helper).
+pub fn decide_example(policy: &Policy, example: &Json) -> Result<Option<String>, String> {
+    let facts = Facts::from_json(example).map_err(|e| e.to_string())?;
+    Ok(policy
+        .decide(&facts)
+        .selected
+        .map(|b| policy.backends[b as usize].name.clone()))
+}

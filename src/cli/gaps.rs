@@ -1,0 +1,103 @@
+//! `attn-policy gaps`: every region of the configuration space where no backend is selected.
+
+use std::time::Instant;
+
+use clap::Args;
+
+use super::args::PackArgs;
+use attn_policy::analysis::regions::{DEFAULT_BUDGET, GapReport, Restriction, gaps};
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Exact and exhaustive: facts are split into equivalence classes at the constants the rules
+compare them with (residues for `%`, every enum value), and the search settles whole regions at
+once. Probe facts are answered \"supported\". See docs/analysis.md.
+
+Examples:
+  attn-policy gaps
+  attn-policy gaps --rules rules/te --where 'sm == 90 and context_parallel'
+  attn-policy gaps --where 'head_dim_qk == head_dim_v' --json
+
+Exit codes: 0 no gaps, 1 gaps found, 2 bad rules or a bad --where.")]
+pub struct GapsArgs {
+    #[command(flatten)]
+    pub pack: PackArgs,
+    /// Only search inputs where this condition holds (fact schema names; pack defs not available).
+    #[arg(long = "where", value_name = "EXPR")]
+    pub where_: Option<String>,
+    /// Print {"regions": [...], "classes_examined": N, ...} as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: GapsArgs) -> i32 {
+    let policy = match a.pack.load(false) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let restrict = match a.where_.as_deref().map(Restriction::parse).transpose() {
+        Ok(r) => r,
+        Err(e) => return super::fail(e),
+    };
+    let t = Instant::now();
+    let (report, _, _) = gaps(&policy, restrict.as_ref(), DEFAULT_BUDGET);
+    let elapsed = t.elapsed();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("serialisable")
+        );
+    } else {
+        print!("{}", human(&policy.name, &report, elapsed.as_secs_f64()));
+    }
+    if report.regions.is_empty() { 0 } else { 1 }
+}
+
+fn human(pack: &str, r: &GapReport, secs: f64) -> String {
+    let mut out = format!(
+        "pack `{pack}`: {} region(s) where no backend is selected\n",
+        r.regions.len()
+    );
+    for (i, g) in r.regions.iter().enumerate() {
+        let cons: Vec<String> = g
+            .constraints
+            .values()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        out.push_str(&format!(
+            "\n{}. {}\n",
+            i + 1,
+            if cons.is_empty() {
+                "everywhere".to_string()
+            } else {
+                cons.join(" and ")
+            }
+        ));
+        out.push_str(&format!(
+            "   example: {}\n",
+            serde_json::to_string(&g.example).expect("json")
+        ));
+        for (b, ids) in &g.declined_by {
+            out.push_str(&format!("   {b}: declined by {}\n", ids.join(", ")));
+        }
+        for (b, vs) in &g.not_applicable {
+            out.push_str(&format!("   {b}: not applicable: {}\n", vs.join(", ")));
+        }
+    }
+    out.push_str(&format!(
+        "\n{} equivalence classes examined ({} search nodes, {} facts enumerated) in {:.3} s{}\n",
+        r.classes_examined,
+        r.search_nodes,
+        r.facts_enumerated,
+        secs,
+        if r.complete {
+            ""
+        } else {
+            " (INCOMPLETE: budget exhausted)"
+        }
+    ));
+    out.push_str("assumptions: ");
+    out.push_str(&r.assumptions.join("; "));
+    out.push('\n');
+    out
+}
