@@ -356,10 +356,10 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
             (None, None, false) => {
                 let mut out = Vec::new();
                 for name in &def.backends {
-                    if let Some(b) = resolve(&mut l, name) {
-                        if !out.contains(&b) {
-                            out.push(b);
-                        }
+                    if let Some(b) = resolve(&mut l, name)
+                        && !out.contains(&b)
+                    {
+                        out.push(b);
                     }
                 }
                 if out.len() != def.backends.len() {
@@ -617,6 +617,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
     for d in &mut warnings.0 {
         d.locate(&l.sources);
     }
+    let hot = crate::policy::HotPath::build(&compiler.program, &rules);
     Ok(Policy {
         name: pack.name.value.clone(),
         description: pack.description.clone(),
@@ -630,6 +631,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
         min_versions,
         warnings,
         disabled_layers: 0,
+        hot,
     })
 }
 
