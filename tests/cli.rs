@@ -17,11 +17,20 @@ fn stdout(o: &Output) -> String {
 fn explain_exit_codes() {
     // Probes answered as the FROST PR measured on B200: FROST returns its plan, the C++ fused
     // path has no d512 graph.
-    let b200 = ["--probe", "frost_plan=true", "--probe", "fused_attn_graph=false"];
+    let b200 = [
+        "--probe",
+        "frost_plan=true",
+        "--probe",
+        "fused_attn_graph=false",
+    ];
     let selected = run(&[&["explain", "--preset", "gemma4-global-cp-p2p"][..], &b200].concat());
     assert_eq!(selected.status.code(), Some(0), "{}", stdout(&selected));
     // Head dim 512 under CP on Hopper: no backend (the FROST PR's gap).
-    let none = run(&[&["explain", "--preset", "gemma4-global-cp-p2p", "--sm", "90"][..], &b200].concat());
+    let none = run(&[
+        &["explain", "--preset", "gemma4-global-cp-p2p", "--sm", "90"][..],
+        &b200,
+    ]
+    .concat());
     assert_eq!(none.status.code(), Some(1), "{}", stdout(&none));
     let bad = run(&["explain", "--mask", "casual"]);
     assert_eq!(bad.status.code(), Some(2));
