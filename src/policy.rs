@@ -5,6 +5,7 @@
 use crate::check::Compiled;
 use crate::decision::{Decision, Status};
 use crate::diag::{Diagnostics, Loc};
+use crate::eval::fast::FastExpr;
 use crate::eval::program::{Program, Truth};
 use crate::facts::{Facts, Value};
 use crate::pack::source::SourceMap;
@@ -92,6 +93,26 @@ pub struct Policy {
     pub warnings: Diagnostics,
     /// Bit i set: layer i is switched off (e.g. `guard` under `--parity`).
     pub(crate) disabled_layers: u64,
+    /// The conditions `decide_into` runs, compiled to closures (see `eval::fast`).
+    pub(crate) hot: HotPath,
+}
+
+/// Closure-compiled rule conditions for the decision hot path, parallel to `Policy::rules`.
+/// (Variant and preference conditions are few and stay on the node interpreter.)
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HotPath {
+    rules: Vec<FastExpr>,
+}
+
+impl HotPath {
+    pub(crate) fn build(program: &Program, rules: &[Rule]) -> HotPath {
+        HotPath {
+            rules: rules
+                .iter()
+                .map(|r| FastExpr::build(program, r.when.node))
+                .collect(),
+        }
+    }
 }
 
 impl Policy {
@@ -166,7 +187,7 @@ impl Policy {
             if rule.variants & r.applicable == 0 {
                 continue;
             }
-            match Truth::of(self.program.eval_memo(rule.when.node, values, memo)) {
+            match Truth::of(self.hot.rules[i].eval(values, memo)) {
                 Truth::True => {
                     out.fired.push(i as u32);
                     r.declined |= rule.variants;

@@ -381,7 +381,7 @@ pub fn compare(op: CmpOp, x: Value, y: Value) -> bool {
     }
 }
 
-fn arith(op: ArithOp, x: Value, y: Value) -> Value {
+pub(crate) fn arith(op: ArithOp, x: Value, y: Value) -> Value {
     match (x, y) {
         (Value::Unknown, _) | (_, Value::Unknown) => Value::Unknown,
         (Value::Int(a), Value::Int(b)) => {
@@ -436,7 +436,7 @@ fn gcd(mut a: i64, mut b: i64) -> i64 {
     a
 }
 
-fn call(func: Func, mut args: impl Iterator<Item = Value>) -> Value {
+pub(crate) fn call(func: Func, mut args: impl Iterator<Item = Value>) -> Value {
     let first = args.next().unwrap_or(Value::Null);
     match func {
         Func::If => {
