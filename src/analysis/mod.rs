@@ -1,12 +1,12 @@
 //! Rule-set analysis (issue 4): exact, exhaustive questions about a pack over the whole
 //! configuration space. See docs/analysis.md for what each analysis proves and its limits.
 //!
-//! - [`space`]: the finite abstraction (equivalence classes per fact);
-//! - [`search`]: three-valued evaluation and branch-and-bound search;
-//! - [`regions`]: `gaps` and `diff`;
-//! - [`lint`]: `check`;
-//! - [`why_not`]: counterfactual hints;
-//! - [`coverage`]: rule coverage over a corpus.
+//! - [`space`] - the finite abstraction (equivalence classes per fact);
+//! - [`search`] - three-valued evaluation and branch-and-bound search;
+//! - [`regions`] - `gaps` and `diff`;
+//! - [`lint`] - `check`;
+//! - [`why_not`] - counterfactual hints;
+//! - [`coverage`] - rule coverage over a corpus.
 //!
 //! Dependencies go one way: analysis uses policy, eval and facts, never the reverse.
 

@@ -205,14 +205,13 @@ fn constraints(space: &Space, sets: &[Option<Vec<u32>>]) -> Map<String, Json> {
         let v = &space.vars[i];
         if let Some(p) = v.parent {
             // Members of an absent object carry no constraint of their own.
-            if let Some(ps) = &sets[p] {
-                if ps
+            if let Some(ps) = &sets[p]
+                && ps
                     .iter()
                     .all(|&c| space.vars[p].classes[c as usize].value == crate::facts::Value::Null)
                 {
                     continue;
                 }
-            }
         }
         if let Some(text) = space.render(i, s) {
             out.insert(v.path.to_string(), Json::String(text));

@@ -380,11 +380,10 @@ fn rec<T>(
     while m != 0 {
         let s = m.trailing_zeros() as usize;
         m &= m - 1;
-        if let Some(&v) = space.deps[s].iter().find(|&&v| space.available(assign, v)) {
-            if best.is_none_or(|b| rank[v] < rank[b]) {
+        if let Some(&v) = space.deps[s].iter().find(|&&v| space.available(assign, v))
+            && best.is_none_or(|b| rank[v] < rank[b]) {
                 best = Some(v);
             }
-        }
     }
     let Some(v) = best else {
         st.stuck += 1;

@@ -133,10 +133,7 @@ pub fn run(a: RunArgs) -> i32 {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
-    let problem = match problem_from(&facts) {
-        Ok(p) => Some(p),
-        Err(_) => None,
-    };
+    let problem = problem_from(&facts).ok();
     // Live probes: is there a GPU executor, and can cuDNN build this graph here?
     let mut registry = Registry::builtin();
     // The cuDNN executor (its constructor reports NoDevice without the `cudnn` feature or a GPU).
