@@ -5,7 +5,8 @@
 //! object) into facts, the cached decision, and the TE tuple. The GIL is not released around
 //! a decision (it takes microseconds; releasing costs more).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use attn_policy::cache::CachedPolicy;
 use attn_policy::decision::{Decision, Explanation, Status};
@@ -47,6 +48,61 @@ fn to_py(py: Python<'_>, v: &Json) -> PyResult<Py<PyAny>> {
 #[pyclass(frozen, module = "attn_policy._native")]
 struct NativePolicy {
     inner: Arc<CachedPolicy>,
+    /// Input memo: the config exactly as given (JSON) -> its facts and decision. Reading a
+    /// config into facts is a pure function and the policy is immutable, so an equal input
+    /// always yields the same facts; the memo only skips re-reading them. Bounded: cleared
+    /// when full.
+    memo: RwLock<HashMap<u64, Memo>>,
+    memo_cap: usize,
+}
+
+struct Memo {
+    input: Json,
+    facts: Arc<Facts>,
+    decision: Arc<Decision>,
+}
+
+fn json_hash(v: &Json, h: &mut u64) {
+    #[inline(always)]
+    fn mix(h: &mut u64, w: u64) {
+        *h = (*h ^ w).wrapping_mul(0xF135_7AEA_2E62_A9C5).rotate_left(26);
+    }
+    fn bytes(h: &mut u64, s: &str) {
+        mix(h, s.len() as u64);
+        for c in s.as_bytes().chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            mix(h, u64::from_le_bytes(w));
+        }
+    }
+    match v {
+        Json::Null => mix(h, 1),
+        Json::Bool(b) => mix(h, 2 + *b as u64),
+        Json::Number(n) => {
+            mix(h, 4);
+            match n.as_i64() {
+                Some(i) => mix(h, i as u64),
+                None => mix(h, n.as_f64().map_or(0, f64::to_bits) ^ 0x55),
+            }
+        }
+        Json::String(s) => {
+            mix(h, 5);
+            bytes(h, s);
+        }
+        Json::Array(a) => {
+            mix(h, 6 + ((a.len() as u64) << 8));
+            for x in a {
+                json_hash(x, h);
+            }
+        }
+        Json::Object(m) => {
+            mix(h, 7 + ((m.len() as u64) << 8));
+            for (k, x) in m {
+                bytes(h, k);
+                json_hash(x, h);
+            }
+        }
+    }
 }
 
 fn facts_from(config: &Json) -> Result<Facts, String> {
@@ -121,6 +177,8 @@ impl NativePolicy {
         }
         Ok(NativePolicy {
             inner: Arc::new(CachedPolicy::new(policy, cache_size)),
+            memo: RwLock::new(HashMap::new()),
+            memo_cap: cache_size.max(1),
         })
     }
 
@@ -162,8 +220,7 @@ impl NativePolicy {
                 None,
             ));
         };
-        let facts = facts_from(&json).map_err(|m| policy_error(py, m, None))?;
-        Ok(self.decided(facts, Vec::new()))
+        self.decide_input(py, json, Vec::new(), false)
     }
 
     /// Decides for a TransformerEngine `AttentionParams`-like object. `environment` maps each
@@ -178,11 +235,8 @@ impl NativePolicy {
         environment: &Bound<'_, PyDict>,
     ) -> PyResult<NativeDecision> {
         let (cfg, prov) = te_config(params, environment)?;
-        let mut facts = facts_from(&Json::Object(cfg)).map_err(|m| policy_error(py, m, None))?;
-        if !prov.iter().any(|(k, _)| k == "probe") {
-            facts.set_all_probes(true);
-        }
-        Ok(self.decided(facts, prov))
+        let answer_probes = !cfg.contains_key("probe");
+        self.decide_input(py, Json::Object(cfg), prov, answer_probes)
     }
 
     /// Cache counters: hits, misses, inserts, evictions, len, capacity.
@@ -199,20 +253,63 @@ impl NativePolicy {
     }
 
     fn cache_clear(&self) {
+        self.memo.write().unwrap_or_else(|p| p.into_inner()).clear();
         self.inner.cache().clear();
         self.inner.cache().reset_stats();
     }
 }
 
 impl NativePolicy {
-    fn decided(&self, facts: Facts, provenance: Vec<(String, &'static str)>) -> NativeDecision {
-        let decision = self.inner.decide(&facts);
-        NativeDecision {
+    /// Facts and decision for a config, through the input memo and then the decision cache.
+    fn decide_input(
+        &self,
+        py: Python<'_>,
+        input: Json,
+        provenance: Vec<(String, &'static str)>,
+        answer_probes: bool,
+    ) -> PyResult<NativeDecision> {
+        let mut h = 0x9E37_79B9_7F4A_7C15 ^ answer_probes as u64;
+        json_hash(&input, &mut h);
+        let hit = {
+            let memo = self.memo.read().unwrap_or_else(|p| p.into_inner());
+            memo.get(&h)
+                .filter(|m| m.input == input)
+                .map(|m| (m.facts.clone(), m.decision.clone()))
+        };
+        let (facts, decision) = match hit {
+            Some(x) => {
+                // Count it as the cache hit it is (the decision cache was bypassed).
+                self.inner.cache().get(self.inner.key(), &x.0);
+                x
+            }
+            None => {
+                let mut facts = facts_from(&input).map_err(|m| policy_error(py, m, None))?;
+                if answer_probes {
+                    facts.set_all_probes(true);
+                }
+                let facts = Arc::new(facts);
+                let decision = self.inner.decide(&facts);
+                let mut memo = self.memo.write().unwrap_or_else(|p| p.into_inner());
+                if memo.len() >= self.memo_cap {
+                    memo.clear();
+                }
+                memo.insert(
+                    h,
+                    Memo {
+                        input,
+                        facts: facts.clone(),
+                        decision: decision.clone(),
+                    },
+                );
+                (facts, decision)
+            }
+        };
+        Ok(NativeDecision {
             policy: self.inner.clone(),
             facts,
             decision,
             provenance,
-        }
+        })
     }
 }
 
@@ -220,7 +317,7 @@ impl NativePolicy {
 #[pyclass(frozen, module = "attn_policy._native")]
 struct NativeDecision {
     policy: Arc<CachedPolicy>,
-    facts: Facts,
+    facts: Arc<Facts>,
     decision: Arc<Decision>,
     provenance: Vec<(String, &'static str)>,
 }
