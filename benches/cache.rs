@@ -129,8 +129,14 @@ fn summary() {
     let stats = cached.cache().stats();
     println!("\n== attn-policy decision cache ({n} corpus configurations, te pack) ==");
     println!("{:<44} {:>10}", "measure", "median");
-    println!("{:<44} {:>8.0} ns", "uncached decide (complete decision)", uncached);
-    println!("{:<44} {:>8.0} ns", "uncached decide + explain/v1 JSON", explained);
+    println!(
+        "{:<44} {:>8.0} ns",
+        "uncached decide (complete decision)", uncached
+    );
+    println!(
+        "{:<44} {:>8.0} ns",
+        "uncached decide + explain/v1 JSON", explained
+    );
     println!("{:<44} {:>8.0} ns", "cached decide (hit)", hit);
     println!("ratio uncached/cached:            {:>8.1}x", uncached / hit);
     println!(
@@ -150,7 +156,11 @@ fn summary() {
     println!("\nthroughput through one shared cache ({cores} hardware threads here):");
     let base = throughput(&cached, &facts, 1);
     for threads in [1, 2, 4, 8, 16] {
-        let t = if threads == 1 { base } else { throughput(&cached, &facts, threads) };
+        let t = if threads == 1 {
+            base
+        } else {
+            throughput(&cached, &facts, threads)
+        };
         println!(
             "  {threads:>2} threads: {:>8.2} M decisions/s  ({:.2}x of 1 thread; ideal {}x)",
             t / 1e6,

@@ -48,7 +48,9 @@ fn words(v: &Value) -> (u64, u64) {
         Value::Enum(e) => (5, e as u64),
         Value::Version(ver) => {
             let p = ver.parts;
-            let pre = ver.pre.map_or(0, |(k, n)| ((k as u64 + 1) << 32) | n as u64);
+            let pre = ver
+                .pre
+                .map_or(0, |(k, n)| ((k as u64 + 1) << 32) | n as u64);
             (
                 6 ^ (pre << 8),
                 (p[0] as u64) << 42 ^ (p[1] as u64) << 21 ^ p[2] as u64,

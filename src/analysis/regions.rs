@@ -209,9 +209,9 @@ fn constraints(space: &Space, sets: &[Option<Vec<u32>>]) -> Map<String, Json> {
                 && ps
                     .iter()
                     .all(|&c| space.vars[p].classes[c as usize].value == crate::facts::Value::Null)
-                {
-                    continue;
-                }
+            {
+                continue;
+            }
         }
         if let Some(text) = space.render(i, s) {
             out.insert(v.path.to_string(), Json::String(text));

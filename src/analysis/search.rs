@@ -381,9 +381,10 @@ fn rec<T>(
         let s = m.trailing_zeros() as usize;
         m &= m - 1;
         if let Some(&v) = space.deps[s].iter().find(|&&v| space.available(assign, v))
-            && best.is_none_or(|b| rank[v] < rank[b]) {
-                best = Some(v);
-            }
+            && best.is_none_or(|b| rank[v] < rank[b])
+        {
+            best = Some(v);
+        }
     }
     let Some(v) = best else {
         st.stuck += 1;

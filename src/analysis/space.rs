@@ -188,19 +188,22 @@ impl Collect {
             }
             Node::Call { func, start, len } => {
                 let args = &p.children[start as usize..(start + len) as usize];
-                if matches!(func, Func::Gcd | Func::RoundUp) && args.len() == 2
-                    && let Some(Value::Int(m)) = as_const(p, args[1]) {
-                        self.modulus(p, args[0], m);
-                    }
+                if matches!(func, Func::Gcd | Func::RoundUp)
+                    && args.len() == 2
+                    && let Some(Value::Int(m)) = as_const(p, args[1])
+                {
+                    self.modulus(p, args[0], m);
+                }
                 for &c in args {
                     self.walk(p, c);
                 }
             }
             Node::Arith(op, a, b) => {
                 if matches!(op, ArithOp::Rem | ArithOp::FloorDiv)
-                    && let Some(Value::Int(m)) = as_const(p, b) {
-                        self.modulus(p, a, m);
-                    }
+                    && let Some(Value::Int(m)) = as_const(p, b)
+                {
+                    self.modulus(p, a, m);
+                }
                 self.walk(p, a);
                 self.walk(p, b);
             }
@@ -440,9 +443,10 @@ impl SpaceBuilder {
                     read.insert(s);
                     if let Some((parent, _)) = path.rsplit_once('.')
                         && let Some(ps) = slot(parent)
-                            && FIELDS[ps].nullable {
-                                read.insert(ps);
-                            }
+                        && FIELDS[ps].nullable
+                    {
+                        read.insert(ps);
+                    }
                 }
             }
         }
@@ -779,12 +783,13 @@ fn version_between(a: Option<Version>, b: Option<Version>) -> Option<Version> {
                     pre: Some((PreKind::Dev, 0)),
                 });
                 if let Some((k, n)) = b.pre
-                    && n > 0 {
-                        cands.push(Version {
-                            parts: b.parts,
-                            pre: Some((k, n - 1)),
-                        });
-                    }
+                    && n > 0
+                {
+                    cands.push(Version {
+                        parts: b.parts,
+                        pre: Some((k, n - 1)),
+                    });
+                }
             }
             cands.retain(|v| hi.is_none_or(|b| *v < b));
         }
@@ -919,9 +924,10 @@ impl Space {
                 continue;
             }
             if let Some(p) = v.parent
-                && a[p].is_none() {
-                    continue;
-                }
+                && a[p].is_none()
+            {
+                continue;
+            }
             let path = v.path;
             match path {
                 "sm" => {

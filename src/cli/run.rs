@@ -11,7 +11,8 @@ use attn_policy::facts::{Facts, Value};
 use attn_policy::{Explanation, PackSource, load_pack};
 use attn_policy_adapters::run::{RunOptions, VerifyMode, run_on};
 use attn_policy_adapters::{
-    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Registry, RegistryEntry,
+    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Registry,
+    RegistryEntry,
 };
 
 #[derive(Args, Debug)]

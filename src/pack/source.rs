@@ -119,7 +119,11 @@ impl SourceMap {
                 let at = cursor + found;
                 if span.start >= consumed && span.start <= consumed + content.len() {
                     let start = at + (span.start - consumed);
-                    let end = start + (span.end.min(consumed + content.len()).saturating_sub(span.start));
+                    let end = start
+                        + (span
+                            .end
+                            .min(consumed + content.len())
+                            .saturating_sub(span.start));
                     return Loc { file, start, end };
                 }
                 cursor = at + content.len();
