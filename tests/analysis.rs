@@ -179,7 +179,7 @@ fn why_not_proposes_verified_minimal_changes() {
     assert!(
         r.hints
             .iter()
-            .any(|h| h.text == "pad head_dim_qk 260 -> 264"),
+            .any(|h| h.text == "pad head_dim_qk 260 -> 264 (and head_dim_v with it)"),
         "{r:#?}"
     );
     assert!(r.hints.iter().all(|h| h.verified));

@@ -178,6 +178,18 @@ fn apply(space: &Space, facts: &Facts, config: &mut Json, var: usize, v: Value) 
 }
 
 /// The member of class `c` of var `i` nearest to `cur`.
+/// Symmetric head dims move together: padding q/k alone would trade one decline (a
+/// multiple-of-8 rule) for another (`head_dim_qk != head_dim_v`).
+fn couple(path: &str, facts: &Facts, cfg: &mut Json) {
+    if path == "head_dim_qk"
+        && facts.get("head_dim_qk") == facts.get("head_dim_v")
+        && let Some(obj) = cfg.as_object_mut()
+        && let Some(qk) = obj.get("head_dim_qk").cloned()
+    {
+        obj.insert("head_dim_v".into(), qk);
+    }
+}
+
 fn nearest(space: &Space, i: usize, c: usize, cur: Value) -> Value {
     let cl = &space.vars[i].classes[c];
     match (cl.desc.clone(), cur) {
@@ -333,6 +345,7 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
             let to = nearest(&space, i, c, cur);
             let mut cfg = config.clone();
             apply(&space, &facts, &mut cfg, i, to);
+            couple(var.path, &facts, &mut cfg);
             if Facts::from_json(&cfg).is_ok() {
                 candidates.push((i, c, to, cfg));
             }
@@ -451,6 +464,7 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
         for &k in c {
             let (i, _, to, _) = &candidates[k];
             apply(&space, &facts, &mut cfg, *i, *to);
+            couple(space.vars[*i].path, &facts, &mut cfg);
         }
         if eligible_at(&cfg) {
             let dist: i64 = c
@@ -487,8 +501,15 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
         let texts: Vec<String> = c
             .iter()
             .map(|&k| {
-                let (i, cl, to, _) = &candidates[k];
-                describe(&space, *i, *cl, vals[space.vars[*i].slot], *to)
+                let (i, cl, to, cfg) = &candidates[k];
+                let text = describe(&space, *i, *cl, vals[space.vars[*i].slot], *to);
+                let moved_v = space.vars[*i].path == "head_dim_qk"
+                    && cfg.get("head_dim_v") != config.get("head_dim_v");
+                if moved_v {
+                    format!("{text} (and head_dim_v with it)")
+                } else {
+                    text
+                }
             })
             .collect();
         if *len == 1 && space.vars[vars[0]].domain().is_some() {
