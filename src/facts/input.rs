@@ -197,45 +197,14 @@ impl Facts {
                 format!("must not be null (expected {})", d.ty.name()),
             ));
         }
-        self.values[slot] = match d.ty {
-            Ty::Bool => Value::Bool(
-                value
-                    .as_bool()
-                    .ok_or_else(|| err(path, format!("expected true or false, found {value}")))?,
-            ),
-            Ty::Int => Value::Int(int_from(path, value)?),
-            Ty::Float => Value::Float(
-                value
-                    .as_f64()
-                    .filter(|x| x.is_finite())
-                    .ok_or_else(|| err(path, format!("expected a number, found {value}")))?,
-            ),
-            Ty::Enum(dom) => {
-                let text = value.as_str().ok_or_else(|| {
-                    err(
-                        path,
-                        format!("expected one of {}, found {value}", dom.values().join(", ")),
-                    )
-                })?;
-                Value::Enum(dom.index_of(text).ok_or_else(|| InputError {
-                    suggestion: did_you_mean(text, dom.values().iter().copied()),
-                    ..err(
-                        path,
-                        format!(
-                            "`{text}` is not a valid {}; expected one of {}",
-                            dom.name(),
-                            dom.values().join(", ")
-                        ),
-                    )
-                })?)
-            }
+        match d.ty {
             Ty::Version => {
                 let v = version_from(path, value, false)?;
                 self.put_version(path, v);
-                return Ok(());
             }
             Ty::Object => return Err(err(path, "structured fact given in an unsupported form")),
-        };
+            ty => self.values[slot] = typed_value(path, ty, value)?,
+        }
         Ok(())
     }
 
@@ -380,53 +349,11 @@ impl Facts {
                 self.put_version(full, parsed);
                 Ok(())
             }
-            _ => self.set_scalar_slot(slot, full, v),
-        }
-    }
-
-    fn set_scalar_slot(&mut self, slot: usize, path: &str, v: &Json) -> Result<(), InputError> {
-        let before = self.values[slot];
-        // Reuse the scalar reader (it looks the slot up by path).
-        match self.set_scalar_by_slot(slot, path, v) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.values[slot] = before;
-                Err(e)
+            ty => {
+                self.values[slot] = typed_value(full, ty, v)?;
+                Ok(())
             }
         }
-    }
-
-    fn set_scalar_by_slot(&mut self, slot: usize, path: &str, v: &Json) -> Result<(), InputError> {
-        let d = &FIELDS[slot];
-        self.values[slot] = match d.ty {
-            Ty::Bool => Value::Bool(
-                v.as_bool()
-                    .ok_or_else(|| err(path, format!("expected true or false, found {v}")))?,
-            ),
-            Ty::Int => Value::Int(int_from(path, v)?),
-            Ty::Float => Value::Float(
-                v.as_f64()
-                    .ok_or_else(|| err(path, format!("expected a number, found {v}")))?,
-            ),
-            Ty::Enum(dom) => {
-                let text = v
-                    .as_str()
-                    .ok_or_else(|| err(path, format!("expected a string, found {v}")))?;
-                Value::Enum(dom.index_of(text).ok_or_else(|| InputError {
-                    suggestion: did_you_mean(text, dom.values().iter().copied()),
-                    ..err(
-                        path,
-                        format!(
-                            "`{text}` is not a valid {}; expected one of {}",
-                            dom.name(),
-                            dom.values().join(", ")
-                        ),
-                    )
-                })?)
-            }
-            Ty::Version | Ty::Object => return Err(err(path, "unsupported member type")),
-        };
-        Ok(())
     }
 
     fn set_probes(&mut self, value: &Json) -> Result<(), InputError> {
@@ -486,6 +413,44 @@ impl Facts {
         self.put("window.left", Value::Int(left));
         self.put("window.right", Value::Int(right));
     }
+}
+
+/// A JSON value as a bool, int, float or enum fact (the scalar types that need no side state).
+fn typed_value(path: &str, ty: Ty, value: &Json) -> Result<Value, InputError> {
+    Ok(match ty {
+        Ty::Bool => Value::Bool(
+            value
+                .as_bool()
+                .ok_or_else(|| err(path, format!("expected true or false, found {value}")))?,
+        ),
+        Ty::Int => Value::Int(int_from(path, value)?),
+        Ty::Float => Value::Float(
+            value
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| err(path, format!("expected a number, found {value}")))?,
+        ),
+        Ty::Enum(dom) => {
+            let text = value.as_str().ok_or_else(|| {
+                err(
+                    path,
+                    format!("expected one of {}, found {value}", dom.values().join(", ")),
+                )
+            })?;
+            Value::Enum(dom.index_of(text).ok_or_else(|| InputError {
+                suggestion: did_you_mean(text, dom.values().iter().copied()),
+                ..err(
+                    path,
+                    format!(
+                        "`{text}` is not a valid {}; expected one of {}",
+                        dom.name(),
+                        dom.values().join(", ")
+                    ),
+                )
+            })?)
+        }
+        Ty::Version | Ty::Object => return Err(err(path, "unsupported member type")),
+    })
 }
 
 fn probe_names() -> impl Iterator<Item = &'static str> {
