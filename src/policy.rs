@@ -182,11 +182,6 @@ impl Policy {
                 continue;
             }
             let r = &mut out.backends[rule.backend as usize];
-            // A rule that only declines variants that are not available here cannot change
-            // anything: those variants are already reported as not available.
-            if rule.variants & r.applicable == 0 {
-                continue;
-            }
             match Truth::of(self.hot.rules[i].eval(values, memo)) {
                 Truth::True => {
                     out.fired.push(i as u32);
