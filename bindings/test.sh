@@ -28,7 +28,7 @@ if [[ "${BENCH:-0}" == 1 ]]; then
 fi
 
 echo "== C ABI: header snapshot, library, test program"
-(cd "$ROOT/bindings/c" && cargo test --release --locked -q)
+(cd "$ROOT/bindings/c" && cargo test --release --locked -q && cargo build --release --locked -q)
 gcc -O1 -Wall -Wextra -Werror -std=c11 -D_GNU_SOURCE -I"$ROOT/bindings/c/include" \
   "$ROOT/bindings/c/tests/smoke.c" "$CARGO_TARGET_DIR/release/libattn_policy_c.a" \
   -lpthread -ldl -lm -o "$WORK/c_smoke"
