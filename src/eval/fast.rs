@@ -7,9 +7,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::program::{NO_MEMO, Node, NodeId, Program, Truth, arith, call, compare};
+use super::program::{
+    NO_MEMO, Node, NodeId, Program, Truth, arith, call, compare, compare3, kleene, member, neg,
+    not, null_test,
+};
 use crate::facts::Value;
-use crate::lang::ast::CmpOp;
 
 type Eval = dyn Fn(&[Value], &mut [Option<Value>]) -> Value + Send + Sync;
 
@@ -87,47 +89,15 @@ fn build_node(p: &Program, id: NodeId) -> Arc<Eval> {
         }
         Node::Not(a) => {
             let a = build(p, a);
-            Arc::new(move |f, m| match Truth::of(a(f, m)) {
-                Truth::True => Value::Bool(false),
-                Truth::False => Value::Bool(true),
-                Truth::Unknown => Value::Unknown,
-            })
+            Arc::new(move |f, m| not(a(f, m)))
         }
         Node::And { start, len } => {
             let ks = kids(p, start, len);
-            Arc::new(move |f, m| {
-                let mut unknown = false;
-                for k in &ks {
-                    match Truth::of(k(f, m)) {
-                        Truth::False => return Value::Bool(false),
-                        Truth::Unknown => unknown = true,
-                        Truth::True => {}
-                    }
-                }
-                if unknown {
-                    Value::Unknown
-                } else {
-                    Value::Bool(true)
-                }
-            })
+            Arc::new(move |f, m| kleene(false, ks.iter().map(|k| k(f, m))))
         }
         Node::Or { start, len } => {
             let ks = kids(p, start, len);
-            Arc::new(move |f, m| {
-                let mut unknown = false;
-                for k in &ks {
-                    match Truth::of(k(f, m)) {
-                        Truth::True => return Value::Bool(true),
-                        Truth::Unknown => unknown = true,
-                        Truth::False => {}
-                    }
-                }
-                if unknown {
-                    Value::Unknown
-                } else {
-                    Value::Bool(false)
-                }
-            })
+            Arc::new(move |f, m| kleene(true, ks.iter().map(|k| k(f, m))))
         }
         Node::Cmp(op, a, b) => match (slot_of(p, a), const_of(p, b)) {
             // `fact op constant`: one load and one comparison.
@@ -142,12 +112,8 @@ fn build_node(p: &Program, id: NodeId) -> Arc<Eval> {
             _ => {
                 let (a, b) = (build(p, a), build(p, b));
                 Arc::new(move |f, m| {
-                    let (x, y) = (a(f, m), b(f, m));
-                    if x == Value::Unknown || y == Value::Unknown {
-                        Value::Unknown
-                    } else {
-                        Value::Bool(compare(op, x, y))
-                    }
+                    let x = a(f, m);
+                    compare3(op, x, b(f, m))
                 })
             }
         },
@@ -160,34 +126,15 @@ fn build_node(p: &Program, id: NodeId) -> Arc<Eval> {
             let consts: Vec<Value> = p.consts[start as usize..(start + len) as usize].to_vec();
             let mask = p.enum_masks.get(start as usize).copied().flatten();
             let item = build(p, item);
-            Arc::new(move |f, m| {
-                let x = item(f, m);
-                match x {
-                    Value::Unknown => Value::Unknown,
-                    Value::Null | Value::BadVersion => Value::Bool(false),
-                    Value::Enum(e) if e < 64 && mask.is_some() => {
-                        Value::Bool(((mask.unwrap_or(0) >> e) & 1 == 1) != negate)
-                    }
-                    _ => {
-                        let found = consts.iter().any(|c| compare(CmpOp::Eq, x, *c));
-                        Value::Bool(found != negate)
-                    }
-                }
-            })
+            Arc::new(move |f, m| member(item(f, m), mask, &consts, negate))
         }
         Node::IsNull(a) => {
             let a = build(p, a);
-            Arc::new(move |f, m| match a(f, m) {
-                Value::Unknown => Value::Unknown,
-                v => Value::Bool(v == Value::Null),
-            })
+            Arc::new(move |f, m| null_test(a(f, m), true))
         }
         Node::IsNotNull(a) => {
             let a = build(p, a);
-            Arc::new(move |f, m| match a(f, m) {
-                Value::Unknown => Value::Unknown,
-                v => Value::Bool(v != Value::Null),
-            })
+            Arc::new(move |f, m| null_test(a(f, m), false))
         }
         Node::Arith(op, a, b) => {
             let (a, b) = (build(p, a), build(p, b));
@@ -199,11 +146,7 @@ fn build_node(p: &Program, id: NodeId) -> Arc<Eval> {
         }
         Node::Neg(a) => {
             let a = build(p, a);
-            Arc::new(move |f, m| match a(f, m) {
-                Value::Int(i) => i.checked_neg().map_or(Value::Null, Value::Int),
-                Value::Float(x) => Value::Float(-x),
-                other => other,
-            })
+            Arc::new(move |f, m| neg(a(f, m)))
         }
         Node::Call { func, start, len } => {
             let ks = kids(p, start, len);

@@ -252,48 +252,22 @@ impl Program {
         match self.nodes[id as usize] {
             Node::Const(v) => v,
             Node::Slot(s) => facts[s as usize],
-            Node::Not(a) => match Truth::of(self.eval_in(a, facts, memo)) {
-                Truth::True => Value::Bool(false),
-                Truth::False => Value::Bool(true),
-                Truth::Unknown => Value::Unknown,
-            },
-            Node::And { start, len } => {
-                // Kleene: false wins over unknown.
-                let mut unknown = false;
-                for &c in &self.children[start as usize..(start + len) as usize] {
-                    match Truth::of(self.eval_in(c, facts, memo)) {
-                        Truth::False => return Value::Bool(false),
-                        Truth::Unknown => unknown = true,
-                        Truth::True => {}
-                    }
-                }
-                if unknown {
-                    Value::Unknown
-                } else {
-                    Value::Bool(true)
-                }
-            }
-            Node::Or { start, len } => {
-                let mut unknown = false;
-                for &c in &self.children[start as usize..(start + len) as usize] {
-                    match Truth::of(self.eval_in(c, facts, memo)) {
-                        Truth::True => return Value::Bool(true),
-                        Truth::Unknown => unknown = true,
-                        Truth::False => {}
-                    }
-                }
-                if unknown {
-                    Value::Unknown
-                } else {
-                    Value::Bool(false)
-                }
-            }
+            Node::Not(a) => not(self.eval_in(a, facts, memo)),
+            Node::And { start, len } => kleene(
+                false,
+                self.children[start as usize..(start + len) as usize]
+                    .iter()
+                    .map(|&c| self.eval_in(c, facts, memo)),
+            ),
+            Node::Or { start, len } => kleene(
+                true,
+                self.children[start as usize..(start + len) as usize]
+                    .iter()
+                    .map(|&c| self.eval_in(c, facts, memo)),
+            ),
             Node::Cmp(op, a, b) => {
                 let (x, y) = (self.eval_in(a, facts, memo), self.eval_in(b, facts, memo));
-                if x == Value::Unknown || y == Value::Unknown {
-                    return Value::Unknown;
-                }
-                Value::Bool(compare(op, x, y))
+                compare3(op, x, y)
             }
             Node::In {
                 item,
@@ -302,47 +276,22 @@ impl Program {
                 negate,
             } => {
                 let x = self.eval_in(item, facts, memo);
-                match x {
-                    Value::Unknown => Value::Unknown,
-                    Value::Null | Value::BadVersion => Value::Bool(false),
-                    Value::Enum(e)
-                        if e < 64
-                            && self
-                                .enum_masks
-                                .get(start as usize)
-                                .copied()
-                                .flatten()
-                                .is_some() =>
-                    {
-                        let mask = self.enum_masks[start as usize].unwrap_or(0);
-                        Value::Bool(((mask >> e) & 1 == 1) != negate)
-                    }
-                    _ => {
-                        let found = self.consts[start as usize..(start + len) as usize]
-                            .iter()
-                            .any(|c| x.compare(*c) == Some(Ordering::Equal));
-                        Value::Bool(found != negate)
-                    }
-                }
+                let mask = self.enum_masks.get(start as usize).copied().flatten();
+                member(
+                    x,
+                    mask,
+                    &self.consts[start as usize..(start + len) as usize],
+                    negate,
+                )
             }
-            Node::IsNull(a) => match self.eval_in(a, facts, memo) {
-                Value::Unknown => Value::Unknown,
-                v => Value::Bool(v == Value::Null),
-            },
-            Node::IsNotNull(a) => match self.eval_in(a, facts, memo) {
-                Value::Unknown => Value::Unknown,
-                v => Value::Bool(v != Value::Null),
-            },
+            Node::IsNull(a) => null_test(self.eval_in(a, facts, memo), true),
+            Node::IsNotNull(a) => null_test(self.eval_in(a, facts, memo), false),
             Node::Arith(op, a, b) => arith(
                 op,
                 self.eval_in(a, facts, memo),
                 self.eval_in(b, facts, memo),
             ),
-            Node::Neg(a) => match self.eval_in(a, facts, memo) {
-                Value::Int(i) => i.checked_neg().map_or(Value::Null, Value::Int),
-                Value::Float(x) => Value::Float(-x),
-                other => other,
-            },
+            Node::Neg(a) => neg(self.eval_in(a, facts, memo)),
             // `if` is lazy: only the branch the condition picks is evaluated.
             Node::Call {
                 func: Func::If,
@@ -361,6 +310,74 @@ impl Program {
                 call(func, args.iter().map(|&c| self.eval_in(c, facts, memo)))
             }
         }
+    }
+}
+
+// The language's semantics, shared by this interpreter and the closure evaluator (fast.rs).
+
+/// Kleene `not`: null is false, unknown stays unknown.
+pub(crate) fn not(v: Value) -> Value {
+    match Truth::of(v) {
+        Truth::True => Value::Bool(false),
+        Truth::False => Value::Bool(true),
+        Truth::Unknown => Value::Unknown,
+    }
+}
+
+/// Kleene `and` (`decisive = false`) or `or` (`decisive = true`) over lazily evaluated
+/// operands: the decisive value wins over unknown and stops evaluation.
+pub(crate) fn kleene(decisive: bool, operands: impl Iterator<Item = Value>) -> Value {
+    let mut unknown = false;
+    for v in operands {
+        match Truth::of(v) {
+            Truth::Unknown => unknown = true,
+            t if (t == Truth::True) == decisive => return Value::Bool(decisive),
+            _ => {}
+        }
+    }
+    if unknown {
+        Value::Unknown
+    } else {
+        Value::Bool(!decisive)
+    }
+}
+
+/// A comparison that propagates unknown operands.
+pub(crate) fn compare3(op: CmpOp, x: Value, y: Value) -> Value {
+    if x == Value::Unknown || y == Value::Unknown {
+        Value::Unknown
+    } else {
+        Value::Bool(compare(op, x, y))
+    }
+}
+
+/// `x in list` / `x not in list`; `mask` is the list as an enum bit set when it is one.
+pub(crate) fn member(x: Value, mask: Option<u64>, list: &[Value], negate: bool) -> Value {
+    match (x, mask) {
+        (Value::Unknown, _) => Value::Unknown,
+        (Value::Null | Value::BadVersion, _) => Value::Bool(false),
+        (Value::Enum(e), Some(mask)) if e < 64 => Value::Bool(((mask >> e) & 1 == 1) != negate),
+        _ => {
+            let found = list.iter().any(|c| x.compare(*c) == Some(Ordering::Equal));
+            Value::Bool(found != negate)
+        }
+    }
+}
+
+/// `x == null` (`want_null`) or `x != null`.
+pub(crate) fn null_test(v: Value, want_null: bool) -> Value {
+    match v {
+        Value::Unknown => Value::Unknown,
+        v => Value::Bool((v == Value::Null) == want_null),
+    }
+}
+
+/// Unary minus; overflow gives null.
+pub(crate) fn neg(v: Value) -> Value {
+    match v {
+        Value::Int(i) => i.checked_neg().map_or(Value::Null, Value::Int),
+        Value::Float(x) => Value::Float(-x),
+        other => other,
     }
 }
 
