@@ -83,6 +83,8 @@ pub struct Decision {
     pub unknown: Vec<u32>,
     /// Scratch: values of the pack's definitions during the last decision.
     pub(crate) memo: Vec<Option<Value>>,
+    /// Scratch: truth of the pack's shared conjuncts during the last decision.
+    pub(crate) atoms: crate::eval::plan::AtomScratch,
 }
 
 impl Decision {

@@ -1,11 +1,12 @@
 //! A loaded, type-checked rule pack and its decision procedure. **Where a rule is evaluated:**
-//! [`Policy::decide_into`] runs every rule's compiled condition ([`Program::eval`]) and folds
-//! the results into per-backend statuses and the selection.
+//! [`Policy::decide_into`] runs every rule's compiled condition (through the decision plan,
+//! `eval::plan::RulePlan::eval_all`, which computes exactly what [`Program::eval`] computes) and
+//! folds the results into per-backend statuses and the selection.
 
 use crate::check::Compiled;
 use crate::decision::{Decision, Status};
 use crate::diag::{Diagnostics, Loc};
-use crate::eval::fast::FastExpr;
+use crate::eval::plan::RulePlan;
 use crate::eval::program::{Program, Truth};
 use crate::facts::{Facts, Value};
 use crate::pack::source::SourceMap;
@@ -93,24 +94,46 @@ pub struct Policy {
     pub warnings: Diagnostics,
     /// Bit i set: layer i is switched off (e.g. `guard` under `--parity`).
     pub(crate) disabled_layers: u64,
-    /// The conditions `decide_into` runs, compiled to closures (see `eval::fast`).
+    /// The rule conditions `decide_into` runs, planned for speed (see `eval::plan`).
     pub(crate) hot: HotPath,
 }
 
-/// Closure-compiled rule conditions for the decision hot path, parallel to `Policy::rules`.
-/// (Variant and preference conditions are few and stay on the node interpreter.)
+/// Rule conditions planned for the decision hot path (shared conjuncts computed once per
+/// decision, see `eval::plan`), parallel to `Policy::rules`. Variant and preference
+/// conditions are few and stay on the node interpreter.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct HotPath {
-    rules: Vec<FastExpr>,
+    plan: RulePlan,
+    /// Per backend, per variant: index of its `applicable` condition among the plan's extras.
+    applicable: Vec<Vec<Option<usize>>>,
+    /// Per preference entry: index of its `when` among the plan's extras.
+    preference: Vec<Option<usize>>,
 }
 
 impl HotPath {
-    pub(crate) fn build(program: &Program, rules: &[Rule]) -> HotPath {
+    pub(crate) fn build(
+        program: &Program,
+        rules: &[Rule],
+        backends: &[Backend],
+        preference: &[Preference],
+    ) -> HotPath {
+        let roots: Vec<_> = rules.iter().map(|r| r.when.node).collect();
+        let mut extras = Vec::new();
+        let mut extra = |c: &Option<Compiled>| {
+            c.as_ref().map(|c| {
+                extras.push(c.node);
+                extras.len() - 1
+            })
+        };
+        let applicable = backends
+            .iter()
+            .map(|b| b.variants.iter().map(|v| extra(&v.applicable)).collect())
+            .collect();
+        let preference = preference.iter().map(|p| extra(&p.when)).collect();
         HotPath {
-            rules: rules
-                .iter()
-                .map(|r| FastExpr::build(program, r.when.node))
-                .collect(),
+            plan: RulePlan::build(program, &roots, &extras),
+            applicable,
+            preference,
         }
     }
 }
@@ -161,15 +184,17 @@ impl Policy {
         out.memo.clear();
         out.memo.resize(self.program.memo_count as usize, None);
         let memo = &mut out.memo;
+        let hot = &self.hot;
+        hot.plan.reset(&mut out.atoms);
         let n = self.backends.len();
         for (i, b) in self.backends.iter().enumerate() {
             let r = &mut out.backends[i];
             if b.variants.is_empty() {
                 r.applicable = 1;
             } else {
-                for (v, var) in b.variants.iter().enumerate() {
-                    let ok = var.applicable.as_ref().is_none_or(|c| {
-                        Truth::of(self.program.eval_memo(c.node, values, memo)) == Truth::True
+                for v in 0..b.variants.len() {
+                    let ok = hot.applicable[i][v].is_none_or(|c| {
+                        hot.plan.eval_extra(c, values, memo, &mut out.atoms) == Truth::True
                     });
                     if ok {
                         r.applicable |= 1 << v;
@@ -177,26 +202,24 @@ impl Policy {
                 }
             }
         }
-        for (i, rule) in self.rules.iter().enumerate() {
+        let (fired, unknown, backends) = (&mut out.fired, &mut out.unknown, &mut out.backends);
+        hot.plan.eval_all(values, memo, &mut out.atoms, |i, truth| {
+            let rule = &self.rules[i];
             if !self.layer_enabled(rule.layer) {
-                continue;
+                return;
             }
-            let r = &mut out.backends[rule.backend as usize];
-            match Truth::of(self.hot.rules[i].eval(values, memo)) {
-                Truth::True => {
-                    out.fired.push(i as u32);
-                    r.declined |= rule.variants;
-                    if rule.kind == RuleKind::Switch {
-                        r.switched |= rule.variants;
-                    }
+            let r = &mut backends[rule.backend as usize];
+            if truth == Truth::True {
+                fired.push(i as u32);
+                r.declined |= rule.variants;
+                if rule.kind == RuleKind::Switch {
+                    r.switched |= rule.variants;
                 }
-                Truth::Unknown => {
-                    out.unknown.push(i as u32);
-                    r.undecided |= rule.variants;
-                }
-                Truth::False => {}
+            } else {
+                unknown.push(i as u32);
+                r.undecided |= rule.variants;
             }
-        }
+        });
         for (i, b) in self.backends.iter().enumerate() {
             let r = &mut out.backends[i];
             let eligible = r.applicable & !r.declined & !r.undecided;
@@ -222,12 +245,12 @@ impl Policy {
             }
         }
         // Preference: the first entry whose condition holds orders the eligible backends.
-        out.preference = self
+        out.preference = hot
             .preference
             .iter()
-            .position(|p| {
-                p.when.as_ref().is_none_or(|c| {
-                    Truth::of(self.program.eval_memo(c.node, values, memo)) == Truth::True
+            .position(|when| {
+                when.is_none_or(|c| {
+                    hot.plan.eval_extra(c, values, memo, &mut out.atoms) == Truth::True
                 })
             })
             .map(|p| p as u16);

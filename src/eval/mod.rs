@@ -1,7 +1,9 @@
-//! Evaluation of compiled conditions. **Where a rule is evaluated:** [`Program::eval`] computes
-//! one condition; `Policy::decide_into` (src/policy.rs) runs every rule of a pack through it.
+//! Evaluation of compiled conditions. **Where a rule is evaluated:** `Policy::decide_into`
+//! (src/policy.rs) runs every rule of a pack through [`plan::RulePlan::eval_all`], the hot path;
+//! [`Program::eval`] is the reference node interpreter that analysis, variants and tests use
+//! (a test checks both agree on every rule over the conformance corpus).
 
-pub mod fast;
+pub mod plan;
 pub mod program;
 
 pub use program::{Func, Node, NodeId, Program};

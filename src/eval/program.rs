@@ -313,7 +313,7 @@ impl Program {
     }
 }
 
-// The language's semantics, shared by this interpreter and the closure evaluator (fast.rs).
+// The language's semantics, shared by this interpreter and the decision plan (plan.rs).
 
 /// Kleene `not`: null is false, unknown stays unknown.
 pub(crate) fn not(v: Value) -> Value {

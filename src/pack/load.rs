@@ -617,7 +617,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
     for d in &mut warnings.0 {
         d.locate(&l.sources);
     }
-    let hot = crate::policy::HotPath::build(&compiler.program, &rules);
+    let hot = crate::policy::HotPath::build(&compiler.program, &rules, &backends, &preference);
     Ok(Policy {
         name: pack.name.value.clone(),
         description: pack.description.clone(),
