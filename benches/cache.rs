@@ -11,12 +11,30 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use attn_policy::cache::CachedPolicy;
+use attn_policy::cache::{CachedPolicy, FactsKey};
 use attn_policy::decision::Decision;
 use attn_policy::{Explanation, Facts, Policy};
 use criterion::{Criterion, criterion_group};
 
 const TE_PYTHON_US: f64 = 153.0;
+
+/// The raw configs behind [`inputs`] (for the from-JSON figure).
+fn configs() -> Vec<serde_json::Value> {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/conformance/te-2.20.2-corpus-a.jsonl.gz");
+    match attn_policy::corpus::read_corpus(&corpus) {
+        Ok(recs) => recs
+            .iter()
+            .filter(|r| Facts::from_json(&r.config).is_ok())
+            .take(512)
+            .map(|r| r.config.clone())
+            .collect(),
+        Err(_) => attn_policy::facts::presets::PRESETS
+            .iter()
+            .map(|p| (p.config)())
+            .collect(),
+    }
+}
 
 fn inputs() -> Vec<Facts> {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -112,6 +130,7 @@ fn throughput(cached: &Arc<CachedPolicy>, facts: &[Facts], threads: usize) -> f6
 fn summary() {
     let (cached, facts) = setup();
     let policy = cached.policy().clone();
+    let pk = cached.key();
     let n = facts.len();
     let mut d = Decision::default();
     let uncached = median_ns(200, n, |k| {
@@ -126,24 +145,38 @@ fn summary() {
     let hit = median_ns(200, n, |k| {
         black_box(cached.decide(black_box(&facts[k % n])));
     });
+    // The same hits for facts the cache has not seen as objects: the key is encoded and
+    // hashed, then compared word by word with the stored one.
+    let fresh = median_ns(200, n, |k| {
+        let fk = Arc::new(FactsKey::of(black_box(&facts[k % n])));
+        black_box(cached.cache().get_key(pk, &fk));
+    });
+    let configs = configs();
+    let m = configs.len().max(1);
+    let from_json = median_ns(50, m, |k| {
+        let f = Facts::from_json(black_box(&configs[k % m])).unwrap();
+        black_box(cached.decide(&f));
+    });
     let stats = cached.cache().stats();
+    let ratio = |x: f64| TE_PYTHON_US * 1e3 / x;
     println!("\n== attn-policy decision cache ({n} corpus configurations, te pack) ==");
-    println!("{:<44} {:>10}", "measure", "median");
     println!(
-        "{:<44} {:>8.0} ns",
-        "uncached decide (complete decision)", uncached
+        "{:<52} {:>10} {:>12} {:>12}",
+        "measure", "median", "vs uncached", "TE 153us /"
     );
-    println!(
-        "{:<44} {:>8.0} ns",
-        "uncached decide + explain/v1 JSON", explained
-    );
-    println!("{:<44} {:>8.0} ns", "cached decide (hit)", hit);
-    println!("ratio uncached/cached:            {:>8.1}x", uncached / hit);
-    println!(
-        "ratio TE selector (153 us)/cached: {:>8.0}x   /uncached: {:.0}x",
-        TE_PYTHON_US * 1e3 / hit,
-        TE_PYTHON_US * 1e3 / uncached
-    );
+    let row = |name: &str, ns: f64| {
+        println!(
+            "{name:<52} {:>7.0} ns {:>11.1}x {:>11.0}x",
+            ns,
+            uncached / ns,
+            ratio(ns)
+        );
+    };
+    row("uncached decide (complete decision)", uncached);
+    row("uncached decide + explain/v1 JSON", explained);
+    row("cached decide, hit (Facts reused: key memoised)", hit);
+    row("cached lookup, hit (key encoded + hashed per call)", fresh);
+    row("Facts::from_json + cached decide (hit)", from_json);
     println!(
         "cache: {} hits, {} misses, hit rate {:.3}, {} / {} entries",
         stats.hits,
@@ -155,12 +188,17 @@ fn summary() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("\nthroughput through one shared cache ({cores} hardware threads here):");
     let base = throughput(&cached, &facts, 1);
+    let mut scaling = serde_json::Map::new();
     for threads in [1, 2, 4, 8, 16] {
         let t = if threads == 1 {
             base
         } else {
             throughput(&cached, &facts, threads)
         };
+        scaling.insert(
+            threads.to_string(),
+            serde_json::json!(format!("{:.2} M/s", t / 1e6)),
+        );
         println!(
             "  {threads:>2} threads: {:>8.2} M decisions/s  ({:.2}x of 1 thread; ideal {}x)",
             t / 1e6,
@@ -168,12 +206,27 @@ fn summary() {
             threads.min(cores)
         );
     }
+    if let Ok(path) = std::env::var("ATTN_BENCH_JSON") {
+        let j = serde_json::json!({
+            "uncached_ns": uncached,
+            "uncached_explain_ns": explained,
+            "cached_hit_ns": hit,
+            "cached_hit_fresh_key_ns": fresh,
+            "from_json_cached_ns": from_json,
+            "threads": scaling,
+            "cores": cores,
+        });
+        std::fs::write(&path, j.to_string()).expect("write ATTN_BENCH_JSON");
+    }
 }
 
 criterion_group!(benches, bench);
 
 fn main() {
-    benches();
+    // ATTN_BENCH_SUMMARY=1: only the summary table (no Criterion runs).
+    if std::env::var_os("ATTN_BENCH_SUMMARY").is_none() {
+        benches();
+    }
     Criterion::default().configure_from_args().final_summary();
     summary();
 }

@@ -22,7 +22,7 @@
 //! ```
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use crate::decision::Decision;
 use crate::facts::{Facts, Value};
@@ -36,54 +36,9 @@ fn mix(h: u64, w: u64) -> u64 {
     (h ^ w).wrapping_mul(MUL).rotate_left(26)
 }
 
-/// One value as (tag, payload) words: floats by bit pattern, versions with their pre-release.
+/// splitmix64's finaliser: spreads every input bit over the shard and slot bits.
 #[inline(always)]
-fn words(v: &Value) -> (u64, u64) {
-    match *v {
-        Value::Null => (0, 0),
-        Value::Unknown => (1, 0),
-        Value::Bool(b) => (2, b as u64),
-        Value::Int(i) => (3, i as u64),
-        Value::Float(f) => (4, f.to_bits()),
-        Value::Enum(e) => (5, e as u64),
-        Value::Version(ver) => {
-            let p = ver.parts;
-            let pre = ver
-                .pre
-                .map_or(0, |(k, n)| ((k as u64 + 1) << 32) | n as u64);
-            (
-                6 ^ (pre << 8),
-                (p[0] as u64) << 42 ^ (p[1] as u64) << 21 ^ p[2] as u64,
-            )
-        }
-        Value::BadVersion => (7, 0),
-    }
-}
-
-/// Bitwise equality of two values (so `NaN == NaN` and `0.0 != -0.0`, unlike `PartialEq`).
-#[inline(always)]
-fn same(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Float(x), Value::Float(y)) => x.to_bits() == y.to_bits(),
-        _ => a == b,
-    }
-}
-
-fn facts_hash(tag: u64, facts: &Facts) -> u64 {
-    let mut h = mix(SEED, tag);
-    for v in facts.values() {
-        let (t, p) = words(v);
-        h = mix(mix(h, t), p);
-    }
-    for (slot, raw) in &facts.raw_versions {
-        h = mix(h, *slot as u64);
-        for chunk in raw.as_bytes().chunks(8) {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            h = mix(h, u64::from_le_bytes(w));
-        }
-    }
-    // Final avalanche (splitmix64) so shard and slot bits are well spread.
+fn avalanche(mut h: u64) -> u64 {
     h ^= h >> 30;
     h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     h ^= h >> 27;
@@ -91,11 +46,141 @@ fn facts_hash(tag: u64, facts: &Facts) -> u64 {
     h ^ (h >> 31)
 }
 
-fn facts_equal(a: &Facts, b: &Facts) -> bool {
-    let (x, y) = (a.values(), b.values());
-    x.len() == y.len()
-        && x.iter().zip(y).all(|(p, q)| same(p, q))
-        && a.raw_versions == b.raw_versions
+/// The exact cache key of a fact set, encoded once: the number of slots, then every slot as a
+/// tag word followed by its payload words (ints and floats one word, floats by bit pattern so
+/// `0.0 != -0.0` and `NaN == NaN`; versions three words, pre-release included), then every
+/// unparseable version's slot, byte length and bytes. The tag word says how many payload words
+/// follow, so the encoding is a prefix code: two fact sets have equal keys exactly when every
+/// slot is bitwise equal and their unparseable version texts are equal. A lookup compares keys
+/// with one slice compare (or a pointer compare for the same `Facts`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct FactsKey {
+    /// A hash of `words` (not of the policy; the cache mixes the [`PolicyKey`] in).
+    pub hash: u64,
+    pub words: Box<[u64]>,
+}
+
+impl FactsKey {
+    pub fn of(facts: &Facts) -> FactsKey {
+        let words = encode(facts);
+        FactsKey {
+            hash: hash_words(&words),
+            words: words.into_boxed_slice(),
+        }
+    }
+}
+
+fn encode(facts: &Facts) -> Vec<u64> {
+    let values = facts.values();
+    let mut w = Vec::with_capacity(values.len() * 2 + 1);
+    w.push(values.len() as u64);
+    for v in values {
+        match *v {
+            Value::Null => w.push(0),
+            Value::Unknown => w.push(1),
+            Value::Bool(b) => w.push(2 | (b as u64) << 8),
+            Value::Int(i) => w.extend([3, i as u64]),
+            Value::Float(f) => w.extend([4, f.to_bits()]),
+            Value::Enum(e) => w.push(5 | (e as u64) << 8),
+            Value::Version(ver) => {
+                let (kind, n) = ver.pre.map_or((0, 0), |(k, n)| (k as u64 + 1, n as u64));
+                let p = ver.parts;
+                w.extend([
+                    6 | kind << 8 | n << 32,
+                    p[0] as u64 | (p[1] as u64) << 32,
+                    p[2] as u64,
+                ]);
+            }
+            Value::BadVersion => w.push(7),
+        }
+    }
+    for (slot, raw) in &facts.raw_versions {
+        w.extend([*slot as u64, raw.len() as u64]);
+        w.extend(raw.as_bytes().chunks(8).map(|c| {
+            let mut b = [0u8; 8];
+            b[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(b)
+        }));
+    }
+    w
+}
+
+/// Four independent multiply lanes (no serial dependency from one word to the next).
+fn hash_words(words: &[u64]) -> u64 {
+    let mut lanes = [SEED, SEED ^ MUL, SEED.rotate_left(17), MUL.rotate_left(31)];
+    let mut chunks = words.chunks_exact(4);
+    for c in &mut chunks {
+        for i in 0..4 {
+            lanes[i] = mix(lanes[i], c[i]);
+        }
+    }
+    let mut h = mix(SEED, words.len() as u64);
+    for &x in chunks.remainder() {
+        h = mix(h, x);
+    }
+    for l in lanes {
+        h = mix(h, l);
+    }
+    avalanche(h)
+}
+
+/// The per-`Facts` memo of its [`FactsKey`]: filled on the first cache lookup, emptied by every
+/// mutation through `Facts`' methods, and empty in a clone (so a clone that is then changed
+/// never carries a stale key). It takes no part in `Facts`' equality.
+#[derive(Default)]
+pub struct KeyMemo(OnceLock<Arc<FactsKey>>);
+
+impl KeyMemo {
+    /// Forgets the key (call on every change of the facts).
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Clone for KeyMemo {
+    fn clone(&self) -> KeyMemo {
+        KeyMemo::default()
+    }
+}
+
+impl PartialEq for KeyMemo {
+    fn eq(&self, _: &KeyMemo) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for KeyMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "KeyMemo(set)"
+        } else {
+            "KeyMemo"
+        })
+    }
+}
+
+impl Facts {
+    /// The exact cache key of these facts, computed once per `Facts` value (see [`FactsKey`]).
+    pub fn cache_key(&self) -> &Arc<FactsKey> {
+        let key = self.key.0.get_or_init(|| Arc::new(FactsKey::of(self)));
+        debug_assert!(
+            *key.words == *encode(self),
+            "stale FactsKey: Facts changed after its key was taken (clear the memo on every write)"
+        );
+        key
+    }
+}
+
+/// The slot hash of (policy, facts).
+#[inline(always)]
+fn entry_hash(tag: u64, key: &FactsKey) -> u64 {
+    avalanche(key.hash ^ tag.wrapping_mul(MUL))
+}
+
+#[inline(always)]
+fn same_key(a: &Arc<FactsKey>, b: &Arc<FactsKey>) -> bool {
+    Arc::ptr_eq(a, b) || a.words == b.words
 }
 
 /// The identity of a policy for cache keys: its name, the text of every source file (pack and
@@ -150,7 +235,7 @@ impl CacheStats {
 struct Entry {
     hash: u64,
     tag: u64,
-    facts: Facts,
+    key: Arc<FactsKey>,
     decision: Arc<Decision>,
     referenced: AtomicBool,
 }
@@ -226,10 +311,23 @@ impl DecisionCache {
 
     /// The cached decision for these facts under this policy, if any (counts a hit or a miss).
     pub fn get(&self, key: PolicyKey, facts: &Facts) -> Option<Arc<Decision>> {
-        self.lookup(key, facts_hash(key.0, facts), facts)
+        let fk = facts.cache_key();
+        self.lookup(key, entry_hash(key.0, fk), fk)
     }
 
-    fn lookup(&self, key: PolicyKey, hash: u64, facts: &Facts) -> Option<Arc<Decision>> {
+    /// Counts a hit that a caller's own memo answered (the Python binding's input memo sits in
+    /// front of this cache), so `stats()` covers every decision served from a cache.
+    pub fn count_hit(&self) {
+        self.stripe().hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// [`get`](Self::get) for a key computed by the caller (`FactsKey::of`).
+    pub fn get_key(&self, key: PolicyKey, fk: &Arc<FactsKey>) -> Option<Arc<Decision>> {
+        self.lookup(key, entry_hash(key.0, fk), fk)
+    }
+
+    #[inline]
+    fn lookup(&self, key: PolicyKey, hash: u64, fk: &Arc<FactsKey>) -> Option<Arc<Decision>> {
         let found = {
             let shard = self
                 .shard(hash)
@@ -241,7 +339,7 @@ impl DecisionCache {
                 .enumerate()
                 .filter(|(_, h)| **h == hash)
                 .map(|(i, _)| &shard.entries[i])
-                .find(|e| e.tag == key.0 && facts_equal(&e.facts, facts))
+                .find(|e| e.tag == key.0 && same_key(&e.key, fk))
                 .map(|e| {
                     if !e.referenced.load(Ordering::Relaxed) {
                         e.referenced.store(true, Ordering::Relaxed);
@@ -259,10 +357,17 @@ impl DecisionCache {
 
     /// Stores a decision (replacing an equal key's entry; evicting by CLOCK when full).
     pub fn insert(&self, key: PolicyKey, facts: &Facts, decision: Arc<Decision>) {
-        self.insert_hashed(key, facts_hash(key.0, facts), facts, decision);
+        let fk = facts.cache_key();
+        self.insert_hashed(key, entry_hash(key.0, fk), fk, decision);
     }
 
-    fn insert_hashed(&self, key: PolicyKey, hash: u64, facts: &Facts, decision: Arc<Decision>) {
+    fn insert_hashed(
+        &self,
+        key: PolicyKey,
+        hash: u64,
+        fk: &Arc<FactsKey>,
+        decision: Arc<Decision>,
+    ) {
         let mut shard = self
             .shard(hash)
             .write()
@@ -271,7 +376,7 @@ impl DecisionCache {
         if let Some(e) = shard
             .entries
             .iter_mut()
-            .find(|e| e.hash == hash && e.tag == key.0 && facts_equal(&e.facts, facts))
+            .find(|e| e.hash == hash && e.tag == key.0 && same_key(&e.key, fk))
         {
             e.decision = decision;
             return;
@@ -279,7 +384,7 @@ impl DecisionCache {
         let entry = Entry {
             hash,
             tag: key.0,
-            facts: facts.clone(),
+            key: fk.clone(),
             decision,
             referenced: AtomicBool::new(false),
         };
@@ -308,12 +413,13 @@ impl DecisionCache {
     /// The cached decision, or `policy.decide(facts)` stored for next time. `key` must be
     /// `PolicyKey::of(policy)` (see [`CachedPolicy`], which keeps the two together).
     pub fn get_or_decide(&self, key: PolicyKey, policy: &Policy, facts: &Facts) -> Arc<Decision> {
-        let hash = facts_hash(key.0, facts);
-        if let Some(d) = self.lookup(key, hash, facts) {
+        let fk = facts.cache_key();
+        let hash = entry_hash(key.0, fk);
+        if let Some(d) = self.lookup(key, hash, fk) {
             return d;
         }
         let d = Arc::new(policy.decide(facts));
-        self.insert_hashed(key, hash, facts, d.clone());
+        self.insert_hashed(key, hash, fk, d.clone());
         d
     }
 
@@ -478,6 +584,95 @@ mod tests {
         c.decide(&a);
         c.decide(&b);
         assert_eq!(c.cache().stats().misses, 2);
+    }
+
+    #[test]
+    fn a_changed_facts_value_never_hits_its_old_entry() {
+        let c = CachedPolicy::new(te(), 64);
+        let mut f = facts(json!({"head_dim_qk": 128, "head_dim_v": 128}));
+        c.decide(&f);
+        c.decide(&f);
+        assert_eq!(c.cache().stats().hits, 1);
+        // Every public mutation forgets the memoised key.
+        f.set_all_probes(true);
+        assert_eq!(*c.decide(&f), c.policy().decide(&f));
+        f.set_probe("fused_attn_graph", Some(false)).unwrap();
+        assert_eq!(*c.decide(&f), c.policy().decide(&f));
+        f.set_probe("fused_attn_graph", None).unwrap();
+        assert_eq!(*c.decide(&f), c.policy().decide(&f));
+        let s = c.cache().stats();
+        assert_eq!((s.hits, s.misses), (1, 4));
+        // A clone starts without the key: equal facts hit, through a key of its own.
+        let g = f.clone();
+        assert!(!Arc::ptr_eq(f.cache_key(), g.cache_key()));
+        assert_eq!(f.cache_key(), g.cache_key());
+        c.decide(&g);
+        assert_eq!(c.cache().stats().hits, 2);
+    }
+
+    /// Bitwise equality of two fact sets, as the key must see it.
+    fn bitwise_equal(a: &Facts, b: &Facts) -> bool {
+        let same = |x: &Value, y: &Value| match (x, y) {
+            (Value::Float(p), Value::Float(q)) => p.to_bits() == q.to_bits(),
+            _ => x == y,
+        };
+        a.values().len() == b.values().len()
+            && a.values().iter().zip(b.values()).all(|(x, y)| same(x, y))
+            && a.raw_versions == b.raw_versions
+    }
+
+    #[test]
+    fn keys_are_equal_exactly_when_facts_are_bitwise_equal() {
+        let mut sets: Vec<Facts> = vec![
+            facts(json!({})),
+            facts(json!({"cudnn_version": [9, 1, 0]})),
+            // Collided in the old (lossy) version hash: 9<<42 ^ 1<<21 == 9<<42 ^ 2^21.
+            facts(json!({"cudnn_version": [9, 0, 2097152]})),
+            facts(json!({"flash_attn_versions": {"v2": "2.8.3"}})),
+            facts(json!({"flash_attn_versions": {"v2": "2.8.3rc1"}})),
+            facts(json!({"flash_attn_versions": {"v2": "2.8.3.dev1"}})),
+            facts(json!({"flash_attn_versions": {"v2": "junk-a"}})),
+            facts(json!({"flash_attn_versions": {"v2": "junk-b"}})),
+            facts(json!({"env": {"NVTE_FLASH_ATTN": "0"}})),
+            facts(json!({"env": {"NVTE_FUSED_ATTN": "0"}})),
+            facts(json!({"attention_dropout": 0.0})),
+            facts(json!({"attention_dropout": -0.0})),
+            facts(json!({"attention_dropout": 0.1})),
+            facts(json!({"attention_dropout": 0.1 + f64::EPSILON / 16.0})),
+            facts(json!({"window_size": [-1, 0]})),
+            facts(json!({"window_size": null})),
+        ];
+        // NaNs by payload (not reachable from JSON; a float slot written directly).
+        let float_slot = crate::facts::schema::slot("attention_dropout").unwrap();
+        for bits in [
+            0x7FF8_0000_0000_0000u64,
+            0x7FF8_0000_0000_0001,
+            0x7FF8_0000_0000_0001,
+        ] {
+            let mut f = facts(json!({}));
+            f.values[float_slot] = Value::Float(f64::from_bits(bits));
+            sets.push(f);
+        }
+        for a in &sets {
+            for b in &sets {
+                assert_eq!(
+                    bitwise_equal(a, b),
+                    FactsKey::of(a) == FactsKey::of(b),
+                    "{:?} vs {:?}",
+                    a.get("attention_dropout"),
+                    b.get("attention_dropout")
+                );
+            }
+        }
+        // And the cache gives each distinct set its own decision.
+        let c = CachedPolicy::new(te(), 64);
+        for f in &sets {
+            assert_eq!(*c.decide(f), c.policy().decide(f));
+        }
+        let distinct = (0..sets.len())
+            .filter(|&i| (0..i).all(|j| !bitwise_equal(&sets[i], &sets[j])))
+            .count() as u64;
+        assert_eq!(c.cache().stats().misses, distinct);
     }
 
     #[test]

@@ -45,6 +45,10 @@ pub struct Facts {
     pub(crate) values: Vec<Value>,
     /// Raw text of version facts that did not parse, for explanations.
     pub(crate) raw_versions: Vec<(usize, String)>,
+    /// The decision cache's key of these facts, taken on first use (`crate::cache`); every
+    /// method that changes the facts clears it, and a clone starts without it. Code in this
+    /// crate that writes `values` directly must do so before the facts meet a cache.
+    pub(crate) key: crate::cache::KeyMemo,
 }
 
 impl Facts {
@@ -75,6 +79,7 @@ impl Facts {
         let mut facts = Facts {
             values,
             raw_versions: Vec::new(),
+            key: crate::cache::KeyMemo::default(),
         };
         facts.derive(false);
         facts
@@ -146,12 +151,14 @@ impl Facts {
                 suggestion: did_you_mean(&path, probe_names()),
                 ..err(&path, "unknown probe")
             })?;
+        self.key.clear();
         self.values[slot] = answer.map_or(Value::Unknown, Value::Bool);
         Ok(())
     }
 
     /// Answers every probe the same way (conformance runs answer "supported").
     pub fn set_all_probes(&mut self, answer: bool) {
+        self.key.clear();
         for (slot, d) in FIELDS.iter().enumerate() {
             if d.origin == Origin::Probe {
                 self.values[slot] = Value::Bool(answer);
@@ -160,11 +167,13 @@ impl Facts {
     }
 
     fn put(&mut self, path: &str, v: Value) {
+        self.key.clear();
         self.values[schema::known_slot(path)] = v;
     }
 
     fn put_version(&mut self, path: &str, v: Result<Option<Version>, String>) {
         let slot = schema::known_slot(path);
+        self.key.clear();
         self.raw_versions.retain(|(s, _)| *s != slot);
         self.values[slot] = match v {
             Ok(Some(v)) => Value::Version(v),

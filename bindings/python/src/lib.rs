@@ -15,6 +15,7 @@ use attn_policy::{Facts, PackSource, Policy, load_pack};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use serde_json::{Map, Value as Json};
 
@@ -48,61 +49,266 @@ fn to_py(py: Python<'_>, v: &Json) -> PyResult<Py<PyAny>> {
 #[pyclass(frozen, module = "attn_policy._native")]
 struct NativePolicy {
     inner: Arc<CachedPolicy>,
-    /// Input memo: the config exactly as given (JSON) -> its facts and decision. Reading a
-    /// config into facts is a pure function and the policy is immutable, so an equal input
-    /// always yields the same facts; the memo only skips re-reading them. Bounded: cleared
-    /// when full.
-    memo: RwLock<HashMap<u64, Memo>>,
+    /// Input memo in front of the decision cache: the exact [`InputKey`] of a Python input ->
+    /// the facts and decision it reads into (and, for TE drop-in calls, the provenance of its
+    /// environment facts). A hit skips building JSON and `Facts`. Bounded: cleared when full.
+    memo: RwLock<IdMap<u64, Memo>>,
     memo_cap: usize,
 }
 
-struct Memo {
-    input: Json,
-    facts: Arc<Facts>,
-    decision: Arc<Decision>,
+/// Keys that are hashes already: no rehashing (a multiply spreads the low bits).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = x.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(32);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+    fn write_isize(&mut self, x: isize) {
+        self.write_u64(x as u64);
+    }
 }
 
-fn json_hash(v: &Json, h: &mut u64) {
-    #[inline(always)]
-    fn mix(h: &mut u64, w: u64) {
-        *h = (*h ^ w).wrapping_mul(0xF135_7AEA_2E62_A9C5).rotate_left(26);
+type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+struct Memo {
+    key: InputKey,
+    facts: Arc<Facts>,
+    decision: Arc<Decision>,
+    provenance: Arc<Provenance>,
+}
+
+// Words of an [`InputKey`]. Each value starts with a tag word that says what follows.
+const K_NONE: u64 = 1;
+const K_FALSE: u64 = 2;
+const K_TRUE: u64 = 3;
+const K_INT: u64 = 4; // + the i64
+const K_FLOAT: u64 = 5; // + the bit pattern
+const K_STR: u64 = 6; // + Python's hash; the str object is kept in `strs`
+const K_DICT: u64 = 7; // + length, then (key, value) pairs
+const K_LIST: u64 = 8; // + length, then items
+const K_TUPLE: u64 = 9; // + length, then items
+const K_JSON: u64 = 10; // + the JSON the value reads as (any other object)
+const K_TEXT: u64 = 11; // + byte length, then the bytes
+const K_ATTR: u64 = 12; // | attribute index << 8, then the value
+const K_OSENV: u64 = 13; // | switch index << 8, then K_NONE or K_TEXT
+const K_SELECT: u64 = 14; // a `select` input
+const K_TE: u64 = 15; // a TE drop-in input (+ answer-probes flag)
+const K_JSON_TEXT: u64 = 16; // `select` of a JSON string: the str follows
+const K_ARRAY: u64 = 17; // JSON array + length
+const K_OBJECT: u64 = 18; // JSON object + length, then (text, value) pairs
+const K_NUM: u64 = 19; // JSON number: + i64 or f64 bits
+const K_ARG: u64 = 20; // an environment fact given as a call argument
+
+/// The exact key of a Python input, read without building JSON: a word sequence (a prefix
+/// code: type tags, lengths, ints, float bit patterns, attribute indices, environment
+/// switches) and every `str` read along the way, kept alive and compared by identity, else by
+/// value. Plain values (None, bool, int, float, str, dict, list, tuple) are encoded as they
+/// are; any other object by the JSON it reads as. So two inputs with equal keys read into the
+/// same config, and a dict changed between two calls has a different key.
+struct InputKey {
+    words: Vec<u64>,
+    strs: Vec<Py<PyString>>,
+}
+
+impl InputKey {
+    fn new() -> InputKey {
+        InputKey {
+            words: Vec::with_capacity(256),
+            strs: Vec::with_capacity(64),
+        }
     }
-    fn bytes(h: &mut u64, s: &str) {
-        mix(h, s.len() as u64);
-        for c in s.as_bytes().chunks(8) {
+
+    fn word(&mut self, w: u64) {
+        self.words.push(w);
+    }
+
+    fn str(&mut self, s: &Bound<'_, PyString>) -> PyResult<()> {
+        self.words.extend([K_STR, s.hash()? as u64]);
+        self.strs.push(s.clone().unbind());
+        Ok(())
+    }
+
+    fn text(&mut self, s: &str) {
+        self.words.extend([K_TEXT, s.len() as u64]);
+        self.words.extend(s.as_bytes().chunks(8).map(|c| {
             let mut w = [0u8; 8];
             w[..c.len()].copy_from_slice(c);
-            mix(h, u64::from_le_bytes(w));
+            u64::from_le_bytes(w)
+        }));
+    }
+
+    fn json(&mut self, v: &Json) {
+        match v {
+            Json::Null => self.word(K_NONE),
+            Json::Bool(b) => self.word(if *b { K_TRUE } else { K_FALSE }),
+            Json::Number(n) => match n.as_i64() {
+                Some(i) => self.words.extend([K_NUM, 0, i as u64]),
+                None => match n.as_u64() {
+                    Some(u) => self.words.extend([K_NUM, 1, u]),
+                    None => self
+                        .words
+                        .extend([K_NUM, 2, n.as_f64().map_or(0, f64::to_bits)]),
+                },
+            },
+            Json::String(s) => self.text(s),
+            Json::Array(a) => {
+                self.words.extend([K_ARRAY, a.len() as u64]);
+                for x in a {
+                    self.json(x);
+                }
+            }
+            Json::Object(m) => {
+                self.words.extend([K_OBJECT, m.len() as u64]);
+                for (k, x) in m {
+                    self.text(k);
+                    self.json(x);
+                }
+            }
         }
     }
-    match v {
-        Json::Null => mix(h, 1),
-        Json::Bool(b) => mix(h, 2 + *b as u64),
-        Json::Number(n) => {
-            mix(h, 4);
-            match n.as_i64() {
-                Some(i) => mix(h, i as u64),
-                None => mix(h, n.as_f64().map_or(0, f64::to_bits) ^ 0x55),
+
+    fn hash(&self) -> u64 {
+        // Four independent multiply lanes, then splitmix64's finaliser.
+        const MUL: u64 = 0xF135_7AEA_2E62_A9C5;
+        let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(MUL).rotate_left(26);
+        let mut lanes = [1u64, 2, 3, 4];
+        let mut chunks = self.words.chunks_exact(4);
+        for c in &mut chunks {
+            for i in 0..4 {
+                lanes[i] = mix(lanes[i], c[i]);
             }
         }
-        Json::String(s) => {
-            mix(h, 5);
-            bytes(h, s);
+        let mut h = mix(0x9E37_79B9_7F4A_7C15, self.words.len() as u64);
+        for &w in chunks.remainder().iter().chain(&lanes) {
+            h = mix(h, w);
         }
-        Json::Array(a) => {
-            mix(h, 6 + ((a.len() as u64) << 8));
-            for x in a {
-                json_hash(x, h);
+        h ^= h >> 30;
+        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h ^= h >> 27;
+        h = h.wrapping_mul(0x94D0_49BB_1331_11EB);
+        h ^ (h >> 31)
+    }
+
+    /// Equal words and equal strings (`is`, else `==` on two exact `str`s: no Python code).
+    fn same(&self, py: Python<'_>, other: &InputKey) -> PyResult<bool> {
+        if self.words != other.words || self.strs.len() != other.strs.len() {
+            return Ok(false);
+        }
+        for (a, b) in self.strs.iter().zip(&other.strs) {
+            if !a.is(b) && !a.bind(py).as_any().eq(b.bind(py))? {
+                return Ok(false);
             }
         }
-        Json::Object(m) => {
-            mix(h, 7 + ((m.len() as u64) << 8));
-            for (k, x) in m {
-                bytes(h, k);
-                json_hash(x, h);
-            }
+        Ok(true)
+    }
+}
+
+/// The name a value is read under (`*dtype` strings are translated), resolved only when needed.
+#[derive(Clone, Copy)]
+enum Name<'a, 'py> {
+    Static(&'a str),
+    Key(&'a Bound<'py, PyAny>),
+}
+
+impl Name<'_, '_> {
+    fn text(&self) -> PyResult<String> {
+        match self {
+            Name::Static(s) => Ok((*s).to_owned()),
+            Name::Key(k) => match k.cast::<PyString>() {
+                Ok(s) => Ok(s.to_cow()?.into_owned()),
+                Err(_) => Ok(k.str()?.to_cow()?.into_owned()),
+            },
         }
     }
+}
+
+/// Reads one value into `key` and, when `build`, into JSON exactly as [`value_json`] does.
+/// Plain values go into the key as they are (no JSON is built for a key alone); any other
+/// object is read through `value_json` and goes into the key as that JSON.
+fn read_value(
+    v: &Bound<'_, PyAny>,
+    name: Name<'_, '_>,
+    key: &mut InputKey,
+    build: bool,
+) -> PyResult<Option<Json>> {
+    if v.is_none() {
+        key.word(K_NONE);
+        return Ok(build.then_some(Json::Null));
+    }
+    if let Ok(b) = v.cast_exact::<PyBool>() {
+        let b = b.is_true();
+        key.word(if b { K_TRUE } else { K_FALSE });
+        return Ok(build.then_some(Json::Bool(b)));
+    }
+    if v.is_exact_instance_of::<PyInt>()
+        && let Ok(i) = v.extract::<i64>()
+    {
+        key.words.extend([K_INT, i as u64]);
+        return Ok(build.then(|| Json::from(i)));
+    }
+    if let Ok(f) = v.cast_exact::<PyFloat>() {
+        let f = f.value();
+        key.words.extend([K_FLOAT, f.to_bits()]);
+        return Ok(build.then(|| serde_json::Number::from_f64(f).map_or(Json::Null, Json::Number)));
+    }
+    if let Ok(s) = v.cast_exact::<PyString>() {
+        key.str(s)?;
+        return if build {
+            value_json(v, &name.text()?).map(Some)
+        } else {
+            Ok(None)
+        };
+    }
+    if let Ok(d) = v.cast_exact::<PyDict>() {
+        key.words.extend([K_DICT, d.len() as u64]);
+        let mut m = build.then(|| Map::with_capacity(d.len()));
+        for (k, x) in d.iter() {
+            match k.cast_exact::<PyString>() {
+                Ok(s) => key.str(s)?,
+                Err(_) => key.text(&Name::Key(&k).text()?),
+            }
+            let j = read_value(&x, Name::Key(&k), key, build)?;
+            if let (Some(m), Some(j)) = (m.as_mut(), j) {
+                m.insert(Name::Key(&k).text()?, j);
+            }
+        }
+        return Ok(m.map(Json::Object));
+    }
+    let seq = if v.is_exact_instance_of::<PyList>() {
+        Some((K_LIST, v.cast::<PyList>()?.iter().collect::<Vec<_>>()))
+    } else if let Ok(t) = v.cast::<PyTuple>() {
+        // tuples and torch.Size (a tuple subclass: its items are the tuple's own)
+        Some((K_TUPLE, t.iter().collect::<Vec<_>>()))
+    } else {
+        None
+    };
+    if let Some((tag, items)) = seq {
+        key.words.extend([tag, items.len() as u64]);
+        let mut a = build.then(|| Vec::with_capacity(items.len()));
+        for x in &items {
+            let j = read_value(x, name, key, build)?;
+            if let (Some(a), Some(j)) = (a.as_mut(), j) {
+                a.push(j);
+            }
+        }
+        return Ok(a.map(Json::Array));
+    }
+    let j = value_json(v, &name.text()?)?;
+    key.word(K_JSON);
+    key.json(&j);
+    Ok(build.then_some(j))
 }
 
 fn facts_from(config: &Json) -> Result<Facts, String> {
@@ -146,26 +352,24 @@ impl NativePolicy {
             (None, None) => PackSource::Embedded("te".into()),
         };
         let overlays: Vec<std::path::PathBuf> = overlays.into_iter().map(Into::into).collect();
-        let mut policy: Policy = py
-            .detach(|| load_pack(source, &overlays))
-            .map_err(|e| {
-                let diags: Vec<Json> = e
-                    .diagnostics
-                    .0
-                    .iter()
-                    .map(|d| {
-                        serde_json::json!({
-                            "code": d.code,
-                            "severity": format!("{:?}", d.severity).to_lowercase(),
-                            "message": d.message,
-                            "location": d.location,
-                            "label": d.label,
-                            "help": d.help,
-                        })
+        let mut policy: Policy = py.detach(|| load_pack(source, &overlays)).map_err(|e| {
+            let diags: Vec<Json> = e
+                .diagnostics
+                .0
+                .iter()
+                .map(|d| {
+                    serde_json::json!({
+                        "code": d.code,
+                        "severity": format!("{:?}", d.severity).to_lowercase(),
+                        "message": d.message,
+                        "location": d.location,
+                        "label": d.label,
+                        "help": d.help,
                     })
-                    .collect();
-                policy_error(py, e.render(false), Some(Json::Array(diags)))
-            })?;
+                })
+                .collect();
+            policy_error(py, e.render(false), Some(Json::Array(diags)))
+        })?;
         // `--parity`: the guard layer off, where the pack has one.
         if parity && policy.layers.iter().any(|l| l == "guard") {
             layers_off.push("guard".into());
@@ -177,7 +381,7 @@ impl NativePolicy {
         }
         Ok(NativePolicy {
             inner: Arc::new(CachedPolicy::new(policy, cache_size)),
-            memo: RwLock::new(HashMap::new()),
+            memo: RwLock::new(IdMap::default()),
             memo_cap: cache_size.max(1),
         })
     }
@@ -204,23 +408,52 @@ impl NativePolicy {
 
     /// Decides for a config (a dict of facts by TE's names, or a JSON string).
     fn select(&self, py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<NativeDecision> {
-        let json: Json = if let Ok(s) = config.cast::<PyString>() {
-            serde_json::from_str(&s.to_cow()?).map_err(|e| {
-                policy_error(py, format!("invalid config: not JSON: {e}"), None)
-            })?
-        } else if let Ok(d) = config.cast::<PyDict>() {
-            dict_json(d)?
-        } else {
-            return Err(policy_error(
-                py,
-                format!(
-                    "invalid config: expected a dict of facts, found {}",
-                    config.get_type().name()?
-                ),
-                None,
-            ));
+        let read = |key: &mut InputKey, build: bool| -> PyResult<Option<ReadInput>> {
+            key.word(K_SELECT);
+            if let Ok(s) = config.cast_exact::<PyString>() {
+                key.word(K_JSON_TEXT);
+                key.str(s)?;
+                if !build {
+                    return Ok(None);
+                }
+                let json = serde_json::from_str(&s.to_cow()?).map_err(|e| {
+                    policy_error(py, format!("invalid config: not JSON: {e}"), None)
+                })?;
+                return Ok(Some((json, Vec::new(), false)));
+            }
+            if config.cast::<PyString>().is_ok() {
+                // A str subclass: its text, read like the JSON string it holds.
+                let text = config.cast::<PyString>()?.to_cow()?.into_owned();
+                key.text(&text);
+                if !build {
+                    return Ok(None);
+                }
+                let json = serde_json::from_str(&text).map_err(|e| {
+                    policy_error(py, format!("invalid config: not JSON: {e}"), None)
+                })?;
+                return Ok(Some((json, Vec::new(), false)));
+            }
+            let Ok(d) = config.cast::<PyDict>() else {
+                return Err(policy_error(
+                    py,
+                    format!(
+                        "invalid config: expected a dict of facts, found {}",
+                        config.get_type().name()?
+                    ),
+                    None,
+                ));
+            };
+            if d.is_exact_instance_of::<PyDict>() {
+                let json = read_value(d.as_any(), Name::Static(""), key, build)?;
+                Ok(json.map(|j| (j, Vec::new(), false)))
+            } else {
+                let json = dict_json(d)?;
+                key.word(K_JSON);
+                key.json(&json);
+                Ok(build.then_some((json, Vec::new(), false)))
+            }
         };
-        self.decide_input(py, json, Vec::new(), false)
+        self.decide_read(py, read)
     }
 
     /// Decides for a TransformerEngine `AttentionParams`-like object. `environment` maps each
@@ -228,15 +461,20 @@ impl NativePolicy {
     /// win. Switches under `env` come from the object, then `environment`, then the process
     /// environment. Probe facts the object lacks are answered "supported", as TE's own
     /// selector would after cuDNN accepted the graph.
+    /// `arguments` (optional) are environment facts given to this call: each counts as
+    /// `(value, "argument")` and wins over `environment`'s entry of the same name.
+    #[pyo3(signature = (params, environment, arguments=None))]
     fn te_select(
         &self,
         py: Python<'_>,
         params: &Bound<'_, PyAny>,
         environment: &Bound<'_, PyDict>,
+        arguments: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<NativeDecision> {
-        let (cfg, prov) = te_config(params, environment)?;
-        let answer_probes = !cfg.contains_key("probe");
-        self.decide_input(py, Json::Object(cfg), prov, answer_probes)
+        let arguments = arguments.filter(|a| !a.is_empty());
+        self.decide_read(py, |key, build| {
+            te_read(params, environment, arguments, key, build)
+        })
     }
 
     /// Cache counters: hits, misses, inserts, evictions, len, capacity.
@@ -259,51 +497,66 @@ impl NativePolicy {
     }
 }
 
+/// What one read of a Python input gives when asked to build: the config as JSON, the
+/// provenance of its environment facts, and whether unanswered probes answer "supported".
+type ReadInput = (Json, Provenance, bool);
+
 impl NativePolicy {
-    /// Facts and decision for a config, through the input memo and then the decision cache.
-    fn decide_input(
+    /// Facts and decision for a Python input, through the input memo and then the decision
+    /// cache. `read(key, build)` reads the input into `key` (and, when `build`, into a config).
+    /// A miss reads the input a second time, building the config and the key together from
+    /// the same reads, and stores that key: an entry's key always describes its facts.
+    fn decide_read(
         &self,
         py: Python<'_>,
-        input: Json,
-        provenance: Vec<(String, &'static str)>,
-        answer_probes: bool,
+        read: impl Fn(&mut InputKey, bool) -> PyResult<Option<ReadInput>>,
     ) -> PyResult<NativeDecision> {
-        let mut h = 0x9E37_79B9_7F4A_7C15 ^ answer_probes as u64;
-        json_hash(&input, &mut h);
+        let mut key = InputKey::new();
+        read(&mut key, false)?;
+        let h = key.hash();
         let hit = {
             let memo = self.memo.read().unwrap_or_else(|p| p.into_inner());
-            memo.get(&h)
-                .filter(|m| m.input == input)
-                .map(|m| (m.facts.clone(), m.decision.clone()))
-        };
-        let (facts, decision) = match hit {
-            Some(x) => {
-                // Count it as the cache hit it is (the decision cache was bypassed).
-                self.inner.cache().get(self.inner.key(), &x.0);
-                x
-            }
-            None => {
-                let mut facts = facts_from(&input).map_err(|m| policy_error(py, m, None))?;
-                if answer_probes {
-                    facts.set_all_probes(true);
+            match memo.get(&h) {
+                Some(m) if m.key.same(py, &key)? => {
+                    Some((m.facts.clone(), m.decision.clone(), m.provenance.clone()))
                 }
-                let facts = Arc::new(facts);
-                let decision = self.inner.decide(&facts);
-                let mut memo = self.memo.write().unwrap_or_else(|p| p.into_inner());
-                if memo.len() >= self.memo_cap {
-                    memo.clear();
-                }
-                memo.insert(
-                    h,
-                    Memo {
-                        input,
-                        facts: facts.clone(),
-                        decision: decision.clone(),
-                    },
-                );
-                (facts, decision)
+                _ => None,
             }
         };
+        if let Some((facts, decision, provenance)) = hit {
+            // Count it as the cache hit it is (the decision cache was not asked).
+            self.inner.cache().count_hit();
+            return Ok(NativeDecision {
+                policy: self.inner.clone(),
+                facts,
+                decision,
+                provenance,
+            });
+        }
+        let mut key = InputKey::new();
+        let (input, provenance, answer_probes) =
+            read(&mut key, true)?.expect("a building read returns the config");
+        let mut facts = facts_from(&input).map_err(|m| policy_error(py, m, None))?;
+        if answer_probes {
+            facts.set_all_probes(true);
+        }
+        let facts = Arc::new(facts);
+        let decision = self.inner.decide(&facts);
+        let provenance = Arc::new(provenance);
+        let h = key.hash();
+        let mut memo = self.memo.write().unwrap_or_else(|p| p.into_inner());
+        if memo.len() >= self.memo_cap {
+            memo.clear();
+        }
+        memo.insert(
+            h,
+            Memo {
+                key,
+                facts: facts.clone(),
+                decision: decision.clone(),
+                provenance: provenance.clone(),
+            },
+        );
         Ok(NativeDecision {
             policy: self.inner.clone(),
             facts,
@@ -319,7 +572,7 @@ struct NativeDecision {
     policy: Arc<CachedPolicy>,
     facts: Arc<Facts>,
     decision: Arc<Decision>,
-    provenance: Vec<(String, &'static str)>,
+    provenance: Arc<Provenance>,
 }
 
 impl NativeDecision {
@@ -369,8 +622,13 @@ impl NativeDecision {
         let mut text = self.explanation().to_text(color);
         if !self.provenance.is_empty() {
             text.push_str("\nfacts from the environment:\n");
-            let width = self.provenance.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-            for (k, s) in &self.provenance {
+            let width = self
+                .provenance
+                .iter()
+                .map(|(k, _)| k.len())
+                .max()
+                .unwrap_or(0);
+            for (k, s) in self.provenance.iter() {
                 let children: Vec<String> = FIELDS
                     .iter()
                     .enumerate()
@@ -396,18 +654,19 @@ impl NativeDecision {
                 } else {
                     None
                 };
-                let value = value.or_else(|| self
-                    .facts
-                    .get(k)
-                    .map(|v| {
-                        let dom = attn_policy::facts::schema::slot(k).and_then(|s| {
-                            match FIELDS[s].ty {
-                                attn_policy::facts::Ty::Enum(d) => Some(d),
-                                _ => None,
-                            }
-                        });
-                        v.display(dom).to_string()
-                    }))
+                let value = value
+                    .or_else(|| {
+                        self.facts.get(k).map(|v| {
+                            let dom =
+                                attn_policy::facts::schema::slot(k).and_then(|s| {
+                                    match FIELDS[s].ty {
+                                        attn_policy::facts::Ty::Enum(d) => Some(d),
+                                        _ => None,
+                                    }
+                                });
+                            v.display(dom).to_string()
+                        })
+                    })
                     .unwrap_or_default();
                 if value.is_empty() {
                     text.push_str(&format!("  {k:<width$}  from {s}\n"));
@@ -452,11 +711,20 @@ impl NativeDecision {
         );
         let available = PyList::new(py, [eligible(flash), eligible(fused), eligible(unfused)])?;
         let mut items: Vec<Py<PyAny>> = vec![
-            PyBool::new(py, selected(flash)).to_owned().into_any().unbind(),
+            PyBool::new(py, selected(flash))
+                .to_owned()
+                .into_any()
+                .unbind(),
             value(flash)?,
-            PyBool::new(py, selected(fused)).to_owned().into_any().unbind(),
+            PyBool::new(py, selected(fused))
+                .to_owned()
+                .into_any()
+                .unbind(),
             value(fused)?,
-            PyBool::new(py, selected(unfused)).to_owned().into_any().unbind(),
+            PyBool::new(py, selected(unfused))
+                .to_owned()
+                .into_any()
+                .unbind(),
             available.into_any().unbind(),
         ];
         if frost {
@@ -483,8 +751,8 @@ impl NativeDecision {
 
     /// `(fact, source)` pairs for the environment facts of a TE drop-in call.
     #[getter]
-    fn provenance(&self) -> Vec<(String, &'static str)> {
-        self.provenance.clone()
+    fn provenance(&self) -> Provenance {
+        (*self.provenance).clone()
     }
 
     #[getter]
@@ -551,10 +819,10 @@ fn value_json(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Json> {
     if let Ok(b) = v.cast::<PyBool>() {
         return Ok(Json::Bool(b.is_true()));
     }
-    if v.cast::<PyInt>().is_ok() {
-        if let Ok(i) = v.extract::<i64>() {
-            return Ok(Json::from(i));
-        }
+    if v.cast::<PyInt>().is_ok()
+        && let Ok(i) = v.extract::<i64>()
+    {
+        return Ok(Json::from(i));
     }
     if let Ok(f) = v.cast::<PyFloat>() {
         return Ok(serde_json::Number::from_f64(f.value()).map_or(Json::Null, Json::Number));
@@ -604,7 +872,9 @@ fn value_json(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Json> {
     }
     if v.hasattr("_value_")? && v.hasattr("name")? {
         // enum.Enum members (recipe Format.HYBRID): the member name.
-        return Ok(Json::String(v.getattr("name")?.str()?.to_cow()?.into_owned()));
+        return Ok(Json::String(
+            v.getattr("name")?.str()?.to_cow()?.into_owned(),
+        ));
     }
     if let Ok(f) = v.extract::<f64>() {
         return Ok(serde_json::Number::from_f64(f).map_or(Json::Null, Json::Number));
@@ -614,7 +884,10 @@ fn value_json(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Json> {
     )))
 }
 
-fn get_opt<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+fn get_opt<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: impl IntoPyObject<'py, Target = PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     match obj.getattr(name) {
         Ok(v) => Ok(Some(v)),
         Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(obj.py()) => Ok(None),
@@ -677,7 +950,10 @@ fn inference_json(ip: &Bound<'_, PyAny>) -> PyResult<Json> {
         },
     };
     if let Some(v) = mpps {
-        m.insert("max_pages_per_seq".into(), value_json(&v, "max_pages_per_seq")?);
+        m.insert(
+            "max_pages_per_seq".into(),
+            value_json(&v, "max_pages_per_seq")?,
+        );
     }
     Ok(Json::Object(m))
 }
@@ -718,100 +994,356 @@ fn source_name(s: &str) -> &'static str {
     }
 }
 
-fn te_config(
+/// Names the TE drop-in reads, interned once: `input_keys()` in order, then `fp8_meta`,
+/// `inference_params`, `__dict__`; an index by Python hash finds a name's position.
+/// A name object met before (kept alive) and its index among the attribute names.
+type SeenName = (Py<PyString>, Option<usize>);
+
+struct Names {
+    strs: Vec<Py<PyString>>,
+    by_hash: IdMap<isize, Vec<usize>>,
+    /// Attribute names met before, by identity: the object (kept alive, so its address is
+    /// not reused while it is here) -> its index among the attribute names. Bounded.
+    seen: std::sync::Mutex<IdMap<usize, SeenName>>,
+}
+
+const SOURCES: [&str; 6] = [
+    "object",
+    "argument",
+    "set_environment",
+    "probe",
+    "os.environ",
+    "default",
+];
+
+impl Names {
+    fn get(py: Python<'_>) -> PyResult<&'static Names> {
+        static NAMES: PyOnceLock<Names> = PyOnceLock::new();
+        NAMES.get_or_try_init(py, || {
+            let strs: Vec<Py<PyString>> = input_keys()
+                .iter()
+                .chain(&["fp8_meta", "inference_params", "__dict__"])
+                .chain(&SOURCES)
+                .map(|k| PyString::intern(py, k).unbind())
+                .collect();
+            let mut by_hash: IdMap<isize, Vec<usize>> = IdMap::default();
+            for (i, s) in strs.iter().enumerate() {
+                by_hash.entry(s.bind(py).hash()?).or_default().push(i);
+            }
+            Ok(Names {
+                strs,
+                by_hash,
+                seen: Default::default(),
+            })
+        })
+    }
+
+    /// The position of an exact `str` among the names in `range` (identity, else hash and
+    /// `==`).
+    fn index(
+        &self,
+        s: &Bound<'_, PyString>,
+        range: std::ops::Range<usize>,
+    ) -> PyResult<Option<usize>> {
+        let Some(cands) = self.by_hash.get(&s.hash()?) else {
+            return Ok(None);
+        };
+        for &i in cands.iter().filter(|i| range.contains(i)) {
+            let n = self.strs[i].bind(s.py());
+            if s.is(n) || s.as_any().eq(n)? {
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Reads a TE `AttentionParams`-like object and the caller's environment into `key` and, when
+/// `build`, into the config, its provenance and the answer-probes flag. Every value the
+/// config depends on goes into the key: the attributes present (by index) with their values,
+/// recipe and inference objects as the JSON they read as, every `(value, source)` of
+/// `environment`, and the process environment's switches when the object has no `env`.
+fn te_read(
     params: &Bound<'_, PyAny>,
     environment: &Bound<'_, PyDict>,
-) -> PyResult<(Map<String, Json>, Provenance)> {
-    let mut cfg = Map::new();
+    arguments: Option<&Bound<'_, PyDict>>,
+    key: &mut InputKey,
+    build: bool,
+) -> PyResult<Option<ReadInput>> {
+    let py = params.py();
+    let names = Names::get(py)?;
+    let keys = input_keys();
+    let n = keys.len();
+    let (fp8_meta, inference_params, dunder_dict) = (n, n + 1, n + 2);
+    key.word(K_TE);
     let mut prov: Provenance = Vec::new();
     // A plain dict (a corpus record's `config`) reads like an object's attributes; a
-    // dataclass or SimpleNamespace is read through its instance `__dict__` (no exception per
-    // absent field); anything else through getattr.
+    // dataclass or SimpleNamespace is read through its instance `__dict__`; anything else
+    // through getattr.
     let as_dict: Option<Bound<'_, PyDict>> = match params.cast::<PyDict>() {
         Ok(d) => Some(d.clone()),
-        Err(_) => match get_opt(params, "__dict__")? {
+        Err(_) => match get_opt(params, names.strs[dunder_dict].bind(py))? {
             Some(d) => d.cast_into::<PyDict>().ok(),
             None => None,
         },
     };
-    let get = |k: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
-        match &as_dict {
-            Some(d) => d.get_item(k),
-            None => get_opt(params, k),
-        }
-    };
-    for &key in input_keys() {
-        if let Some(v) = get(key)? {
-            let j = match key {
-                "fp8_recipe" if !v.is_none() && v.cast::<PyDict>().is_err() => {
-                    recipe_json(&v, None)?
-                }
-                "inference" if !v.is_none() => inference_json(&v)?,
-                _ => value_json(&v, key)?,
+    // The attributes present, (name index, value): from one pass over an exact dict whose
+    // keys are all exact strs (in its order), else by looking each name up.
+    let mut found: Vec<(usize, Bound<'_, PyAny>)> = Vec::with_capacity(48);
+    let start = key.words.len();
+    let mut iterated = false;
+    if let Some(d) = as_dict
+        .as_ref()
+        .filter(|d| d.is_exact_instance_of::<PyDict>())
+    {
+        iterated = true;
+        // Never wait for the memo of names: another thread may hold it while `==` runs
+        // Python code (and so gives up the GIL); then this call looks names up by hash.
+        let mut seen = names.seen.try_lock().ok();
+        for (k, v) in d.iter() {
+            let Ok(s) = k.cast_exact::<PyString>() else {
+                iterated = false;
+                break;
             };
-            cfg.insert(key.to_owned(), j);
-        }
-    }
-    if !cfg.contains_key("fp8_recipe") {
-        if let Some(meta) = get("fp8_meta")? {
-            if let Some(r) = fp8_meta_json(&meta)? {
-                cfg.insert("fp8_recipe".into(), r);
+            let addr = s.as_ptr() as usize;
+            let i = match seen.as_ref().and_then(|m| m.get(&addr)) {
+                Some((_, i)) => *i,
+                None => {
+                    let i = names.index(s, 0..dunder_dict)?;
+                    if let Some(m) = seen.as_mut() {
+                        if m.len() >= 16384 {
+                            m.clear();
+                        }
+                        m.insert(addr, (s.clone().unbind(), i));
+                    }
+                    i
+                }
+            };
+            if let Some(i) = i {
+                found.push((i, v));
             }
         }
     }
-    if !cfg.contains_key("inference") {
-        if let Some(ip) = get("inference_params")? {
-            if !ip.is_none() {
-                cfg.insert("inference".into(), inference_json(&ip)?);
+    if !iterated {
+        found.clear();
+        key.words.truncate(start);
+        let get = |i: usize| -> PyResult<Option<Bound<'_, PyAny>>> {
+            let k = names.strs[i].bind(py);
+            match &as_dict {
+                Some(d) => d.get_item(k),
+                None => get_opt(params, k),
+            }
+        };
+        for i in 0..n {
+            if let Some(v) = get(i)? {
+                found.push((i, v));
+            }
+        }
+        let has = |found: &[(usize, Bound<'_, PyAny>)], name: &str| {
+            found.iter().any(|(i, _)| keys.get(*i) == Some(&name))
+        };
+        for (i, name) in [(fp8_meta, "fp8_recipe"), (inference_params, "inference")] {
+            if !has(&found, name)
+                && let Some(v) = get(i)?
+            {
+                found.push((i, v));
             }
         }
     }
-    // Environment facts: the object's own, else what the caller resolved.
-    for (k, v) in environment.iter() {
-        let key: String = k.extract()?;
-        let (value, source): (Bound<'_, PyAny>, String) = v.extract()?;
-        if key == "env" {
+    key.word(if iterated { K_DICT } else { K_ATTR });
+    // The config's top-level keys, tracked whether or not the config is built.
+    let mut present = vec![false; n];
+    let mut cfg: Vec<(usize, Json)> = Vec::new();
+    for (i, v) in &found {
+        let (i, v) = (*i, v);
+        if i >= n {
             continue;
         }
-        if cfg.contains_key(&key) {
-            prov.push((key, "object"));
-        } else if source == "default" && value.is_none() {
-            // Nothing measured it: the schema default applies.
-            prov.push((key, "default"));
+        key.word(K_ATTR | (i as u64) << 8);
+        let name = keys[i];
+        let j = match name {
+            "fp8_recipe" if !v.is_none() && v.cast::<PyDict>().is_err() => {
+                let j = recipe_json(v, None)?;
+                key.word(K_JSON);
+                key.json(&j);
+                build.then_some(j)
+            }
+            "inference" if !v.is_none() => {
+                let j = inference_json(v)?;
+                key.word(K_JSON);
+                key.json(&j);
+                build.then_some(j)
+            }
+            _ => read_value(v, Name::Static(name), key, build)?,
+        };
+        present[i] = true;
+        if let Some(j) = j {
+            cfg.push((i, j));
+        }
+    }
+    // Input keys in schema order, then what fp8_meta / inference_params give.
+    cfg.sort_by_key(|(i, _)| *i);
+    let mut cfg: Map<String, Json> = cfg
+        .into_iter()
+        .map(|(i, j)| (keys[i].to_owned(), j))
+        .collect();
+    let slot = |name: &str| keys.iter().position(|k| *k == name).expect("an input key");
+    let (recipe, inference, env, probe) = (
+        slot("fp8_recipe"),
+        slot("inference"),
+        slot("env"),
+        slot("probe"),
+    );
+    let attr = |i: usize| found.iter().find(|(j, _)| *j == i).map(|(_, v)| v);
+    if !present[recipe]
+        && let Some(meta) = attr(fp8_meta)
+    {
+        key.word(K_ATTR | (fp8_meta as u64) << 8);
+        match fp8_meta_json(meta)? {
+            Some(r) => {
+                key.word(K_JSON);
+                key.json(&r);
+                present[recipe] = true;
+                cfg.insert("fp8_recipe".into(), r);
+            }
+            None => key.word(K_NONE),
+        }
+    }
+    if !present[inference]
+        && let Some(ip) = attr(inference_params)
+    {
+        key.word(K_ATTR | (inference_params as u64) << 8);
+        if ip.is_none() {
+            key.word(K_NONE);
         } else {
-            cfg.insert(key.clone(), value_json(&value, &key)?);
-            prov.push((key, source_name(&source)));
+            let j = inference_json(ip)?;
+            key.word(K_JSON);
+            key.json(&j);
+            present[inference] = true;
+            cfg.insert("inference".into(), j);
+        }
+    }
+    // Environment facts: the object's own, else what the caller resolved: `environment`
+    // with `arguments` over it (as `dict(environment) | {k: (v, "argument")}` would order
+    // them). All of it goes into the key (names, sources and the values that are read).
+    // (name, value, source; None: a call argument)
+    type Item<'py> = (
+        Bound<'py, PyAny>,
+        Bound<'py, PyAny>,
+        Option<Bound<'py, PyAny>>,
+    );
+    let mut items: Vec<Item<'_>> =
+        Vec::with_capacity(environment.len() + arguments.map_or(0, |a| a.len()));
+    for (k, v) in environment.iter() {
+        if let Some(x) = arguments.map(|a| a.get_item(&k)).transpose()?.flatten() {
+            items.push((k, x, None));
+            continue;
+        }
+        let (value, source): (Bound<'_, PyAny>, Bound<'_, PyAny>) = v.extract()?;
+        items.push((k, value, Some(source)));
+    }
+    if let Some(a) = arguments {
+        for (k, x) in a.iter() {
+            if !environment.contains(&k)? {
+                items.push((k, x, None));
+            }
+        }
+    }
+    key.words.extend([K_DICT, items.len() as u64]);
+    let has_env = present[env];
+    let mut given: Option<(Json, &'static str)> = None;
+    for (k, value, source) in items {
+        let ks = k.cast_exact::<PyString>().ok();
+        let idx = match &ks {
+            Some(s) => names.index(s, 0..n)?,
+            None => None,
+        };
+        let owned: String;
+        let name: &str = match idx {
+            Some(i) => keys[i],
+            None => {
+                owned = k.extract()?;
+                &owned
+            }
+        };
+        match &ks {
+            Some(s) => key.str(s)?,
+            None => key.text(name),
+        }
+        let src = match source.as_ref().map(|s| s.cast_exact::<PyString>()) {
+            None => {
+                key.word(K_ARG);
+                "argument"
+            }
+            Some(Ok(s)) => {
+                key.str(s)?;
+                match names.index(s, n + 3..n + 3 + SOURCES.len())? {
+                    Some(i) => SOURCES[i - n - 3],
+                    None => "default",
+                }
+            }
+            Some(Err(_)) => {
+                let text: String = source.as_ref().expect("a source").extract()?;
+                key.text(&text);
+                source_name(&text)
+            }
+        };
+        if name == "env" {
+            if has_env {
+                // The object's own switches win; these are not read.
+                key.word(K_NONE);
+            } else {
+                // Built in both modes: which switches it gives decides what else is read.
+                let j = read_value(&value, Name::Static("env"), key, true)?;
+                given = j.map(|j| (j, src));
+            }
+            continue;
+        }
+        if idx.is_some_and(|i| present[i]) {
+            key.word(K_NONE);
+            prov.push((name.to_owned(), "object"));
+        } else if src == "default" && value.is_none() {
+            // Nothing measured it: the schema default applies.
+            key.word(K_NONE);
+            prov.push((name.to_owned(), "default"));
+        } else {
+            if let Some(j) = read_value(&value, Name::Static(name), key, build)? {
+                cfg.insert(name.to_owned(), j);
+            }
+            prov.push((name.to_owned(), src));
         }
     }
     // Switches: object > caller (argument / set_environment) > process environment.
-    if cfg.contains_key("env") {
+    if has_env {
         prov.push(("env".into(), "object"));
     } else {
-        let given = match environment.get_item("env")? {
-            Some(v) => {
-                let (value, source): (Bound<'_, PyAny>, String) = v.extract()?;
-                Some((value_json(&value, "env")?, source_name(&source)))
-            }
-            None => None,
-        };
         let mut env = Map::new();
-        for &name in env_switches() {
-            let key = format!("env.{name}");
-            if let Some((Json::Object(g), src)) = &given {
-                if let Some(v) = g.get(name) {
+        for (i, &name) in env_switches().iter().enumerate() {
+            if let Some((Json::Object(g), src)) = &given
+                && let Some(v) = g.get(name)
+            {
+                if build {
                     env.insert(name.into(), v.clone());
-                    prov.push((key, src));
-                    continue;
+                    prov.push((format!("env.{name}"), src));
                 }
+                continue;
             }
-            if let Some(v) = std::env::var_os(name) {
-                env.insert(name.into(), Json::String(v.to_string_lossy().into_owned()));
-                prov.push((key, "os.environ"));
+            key.word(K_OSENV | (i as u64) << 8);
+            match std::env::var_os(name) {
+                Some(v) => {
+                    let v = v.to_string_lossy();
+                    key.text(&v);
+                    if build {
+                        env.insert(name.into(), Json::String(v.into_owned()));
+                        prov.push((format!("env.{name}"), "os.environ"));
+                    }
+                }
+                None => key.word(K_NONE),
             }
         }
         cfg.insert("env".into(), Json::Object(env));
     }
-    Ok((cfg, prov))
+    Ok(build.then(|| (Json::Object(cfg), prov, !present[probe])))
 }
 
 /// Top-level keys a config may hold (for did-you-mean in Python and for the TE translation).

@@ -201,23 +201,33 @@ def _te_has_frost() -> bool:
     return _frost
 
 
+_ENVIRONMENT_KEYS = frozenset(ENVIRONMENT_FACTS)
+
+
+def _check_arguments(environment: Dict[str, Any]) -> None:
+    if not _ENVIRONMENT_KEYS.issuperset(environment):
+        from . import PolicyError
+
+        unknown = [k for k in environment if k not in _ENVIRONMENT_KEYS]
+        raise PolicyError(
+            f"unknown environment fact(s) {', '.join(unknown)}; known: {', '.join(ENVIRONMENT_FACTS)}"
+        )
+
+
 def select(attention_params: Any, **environment: Any) -> Decision:
     """The full decision for a TE ``AttentionParams`` (see the module doc for the sources of
     environment facts). Raises ``PolicyError`` for a bad config."""
     environment.pop("frost", None)
-    env = _base()
+    env = _resolved
+    if env is None:
+        env = _base()
     if environment:
-        unknown = [k for k in environment if k not in ENVIRONMENT_FACTS]
-        if unknown:
-            from . import PolicyError
-
-            raise PolicyError(
-                f"unknown environment fact(s) {', '.join(unknown)}; known: {', '.join(ENVIRONMENT_FACTS)}"
-            )
-        env = dict(env)
-        for k, v in environment.items():
-            env[k] = (v, "argument")
-    return Decision(get_policy()._p.te_select(attention_params, env))
+        _check_arguments(environment)
+    p = _policy
+    if p is None:
+        p = get_policy()
+    # Keyword arguments count as (value, "argument") over `env`; read in Rust.
+    return Decision(p._p.te_select(attention_params, env, environment))
 
 
 def get_attention_backend(attention_params: Any, **environment: Any) -> tuple:
@@ -229,20 +239,18 @@ def get_attention_backend(attention_params: Any, **environment: Any) -> tuple:
     (TE: a ``packaging.version.Version``), ``fused_attention_backend`` the sub-backend
     number (TE: ``NVTE_Fused_Attn_Backend``), or None."""
     frost = environment.pop("frost", None)
-    env = _base()
+    env = _resolved
+    if env is None:
+        env = _base()
     if environment:
-        unknown = [k for k in environment if k not in ENVIRONMENT_FACTS]
-        if unknown:
-            from . import PolicyError
-
-            raise PolicyError(
-                f"unknown environment fact(s) {', '.join(unknown)}; known: {', '.join(ENVIRONMENT_FACTS)}"
-            )
-        env = dict(env)
-        for k, v in environment.items():
-            env[k] = (v, "argument")
-    nd = get_policy()._p.te_select(attention_params, env)
-    return nd.te_tuple(_te_has_frost() if frost is None else bool(frost))
+        _check_arguments(environment)
+    p = _policy
+    if p is None:
+        p = get_policy()
+    nd = p._p.te_select(attention_params, env, environment)
+    if frost is None:
+        frost = _frost if _frost is not None else _te_has_frost()
+    return nd.te_tuple(bool(frost))
 
 
 def install(module: Any = None) -> Any:
