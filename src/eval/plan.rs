@@ -69,9 +69,22 @@ enum Cond {
         op: CmpOp,
         c: i64,
     },
+    /// `enum fact == value` (`equal`) or `!=`.
+    EnumEq {
+        slot: u16,
+        value: u16,
+        equal: bool,
+    },
     /// `fact op constant` for the other kinds.
     Cmp {
         slot: u16,
+        op: CmpOp,
+        c: Value,
+    },
+    /// `definition op constant`, e.g. `fq_hg != 0`.
+    CmpDef {
+        memo: u16,
+        body: u16,
         op: CmpOp,
         c: Value,
     },
@@ -107,6 +120,11 @@ enum Cond {
         slot: u16,
         mask: u64,
         negate: bool,
+    },
+    /// `fact == null` (`want_null`) / `fact != null`.
+    NullFact {
+        slot: u16,
+        want_null: bool,
     },
     /// A boolean fact.
     Fact {
@@ -266,7 +284,20 @@ impl Builder<'_> {
             ),
             Node::Cmp(op, a, b) => match (self.slot(a), self.konst(b), self.slot(b)) {
                 (Some(slot), Some(Value::Int(c)), _) => Cond::CmpInt { slot, op, c },
+                (Some(slot), Some(Value::Enum(value)), _)
+                    if matches!(op, CmpOp::Eq | CmpOp::Ne) =>
+                {
+                    Cond::EnumEq {
+                        slot,
+                        value,
+                        equal: op == CmpOp::Eq,
+                    }
+                }
                 (Some(slot), Some(c), _) => Cond::Cmp { slot, op, c },
+                (None, Some(c), _) if is_def(self.p, a) => match self.num(a) {
+                    Num::Def { memo, body } => Cond::CmpDef { memo, body, op, c },
+                    _ => self.cmp_num(op, a, b),
+                },
                 (Some(a), _, Some(b)) => Cond::CmpFacts { a, op, b },
                 (None, Some(c), _) => match self.p.nodes[a as usize] {
                     Node::Arith(arith, x, k) if !is_def(self.p, a) => {
@@ -302,14 +333,16 @@ impl Builder<'_> {
                     },
                 }
             }
-            Node::IsNull(a) => Cond::Null {
-                item: Box::new(self.num(a)),
-                want_null: true,
-            },
-            Node::IsNotNull(a) => Cond::Null {
-                item: Box::new(self.num(a)),
-                want_null: false,
-            },
+            Node::IsNull(a) | Node::IsNotNull(a) => {
+                let want_null = matches!(self.p.nodes[id as usize], Node::IsNull(_));
+                match self.slot(a) {
+                    Some(slot) => Cond::NullFact { slot, want_null },
+                    None => Cond::Null {
+                        item: Box::new(self.num(a)),
+                        want_null,
+                    },
+                }
+            }
             Node::Const(_) | Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => {
                 Cond::Value(Box::new(self.num_body(id)))
             }
@@ -710,6 +743,19 @@ impl Cx<'_> {
                 x => compare(*op, x, Value::Int(*c)) as u8,
             },
             Cond::Fact { slot } => truth_of(self.facts[*slot as usize]),
+            Cond::EnumEq { slot, value, equal } => match self.facts[*slot as usize] {
+                Value::Enum(e) => ((e == *value) == *equal) as u8,
+                Value::Unknown => UNKNOWN,
+                x => compare(
+                    if *equal { CmpOp::Eq } else { CmpOp::Ne },
+                    x,
+                    Value::Enum(*value),
+                ) as u8,
+            },
+            Cond::NullFact { slot, want_null } => match self.facts[*slot as usize] {
+                Value::Unknown => UNKNOWN,
+                x => ((x == Value::Null) == *want_null) as u8,
+            },
             Cond::InMask { slot, mask, negate } => match self.facts[*slot as usize] {
                 Value::Enum(e) if e < 64 => (((mask >> e) & 1 == 1) != *negate) as u8,
                 x => truth_of(member(x, Some(*mask), &[], *negate)),
@@ -742,6 +788,10 @@ impl Cx<'_> {
                 op,
                 c,
             } => truth_of(compare3(*op, arith(*a, f[*slot as usize], *k), *c)),
+            Cond::CmpDef { memo, body, op, c } => {
+                let x = self.def(*memo, *body);
+                truth_of(compare3(*op, x, *c))
+            }
             Cond::CmpNum { op, a, b } => {
                 let x = self.num(a);
                 let y = self.num(b);
@@ -778,26 +828,33 @@ impl Cx<'_> {
                 truth_of(v)
             }
             // The inline leaves: `cond` takes them before coming here.
-            Cond::Atom { .. } | Cond::CmpInt { .. } | Cond::Fact { .. } | Cond::InMask { .. } => {
-                self.cond(c)
-            }
+            Cond::Atom { .. }
+            | Cond::CmpInt { .. }
+            | Cond::Fact { .. }
+            | Cond::EnumEq { .. }
+            | Cond::NullFact { .. }
+            | Cond::InMask { .. } => self.cond(c),
         }
+    }
+
+    /// A definition's value, computed once per decision.
+    #[inline(always)]
+    fn def(&mut self, memo: u16, body: u16) -> Value {
+        let m = memo as usize;
+        if let Some(v) = self.memo[m] {
+            return v;
+        }
+        let plan = self.plan;
+        let v = self.num(&plan.defs[body as usize]);
+        self.memo[m] = Some(v);
+        v
     }
 
     fn num(&mut self, n: &Num) -> Value {
         match n {
             Num::Const(v) => *v,
             Num::Slot(s) => self.facts[*s as usize],
-            Num::Def { memo, body } => {
-                let m = *memo as usize;
-                if let Some(v) = self.memo[m] {
-                    return v;
-                }
-                let plan = self.plan;
-                let v = self.num(&plan.defs[*body as usize]);
-                self.memo[m] = Some(v);
-                v
-            }
+            Num::Def { memo, body } => self.def(*memo, *body),
             Num::Arith(op, a, b) => {
                 let x = self.num(a);
                 let y = self.num(b);
