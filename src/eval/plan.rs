@@ -181,12 +181,18 @@ pub struct RulePlan {
 /// A conjunct shared by several rules and the rules it rules out.
 #[derive(Clone, Debug)]
 struct Gate {
-    cost: usize,
     cond: Cond,
-    /// Rules with `cond` as a conjunct (false when `cond` is false).
-    if_false: Box<[u64]>,
-    /// Rules with `not cond` as a conjunct (false when `cond` is true).
-    if_true: Box<[u64]>,
+    /// The words of the rule bit set it touches.
+    words: Box<[GateWord]>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct GateWord {
+    word: usize,
+    /// Rules with the gate as a conjunct (false when the gate is false).
+    if_false: u64,
+    /// Rules with `not gate` as a conjunct (false when the gate is true).
+    if_true: u64,
 }
 
 /// Per-decision scratch: the truth of each atom (or `UNSET`) and the rules still live.
@@ -490,7 +496,8 @@ impl RulePlan {
         const GATE_MAX_COST: usize = 24;
         let words = flat.len().div_ceil(64);
         let mut gate_of: HashMap<String, usize> = HashMap::new();
-        let mut gates: Vec<Gate> = Vec::new();
+        // (cost, condition, rules it rules out when false, ... when true)
+        let mut gates: Vec<(usize, Cond, Vec<u64>, Vec<u64>)> = Vec::new();
         for (r, cs) in flat.iter().enumerate() {
             for &c in cs {
                 let (operand, negate) = match program.nodes[c as usize] {
@@ -507,25 +514,34 @@ impl RulePlan {
                     Some(&g) => g,
                     None => {
                         let cond = b.cond(operand);
-                        gates.push(Gate {
-                            cost: program.cost(operand),
-                            cond,
-                            if_false: vec![0; words].into(),
-                            if_true: vec![0; words].into(),
-                        });
+                        gates.push((program.cost(operand), cond, vec![0; words], vec![0; words]));
                         gate_of.insert(k, gates.len() - 1);
                         gates.len() - 1
                     }
                 };
                 let mask = if negate {
-                    &mut gates[g].if_true
+                    &mut gates[g].3
                 } else {
-                    &mut gates[g].if_false
+                    &mut gates[g].2
                 };
                 mask[r / 64] |= 1 << (r % 64);
             }
         }
-        gates.sort_by_key(|g| g.cost);
+        gates.sort_by_key(|g| g.0);
+        let gates = gates
+            .into_iter()
+            .map(|(_, cond, if_false, if_true)| Gate {
+                cond,
+                words: (0..words)
+                    .filter(|&w| if_false[w] | if_true[w] != 0)
+                    .map(|w| GateWord {
+                        word: w,
+                        if_false: if_false[w],
+                        if_true: if_true[w],
+                    })
+                    .collect(),
+            })
+            .collect();
         let mut rules = Vec::with_capacity(flat.len());
         for cs in &flat {
             // Cheapest first; a shared conjunct counts as cheap (most likely computed already),
@@ -615,20 +631,17 @@ impl RulePlan {
         };
         for g in &self.gates {
             // Skip a gate whose rules are all ruled out already.
-            let useful = live
+            if !g
+                .words
                 .iter()
-                .zip(g.if_false.iter().zip(g.if_true.iter()))
-                .any(|(l, (f, t))| l & (f | t) != 0);
-            if !useful {
+                .any(|w| live[w.word] & (w.if_false | w.if_true) != 0)
+            {
                 continue;
             }
-            let dead = match cx.cond(&g.cond) {
-                FALSE => &g.if_false,
-                TRUE => &g.if_true,
-                _ => continue,
-            };
-            for (l, d) in live.iter_mut().zip(dead.iter()) {
-                *l &= !d;
+            match cx.cond(&g.cond) {
+                FALSE => g.words.iter().for_each(|w| live[w.word] &= !w.if_false),
+                TRUE => g.words.iter().for_each(|w| live[w.word] &= !w.if_true),
+                _ => {}
             }
         }
         for (w, &bits) in live.iter().enumerate() {
