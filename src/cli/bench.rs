@@ -11,6 +11,7 @@ use clap::Args;
 use super::args::PackArgs;
 use attn_policy::Facts;
 use attn_policy::decision::Decision;
+use attn_policy::facts::Value;
 use attn_policy::facts::presets::PRESETS;
 
 #[derive(Args, Debug)]
@@ -63,7 +64,11 @@ pub fn run(a: BenchArgs) -> i32 {
         policy.decide_into(f, &mut d);
     }
     let batch = 64.min(facts.len());
-    let mut samples = Vec::new();
+    // Streamed: inputs come from memory as they are (a large corpus does not fit in cache).
+    // Warm: each batch's facts are read once before timing, as they are in a framework that
+    // has just built them; the decision itself is not run ahead, so nothing else is warmed.
+    let mut streamed = Vec::new();
+    let mut warm = Vec::new();
     for _ in 0..a.passes {
         for chunk in facts.chunks(batch) {
             let t = Instant::now();
@@ -71,12 +76,23 @@ pub fn run(a: BenchArgs) -> i32 {
                 policy.decide_into(black_box(f), &mut d);
                 black_box(&d);
             }
-            samples.push(t.elapsed().as_nanos() as f64 / chunk.len() as f64);
+            streamed.push(t.elapsed().as_nanos() as f64 / chunk.len() as f64);
+        }
+        if a.corpus.is_some() {
+            for chunk in facts.chunks(batch) {
+                for f in chunk {
+                    black_box(f.values().iter().filter(|v| **v == Value::Null).count());
+                }
+                let t = Instant::now();
+                for f in chunk {
+                    policy.decide_into(black_box(f), &mut d);
+                    black_box(&d);
+                }
+                warm.push(t.elapsed().as_nanos() as f64 / chunk.len() as f64);
+            }
         }
     }
-    samples.sort_by(|a, b| a.total_cmp(b));
-    let median = samples[samples.len() / 2];
-    let p99 = samples[(samples.len() * 99 / 100).min(samples.len() - 1)];
+    let (median, p99) = median_p99(&mut streamed);
     let te_us = 153.0;
     println!(
         "pack                 {} ({} rules, {} backends)",
@@ -87,9 +103,20 @@ pub fn run(a: BenchArgs) -> i32 {
     println!("pack load+check      {load_ms:.2} ms");
     println!("inputs               {} ({} passes)", facts.len(), a.passes);
     println!("median per decision  {median:.0} ns (batch medians; p99 {p99:.0} ns)");
+    if !warm.is_empty() {
+        let (w, wp99) = median_p99(&mut warm);
+        println!("  facts warm in cache {w:.0} ns (p99 {wp99:.0} ns; streamed above)");
+    }
     println!(
         "vs TE selector       ~{te_us} us median per call (../shared/conformance/README.md): {:.0}x faster",
         te_us * 1e3 / median
     );
     0
+}
+
+/// Median and 99th percentile of batch medians.
+fn median_p99(samples: &mut [f64]) -> (f64, f64) {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let n = samples.len();
+    (samples[n / 2], samples[(n * 99 / 100).min(n - 1)])
 }
