@@ -4,11 +4,16 @@
 //! name, every source text and its layer switches). Two inputs share an entry only when a
 //! decision could not tell them apart.
 //!
+//! Key: a [`FactsKey`], the exact word encoding of the facts (a prefix code: equal keys are
+//! bitwise-equal facts) and its hash, computed once per `Facts` and memoised there (every
+//! mutating method of `Facts` drops it; a clone starts without it). A hit compares the key by
+//! pointer (the same `Facts` again) or with one slice compare.
+//!
 //! Layout: a fixed number of shards, each a small set-associative table behind an `RwLock`
 //! (lookups take the read lock; only misses take the write lock). Each shard holds at most
-//! `ways` entries and evicts with the CLOCK algorithm (a referenced bit set on every hit).
-//! Counters (hits, misses, insertions, evictions) are striped over cache-padded cells so
-//! concurrent readers do not bounce one cache line.
+//! `ways` entries and evicts with the CLOCK algorithm (a referenced bit set on a hit when it
+//! is not set yet). Counters (hits, misses, insertions, evictions) are striped over
+//! cache-padded cells so concurrent readers do not bounce one cache line.
 //!
 //! ```
 //! use attn_policy::cache::CachedPolicy;
@@ -16,7 +21,7 @@
 //! let cached = CachedPolicy::new(Policy::embedded("te").unwrap(), 1024);
 //! let facts = Facts::from_json(&serde_json::json!({"head_dim_qk": 128})).unwrap();
 //! let a = cached.decide(&facts); // miss: decides and stores
-//! let b = cached.decide(&facts); // hit: a hash and a compare
+//! let b = cached.decide(&facts); // hit: the memoised key, a shard lookup, a pointer compare
 //! assert!(std::sync::Arc::ptr_eq(&a, &b));
 //! assert_eq!(cached.cache().stats().hits, 1);
 //! ```
