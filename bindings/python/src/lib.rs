@@ -14,6 +14,7 @@ use attn_policy::facts::schema::{FIELDS, Origin};
 use attn_policy::{Facts, PackSource, Policy, load_pack};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
@@ -870,10 +871,14 @@ fn value_json(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Json> {
             dtype_name(s.strip_prefix("torch.").unwrap_or(s)).into(),
         ));
     }
-    if v.hasattr("_value_")? && v.hasattr("name")? {
+    let py = v.py();
+    if v.hasattr(intern!(py, "_value_"))? && v.hasattr(intern!(py, "name"))? {
         // enum.Enum members (recipe Format.HYBRID): the member name.
         return Ok(Json::String(
-            v.getattr("name")?.str()?.to_cow()?.into_owned(),
+            v.getattr(intern!(py, "name"))?
+                .str()?
+                .to_cow()?
+                .into_owned(),
         ));
     }
     if let Ok(f) = v.extract::<f64>() {
@@ -902,8 +907,14 @@ fn recipe_json(recipe: &Bound<'_, PyAny>, local: Option<&Bound<'_, PyAny>>) -> P
         Ok(o.get_type().name()?.to_cow()?.into_owned())
     };
     m.insert("recipe".into(), Json::String(class(recipe)?));
-    for attr in ["fp8_dpa", "fp8_mha", "fp8_format", "reduce_amax"] {
-        if let Some(v) = get_opt(recipe, attr)? {
+    let py = recipe.py();
+    for (attr, name) in [
+        ("fp8_dpa", intern!(py, "fp8_dpa")),
+        ("fp8_mha", intern!(py, "fp8_mha")),
+        ("fp8_format", intern!(py, "fp8_format")),
+        ("reduce_amax", intern!(py, "reduce_amax")),
+    ] {
+        if let Some(v) = get_opt(recipe, name)? {
             m.insert(attr.into(), value_json(&v, attr)?);
         }
     }
@@ -918,13 +929,14 @@ fn fp8_meta_json(meta: &Bound<'_, PyAny>) -> PyResult<Option<Json>> {
     let Ok(d) = meta.cast::<PyDict>() else {
         return Ok(None);
     };
-    let Some(recipe) = d.get_item("recipe")? else {
+    let py = meta.py();
+    let Some(recipe) = d.get_item(intern!(py, "recipe"))? else {
         return Ok(None);
     };
     if recipe.is_none() {
         return Ok(None);
     }
-    let local = match d.get_item("local_recipes")? {
+    let local = match d.get_item(intern!(py, "local_recipes"))? {
         Some(l) if !l.is_none() => l.get_item(0).ok(),
         _ => None,
     };
@@ -937,15 +949,20 @@ fn inference_json(ip: &Bound<'_, PyAny>) -> PyResult<Json> {
         return dict_json(d);
     }
     let mut m = Map::new();
-    for attr in ["is_paged", "page_size", "total_num_pages"] {
-        if let Some(v) = get_opt(ip, attr)? {
+    let py = ip.py();
+    for (attr, name) in [
+        ("is_paged", intern!(py, "is_paged")),
+        ("page_size", intern!(py, "page_size")),
+        ("total_num_pages", intern!(py, "total_num_pages")),
+    ] {
+        if let Some(v) = get_opt(ip, name)? {
             m.insert(attr.into(), value_json(&v, attr)?);
         }
     }
-    let mpps = match get_opt(ip, "max_pages_per_seq")? {
+    let mpps = match get_opt(ip, intern!(py, "max_pages_per_seq"))? {
         Some(v) => Some(v),
-        None => match get_opt(ip, "cache_manager")? {
-            Some(cm) if !cm.is_none() => get_opt(&cm, "max_pages_per_seq")?,
+        None => match get_opt(ip, intern!(py, "cache_manager"))? {
+            Some(cm) if !cm.is_none() => get_opt(&cm, intern!(py, "max_pages_per_seq"))?,
             _ => None,
         },
     };
