@@ -22,12 +22,13 @@ use crate::facts::Value;
 use crate::facts::schema::{FIELDS, Ty, slot};
 use crate::policy::Policy;
 
+use super::engine::{Engine, Judged};
 use super::regions::add_policy;
-use super::search::{PolicyEval, Step, Tri, search};
+use super::search::{Step, Tri, search};
 use super::space::{Assign, Space, SpaceBuilder, mask_of, slot_bit};
 
 const RULE_BUDGET: u64 = 2_000_000;
-const PACK_BUDGET: u64 = 50_000_000;
+const PACK_BUDGET: u64 = 2_000_000;
 
 /// A capability and the facts whose rules give a backend's disposition for it.
 pub struct Capability {
@@ -335,7 +336,32 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         b.root(p, r.when.node);
         let space = b.build();
         let m = mask_of(&r.when.slots);
+        let reads_probe = r
+            .when
+            .slots
+            .iter()
+            .any(|&x| FIELDS[x as usize].origin == crate::facts::schema::Origin::Probe);
+        let exact = space.inexact.is_empty() && !reads_probe;
+        let inexact_note = |what: &str| {
+            Diagnostic::warning(
+                "W-ANALYSIS-INCOMPLETE",
+                format!(
+                    "rule `{}`: {what} not proved: {}; no witness found among its classes",
+                    r.id,
+                    if reads_probe {
+                        "it reads probe facts, which the analysis answers \"supported\"".to_string()
+                    } else {
+                        format!(
+                            "the abstraction is not exact for {} (non-linear arithmetic)",
+                            space.inexact.join(", ")
+                        )
+                    }
+                ),
+            )
+            .at(r.when_loc)
+        };
         match witness(&space, RULE_BUDGET, &mut |v| tri(eval(r.when.node, v), m)) {
+            Ok(None) if !exact => out.push(inexact_note("never-fires")),
             Ok(None) => {
                 never[i] = true;
                 out.push(
@@ -351,6 +377,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         match witness(&space, RULE_BUDGET, &mut |v| {
             tri(not(eval(r.when.node, v)), m)
         }) {
+            Ok(None) if !exact => out.push(inexact_note("always-fires")),
             Ok(None) => {
                 always[i] = true;
                 out.push(
@@ -399,6 +426,9 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                 )
             });
             if let Ok(None) = res {
+                if !space.inexact.is_empty() {
+                    continue;
+                }
                 // Equivalent rules: report the later one only.
                 if j > i {
                     let back = witness(&space, RULE_BUDGET, &mut |v| {
@@ -431,58 +461,79 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         }
     }
     // Selectability over the whole pack.
-    let ev = PolicyEval::new(policy);
     let mut sb = SpaceBuilder::new();
     add_policy(&mut sb, policy);
     let space = sb.build();
-    let mut rules = Vec::new();
     for (bi, bk) in policy.backends.iter().enumerate() {
-        let eligible = witness(&space, PACK_BUDGET, &mut |v| {
-            ev.rules(v, &mut rules);
-            ev.eligible(bi, v, &rules)
-        });
-        match eligible {
-            Err(()) => out.push(incomplete(format!("backend `{}`", bk.name))),
-            Ok(None) => out.push(
-                Diagnostic::warning(
-                    "W-UNSELECTABLE",
-                    format!(
-                        "backend `{}` can never be selected: it is declined for every input",
-                        bk.name
-                    ),
-                )
-                .at(bk.loc),
-            ),
-            Ok(Some(_)) => {
-                let sel = witness(&space, PACK_BUDGET, &mut |v| {
-                    ev.rules(v, &mut rules);
-                    match ev.select(v, &rules) {
-                        Ok(Some(x)) => tri(
-                            if x as usize == bi {
-                                Truth::True
-                            } else {
-                                Truth::False
-                            },
-                            0,
-                        ),
-                        Ok(None) => tri(Truth::False, 0),
-                        Err(m) => tri(Truth::Unknown, m),
-                    }
-                });
-                match sel {
-                    Err(()) => out.push(incomplete(format!("backend `{}`", bk.name))),
-                    Ok(None) => out.push(
-                        Diagnostic::warning(
-                            "W-UNSELECTABLE",
-                            format!(
-                                "backend `{}` can never be selected: wherever it is eligible, a backend earlier in the preference order is too",
-                                bk.name
-                            ),
-                        )
-                        .at(bk.loc),
-                    ),
-                    Ok(Some(_)) => {}
+        let mut eng = Engine::new(&space);
+        let pp = eng.program(p);
+        let pc = eng.policy(policy, pp);
+        let mut hit = false;
+        let st = eng.run(
+            PACK_BUDGET,
+            &mut |t, _, _| {
+                let mut rel = Vec::new();
+                match pc.eligible(policy, bi, t, &mut rel) {
+                    Truth::True => Judged::Leaf(()),
+                    Truth::False => Judged::Prune,
+                    Truth::Unknown => Judged::Split(rel),
                 }
+            },
+            &mut |_, _, ()| {
+                hit = true;
+                false
+            },
+        );
+        if !hit {
+            if st.truncated {
+                out.push(incomplete(format!("backend `{}`", bk.name)));
+            } else {
+                out.push(
+                    Diagnostic::warning(
+                        "W-UNSELECTABLE",
+                        format!(
+                            "backend `{}` can never be selected: it is declined for every input",
+                            bk.name
+                        ),
+                    )
+                    .at(bk.loc),
+                );
+            }
+            continue;
+        }
+        let mut eng = Engine::new(&space);
+        let pp = eng.program(p);
+        let pc = eng.policy(policy, pp);
+        let mut hit = false;
+        let st = eng.run(
+            PACK_BUDGET,
+            &mut |t, _, _| {
+                let mut rel = Vec::new();
+                match pc.select(policy, t, &mut rel) {
+                    Ok(Some((x, _))) if x as usize == bi => Judged::Leaf(()),
+                    Ok(_) => Judged::Prune,
+                    Err(()) => Judged::Split(rel),
+                }
+            },
+            &mut |_, _, ()| {
+                hit = true;
+                false
+            },
+        );
+        if !hit {
+            if st.truncated {
+                out.push(incomplete(format!("backend `{}`", bk.name)));
+            } else {
+                out.push(
+                    Diagnostic::warning(
+                        "W-UNSELECTABLE",
+                        format!(
+                            "backend `{}` can never be selected: wherever it is eligible, a backend earlier in the preference order is too",
+                            bk.name
+                        ),
+                    )
+                    .at(bk.loc),
+                );
             }
         }
     }

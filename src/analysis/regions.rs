@@ -12,6 +12,7 @@ use crate::facts::Facts;
 use crate::lang::parse_expr;
 use crate::policy::Policy;
 
+use super::engine::{Engine, Judged, PolicyConds};
 use super::search::{Cond, PolicyEval, Stats, Step, search};
 use super::space::{Assign, Space, SpaceBuilder, mask_of};
 
@@ -107,6 +108,14 @@ trait Payload: Clone {
     type Key: std::hash::Hash + Eq + Clone;
     fn key(&self) -> Self::Key;
     fn absorb(&mut self, other: &Self);
+}
+
+fn raw_sets<P>(a: &Assign, sets: &super::engine::Sets, payload: P) -> Raw<P> {
+    Raw {
+        sets: sets.to_vec(),
+        example: a.clone(),
+        payload,
+    }
 }
 
 fn raw<P>(a: &Assign, payload: P) -> Raw<P> {
@@ -274,61 +283,114 @@ pub fn assumptions() -> Vec<String> {
     ]
 }
 
+fn gap_payload(policy: &Policy, pc: &PolicyConds, t: &[Truth]) -> GapPayload {
+    let nb = policy.backends.len();
+    let mut p = GapPayload {
+        declined: vec![BTreeSet::new(); nb],
+        not_applicable: vec![BTreeSet::new(); nb],
+    };
+    for (i, r) in policy.rules.iter().enumerate() {
+        if pc.rule[i].is_some_and(|c| t[c] == Truth::True) {
+            p.declined[r.backend as usize].insert(i);
+        }
+    }
+    for (bi, apps) in pc.app.iter().enumerate() {
+        for (vi, a) in apps.iter().enumerate() {
+            if a.is_some_and(|c| t[c] == Truth::False) {
+                p.not_applicable[bi].insert(vi);
+            }
+        }
+    }
+    p
+}
+
 /// Finds every region of the space where no backend is selected.
 pub fn gaps(
     policy: &Policy,
     restrict: Option<&Restriction>,
     budget: u64,
 ) -> (GapReport, Space, Stats) {
-    let ev = PolicyEval::new(policy);
     let mut b = SpaceBuilder::new();
     add_policy(&mut b, policy);
     if let Some(r) = restrict {
         b.root(&r.program, r.cond.node);
     }
     let space = b.build();
-    let mut rules = Vec::new();
     let nb = policy.backends.len();
     let mut found: Vec<Raw<GapPayload>> = Vec::new();
-    let stats = search(
-        &space,
+    let mut eng = Engine::new(&space);
+    let pp = eng.program(&policy.program);
+    let pc = eng.policy(policy, pp);
+    let rc = restrict.map(|r| {
+        let rp = eng.program(&r.program);
+        eng.cond(rp, r.cond)
+    });
+    let mut rel = Vec::new();
+    let mut best: Vec<usize> = Vec::new();
+    let stats = eng.run(
         budget,
-        &mut |vals| {
-            if let Some(r) = restrict {
-                match r.truth(vals) {
-                    Truth::False => return Step::Prune,
-                    Truth::Unknown => return Step::Split(r.cond.mask),
+        &mut |t, _vals, _a| {
+            if let Some(i) = rc {
+                match t[i] {
+                    Truth::False => return Judged::Prune,
+                    Truth::Unknown => return Judged::Split(vec![i]),
                     Truth::True => {}
                 }
             }
-            ev.rules(vals, &mut rules);
-            let t = ev.any_selected(vals, &rules);
-            match t.truth {
-                Truth::True => Step::Prune,
-                Truth::Unknown => Step::Split(t.mask),
-                Truth::False => {
-                    let mut p = GapPayload {
-                        declined: vec![BTreeSet::new(); nb],
-                        not_applicable: vec![BTreeSet::new(); nb],
-                    };
-                    for (i, r) in policy.rules.iter().enumerate() {
-                        if rules[i] == Truth::True {
-                            p.declined[r.backend as usize].insert(i);
+            rel.clear();
+            let orders = pc.orders(t, &mut rel);
+            if orders.is_empty() {
+                return Judged::Leaf(gap_payload(policy, &pc, t));
+            }
+            let prel = std::mem::take(&mut rel);
+            // Per candidate order: some backend eligible (true), none (false), or open.
+            let mut elig: Vec<Option<(Truth, Vec<usize>)>> = vec![None; nb];
+            let (mut all_true, mut all_false, mut open) = (true, true, false);
+            for &o in &orders {
+                let mut ot = Truth::False;
+                for &bk in &policy.preference[o].order {
+                    let e = elig[bk as usize].get_or_insert_with(|| {
+                        let mut r = Vec::new();
+                        let tr = pc.eligible(policy, bk as usize, t, &mut r);
+                        (tr, r)
+                    });
+                    match e.0 {
+                        Truth::True => {
+                            ot = Truth::True;
+                            break;
                         }
+                        Truth::Unknown => ot = Truth::Unknown,
+                        Truth::False => {}
                     }
-                    for (bi, apps) in ev.applicable.iter().enumerate() {
-                        for (vi, a) in apps.iter().enumerate() {
-                            if a.is_some_and(|c| ev.truth(c, vals) == Truth::False) {
-                                p.not_applicable[bi].insert(vi);
-                            }
-                        }
-                    }
-                    Step::Leaf(p)
+                }
+                all_true &= ot == Truth::True;
+                all_false &= ot == Truth::False;
+                open |= ot == Truth::Unknown;
+            }
+            if all_true {
+                return Judged::Prune;
+            }
+            if all_false {
+                return Judged::Leaf(gap_payload(policy, &pc, t));
+            }
+            if !open {
+                // Orders disagree: settle which preference entry applies.
+                return Judged::Split(prel);
+            }
+            // Focus on the open backend closest to being settled.
+            best.clear();
+            for (tr, r) in elig.iter().flatten() {
+                if *tr == Truth::Unknown && (best.is_empty() || r.len() < best.len()) {
+                    best.clone_from(r);
                 }
             }
+            let mut key = vec![u32::from(rc.is_some())];
+            let mut open = Vec::new();
+            pc.key(policy, t, &mut key, &mut open);
+            Judged::SplitKeyed(best.clone(), key, open)
         },
-        &mut |a, p| {
-            found.push(raw(a, p));
+        &mut |a, sets, p| {
+            found.push(raw_sets(a, sets, p));
             true
         },
     );

@@ -49,7 +49,8 @@ fn int_bounds(path: &str) -> (i64, i64) {
         | "alibi_slopes_shape.len" => (1, BIG),
         "num_tokens_q" | "num_tokens_kv" => (0, BIG),
         p if p.starts_with("core_attention_bias_shape.") || p.starts_with("inference.") => (0, BIG),
-        "window_size.left" | "window_size.right" => (-1, BIG),
+        // TE accepts any integers here; FROST declines left < -1 (FR.26).
+        "window_size.left" | "window_size.right" => (-BIG, BIG),
         "sm" => (0, 999),
         _ => (-BIG, BIG),
     }
@@ -123,6 +124,9 @@ struct Collect {
     /// Pairs of slots compared with each other.
     relational: Vec<(Vec<usize>, Vec<usize>)>,
     read: BTreeSet<usize>,
+    /// Facts under non-linear arithmetic (`x % y`, `x // y`, `x * y` with a fact on both
+    /// sides): per-fact classes cannot make such conditions constant.
+    inexact: BTreeSet<usize>,
 }
 
 fn slots_under(p: &Program, id: NodeId, out: &mut Vec<usize>) {
@@ -204,6 +208,16 @@ impl Collect {
                 {
                     self.modulus(p, a, m);
                 }
+                let nonlinear = match op {
+                    ArithOp::Rem | ArithOp::FloorDiv => as_const(p, b).is_none(),
+                    ArithOp::Mul => as_const(p, a).is_none() && as_const(p, b).is_none(),
+                    _ => false,
+                };
+                if nonlinear {
+                    let mut s = Vec::new();
+                    slots_under(p, id, &mut s);
+                    self.inexact.extend(s);
+                }
                 self.walk(p, a);
                 self.walk(p, b);
             }
@@ -237,6 +251,12 @@ impl Collect {
     fn modulus(&mut self, p: &Program, e: NodeId, m: i64) {
         if m == 0 {
             return;
+        }
+        if m.abs() > 64 {
+            // Residues beyond the supported lcm are not represented.
+            let mut s = Vec::new();
+            slots_under(p, e, &mut s);
+            self.inexact.extend(s);
         }
         let mut s = Vec::new();
         slots_under(p, e, &mut s);
@@ -354,6 +374,10 @@ pub struct Space {
     base: Vec<Value>,
     sm_var: Option<usize>,
     window: Option<WindowVars>,
+    /// Facts whose classes are not exact (non-linear arithmetic, residues beyond the lcm
+    /// limit): conditions reading them may differ inside a class, so "no class satisfies"
+    /// is not a proof there.
+    pub inexact: Vec<&'static str>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -459,6 +483,17 @@ impl SpaceBuilder {
             c.konst(sid("window_size.right"), Value::Int(0));
             if need_mask {
                 read.insert(sid("attn_mask_type"));
+            }
+        }
+        // Facts under non-linear arithmetic: small values get classes of their own, so
+        // witnesses such as `num_heads % cp_size != 0` (3 % 2) exist in the abstraction.
+        let inexact_slots: Vec<usize> = c.inexact.iter().copied().collect();
+        for &s in &inexact_slots {
+            if FIELDS[s].ty == Ty::Int {
+                let e = c.starts.entry(s).or_default();
+                for k in 0..=5 {
+                    e.insert(k);
+                }
             }
         }
         // Relational comparisons: both sides share their constants and get two members per class.
@@ -646,6 +681,25 @@ impl SpaceBuilder {
                     }
             })
             .collect();
+        let mut inexact: Vec<&'static str> = inexact_slots
+            .iter()
+            .filter(|s| read.contains(s))
+            .map(|&s| FIELDS[s].path)
+            .collect();
+        // Residue moduli whose lcm exceeds the limit were dropped.
+        for (s, ms) in &c.moduli {
+            let l = ms.iter().fold(1i64, |a, m| {
+                if (1..=64).contains(m) {
+                    lcm(a, *m).min(1 << 20)
+                } else {
+                    a
+                }
+            });
+            if l > 64 && read.contains(s) && !inexact.contains(&FIELDS[*s].path) {
+                inexact.push(FIELDS[*s].path);
+            }
+        }
+        inexact.sort_unstable();
         Space {
             vars,
             reads,
@@ -653,6 +707,7 @@ impl SpaceBuilder {
             base,
             sm_var,
             window,
+            inexact,
         }
     }
 }
@@ -905,6 +960,41 @@ impl Space {
                 matches!(a[p], Some(c) if self.vars[p].classes[c as usize].value != Value::Null)
             }
         }
+    }
+
+    /// The class of var `i` holding `value` (None: no class does).
+    pub fn class_of(&self, i: usize, value: Value) -> Option<usize> {
+        let v = &self.vars[i];
+        v.classes.iter().position(|c| match (&c.desc, value) {
+            (ClassDesc::Null, x) => x == Value::Null,
+            (_, Value::Null) => false,
+            (ClassDesc::Present, _) => true,
+            (ClassDesc::Bool(b), Value::Bool(x)) => *b == x,
+            (ClassDesc::Enum(e), Value::Enum(x)) => *e == x,
+            (ClassDesc::Int { lo, hi, r, .. }, Value::Int(x)) => {
+                *lo <= x && x <= *hi && (v.modulus <= 1 || x.rem_euclid(v.modulus) == *r)
+            }
+            (ClassDesc::Ordered { lo, hi }, x) => {
+                use std::cmp::Ordering::*;
+                let above = lo.is_none_or(|(b, incl)| match x.compare(b) {
+                    Some(Greater) => true,
+                    Some(Equal) => incl,
+                    _ => false,
+                });
+                let below = hi.is_none_or(|(b, incl)| match x.compare(b) {
+                    Some(Less) => true,
+                    Some(Equal) => incl,
+                    _ => false,
+                });
+                above && below
+            }
+            _ => false,
+        })
+    }
+
+    /// The var of a fact path, if the space has one.
+    pub fn var_of(&self, path: &str) -> Option<usize> {
+        self.vars.iter().position(|v| v.path == path)
     }
 
     /// The number of classes of the full cross product (for reporting), as a float.
