@@ -77,7 +77,7 @@ fn gaps_equal_brute_force_on_reduced_domain() {
 #[test]
 fn diff_equals_brute_force_on_reduced_domain() {
     let (old, new) = (fixture("mini"), fixture("mini-nowin"));
-    let (report, _) = diff(&old, &new, DEFAULT_BUDGET);
+    let (report, _) = diff(&old, &new, None, DEFAULT_BUDGET);
     assert!(report.complete);
     let regions: Vec<(Restriction, Option<String>, Option<String>)> = report
         .regions
@@ -295,4 +295,115 @@ fn te_sm90_cp_head_dim_256_512_has_no_backend_and_frost_closes_it_on_blackwell()
             }
         }
     }
+}
+
+/// The slice of [`TE_SLICE`] without its context-parallel and window pinning.
+fn te_slice_any_cp() -> String {
+    TE_SLICE
+        .replace("context_parallel \\\n    and ", "")
+        .replace(" context_parallel and", "")
+        .replace(" and window_size == null", "")
+}
+
+#[test]
+fn te_diff_deleting_frost_window_p2p_rule_shows_exactly_the_windowed_p2p_regions() {
+    let old = Policy::embedded("te").unwrap();
+    let dir = std::env::temp_dir().join(format!("attn-policy-te-nowin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir("rules/te").unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let f = dir.join("frost_attention.yaml");
+    let text = std::fs::read_to_string(&f).unwrap();
+    let (a, b) = (
+        text.find("  - id: FR.22\n").unwrap(),
+        text.find("  - id: FR.23\n").unwrap(),
+    );
+    assert!(text[a..b].contains("cp and has_win and cp_comm_type in [\"p2p\", \"a2a+p2p\"]"));
+    std::fs::write(&f, format!("{}{}", &text[..a], &text[b..])).unwrap();
+    let new = Policy::from_dir(&dir).unwrap();
+    let slice = te_slice_any_cp();
+    assert!(!slice.contains("context_parallel") && !slice.contains("window_size"));
+    let w = Restriction::parse(&slice).unwrap();
+    let (report, _) = diff(&old, &new, Some(&w), DEFAULT_BUDGET);
+    assert!(report.complete);
+    assert_eq!(
+        report.changed_rules,
+        vec!["FR.22@FrostAttention".to_string()]
+    );
+    assert!(!report.regions.is_empty());
+    let regions: Vec<Restriction> = report
+        .regions
+        .iter()
+        .map(|r| Restriction::of_constraints(&r.constraints).unwrap())
+        .collect();
+    for r in &report.regions {
+        assert_eq!(r.old, None, "{:?}", r.constraints);
+        assert_eq!(r.new.as_deref(), Some("FrostAttention"));
+        assert_eq!(r.rules, vec!["FR.22".to_string()]);
+        let cc = &r.example["device_compute_capability"];
+        assert!(cc == &json!([10, 0]) || cc == &json!([10, 3]), "{cc}");
+        let comm = r.example["cp_comm_type"].as_str().unwrap_or("p2p");
+        assert!(comm == "p2p" || comm == "a2a+p2p", "{comm}");
+        assert_eq!(r.example["context_parallel"], json!(true));
+        assert!(!r.example["window_size"].is_null());
+        assert_eq!(decide_example(&old, &r.example).unwrap(), None);
+        assert_eq!(
+            decide_example(&new, &r.example).unwrap().as_deref(),
+            Some("FrostAttention")
+        );
+    }
+    // Brute force over a grid of the slice: a config lies in a region iff the packs differ.
+    let base = json!({
+        "qkv_dtype": "bf16", "qkv_layout": "bshd_bshd_bshd", "attn_mask_type": "causal",
+        "max_seqlen_q": 8192, "max_seqlen_kv": 8192, "num_heads": 16, "num_gqa_groups": 16,
+        "cp_size": 2, "cp_size_a2a": 2, "batch_size": 2, "flash_attn_versions": {"v2": "2.7.4"},
+        "cudnn_version": "9.19.0", "cudnn_frontend_version": "1.29.0",
+        "cutlass_dsl_version": "4.7.1",
+        "probe": {"fused_attn_graph": true, "frost_plan": true, "cuda_device": true}
+    });
+    let mut differ = 0;
+    for sm in [80, 90, 100, 103, 120] {
+        for d in [264, 320, 384, 512] {
+            for cp in [false, true] {
+                for comm in ["p2p", "all_gather", "a2a", "a2a+p2p"] {
+                    for win in [
+                        json!(null),
+                        json!([128, 0]),
+                        json!([-1, -1]),
+                        json!([64, 64]),
+                    ] {
+                        let mut c = base.clone();
+                        c["device_compute_capability"] = json!([sm / 10, sm % 10]);
+                        c["head_dim_qk"] = json!(d);
+                        c["head_dim_v"] = json!(d);
+                        c["context_parallel"] = json!(cp);
+                        c["cp_comm_type"] = json!(comm);
+                        c["window_size"] = win.clone();
+                        let facts = Facts::from_json(&c).unwrap();
+                        assert!(w.holds(&facts), "{c}");
+                        let (a, b) = (
+                            decide_example(&old, &c).unwrap(),
+                            decide_example(&new, &c).unwrap(),
+                        );
+                        let hits = regions.iter().filter(|r| r.holds(&facts)).count();
+                        if a != b {
+                            differ += 1;
+                            assert_eq!(hits, 1, "{c}");
+                        } else {
+                            assert_eq!(hits, 0, "{c}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        differ,
+        2 * 4 * 2 * 2,
+        "sm100/103 x 4 dims x 2 comm types x 2 windows"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,7 +13,7 @@ use crate::lang::parse_expr;
 use crate::policy::Policy;
 
 use super::engine::{Engine, Judged, PolicyConds};
-use super::search::{Cond, PolicyEval, Stats, Step, search};
+use super::search::{Cond, Stats};
 use super::space::{Assign, Space, SpaceBuilder, mask_of};
 
 /// Node budget of one search (a safety net; the te pack needs far fewer).
@@ -113,14 +113,6 @@ trait Payload: Clone {
 fn raw_sets<P>(a: &Assign, sets: &super::engine::Sets, payload: P) -> Raw<P> {
     Raw {
         sets: sets.to_vec(),
-        example: a.clone(),
-        payload,
-    }
-}
-
-fn raw<P>(a: &Assign, payload: P) -> Raw<P> {
-    Raw {
-        sets: a.iter().map(|c| c.map(|c| vec![c])).collect(),
         example: a.clone(),
         payload,
     }
@@ -441,13 +433,13 @@ pub fn gaps(
 
 #[derive(Clone, Debug)]
 struct DiffPayload {
-    old: Option<u16>,
-    new: Option<u16>,
+    old: Option<(u16, usize)>,
+    new: Option<(u16, usize)>,
     rules: BTreeSet<String>,
 }
 
 impl Payload for DiffPayload {
-    type Key = (Option<u16>, Option<u16>);
+    type Key = (Option<(u16, usize)>, Option<(u16, usize)>);
     fn key(&self) -> Self::Key {
         (self.old, self.new)
     }
@@ -460,8 +452,13 @@ impl Payload for DiffPayload {
 pub struct DiffRegion {
     pub constraints: Map<String, Json>,
     pub example: Json,
+    /// The backend the old pack selects (TE's name; null: none).
     pub old: Option<String>,
     pub new: Option<String>,
+    /// The variant (sub-backend: flash version, fused sub-backend) each pack runs, when the
+    /// backend has variants.
+    pub old_variant: Option<String>,
+    pub new_variant: Option<String>,
     /// Rules that fire in one pack and not in the other there (and changed preference entries).
     pub rules: Vec<String>,
 }
@@ -472,100 +469,310 @@ pub struct DiffReport {
     pub classes_examined: u64,
     pub search_nodes: u64,
     pub complete: bool,
+    /// Rules (id@backend) whose condition differs between the packs, or that exist in one
+    /// only: decisions can differ only where one of them fires.
+    pub changed_rules: Vec<String>,
     pub assumptions: Vec<String>,
 }
 
-fn applied_pref(ev: &PolicyEval, vals: &[crate::facts::Value]) -> Option<String> {
-    for (i, p) in ev.pref.iter().enumerate() {
-        match p.map_or(Truth::True, |c| ev.truth(c, vals)) {
-            Truth::True => return Some(ev.policy.preference[i].id.clone()),
-            Truth::False => {}
-            Truth::Unknown => return None,
+/// A structural fingerprint of a compiled expression (equal fingerprints: same function of
+/// the facts).
+fn canon(p: &Program, id: crate::eval::program::NodeId, out: &mut String) {
+    use crate::eval::program::Node;
+    use std::fmt::Write;
+    let kids = |start: u32, len: u32, out: &mut String| {
+        for &c in &p.children[start as usize..(start + len) as usize] {
+            canon(p, c, out);
+            out.push(',');
+        }
+    };
+    match p.nodes[id as usize] {
+        Node::Const(v) => {
+            let _ = write!(out, "K{v:?}");
+        }
+        Node::Slot(x) => {
+            let _ = write!(out, "S{x}");
+        }
+        Node::Not(a) => {
+            out.push_str("!(");
+            canon(p, a, out);
+            out.push(')');
+        }
+        Node::IsNull(a) => {
+            out.push_str("N(");
+            canon(p, a, out);
+            out.push(')');
+        }
+        Node::IsNotNull(a) => {
+            out.push_str("NN(");
+            canon(p, a, out);
+            out.push(')');
+        }
+        Node::Neg(a) => {
+            out.push_str("-(");
+            canon(p, a, out);
+            out.push(')');
+        }
+        Node::And { start, len } => {
+            out.push_str("&(");
+            kids(start, len, out);
+            out.push(')');
+        }
+        Node::Or { start, len } => {
+            out.push_str("|(");
+            kids(start, len, out);
+            out.push(')');
+        }
+        Node::Call { func, start, len } => {
+            let _ = write!(out, "{func:?}(");
+            kids(start, len, out);
+            out.push(')');
+        }
+        Node::Cmp(op, a, b) => {
+            let _ = write!(out, "{op:?}(");
+            canon(p, a, out);
+            out.push(',');
+            canon(p, b, out);
+            out.push(')');
+        }
+        Node::Arith(op, a, b) => {
+            let _ = write!(out, "{op:?}(");
+            canon(p, a, out);
+            out.push(',');
+            canon(p, b, out);
+            out.push(')');
+        }
+        Node::In {
+            item,
+            start,
+            len,
+            negate,
+        } => {
+            let _ = write!(
+                out,
+                "In{negate}{:?}(",
+                &p.consts[start as usize..(start + len) as usize]
+            );
+            canon(p, item, out);
+            out.push(')');
         }
     }
-    None
 }
 
-/// Every region where `old` and `new` select differently.
-pub fn diff(old: &Policy, new: &Policy, budget: u64) -> (DiffReport, Space) {
-    let eo = PolicyEval::new(old);
-    let en = PolicyEval::new(new);
+fn fp(p: &Program, c: &crate::check::Compiled) -> String {
+    let mut s = String::new();
+    canon(p, c.node, &mut s);
+    s
+}
+
+/// Everything of a pack except its rules, as a comparable string.
+fn skeleton(p: &Policy) -> String {
+    let mut s = String::new();
+    for b in &p.backends {
+        s.push_str(&b.name);
+        for v in &b.variants {
+            s.push_str(&format!(
+                "|{}:{}",
+                v.name,
+                v.applicable
+                    .as_ref()
+                    .map(|a| fp(&p.program, a))
+                    .unwrap_or_default()
+            ));
+        }
+        s.push(';');
+    }
+    for e in &p.preference {
+        let order: Vec<&str> = e
+            .order
+            .iter()
+            .map(|&b| p.backends[b as usize].name.as_str())
+            .collect();
+        s.push_str(&format!(
+            "{}:{}:{:?};",
+            e.id,
+            e.when
+                .as_ref()
+                .map(|a| fp(&p.program, a))
+                .unwrap_or_default(),
+            order
+        ));
+    }
+    s
+}
+
+fn rule_keys(p: &Policy) -> Vec<String> {
+    p.rules
+        .iter()
+        .map(|r| {
+            format!(
+                "{}@{}|{}|{:?}|{}",
+                r.id,
+                p.backends[r.backend as usize].name,
+                fp(&p.program, &r.when),
+                r.variant_names,
+                p.layer_enabled(r.layer)
+            )
+        })
+        .collect()
+}
+
+/// Every region where `old` and `new` select a different backend or a different variant.
+///
+/// When both packs have the same backends, variants and preference (compared structurally),
+/// decisions can differ only where a rule that differs between them fires; the search is
+/// pruned everywhere else, which keeps `diff` of two versions of a large pack fast.
+pub fn diff(
+    old: &Policy,
+    new: &Policy,
+    restrict: Option<&Restriction>,
+    budget: u64,
+) -> (DiffReport, Space) {
     let mut b = SpaceBuilder::new();
     add_policy(&mut b, old);
     add_policy(&mut b, new);
+    if let Some(r) = restrict {
+        b.root(&r.program, r.cond.node);
+    }
     let space = b.build();
-    let (mut ro, mut rn) = (Vec::new(), Vec::new());
+    let (ko, kn) = (rule_keys(old), rule_keys(new));
+    let same_skeleton = skeleton(old) == skeleton(new);
+    let so: BTreeSet<&String> = ko.iter().collect();
+    let sn: BTreeSet<&String> = kn.iter().collect();
+    let mut eng = Engine::new(&space);
+    let po = eng.program(&old.program);
+    let pn = eng.program(&new.program);
+    let co = eng.policy(old, po);
+    let cn = eng.policy(new, pn);
+    let rc = restrict.map(|r| {
+        let rp = eng.program(&r.program);
+        eng.cond(rp, r.cond)
+    });
+    // Conditions of rules present in one pack only (or changed).
+    let mut changed: Vec<usize> = Vec::new();
+    let mut changed_names: Vec<String> = Vec::new();
+    for (i, k) in ko.iter().enumerate() {
+        if !sn.contains(k) {
+            changed_names.push(format!(
+                "{}@{}",
+                old.rules[i].id, old.backends[old.rules[i].backend as usize].name
+            ));
+            changed.extend(co.rule[i]);
+        }
+    }
+    for (i, k) in kn.iter().enumerate() {
+        if !so.contains(k) {
+            changed_names.push(format!(
+                "{}@{}",
+                new.rules[i].id, new.backends[new.rules[i].backend as usize].name
+            ));
+            changed.extend(cn.rule[i]);
+        }
+    }
+    changed_names.sort();
+    changed_names.dedup();
     let mut found: Vec<Raw<DiffPayload>> = Vec::new();
-    let stats = search(
-        &space,
+    let name = |p: &Policy, s: Option<(u16, usize)>| {
+        s.map(|(b, v)| {
+            let bk = &p.backends[b as usize];
+            (bk.name.clone(), bk.variants.get(v).map(|x| x.name.clone()))
+        })
+    };
+    let stats = eng.run(
         budget,
-        &mut |vals| {
-            eo.rules(vals, &mut ro);
-            let so = eo.select(vals, &ro);
-            en.rules(vals, &mut rn);
-            let sn = en.select(vals, &rn);
-            match (so, sn) {
-                (Ok(a), Ok(b)) => {
-                    let same = match (a, b) {
-                        (None, None) => true,
-                        (Some(x), Some(y)) => {
-                            old.backends[x as usize].name == new.backends[y as usize].name
-                        }
-                        _ => false,
-                    };
-                    if same {
-                        return Step::Prune;
-                    }
-                    let mut rules = BTreeSet::new();
-                    let truth_by_id = |p: &Policy, t: &[Truth]| -> HashMap<String, Truth> {
-                        p.rules
-                            .iter()
-                            .zip(t)
-                            .map(|(r, t)| (r.id.clone(), *t))
-                            .collect()
-                    };
-                    let to = truth_by_id(old, &ro);
-                    let tn = truth_by_id(new, &rn);
-                    for id in to.keys().chain(tn.keys()) {
-                        let x = to.get(id).copied().unwrap_or(Truth::False);
-                        let y = tn.get(id).copied().unwrap_or(Truth::False);
-                        if x != y && x != Truth::Unknown && y != Truth::Unknown {
-                            rules.insert(id.clone());
-                        }
-                    }
-                    let (po, pn) = (applied_pref(&eo, vals), applied_pref(&en, vals));
-                    if po != pn {
-                        if let Some(p) = po {
-                            rules.insert(format!("preference:{p}"));
-                        }
-                        if let Some(p) = pn {
-                            rules.insert(format!("preference:{p}"));
-                        }
-                    }
-                    Step::Leaf(DiffPayload {
-                        old: a,
-                        new: b,
-                        rules,
-                    })
+        &mut |t, _vals, _a| {
+            if let Some(i) = rc {
+                match t[i] {
+                    Truth::False => return Judged::Prune,
+                    Truth::Unknown => return Judged::Split(vec![i]),
+                    Truth::True => {}
                 }
-                (Err(m1), Err(m2)) => Step::Split(m1 | m2),
-                (Err(m), _) | (_, Err(m)) => Step::Split(m),
             }
+            if same_skeleton {
+                if changed.iter().all(|&i| t[i] == Truth::False) {
+                    return Judged::Prune;
+                }
+                if !changed.iter().any(|&i| t[i] == Truth::True) {
+                    return Judged::Split(
+                        changed
+                            .iter()
+                            .copied()
+                            .filter(|&i| t[i] == Truth::Unknown)
+                            .collect(),
+                    );
+                }
+            }
+            let mut rel = Vec::new();
+            let a = co.select(old, t, &mut rel);
+            let b = cn.select(new, t, &mut rel);
+            let (Ok(a), Ok(b)) = (a, b) else {
+                return Judged::Split(rel);
+            };
+            if name(old, a) == name(new, b) {
+                return Judged::Prune;
+            }
+            let mut rules = BTreeSet::new();
+            let truth_by_id = |p: &Policy, pc: &PolicyConds| -> HashMap<String, Truth> {
+                let mut m: HashMap<String, Truth> = HashMap::new();
+                for (i, r) in p.rules.iter().enumerate() {
+                    let x = pc.rule[i].map_or(Truth::False, |c| t[c]);
+                    let e = m.entry(r.id.clone()).or_insert(Truth::False);
+                    if x == Truth::True || (x == Truth::Unknown && *e == Truth::False) {
+                        *e = x;
+                    }
+                }
+                m
+            };
+            let to = truth_by_id(old, &co);
+            let tn = truth_by_id(new, &cn);
+            for id in to.keys().chain(tn.keys()) {
+                let x = to.get(id).copied().unwrap_or(Truth::False);
+                let y = tn.get(id).copied().unwrap_or(Truth::False);
+                if x != y && x != Truth::Unknown && y != Truth::Unknown {
+                    rules.insert(id.clone());
+                }
+            }
+            let applied = |pc: &PolicyConds, p: &Policy| -> Option<String> {
+                for (i, c) in pc.pref.iter().enumerate() {
+                    match c.map_or(Truth::True, |c| t[c]) {
+                        Truth::True => return Some(p.preference[i].id.clone()),
+                        Truth::False => {}
+                        Truth::Unknown => return None,
+                    }
+                }
+                None
+            };
+            let (pa, pb) = (applied(&co, old), applied(&cn, new));
+            if pa != pb {
+                rules.extend(pa.map(|x| format!("preference:{x}")));
+                rules.extend(pb.map(|x| format!("preference:{x}")));
+            }
+            Judged::Leaf(DiffPayload {
+                old: a,
+                new: b,
+                rules,
+            })
         },
-        &mut |a, p| {
-            found.push(raw(a, p));
+        &mut |a, sets, p| {
+            found.push(raw_sets(a, sets, p));
             true
         },
     );
     let merged = merge(&space, found);
     let regions = merged
         .iter()
-        .map(|r| DiffRegion {
-            constraints: constraints(&space, &r.sets),
-            example: space.example(&r.example),
-            old: r.payload.old.map(|b| old.backends[b as usize].name.clone()),
-            new: r.payload.new.map(|b| new.backends[b as usize].name.clone()),
-            rules: r.payload.rules.iter().cloned().collect(),
+        .map(|r| {
+            let (o, ov) = name(old, r.payload.old).map_or((None, None), |(n, v)| (Some(n), v));
+            let (n, nv) = name(new, r.payload.new).map_or((None, None), |(n, v)| (Some(n), v));
+            DiffRegion {
+                constraints: constraints(&space, &r.sets),
+                example: space.example(&r.example),
+                old: o,
+                new: n,
+                old_variant: ov,
+                new_variant: nv,
+                rules: r.payload.rules.iter().cloned().collect(),
+            }
         })
         .collect();
     (
@@ -574,6 +781,7 @@ pub fn diff(old: &Policy, new: &Policy, budget: u64) -> (DiffReport, Space) {
             classes_examined: stats.classes,
             search_nodes: stats.nodes,
             complete: !stats.truncated && stats.stuck == 0,
+            changed_rules: changed_names,
             assumptions: assumptions(),
         },
         space,

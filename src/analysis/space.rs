@@ -1014,8 +1014,9 @@ impl Space {
                 continue;
             }
             if let Some(p) = v.parent
-                && a[p].is_none()
+                && (a[p].is_none() || self.value_of(a, p) == Value::Null)
             {
+                // Members of an absent (or undecided) object are not written.
                 continue;
             }
             let path = v.path;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use attn_policy::analysis::regions::{DEFAULT_BUDGET, diff};
+use attn_policy::analysis::regions::{DEFAULT_BUDGET, Restriction, diff};
 use attn_policy::{PackSource, Policy, load_pack};
 
 #[derive(Args, Debug)]
@@ -25,6 +25,12 @@ pub struct DiffArgs {
     /// Print {"regions": [{"constraints", "example", "old", "new", "rules"}]} as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Only compare inputs where this condition holds (fact schema names).
+    #[arg(long = "where", value_name = "EXPR")]
+    pub where_: Option<String>,
+    /// Search node budget (the result says INCOMPLETE when it runs out).
+    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    pub budget: u64,
 }
 
 fn load(spec: &str) -> Result<Policy, i32> {
@@ -50,7 +56,11 @@ pub fn run(a: DiffArgs) -> i32 {
         (Ok(o), Ok(n)) => (o, n),
         (Err(c), _) | (_, Err(c)) => return c,
     };
-    let (report, _) = diff(&old, &new, DEFAULT_BUDGET);
+    let restrict = match a.where_.as_deref().map(Restriction::parse).transpose() {
+        Ok(r) => r,
+        Err(e) => return super::fail(e),
+    };
+    let (report, _) = diff(&old, &new, restrict.as_ref(), a.budget);
     if a.json {
         println!(
             "{}",
@@ -65,11 +75,16 @@ pub fn run(a: DiffArgs) -> i32 {
         );
         for (i, r) in report.regions.iter().enumerate() {
             let cons: Vec<&str> = r.constraints.values().filter_map(|v| v.as_str()).collect();
+            let show = |b: &Option<String>, v: &Option<String>| match (b, v) {
+                (None, _) => "none".to_string(),
+                (Some(b), None) => b.clone(),
+                (Some(b), Some(v)) => format!("{b} ({v})"),
+            };
             println!(
                 "\n{}. {} -> {}\n   where {}\n   rules: {}\n   example: {}",
                 i + 1,
-                r.old.as_deref().unwrap_or("none"),
-                r.new.as_deref().unwrap_or("none"),
+                show(&r.old, &r.old_variant),
+                show(&r.new, &r.new_variant),
                 if cons.is_empty() {
                     "everywhere".to_string()
                 } else {

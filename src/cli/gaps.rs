@@ -28,6 +28,9 @@ pub struct GapsArgs {
     /// Print {"regions": [...], "classes_examined": N, ...} as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Search node budget (the result says INCOMPLETE when it runs out).
+    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    pub budget: u64,
 }
 
 pub fn run(a: GapsArgs) -> i32 {
@@ -40,7 +43,7 @@ pub fn run(a: GapsArgs) -> i32 {
         Err(e) => return super::fail(e),
     };
     let t = Instant::now();
-    let (report, _, _) = gaps(&policy, restrict.as_ref(), DEFAULT_BUDGET);
+    let (report, _, _) = gaps(&policy, restrict.as_ref(), a.budget);
     let elapsed = t.elapsed();
     if a.json {
         println!(
