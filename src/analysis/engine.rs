@@ -124,14 +124,14 @@ impl PolicyConds {
     }
 
     /// The variant backend `b` would run: `Ok(Some(v))` the first eligible variant, `Ok(None)`
-    /// none eligible, `Err(())` undetermined (unknown conditions appended to `rel`).
+    /// none eligible, `Err(Open)` undetermined (unknown conditions appended to `rel`).
     pub fn variant(
         &self,
         p: &Policy,
         b: usize,
         t: &[Truth],
         rel: &mut Vec<usize>,
-    ) -> Result<Option<usize>, ()> {
+    ) -> Result<Option<usize>, Open> {
         for (v, app) in self.app[b].iter().enumerate() {
             let a = truth_of(t, *app);
             if a == Truth::False {
@@ -162,7 +162,7 @@ impl PolicyConds {
             if a == Truth::Unknown {
                 rel.push(app.expect("unknown applicability"));
             }
-            return Err(());
+            return Err(Open);
         }
         Ok(None)
     }
@@ -249,7 +249,7 @@ impl PolicyConds {
         p: &Policy,
         t: &[Truth],
         rel: &mut Vec<usize>,
-    ) -> Result<Option<(u16, usize)>, ()> {
+    ) -> Result<Option<(u16, usize)>, Open> {
         let mut prel = Vec::new();
         let orders = self.orders(t, &mut prel);
         let mut result: Option<Option<(u16, usize)>> = None;
@@ -263,7 +263,7 @@ impl PolicyConds {
                         break;
                     }
                     Ok(None) => {}
-                    Err(()) => {
+                    Err(Open) => {
                         sel = None;
                         break;
                     }
@@ -283,7 +283,7 @@ impl PolicyConds {
             (false, Some(r)) => Ok(r),
             _ => {
                 rel.extend(prel);
-                Err(())
+                Err(Open)
             }
         }
     }
@@ -309,8 +309,6 @@ pub struct Engine<'a> {
     cond_maps: Vec<Vec<Vec<u32>>>,
     /// The classes the current node allows per var (None: unassigned).
     sets: Vec<Option<Vec<u32>>>,
-    splits: u64,
-    pub hist: Vec<(u64, u64)>,
     cache: std::collections::HashMap<u128, CacheEntry>,
     log: Vec<LoggedLeaf>,
     /// Cache hits (subtrees replayed instead of searched).
@@ -319,6 +317,16 @@ pub struct Engine<'a> {
 
 /// Per var, the set of classes a region allows (None: any).
 pub type Sets = [Option<Vec<u32>>];
+
+/// The judge of a search: truths of the registered conditions, fact values, assignment.
+pub type Judge<'j, T> = dyn FnMut(&[Truth], &[Value], &Assign) -> Judged<T> + 'j;
+
+/// A replayed leaf: assignment, class sets, truths.
+type Replayed = (Assign, Vec<Option<Vec<u32>>>, Vec<Truth>);
+
+/// Undetermined (the unknown conditions that could settle it were appended to `rel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Open;
 
 impl<'a> Engine<'a> {
     pub fn new(space: &'a Space) -> Engine<'a> {
@@ -331,8 +339,6 @@ impl<'a> Engine<'a> {
             cond_vars: Vec::new(),
             cond_maps: Vec::new(),
             sets: Vec::new(),
-            splits: 0,
-            hist: Vec::new(),
             cache: std::collections::HashMap::new(),
             log: Vec::new(),
             hits: 0,
@@ -457,7 +463,7 @@ impl<'a> Engine<'a> {
     pub fn run<T>(
         &mut self,
         budget: u64,
-        judge: &mut dyn FnMut(&[Truth], &[Value], &Assign) -> Judged<T>,
+        judge: &mut Judge<'_, T>,
         found: &mut dyn FnMut(&Assign, &Sets, T) -> bool,
     ) -> Stats {
         self.prepare();
@@ -469,7 +475,6 @@ impl<'a> Engine<'a> {
         self.reset_memos();
         let truths: Vec<Truth> = (0..self.conds.len()).map(|i| self.eval(i, &vals)).collect();
         let mut stop = false;
-        let _guard = ();
         let mut unres = vec![0u32; self.conds.len()];
         self.rec(
             budget,
@@ -482,17 +487,6 @@ impl<'a> Engine<'a> {
             &mut st,
             &mut stop,
         );
-        if std::env::var_os("ENGINE_DEBUG").is_some() {
-            let mut h: Vec<(u64, u64, &str)> = self
-                .hist
-                .iter()
-                .enumerate()
-                .map(|(v, x)| (x.0, x.1, self.space.vars[v].path))
-                .filter(|x| x.0 > 0)
-                .collect();
-            h.sort();
-            eprintln!("{h:?}");
-        }
         st
     }
 
@@ -592,7 +586,7 @@ impl<'a> Engine<'a> {
     fn rec<T>(
         &mut self,
         budget: u64,
-        judge: &mut dyn FnMut(&[Truth], &[Value], &Assign) -> Judged<T>,
+        judge: &mut Judge<'_, T>,
         found: &mut dyn FnMut(&Assign, &Sets, T) -> bool,
         assign: &mut Assign,
         vals: &mut Vec<Value>,
@@ -604,7 +598,7 @@ impl<'a> Engine<'a> {
         if *stop {
             return;
         }
-        if st.nodes >= budget {
+        if st.nodes >= budget || st.classes >= budget {
             st.truncated = true;
             *stop = true;
             return;
@@ -637,7 +631,6 @@ impl<'a> Engine<'a> {
                 return;
             }
             Judged::Split(rel) => rel,
-            Judged::SplitKeyed(rel, _, _) if std::env::var_os("ENGINE_NOCACHE").is_some() => rel,
             Judged::SplitKeyed(rel, key, open) => {
                 let mut vars: Vec<u32> = open
                     .iter()
@@ -661,7 +654,7 @@ impl<'a> Engine<'a> {
                 if let Some(e) = self.cache.get(&full) {
                     self.hits += 1;
                     st.classes += e.classes;
-                    let leaves: Vec<(Assign, Vec<Option<Vec<u32>>>, Vec<Truth>)> = e
+                    let leaves: Vec<Replayed> = e
                         .leaves
                         .iter()
                         .map(|l| {
@@ -750,7 +743,7 @@ impl<'a> Engine<'a> {
     fn split<T>(
         &mut self,
         budget: u64,
-        judge: &mut dyn FnMut(&[Truth], &[Value], &Assign) -> Judged<T>,
+        judge: &mut Judge<'_, T>,
         found: &mut dyn FnMut(&Assign, &Sets, T) -> bool,
         assign: &mut Assign,
         vals: &mut Vec<Value>,
@@ -761,67 +754,12 @@ impl<'a> Engine<'a> {
         rel: &[usize],
     ) {
         let Some((v, by)) = self.choose(assign, rel) else {
-            if st.stuck == 0 && std::env::var_os("ENGINE_DEBUG").is_some() {
-                for &i in rel {
-                    let vs: Vec<String> = self.cond_vars[i]
-                        .iter()
-                        .map(|&v| {
-                            let v = v as usize;
-                            format!(
-                                "{}:{:?}/{:?}",
-                                self.space.vars[v].path,
-                                assign[v],
-                                self.sets[v].as_ref().map(Vec::len)
-                            )
-                        })
-                        .collect();
-                    eprintln!("stuck cond {i} truth {:?} vars {}", truths[i], vs.join(" "));
-                }
-            }
             st.stuck += 1;
             st.classes += 1;
             return;
         };
-        self.splits += 1;
-        if std::env::var_os("ENGINE_DEBUG").is_some() && self.splits % 20000 == 1 {
-            let path: Vec<String> = assign
-                .iter()
-                .enumerate()
-                .filter_map(|(i, c)| {
-                    c.map(|c| {
-                        format!(
-                            "{}={:?}/{}",
-                            self.space.vars[i].path,
-                            self.space.vars[i].classes[c as usize].value,
-                            self.sets[i].as_ref().map_or(0, Vec::len)
-                        )
-                    })
-                })
-                .collect();
-            eprintln!(
-                "split {} by {} at {}; rel {}",
-                self.space.vars[v].path,
-                by.len(),
-                path.join(" "),
-                rel.len()
-            );
-        }
         // Split v's current classes by what the chosen conditions tell apart.
         let blocks = self.split_blocks(v, &by);
-        if std::env::var_os("ENGINE_DEBUG").is_some() {
-            self.hist.resize(self.space.vars.len(), (0, 0));
-            self.hist[v].0 += 1;
-            self.hist[v].1 += blocks.len() as u64;
-        }
-        if std::env::var_os("ENGINE_DEBUG").is_some() && blocks.len() > 20 && self.splits % 50 == 0
-        {
-            eprintln!(
-                "  {} blocks of {} by {:?}",
-                blocks.len(),
-                self.space.vars[v].path,
-                by.iter().map(|x| x.0).collect::<Vec<_>>()
-            );
-        }
         let old_set = self.sets[v].take();
         let old_assign = assign[v];
         let touch = self.touch[v].clone();

@@ -512,7 +512,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                 match pc.select(policy, t, &mut rel) {
                     Ok(Some((x, _))) if x as usize == bi => Judged::Leaf(()),
                     Ok(_) => Judged::Prune,
-                    Err(()) => Judged::Split(rel),
+                    Err(_) => Judged::Split(rel),
                 }
             },
             &mut |_, _, ()| {
