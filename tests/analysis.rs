@@ -407,3 +407,61 @@ fn te_diff_deleting_frost_window_p2p_rule_shows_exactly_the_windowed_p2p_regions
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Non-linear arithmetic between facts (the te pack's FE.gqa / RG.a2a_heads) and negative
+/// window bounds (FR.26) were false W-NEVER-FIRES: now the rules are shown satisfiable (or,
+/// where no witness exists among the classes, reported as incomplete), never "never fires".
+#[test]
+fn check_has_no_false_never_fires_for_fact_modulo_fact_and_negative_windows() {
+    let dir = std::env::temp_dir().join(format!("attn-policy-nonlinear-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("pack.yaml"),
+        "name: nonlinear\ndefs:\n  fq_h: num_heads // if(context_parallel, cp_size, 1)\n  \
+         fq_hg: num_gqa_groups // if(context_parallel, cp_size, 1)\nbackends:\n  - a.yaml\n\
+         preference:\n  - id: default\n    order: [A]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("a.yaml"),
+        "backend: A\nsupports: [fp8, bias, alibi, dropout, softcap, score_mod, num_splits, \
+         cuda_graph, checkpoint_core_attention, return_max_logit, kv_cache, paged_kv, thd, \
+         deterministic, window, cp_p2p, cp_all_gather, cp_a2a, cp_a2a+p2p, softmax_type]\n\
+         rules:\n  - id: A.heads\n    when: context_parallel and num_heads % cp_size != 0\n    \
+         reason: heads\n  - id: A.gqa\n    when: fq_hg != 0 and fq_h % fq_hg != 0\n    \
+         reason: gqa\n  - id: A.win\n    when: window.left < -1\n    reason: window\n",
+    )
+    .unwrap();
+    let p = Policy::from_dir(&dir).unwrap();
+    let diags = lint(&p);
+    for id in ["A.heads", "A.gqa", "A.win"] {
+        assert!(
+            !diags
+                .iter()
+                .any(|d| d.code == "W-NEVER-FIRES" && d.message.contains(&format!("`{id}`"))),
+            "{id}: {diags:#?}"
+        );
+        assert!(
+            !diags
+                .iter()
+                .any(|d| d.code == "W-ALWAYS-FIRES" && d.message.contains(&format!("`{id}`"))),
+            "{id}: {diags:#?}"
+        );
+    }
+    // And each really fires on a concrete input.
+    let fires = |cfg: Json, id: &str| {
+        let d = p.decide(&Facts::from_json(&cfg).unwrap());
+        d.fired.iter().any(|&r| p.rules[r as usize].id == id)
+    };
+    assert!(fires(
+        json!({"context_parallel": true, "cp_size": 2, "num_heads": 3, "num_gqa_groups": 3}),
+        "A.heads"
+    ));
+    assert!(fires(
+        json!({"num_heads": 12, "num_gqa_groups": 8}),
+        "A.gqa"
+    ));
+    assert!(fires(json!({"window_size": [-5, 0]}), "A.win"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
