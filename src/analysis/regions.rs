@@ -270,8 +270,7 @@ pub fn assumptions() -> Vec<String> {
     vec![
         "probe facts (probe.*) are answered \"supported\" (true)".into(),
         "unparseable version strings are not enumerated".into(),
-        "integer sizes are >= 1 (token counts, shapes >= 0, windows >= -1), dropout and softcap >= 0"
-            .into(),
+        "integer sizes are >= 1 (token counts, shapes >= 0), dropout and softcap >= 0".into(),
     ]
 }
 
