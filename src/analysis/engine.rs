@@ -77,6 +77,29 @@ fn truth_of(t: &[Truth], c: Option<usize>) -> Truth {
 }
 
 impl PolicyConds {
+    /// Whether a rule of backend `b` surely declines variant `v`; rules still unknown are
+    /// appended to `rel` (the caller truncates them when the variant is declined).
+    fn variant_declined(
+        &self,
+        p: &Policy,
+        b: usize,
+        v: usize,
+        t: &[Truth],
+        rel: &mut Vec<usize>,
+    ) -> bool {
+        for &r in &self.by_backend[b] {
+            if p.rules[r].variants & (1u64 << v.min(63)) == 0 {
+                continue;
+            }
+            match truth_of_rule(t, self.rule[r]) {
+                Truth::True => return true,
+                Truth::Unknown => rel.push(self.rule[r].expect("unknown rule is enabled")),
+                Truth::False => {}
+            }
+        }
+        false
+    }
+
     /// Whether backend `b` has some applicable, undeclined variant. Unknown conditions that
     /// could settle it are appended to `rel`.
     pub fn eligible(&self, p: &Policy, b: usize, t: &[Truth], rel: &mut Vec<usize>) -> Truth {
@@ -88,21 +111,7 @@ impl PolicyConds {
                 continue;
             }
             let vmark = rel.len();
-            let mut declined = false;
-            for &r in &self.by_backend[b] {
-                if p.rules[r].variants & (1u64 << v.min(63)) == 0 {
-                    continue;
-                }
-                match truth_of_rule(t, self.rule[r]) {
-                    Truth::True => {
-                        declined = true;
-                        break;
-                    }
-                    Truth::Unknown => rel.push(self.rule[r].expect("unknown rule is enabled")),
-                    Truth::False => {}
-                }
-            }
-            if declined {
+            if self.variant_declined(p, b, v, t, rel) {
                 rel.truncate(vmark);
                 continue;
             }
@@ -138,21 +147,7 @@ impl PolicyConds {
                 continue;
             }
             let mark = rel.len();
-            let mut declined = false;
-            for &r in &self.by_backend[b] {
-                if p.rules[r].variants & (1u64 << v.min(63)) == 0 {
-                    continue;
-                }
-                match truth_of_rule(t, self.rule[r]) {
-                    Truth::True => {
-                        declined = true;
-                        break;
-                    }
-                    Truth::Unknown => rel.push(self.rule[r].expect("enabled")),
-                    Truth::False => {}
-                }
-            }
-            if declined {
+            if self.variant_declined(p, b, v, t, rel) {
                 rel.truncate(mark);
                 continue;
             }

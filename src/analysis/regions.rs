@@ -474,94 +474,9 @@ pub struct DiffReport {
     pub assumptions: Vec<String>,
 }
 
-/// A structural fingerprint of a compiled expression (equal fingerprints: same function of
-/// the facts).
-fn canon(p: &Program, id: crate::eval::program::NodeId, out: &mut String) {
-    use crate::eval::program::Node;
-    use std::fmt::Write;
-    let kids = |start: u32, len: u32, out: &mut String| {
-        for &c in &p.children[start as usize..(start + len) as usize] {
-            canon(p, c, out);
-            out.push(',');
-        }
-    };
-    match p.nodes[id as usize] {
-        Node::Const(v) => {
-            let _ = write!(out, "K{v:?}");
-        }
-        Node::Slot(x) => {
-            let _ = write!(out, "S{x}");
-        }
-        Node::Not(a) => {
-            out.push_str("!(");
-            canon(p, a, out);
-            out.push(')');
-        }
-        Node::IsNull(a) => {
-            out.push_str("N(");
-            canon(p, a, out);
-            out.push(')');
-        }
-        Node::IsNotNull(a) => {
-            out.push_str("NN(");
-            canon(p, a, out);
-            out.push(')');
-        }
-        Node::Neg(a) => {
-            out.push_str("-(");
-            canon(p, a, out);
-            out.push(')');
-        }
-        Node::And { start, len } => {
-            out.push_str("&(");
-            kids(start, len, out);
-            out.push(')');
-        }
-        Node::Or { start, len } => {
-            out.push_str("|(");
-            kids(start, len, out);
-            out.push(')');
-        }
-        Node::Call { func, start, len } => {
-            let _ = write!(out, "{func:?}(");
-            kids(start, len, out);
-            out.push(')');
-        }
-        Node::Cmp(op, a, b) => {
-            let _ = write!(out, "{op:?}(");
-            canon(p, a, out);
-            out.push(',');
-            canon(p, b, out);
-            out.push(')');
-        }
-        Node::Arith(op, a, b) => {
-            let _ = write!(out, "{op:?}(");
-            canon(p, a, out);
-            out.push(',');
-            canon(p, b, out);
-            out.push(')');
-        }
-        Node::In {
-            item,
-            start,
-            len,
-            negate,
-        } => {
-            let _ = write!(
-                out,
-                "In{negate}{:?}(",
-                &p.consts[start as usize..(start + len) as usize]
-            );
-            canon(p, item, out);
-            out.push(')');
-        }
-    }
-}
-
+/// A structural fingerprint of a compiled condition, comparable across packs.
 fn fp(p: &Program, c: &crate::check::Compiled) -> String {
-    let mut s = String::new();
-    canon(p, c.node, &mut s);
-    s
+    p.fingerprint(c.node, false)
 }
 
 /// Everything of a pack except its rules, as a comparable string.

@@ -15,7 +15,6 @@
 //! conformance corpus, with probes unknown, answered yes and answered no.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use super::program::{
     Func, NO_MEMO, Node, NodeId, Program, Truth, arith, call, compare, compare3, member, neg,
@@ -667,17 +666,8 @@ impl RulePlan {
         memo: &mut [Option<Value>],
         scratch: &mut AtomScratch,
     ) -> Truth {
-        let mut cx = Cx {
-            plan: self,
-            facts,
-            memo,
-            atoms: &mut scratch.atoms,
-        };
-        match cx.cond(&self.extras[i]) {
-            FALSE => Truth::False,
-            TRUE => Truth::True,
-            _ => Truth::Unknown,
-        }
+        let t = Cx::new(self, facts, memo, scratch).cond(&self.extras[i]);
+        truth(t)
     }
 
     /// The truth of rule `rule`'s condition. `memo` and `scratch` belong to one decision
@@ -690,17 +680,8 @@ impl RulePlan {
         memo: &mut [Option<Value>],
         scratch: &mut AtomScratch,
     ) -> Truth {
-        let mut cx = Cx {
-            plan: self,
-            facts,
-            memo,
-            atoms: &mut scratch.atoms,
-        };
-        match cx.all(&self.rules[rule]) {
-            FALSE => Truth::False,
-            TRUE => Truth::True,
-            _ => Truth::Unknown,
-        }
+        let t = Cx::new(self, facts, memo, scratch).all(&self.rules[rule]);
+        truth(t)
     }
 }
 
@@ -712,7 +693,29 @@ struct Cx<'a> {
     atoms: &'a mut [u8],
 }
 
-impl Cx<'_> {
+fn truth(t: u8) -> Truth {
+    match t {
+        FALSE => Truth::False,
+        TRUE => Truth::True,
+        _ => Truth::Unknown,
+    }
+}
+
+impl<'a> Cx<'a> {
+    fn new(
+        plan: &'a RulePlan,
+        facts: &'a [Value],
+        memo: &'a mut [Option<Value>],
+        scratch: &'a mut AtomScratch,
+    ) -> Cx<'a> {
+        Cx {
+            plan,
+            facts,
+            memo,
+            atoms: &mut scratch.atoms,
+        }
+    }
+
     /// Kleene `and`: the first false operand decides.
     #[inline(always)]
     fn all(&mut self, conds: &[Cond]) -> u8 {
@@ -915,96 +918,9 @@ fn conjuncts_of(p: &Program, id: NodeId, out: &mut Vec<NodeId>) {
     }
 }
 
-/// A structural key: equal keys, equal values for every input. A definition is keyed by its
-/// node (all uses of a definition share it).
+/// A structural key: equal keys, equal values for every input (see `Program::fingerprint`).
 fn key(p: &Program, id: NodeId) -> String {
-    let mut s = String::new();
-    write_key(p, id, &mut s);
-    s
-}
-
-fn write_key(p: &Program, id: NodeId, s: &mut String) {
-    if p.memo_of.get(id as usize).is_some_and(|&m| m != NO_MEMO) {
-        let _ = write!(s, "d{id}");
-        return;
-    }
-    let kids = |start: u32, len: u32, s: &mut String| {
-        for &c in &p.children[start as usize..(start + len) as usize] {
-            write_key(p, c, s);
-            s.push(',');
-        }
-    };
-    match p.nodes[id as usize] {
-        Node::Const(v) => {
-            let _ = write!(s, "c{v:?}");
-        }
-        Node::Slot(x) => {
-            let _ = write!(s, "s{x}");
-        }
-        Node::Not(a) => {
-            s.push_str("!(");
-            write_key(p, a, s);
-            s.push(')');
-        }
-        Node::And { start, len } => {
-            s.push_str("and(");
-            kids(start, len, s);
-            s.push(')');
-        }
-        Node::Or { start, len } => {
-            s.push_str("or(");
-            kids(start, len, s);
-            s.push(')');
-        }
-        Node::Cmp(op, a, b) => {
-            let _ = write!(s, "{op:?}(");
-            write_key(p, a, s);
-            s.push(',');
-            write_key(p, b, s);
-            s.push(')');
-        }
-        Node::In {
-            item,
-            start,
-            len,
-            negate,
-        } => {
-            let _ = write!(s, "in{negate}(");
-            write_key(p, item, s);
-            let _ = write!(
-                s,
-                ";{:?})",
-                &p.consts[start as usize..(start + len) as usize]
-            );
-        }
-        Node::IsNull(a) => {
-            s.push_str("null(");
-            write_key(p, a, s);
-            s.push(')');
-        }
-        Node::IsNotNull(a) => {
-            s.push_str("notnull(");
-            write_key(p, a, s);
-            s.push(')');
-        }
-        Node::Arith(op, a, b) => {
-            let _ = write!(s, "{op:?}(");
-            write_key(p, a, s);
-            s.push(',');
-            write_key(p, b, s);
-            s.push(')');
-        }
-        Node::Neg(a) => {
-            s.push_str("neg(");
-            write_key(p, a, s);
-            s.push(')');
-        }
-        Node::Call { func, start, len } => {
-            let _ = write!(s, "{func:?}(");
-            kids(start, len, s);
-            s.push(')');
-        }
-    }
+    p.fingerprint(id, true)
 }
 
 #[cfg(test)]

@@ -209,6 +209,80 @@ impl Program {
         }
     }
 
+    /// A structural fingerprint of node `id`: equal fingerprints compute the same function of
+    /// the facts. With `defs_by_id`, a pack definition is written as its node (cheap, and all
+    /// uses of one definition in this program agree); without, it is written out, so
+    /// fingerprints compare across programs (`diff` of two packs).
+    pub fn fingerprint(&self, id: NodeId, defs_by_id: bool) -> String {
+        let mut s = String::new();
+        self.write_fingerprint(id, defs_by_id, &mut s);
+        s
+    }
+
+    fn write_fingerprint(&self, id: NodeId, defs_by_id: bool, s: &mut String) {
+        use std::fmt::Write as _;
+        if defs_by_id && self.memo_of.get(id as usize).is_some_and(|&m| m != NO_MEMO) {
+            let _ = write!(s, "d{id}");
+            return;
+        }
+        let list = |name: &str, start: u32, len: u32, s: &mut String| {
+            s.push_str(name);
+            s.push('(');
+            for &c in &self.children[start as usize..(start + len) as usize] {
+                self.write_fingerprint(c, defs_by_id, s);
+                s.push(',');
+            }
+            s.push(')');
+        };
+        let pair = |name: &str, a: NodeId, b: NodeId, s: &mut String| {
+            s.push_str(name);
+            s.push('(');
+            self.write_fingerprint(a, defs_by_id, s);
+            s.push(',');
+            self.write_fingerprint(b, defs_by_id, s);
+            s.push(')');
+        };
+        match self.nodes[id as usize] {
+            Node::Const(v) => {
+                let _ = write!(s, "c{v:?}");
+            }
+            Node::Slot(x) => {
+                let _ = write!(s, "s{x}");
+            }
+            Node::And { start, len } => list("and", start, len, s),
+            Node::Or { start, len } => list("or", start, len, s),
+            Node::Call { func, start, len } => list(&format!("{func:?}"), start, len, s),
+            Node::Not(a) | Node::IsNull(a) | Node::IsNotNull(a) | Node::Neg(a) => {
+                let name = match self.nodes[id as usize] {
+                    Node::Not(_) => "not",
+                    Node::IsNull(_) => "null",
+                    Node::IsNotNull(_) => "notnull",
+                    _ => "neg",
+                };
+                s.push_str(name);
+                s.push('(');
+                self.write_fingerprint(a, defs_by_id, s);
+                s.push(')');
+            }
+            Node::Cmp(op, a, b) => pair(&format!("{op:?}"), a, b, s),
+            Node::Arith(op, a, b) => pair(&format!("{op:?}"), a, b, s),
+            Node::In {
+                item,
+                start,
+                len,
+                negate,
+            } => {
+                let _ = write!(
+                    s,
+                    "in{negate}{:?}(",
+                    &self.consts[start as usize..(start + len) as usize]
+                );
+                self.write_fingerprint(item, defs_by_id, s);
+                s.push(')');
+            }
+        }
+    }
+
     /// A memo sized for this program's definitions.
     pub fn new_memo(&self) -> Vec<Option<Value>> {
         vec![None; self.memo_count as usize]
