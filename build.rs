@@ -4,10 +4,17 @@ use std::fs;
 use std::path::Path;
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    // The manifest dir as cargo sets it when it *runs* this script (not `env!`, which would bake
+    // in the path where the script was compiled: a target dir shared by two checkouts would
+    // then embed the other checkout's packs, or none).
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = Path::new(&manifest).join("rules");
     println!("cargo:rerun-if-changed={}", root.display());
     let mut entries = Vec::new();
-    if let Ok(packs) = fs::read_dir(&root) {
+    // A binary without its packs cannot decide anything: fail the build instead.
+    let packs = fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("cannot read the rule packs in {}: {e}", root.display()));
+    {
         for pack in packs.flatten() {
             let path = pack.path();
             if !path.is_dir() {
@@ -28,6 +35,11 @@ fn main() {
             }
         }
     }
+    assert!(
+        !entries.is_empty(),
+        "no rule pack files (rules/<pack>/*.yaml) under {}",
+        root.display()
+    );
     entries.sort();
     let mut out = String::from(
         "/// (pack, file, text) of every embedded pack file.\npub static EMBEDDED: &[(&str, &str, &str)] = &[\n",

@@ -16,7 +16,8 @@ Examples:
   attn-policy diff te rules/te-edited
   attn-policy diff old-pack/ new-pack/ --json
 
-Exit codes: 0 no difference, 1 differences found, 2 bad rules.")]
+Exit codes: 0 no difference (search complete), 1 differences found, 2 bad rules or a bad
+--where, 3 none found but the search ran out of budget (INCOMPLETE: no claim either way).")]
 pub struct DiffArgs {
     /// Old pack: a folder holding pack.yaml, or an embedded pack name (te, native).
     pub old: String,
@@ -99,5 +100,5 @@ pub fn run(a: DiffArgs) -> i32 {
             );
         }
     }
-    if report.regions.is_empty() { 0 } else { 1 }
+    super::analysis_exit(!report.regions.is_empty(), report.complete)
 }

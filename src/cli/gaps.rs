@@ -18,7 +18,8 @@ Examples:
   attn-policy gaps --rules rules/te --where 'sm == 90 and context_parallel'
   attn-policy gaps --where 'head_dim_qk == head_dim_v' --json
 
-Exit codes: 0 no gaps, 1 gaps found, 2 bad rules or a bad --where.")]
+Exit codes: 0 no gaps (search complete), 1 gaps found, 2 bad rules or a bad --where,
+3 none found but the search ran out of budget (INCOMPLETE: no claim either way).")]
 pub struct GapsArgs {
     #[command(flatten)]
     pub pack: PackArgs,
@@ -53,7 +54,7 @@ pub fn run(a: GapsArgs) -> i32 {
     } else {
         print!("{}", human(&policy.name, &report, elapsed.as_secs_f64()));
     }
-    if report.regions.is_empty() { 0 } else { 1 }
+    super::analysis_exit(!report.regions.is_empty(), report.complete)
 }
 
 fn human(pack: &str, r: &GapReport, secs: f64) -> String {

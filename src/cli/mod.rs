@@ -90,6 +90,16 @@ pub fn run() -> i32 {
 }
 
 /// Prints an error to stderr and returns exit code 2.
+/// Exit code of a search (`gaps`, `diff`): 1 when it found regions, 0 when it found none and
+/// finished, 3 when it found none but ran out of budget (no claim either way).
+pub fn analysis_exit(found: bool, complete: bool) -> i32 {
+    match (found, complete) {
+        (true, _) => 1,
+        (false, true) => 0,
+        (false, false) => 3,
+    }
+}
+
 pub fn fail(message: impl std::fmt::Display) -> i32 {
     eprintln!("error: {message}");
     2
