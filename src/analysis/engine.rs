@@ -16,7 +16,7 @@ use crate::eval::program::{Program, Truth};
 use crate::facts::Value;
 use crate::policy::Policy;
 
-use super::search::{Cond, Stats};
+use super::search::{Cond, Stats, agreed};
 use super::space::{Assign, SlotMask, Space, SpaceBuilder, mask_of};
 
 /// A condition in one of the engine's programs.
@@ -100,29 +100,49 @@ impl PolicyConds {
         false
     }
 
+    /// Variant `v` of backend `b` under `t`: surely declined (or not applicable), surely
+    /// eligible, or open (the unknown conditions that could settle it appended to `rel`).
+    fn variant_status(
+        &self,
+        p: &Policy,
+        b: usize,
+        v: usize,
+        t: &[Truth],
+        rel: &mut Vec<usize>,
+    ) -> Truth {
+        let app = self.app[b][v];
+        let a = truth_of(t, app);
+        if a == Truth::False {
+            return Truth::False;
+        }
+        let mark = rel.len();
+        if self.variant_declined(p, b, v, t, rel) {
+            rel.truncate(mark);
+            return Truth::False;
+        }
+        if a == Truth::True && rel.len() == mark {
+            return Truth::True;
+        }
+        if a == Truth::Unknown {
+            rel.push(app.expect("unknown applicability"));
+        }
+        Truth::Unknown
+    }
+
     /// Whether backend `b` has some applicable, undeclined variant. Unknown conditions that
     /// could settle it are appended to `rel`.
     pub fn eligible(&self, p: &Policy, b: usize, t: &[Truth], rel: &mut Vec<usize>) -> Truth {
         let mark = rel.len();
         let mut unknown = false;
-        for (v, app) in self.app[b].iter().enumerate() {
-            let a = truth_of(t, *app);
-            if a == Truth::False {
-                continue;
+        for v in 0..self.app[b].len() {
+            match self.variant_status(p, b, v, t, rel) {
+                Truth::False => {}
+                Truth::True => {
+                    rel.truncate(mark);
+                    return Truth::True;
+                }
+                Truth::Unknown => unknown = true,
             }
-            let vmark = rel.len();
-            if self.variant_declined(p, b, v, t, rel) {
-                rel.truncate(vmark);
-                continue;
-            }
-            if a == Truth::True && rel.len() == vmark {
-                rel.truncate(mark);
-                return Truth::True;
-            }
-            if a == Truth::Unknown {
-                rel.push(app.expect("unknown applicability"));
-            }
-            unknown = true;
         }
         if unknown {
             Truth::Unknown
@@ -141,23 +161,12 @@ impl PolicyConds {
         t: &[Truth],
         rel: &mut Vec<usize>,
     ) -> Result<Option<usize>, Open> {
-        for (v, app) in self.app[b].iter().enumerate() {
-            let a = truth_of(t, *app);
-            if a == Truth::False {
-                continue;
+        for v in 0..self.app[b].len() {
+            match self.variant_status(p, b, v, t, rel) {
+                Truth::False => {}
+                Truth::True => return Ok(Some(v)),
+                Truth::Unknown => return Err(Open),
             }
-            let mark = rel.len();
-            if self.variant_declined(p, b, v, t, rel) {
-                rel.truncate(mark);
-                continue;
-            }
-            if a == Truth::True && rel.len() == mark {
-                return Ok(Some(v));
-            }
-            if a == Truth::Unknown {
-                rel.push(app.expect("unknown applicability"));
-            }
-            return Err(Open);
         }
         Ok(None)
     }
@@ -247,40 +256,23 @@ impl PolicyConds {
     ) -> Result<Option<(u16, usize)>, Open> {
         let mut prel = Vec::new();
         let orders = self.orders(t, &mut prel);
-        let mut result: Option<Option<(u16, usize)>> = None;
-        let mut undetermined = false;
-        for &o in &orders {
-            let mut sel: Option<Option<(u16, usize)>> = Some(None);
-            for &b in &p.preference[o].order {
-                match self.variant(p, b as usize, t, rel) {
-                    Ok(Some(v)) => {
-                        sel = Some(Some((b, v)));
-                        break;
-                    }
-                    Ok(None) => {}
-                    Err(Open) => {
-                        sel = None;
-                        break;
-                    }
-                }
-            }
-            match (sel, result) {
-                (None, _) => undetermined = true,
-                (Some(s), None) => result = Some(s),
-                (Some(s), Some(r)) if s != r => undetermined = true,
-                _ => {}
-            }
-        }
         if orders.is_empty() {
             return Ok(None);
         }
-        match (undetermined, result) {
-            (false, Some(r)) => Ok(r),
-            _ => {
-                rel.extend(prel);
-                Err(Open)
+        let picked = agreed(orders.iter().map(|&o| {
+            for &b in &p.preference[o].order {
+                match self.variant(p, b as usize, t, rel) {
+                    Ok(Some(v)) => return Some(Some((b, v))),
+                    Ok(None) => {}
+                    Err(Open) => return None,
+                }
             }
-        }
+            Some(None)
+        }));
+        picked.ok_or_else(|| {
+            rel.extend(prel);
+            Open
+        })
     }
 }
 

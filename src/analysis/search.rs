@@ -190,41 +190,26 @@ impl<'a> PolicyEval<'a> {
     pub fn select(&self, vals: &[Value], rules: &[Truth]) -> Result<Option<u16>, SlotMask> {
         let (orders, pmask) = self.orders(vals);
         let mut elig: Vec<Option<Tri>> = vec![None; self.policy.backends.len()];
-        let mut result: Option<Option<u16>> = None;
+        if orders.is_empty() {
+            return Ok(None);
+        }
         let mut mask = 0;
-        let mut undetermined = false;
-        for &o in &orders {
-            let mut sel: Option<Option<u16>> = Some(None);
+        let picked = agreed(orders.iter().map(|&o| {
             for &b in &self.policy.preference[o].order {
                 let e =
                     *elig[b as usize].get_or_insert_with(|| self.eligible(b as usize, vals, rules));
                 match e.truth {
-                    Truth::True => {
-                        sel = Some(Some(b));
-                        break;
-                    }
+                    Truth::True => return Some(Some(b)),
                     Truth::False => {}
                     Truth::Unknown => {
                         mask |= e.mask;
-                        sel = None;
-                        break;
+                        return None;
                     }
                 }
             }
-            match (sel, result) {
-                (None, _) => undetermined = true,
-                (Some(s), None) => result = Some(s),
-                (Some(s), Some(r)) if s != r => undetermined = true,
-                _ => {}
-            }
-        }
-        if orders.is_empty() {
-            return Ok(None);
-        }
-        match (undetermined, result) {
-            (false, Some(r)) => Ok(r),
-            _ => Err(mask | pmask),
-        }
+            Some(None)
+        }));
+        picked.ok_or(mask | pmask)
     }
 
     /// Whether some backend is selected (for gaps): true as soon as one backend of every
@@ -399,4 +384,21 @@ fn rec<T>(
         }
     }
     assign[v] = None;
+}
+
+/// The selection every applicable preference order agrees on: `Some(s)` when each order's
+/// selection is determined (`Some`) and all are equal, else `None`. Every order is visited, so
+/// callers collect the unknown conditions of all of them.
+pub(super) fn agreed<T: PartialEq>(per_order: impl Iterator<Item = Option<T>>) -> Option<T> {
+    let mut result = None;
+    let mut undetermined = false;
+    for sel in per_order {
+        match (sel, &result) {
+            (None, _) => undetermined = true,
+            (Some(s), None) => result = Some(s),
+            (Some(s), Some(r)) if s != *r => undetermined = true,
+            _ => {}
+        }
+    }
+    if undetermined { None } else { result }
 }
