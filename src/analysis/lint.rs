@@ -22,7 +22,7 @@ use crate::facts::Value;
 use crate::facts::schema::{FIELDS, Ty, slot};
 use crate::policy::Policy;
 
-use super::engine::{Engine, Judged};
+use super::engine::{Engine, Judged, PolicyConds};
 use super::regions::add_policy;
 use super::search::{Step, Tri, search};
 use super::space::{Assign, Space, SpaceBuilder, mask_of, slot_bit};
@@ -465,76 +465,42 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     add_policy(&mut sb, policy);
     let space = sb.build();
     for (bi, bk) in policy.backends.iter().enumerate() {
-        let mut eng = Engine::new(&space);
-        let pp = eng.program(p);
-        let pc = eng.policy(policy, pp);
-        let mut hit = false;
-        let st = eng.run(
-            PACK_BUDGET,
-            &mut |t, _, _| {
-                let mut rel = Vec::new();
-                match pc.eligible(policy, bi, t, &mut rel) {
-                    Truth::True => Judged::Leaf(()),
-                    Truth::False => Judged::Prune,
-                    Truth::Unknown => Judged::Split(rel),
-                }
-            },
-            &mut |_, _, ()| {
-                hit = true;
-                false
-            },
-        );
-        if !hit {
-            if st.truncated {
-                out.push(incomplete(format!("backend `{}`", bk.name)));
-            } else {
-                out.push(
-                    Diagnostic::warning(
-                        "W-UNSELECTABLE",
-                        format!(
-                            "backend `{}` can never be selected: it is declined for every input",
-                            bk.name
-                        ),
-                    )
-                    .at(bk.loc),
-                );
+        let unselectable = |why: &str| {
+            Diagnostic::warning(
+                "W-UNSELECTABLE",
+                format!("backend `{}` can never be selected: {why}", bk.name),
+            )
+            .at(bk.loc)
+        };
+        let eligible = some_input(&space, p, policy, &mut |pc, t| {
+            let mut rel = Vec::new();
+            match pc.eligible(policy, bi, t, &mut rel) {
+                Truth::True => Judged::Leaf(()),
+                Truth::False => Judged::Prune,
+                Truth::Unknown => Judged::Split(rel),
             }
-            continue;
-        }
-        let mut eng = Engine::new(&space);
-        let pp = eng.program(p);
-        let pc = eng.policy(policy, pp);
-        let mut hit = false;
-        let st = eng.run(
-            PACK_BUDGET,
-            &mut |t, _, _| {
+        });
+        let selected = match eligible {
+            None => None,
+            Some(false) => {
+                out.push(unselectable("it is declined for every input"));
+                continue;
+            }
+            Some(true) => some_input(&space, p, policy, &mut |pc, t| {
                 let mut rel = Vec::new();
                 match pc.select(policy, t, &mut rel) {
                     Ok(Some((x, _))) if x as usize == bi => Judged::Leaf(()),
                     Ok(_) => Judged::Prune,
                     Err(_) => Judged::Split(rel),
                 }
-            },
-            &mut |_, _, ()| {
-                hit = true;
-                false
-            },
-        );
-        if !hit {
-            if st.truncated {
-                out.push(incomplete(format!("backend `{}`", bk.name)));
-            } else {
-                out.push(
-                    Diagnostic::warning(
-                        "W-UNSELECTABLE",
-                        format!(
-                            "backend `{}` can never be selected: wherever it is eligible, a backend earlier in the preference order is too",
-                            bk.name
-                        ),
-                    )
-                    .at(bk.loc),
-                );
-            }
+            }),
+        };
+        match selected {
+            None => out.push(incomplete(format!("backend `{}`", bk.name))),
+            Some(false) => out.push(unselectable(
+                "wherever it is eligible, a backend earlier in the preference order is too",
+            )),
+            Some(true) => {}
         }
     }
     // Capability disposition.
@@ -662,4 +628,31 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         }
     }
     out
+}
+
+/// Whether some input of `space` makes `judge` reach a leaf: `Some(true)` one does,
+/// `Some(false)` none does (the search finished), `None` the search ran out of budget first.
+fn some_input(
+    space: &Space,
+    p: &Program,
+    policy: &Policy,
+    judge: &mut dyn FnMut(&PolicyConds, &[Truth]) -> Judged<()>,
+) -> Option<bool> {
+    let mut eng = Engine::new(space);
+    let pp = eng.program(p);
+    let pc = eng.policy(policy, pp);
+    let mut hit = false;
+    let st = eng.run(
+        PACK_BUDGET,
+        &mut |t, _, _| judge(&pc, t),
+        &mut |_, _, ()| {
+            hit = true;
+            false
+        },
+    );
+    match (hit, st.truncated) {
+        (true, _) => Some(true),
+        (false, false) => Some(false),
+        (false, true) => None,
+    }
 }
