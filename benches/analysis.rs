@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use attn_policy::Policy;
 use attn_policy::analysis::lint::lint;
-use attn_policy::analysis::regions::{Restriction, gaps};
+use attn_policy::analysis::regions::{DEFAULT_BUDGET, DEFAULT_MAX_REGIONS, Restriction, gaps};
 
 const SLICE: &str = "256 < head_dim_qk <= 512 and head_dim_v == head_dim_qk and context_parallel \
     and qkv_dtype == \"bf16\" and not fp8 and core_attention_bias_type == \"no_bias\" \
@@ -24,7 +24,7 @@ const SLICE: &str = "256 < head_dim_qk <= 512 and head_dim_v == head_dim_qk and 
 
 fn main() {
     let p = Policy::embedded("te").expect("te pack");
-    println!("| what | seconds | classes examined | search nodes | regions | complete |");
+    println!("| what | seconds | classes examined | diagram nodes | regions | complete |");
     println!("|---|---|---|---|---|---|");
     let t = Instant::now();
     let d = lint(&p);
@@ -37,7 +37,7 @@ fn main() {
     let budget: u64 = std::env::var("GAPS_BUDGET")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(100_000);
+        .unwrap_or(DEFAULT_BUDGET);
     let cases = [
         (
             "gaps sm90 CP slice",
@@ -54,7 +54,7 @@ fn main() {
     for (name, w, b) in cases {
         let r = Restriction::parse(&w).expect("where");
         let t = Instant::now();
-        let (rep, _, _) = gaps(&p, Some(&r), b);
+        let (rep, _) = gaps(&p, Some(&r), b, DEFAULT_MAX_REGIONS);
         println!(
             "| {name} (budget {}) | {:.2} | {} | {} | {} | {} |",
             if b == u64::MAX {
@@ -64,7 +64,7 @@ fn main() {
             },
             t.elapsed().as_secs_f64(),
             rep.classes_examined,
-            rep.search_nodes,
+            rep.diagram_nodes,
             rep.regions.len(),
             rep.complete
         );

@@ -50,8 +50,8 @@ fn reduced_domain() -> Vec<Json> {
 #[test]
 fn gaps_equal_brute_force_on_reduced_domain() {
     let p = fixture("mini");
-    let (report, _, stats) = gaps(&p, None, DEFAULT_BUDGET);
-    assert!(report.complete && stats.stuck == 0);
+    let (report, _) = gaps(&p, None, DEFAULT_BUDGET, usize::MAX);
+    assert!(report.complete && !report.regions_truncated && report.gaps_exist);
     assert!(!report.regions.is_empty());
     let regions: Vec<Restriction> = report
         .regions
@@ -67,8 +67,8 @@ fn gaps_equal_brute_force_on_reduced_domain() {
         let f = Facts::from_json(&cfg).unwrap();
         let brute = p.decide(&f).selected.is_none();
         let found = regions.iter().filter(|r| r.holds(&f)).count();
+        // The regions are a cover (they may overlap): their union is exactly the gaps.
         assert_eq!(brute, found > 0, "config {cfg}");
-        assert!(found <= 1, "regions overlap at {cfg}");
         gaps_seen += usize::from(brute);
     }
     assert!(gaps_seen > 1000);
@@ -118,7 +118,7 @@ fn diff_equals_brute_force_on_reduced_domain() {
 fn where_restricts_the_search() {
     let p = fixture("mini");
     let w = Restriction::parse("sm == 90 and context_parallel").unwrap();
-    let (r, _, _) = gaps(&p, Some(&w), DEFAULT_BUDGET);
+    let (r, _) = gaps(&p, Some(&w), DEFAULT_BUDGET, usize::MAX);
     assert!(!r.regions.is_empty());
     for g in &r.regions {
         assert_eq!(g.example["device_compute_capability"], json!([9, 0]));
@@ -228,7 +228,7 @@ const TE_SLICE: &str = "256 < head_dim_qk <= 512 and head_dim_v == head_dim_qk a
 fn te_sm90_cp_head_dim_256_512_has_no_backend_and_frost_closes_it_on_blackwell() {
     let p = Policy::embedded("te").unwrap();
     let w = Restriction::parse(&format!("sm == 90 and {TE_SLICE}")).unwrap();
-    let (r, _, _) = gaps(&p, Some(&w), DEFAULT_BUDGET);
+    let (r, _) = gaps(&p, Some(&w), DEFAULT_BUDGET, usize::MAX);
     assert!(r.complete);
     // On sm90 the whole slice is a gap: every comm type, every head dim in (256, 512].
     assert!(!r.regions.is_empty());

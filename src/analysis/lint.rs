@@ -22,13 +22,14 @@ use crate::facts::Value;
 use crate::facts::schema::{FIELDS, Ty, slot};
 use crate::policy::Policy;
 
-use super::engine::{Engine, Judged, PolicyConds};
+use super::mdd::{FALSE, Mdd, PolicyDiagrams, TRUE};
 use super::regions::add_policy;
 use super::search::{Step, Tri, search};
 use super::space::{Assign, Space, SpaceBuilder, mask_of, slot_bit};
 
 const RULE_BUDGET: u64 = 2_000_000;
-const PACK_BUDGET: u64 = 2_000_000;
+/// Decision-diagram nodes `check` may build (the te pack needs about 2M).
+const PACK_BUDGET: usize = 20_000_000;
 
 /// A capability and the facts whose rules give a backend's disposition for it.
 pub struct Capability {
@@ -328,41 +329,63 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     let p = &policy.program;
     let eval = |node: NodeId, vals: &[Value]| Truth::of(p.eval(node, vals));
     let n = policy.rules.len();
+    // Every search question is answered on the decision diagrams of the whole pack's space
+    // (src/analysis/mdd.rs): a rule never fires iff its diagram is false, and so on.
+    let mut sb = SpaceBuilder::new();
+    add_policy(&mut sb, policy);
+    let space = sb.build();
+    let mut m = Mdd::for_policies(&space, &[policy]);
+    m.budget = PACK_BUDGET;
+    let d = PolicyDiagrams::build(&mut m, policy);
     let mut never = vec![false; n];
     let mut always = vec![false; n];
-    let mut spaces: Vec<Space> = Vec::with_capacity(n);
+    // Per rule: the facts its own abstraction is not exact for (non-linear arithmetic). A
+    // rule whose own abstraction is exact has an exact diagram.
+    let inexact_facts: Vec<Vec<&'static str>> = policy
+        .rules
+        .iter()
+        .map(|r| {
+            let mut b = SpaceBuilder::new();
+            b.root(p, r.when.node);
+            b.build().inexact
+        })
+        .collect();
+    let reads_probe: Vec<bool> = policy
+        .rules
+        .iter()
+        .map(|r| {
+            r.when
+                .slots
+                .iter()
+                .any(|&x| FIELDS[x as usize].origin == crate::facts::schema::Origin::Probe)
+        })
+        .collect();
     for (i, r) in policy.rules.iter().enumerate() {
-        let mut b = SpaceBuilder::new();
-        b.root(p, r.when.node);
-        let space = b.build();
-        let m = mask_of(&r.when.slots);
-        let reads_probe = r
-            .when
-            .slots
-            .iter()
-            .any(|&x| FIELDS[x as usize].origin == crate::facts::schema::Origin::Probe);
-        let exact = space.inexact.is_empty() && !reads_probe;
+        let exact = inexact_facts[i].is_empty() && !reads_probe[i];
         let inexact_note = |what: &str| {
             Diagnostic::warning(
                 "W-ANALYSIS-INCOMPLETE",
                 format!(
                     "rule `{}`: {what} not proved: {}; no witness found among its classes",
                     r.id,
-                    if reads_probe {
+                    if reads_probe[i] {
                         "it reads probe facts, which the analysis answers \"supported\"".to_string()
                     } else {
                         format!(
                             "the abstraction is not exact for {} (non-linear arithmetic)",
-                            space.inexact.join(", ")
+                            inexact_facts[i].join(", ")
                         )
                     }
                 ),
             )
             .at(r.when_loc)
         };
-        match witness(&space, RULE_BUDGET, &mut |v| tri(eval(r.when.node, v), m)) {
-            Ok(None) if !exact => out.push(inexact_note("never-fires")),
-            Ok(None) => {
+        if m.exhausted {
+            out.push(incomplete(format!("rule `{}`", r.id)));
+            continue;
+        }
+        if d.rule[i] == FALSE && policy.layer_enabled(r.layer) {
+            if exact {
                 never[i] = true;
                 out.push(
                     Diagnostic::warning("W-NEVER-FIRES", format!("rule `{}` can never fire", r.id))
@@ -370,15 +393,12 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                         .label("false for every input over the schema's domains")
                         .help(Some("delete the rule or fix its condition".into())),
                 );
+            } else {
+                out.push(inexact_note("never-fires"));
             }
-            Err(()) => out.push(incomplete(format!("rule `{}`", r.id))),
-            Ok(Some(_)) => {}
         }
-        match witness(&space, RULE_BUDGET, &mut |v| {
-            tri(not(eval(r.when.node, v)), m)
-        }) {
-            Ok(None) if !exact => out.push(inexact_note("always-fires")),
-            Ok(None) => {
+        if d.rule[i] == TRUE {
+            if exact {
                 always[i] = true;
                 out.push(
                     Diagnostic::warning(
@@ -391,15 +411,14 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                     .at(r.when_loc)
                     .label("true for every input over the schema's domains"),
                 );
+            } else {
+                out.push(inexact_note("always-fires"));
             }
-            Err(()) => out.push(incomplete(format!("rule `{}`", r.id))),
-            Ok(Some(_)) => {}
         }
-        spaces.push(space);
     }
     // Subsumption: A fires => B fires, B declines at least A's variants, same layer and kind.
     for (i, a) in policy.rules.iter().enumerate() {
-        if never[i] || always[i] {
+        if never[i] || always[i] || !policy.layer_enabled(a.layer) || m.exhausted {
             continue;
         }
         for (j, b) in policy.rules.iter().enumerate() {
@@ -412,58 +431,40 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             {
                 continue;
             }
-            let (ma, mb) = (mask_of(&a.when.slots), mask_of(&b.when.slots));
-            if ma & mb == 0 && !always[j] {
+            // Not proved where either diagram is not exact (or rests on probe answers).
+            if !inexact_facts[i].is_empty()
+                || !inexact_facts[j].is_empty()
+                || reads_probe[i]
+                || reads_probe[j]
+            {
                 continue;
             }
-            let mut sb = SpaceBuilder::new();
-            sb.root(p, a.when.node).root(p, b.when.node);
-            let space = sb.build();
-            let res = witness(&space, RULE_BUDGET, &mut |v| {
-                tri(
-                    and(eval(a.when.node, v), not(eval(b.when.node, v))),
-                    ma | mb,
-                )
-            });
-            if let Ok(None) = res {
-                if !space.inexact.is_empty() {
-                    continue;
-                }
-                // Equivalent rules: report the later one only.
-                if j > i {
-                    let back = witness(&space, RULE_BUDGET, &mut |v| {
-                        tri(
-                            and(eval(b.when.node, v), not(eval(a.when.node, v))),
-                            ma | mb,
-                        )
-                    });
-                    if let Ok(None) = back {
-                        continue;
-                    }
-                }
-                out.push(
-                    Diagnostic::warning(
-                        "W-SUBSUMED",
-                        format!(
-                            "rule `{}` is subsumed by rule `{}`: whenever it fires, `{}` fires too",
-                            a.id, b.id, b.id
-                        ),
-                    )
-                    .at(a.when_loc)
-                    .label(format!("implies `{}`", b.when_src))
-                    .help(Some(format!(
-                        "delete `{}` or narrow `{}` (keep the one whose reason helps users more)",
-                        a.id, b.id
-                    ))),
-                );
-                break;
+            if !m.implies(d.rule[i], d.rule[j]) {
+                continue;
             }
+            // Equivalent rules: report the later one only.
+            if j > i && m.implies(d.rule[j], d.rule[i]) {
+                continue;
+            }
+            out.push(
+                Diagnostic::warning(
+                    "W-SUBSUMED",
+                    format!(
+                        "rule `{}` is subsumed by rule `{}`: whenever it fires, `{}` fires too",
+                        a.id, b.id, b.id
+                    ),
+                )
+                .at(a.when_loc)
+                .label(format!("implies `{}`", b.when_src))
+                .help(Some(format!(
+                    "delete `{}` or narrow `{}` (keep the one whose reason helps users more)",
+                    a.id, b.id
+                ))),
+            );
+            break;
         }
     }
     // Selectability over the whole pack.
-    let mut sb = SpaceBuilder::new();
-    add_policy(&mut sb, policy);
-    let space = sb.build();
     for (bi, bk) in policy.backends.iter().enumerate() {
         let unselectable = |why: &str| {
             Diagnostic::warning(
@@ -472,35 +473,16 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             )
             .at(bk.loc)
         };
-        let eligible = some_input(&space, p, policy, &mut |pc, t| {
-            let mut rel = Vec::new();
-            match pc.eligible(policy, bi, t, &mut rel) {
-                Truth::True => Judged::Leaf(()),
-                Truth::False => Judged::Prune,
-                Truth::Unknown => Judged::Split(rel),
-            }
-        });
-        let selected = match eligible {
-            None => None,
-            Some(false) => {
-                out.push(unselectable("it is declined for every input"));
-                continue;
-            }
-            Some(true) => some_input(&space, p, policy, &mut |pc, t| {
-                let mut rel = Vec::new();
-                match pc.select(policy, t, &mut rel) {
-                    Ok(Some((x, _))) if x as usize == bi => Judged::Leaf(()),
-                    Ok(_) => Judged::Prune,
-                    Err(_) => Judged::Split(rel),
-                }
-            }),
-        };
-        match selected {
-            None => out.push(incomplete(format!("backend `{}`", bk.name))),
-            Some(false) => out.push(unselectable(
+        let eligible = d.eligible_within(&mut m, bi, TRUE) != FALSE;
+        let selectable = eligible && d.selectable(&mut m, policy, bi);
+        if m.exhausted {
+            out.push(incomplete(format!("backend `{}`", bk.name)));
+        } else if !eligible {
+            out.push(unselectable("it is declined for every input"));
+        } else if !selectable {
+            out.push(unselectable(
                 "wherever it is eligible, a backend earlier in the preference order is too",
-            )),
-            Some(true) => {}
+            ));
         }
     }
     // Capability disposition.
@@ -628,31 +610,4 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         }
     }
     out
-}
-
-/// Whether some input of `space` makes `judge` reach a leaf: `Some(true)` one does,
-/// `Some(false)` none does (the search finished), `None` the search ran out of budget first.
-fn some_input(
-    space: &Space,
-    p: &Program,
-    policy: &Policy,
-    judge: &mut dyn FnMut(&PolicyConds, &[Truth]) -> Judged<()>,
-) -> Option<bool> {
-    let mut eng = Engine::new(space);
-    let pp = eng.program(p);
-    let pc = eng.policy(policy, pp);
-    let mut hit = false;
-    let st = eng.run(
-        PACK_BUDGET,
-        &mut |t, _, _| judge(&pc, t),
-        &mut |_, _, ()| {
-            hit = true;
-            false
-        },
-    );
-    match (hit, st.truncated) {
-        (true, _) => Some(true),
-        (false, false) => Some(false),
-        (false, true) => None,
-    }
 }

@@ -2,7 +2,8 @@
 //! configuration space. See docs/analysis.md for what each analysis proves and its limits.
 //!
 //! - [`space`] - the finite abstraction (equivalence classes per fact);
-//! - [`search`] - three-valued evaluation and branch-and-bound search;
+//! - [`mdd`] - decision diagrams over the classes (`gaps`, `check`'s searches);
+//! - [`search`], [`engine`] - three-valued evaluation and branch-and-bound search (`diff`);
 //! - [`regions`] - `gaps` and `diff`;
 //! - [`lint`] - `check`;
 //! - [`why_not`] - counterfactual hints;
@@ -13,6 +14,7 @@
 pub mod coverage;
 pub mod engine;
 pub mod lint;
+pub mod mdd;
 pub mod regions;
 pub mod search;
 pub mod space;

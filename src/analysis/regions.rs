@@ -13,11 +13,15 @@ use crate::lang::parse_expr;
 use crate::policy::Policy;
 
 use super::engine::{Engine, Judged, PolicyConds};
-use super::search::{Cond, Stats};
+use super::mdd::{Bits, Cube, FALSE, Id, Mdd, PolicyDiagrams, TRUE};
+use super::search::Cond;
 use super::space::{Assign, Space, SpaceBuilder, mask_of};
 
-/// Node budget of one search (a safety net; the te pack needs far fewer).
+/// Node budget of one search or diagram manager (a safety net; the te pack needs far fewer).
 pub const DEFAULT_BUDGET: u64 = 50_000_000;
+
+/// How many regions `gaps` / `diff` list by default.
+pub const DEFAULT_MAX_REGIONS: usize = 20;
 
 /// An error in the analysis inputs (a `--where` expression that does not compile).
 #[derive(Debug, thiserror::Error)]
@@ -221,25 +225,6 @@ fn constraints(space: &Space, sets: &[Option<Vec<u32>>]) -> Map<String, Json> {
     out
 }
 
-#[derive(Clone, Debug)]
-struct GapPayload {
-    declined: Vec<BTreeSet<usize>>,
-    not_applicable: Vec<BTreeSet<usize>>,
-}
-
-impl Payload for GapPayload {
-    type Key = ();
-    fn key(&self) {}
-    fn absorb(&mut self, other: &Self) {
-        for (a, b) in self.declined.iter_mut().zip(&other.declined) {
-            a.extend(b);
-        }
-        for (a, b) in self.not_applicable.iter_mut().zip(&other.not_applicable) {
-            a.extend(b);
-        }
-    }
-}
-
 /// One region of `gaps` output.
 #[derive(Clone, Debug, Serialize)]
 pub struct GapRegion {
@@ -256,13 +241,22 @@ pub struct GapRegion {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct GapReport {
+    /// A cover of the gaps: their union is exactly the set of inputs where nothing is
+    /// selected (regions may overlap), largest first.
     pub regions: Vec<GapRegion>,
+    /// More regions exist than `--max-regions` allowed to list.
+    pub regions_truncated: bool,
+    /// Atom evaluations at class representatives (each condition's own classes).
     pub classes_examined: u64,
-    pub search_nodes: u64,
+    /// Decision-diagram nodes built (the work beyond evaluations).
+    pub diagram_nodes: u64,
     /// Size of the full cross product of classes (what naive enumeration would visit).
     pub class_product: f64,
     pub facts_enumerated: usize,
+    /// The answer is exact: the node budget held and every evaluation was definite.
     pub complete: bool,
+    /// Some input selects nothing (exact when `complete`).
+    pub gaps_exist: bool,
     pub assumptions: Vec<String>,
 }
 
@@ -274,33 +268,35 @@ pub fn assumptions() -> Vec<String> {
     ]
 }
 
-fn gap_payload(policy: &Policy, pc: &PolicyConds, t: &[Truth]) -> GapPayload {
-    let nb = policy.backends.len();
-    let mut p = GapPayload {
-        declined: vec![BTreeSet::new(); nb],
-        not_applicable: vec![BTreeSet::new(); nb],
-    };
-    for (i, r) in policy.rules.iter().enumerate() {
-        if pc.rule[i].is_some_and(|c| t[c] == Truth::True) {
-            p.declined[r.backend as usize].insert(i);
-        }
-    }
-    for (bi, apps) in pc.app.iter().enumerate() {
-        for (vi, a) in apps.iter().enumerate() {
-            if a.is_some_and(|c| t[c] == Truth::False) {
-                p.not_applicable[bi].insert(vi);
-            }
-        }
-    }
-    p
+/// A cube as per-var class lists (`None`: any class).
+fn cube_sets(cube: &Cube) -> Vec<Option<Vec<u32>>> {
+    cube.iter().map(|s| s.as_ref().map(Bits::classes)).collect()
 }
 
-/// Finds every region of the space where no backend is selected.
+/// Builds the diagram manager and a restriction's diagram for some packs.
+fn manager<'s>(
+    space: &'s Space,
+    packs: &[&Policy],
+    restrict: Option<&Restriction>,
+    budget: u64,
+) -> (Mdd<'s>, Id) {
+    let mut m = Mdd::for_policies(space, packs);
+    m.budget = usize::try_from(budget).unwrap_or(usize::MAX);
+    let acc = restrict.map_or(TRUE, |r| {
+        let rp = m.program(&r.program);
+        m.condition(rp, r.cond.node)
+    });
+    (m, acc)
+}
+
+/// Finds every region of the space where no backend is selected: the diagram of "nothing
+/// selected" (within `--where`), listed as a cover of at most `max_regions` regions.
 pub fn gaps(
     policy: &Policy,
     restrict: Option<&Restriction>,
     budget: u64,
-) -> (GapReport, Space, Stats) {
+    max_regions: usize,
+) -> (GapReport, Space) {
     let mut b = SpaceBuilder::new();
     add_policy(&mut b, policy);
     if let Some(r) = restrict {
@@ -308,126 +304,70 @@ pub fn gaps(
     }
     let space = b.build();
     let nb = policy.backends.len();
-    let mut found: Vec<Raw<GapPayload>> = Vec::new();
-    let mut eng = Engine::new(&space);
-    let pp = eng.program(&policy.program);
-    let pc = eng.policy(policy, pp);
-    let rc = restrict.map(|r| {
-        let rp = eng.program(&r.program);
-        eng.cond(rp, r.cond)
-    });
-    let mut rel = Vec::new();
-    let mut best: Vec<usize> = Vec::new();
-    let stats = eng.run(
-        budget,
-        &mut |t, _vals, _a| {
-            if let Some(i) = rc {
-                match t[i] {
-                    Truth::False => return Judged::Prune,
-                    Truth::Unknown => return Judged::Split(vec![i]),
-                    Truth::True => {}
-                }
-            }
-            rel.clear();
-            let orders = pc.orders(t, &mut rel);
-            if orders.is_empty() {
-                return Judged::Leaf(gap_payload(policy, &pc, t));
-            }
-            let prel = std::mem::take(&mut rel);
-            // Per candidate order: some backend eligible (true), none (false), or open.
-            let mut elig: Vec<Option<(Truth, Vec<usize>)>> = vec![None; nb];
-            let (mut all_true, mut all_false, mut open) = (true, true, false);
-            for &o in &orders {
-                let mut ot = Truth::False;
-                for &bk in &policy.preference[o].order {
-                    let e = elig[bk as usize].get_or_insert_with(|| {
-                        let mut r = Vec::new();
-                        let tr = pc.eligible(policy, bk as usize, t, &mut r);
-                        (tr, r)
-                    });
-                    match e.0 {
-                        Truth::True => {
-                            ot = Truth::True;
-                            break;
-                        }
-                        Truth::Unknown => ot = Truth::Unknown,
-                        Truth::False => {}
-                    }
-                }
-                all_true &= ot == Truth::True;
-                all_false &= ot == Truth::False;
-                open |= ot == Truth::Unknown;
-            }
-            if all_true {
-                return Judged::Prune;
-            }
-            if all_false {
-                return Judged::Leaf(gap_payload(policy, &pc, t));
-            }
-            if !open {
-                // Orders disagree: settle which preference entry applies.
-                return Judged::Split(prel);
-            }
-            // Focus on the open backend closest to being settled.
-            best.clear();
-            for (tr, r) in elig.iter().flatten() {
-                if *tr == Truth::Unknown && (best.is_empty() || r.len() < best.len()) {
-                    best.clone_from(r);
-                }
-            }
-            let mut key = vec![u32::from(rc.is_some())];
-            let mut open = Vec::new();
-            pc.key(policy, t, &mut key, &mut open);
-            Judged::SplitKeyed(best.clone(), key, open)
-        },
-        &mut |a, sets, p| {
-            found.push(raw_sets(a, sets, p));
-            true
-        },
-    );
-    let merged = merge(&space, found);
-    let regions = merged
+    let (mut m, acc) = manager(&space, &[policy], restrict, budget);
+    let d = PolicyDiagrams::build(&mut m, policy);
+    let none = d.none_within(&mut m, policy, acc);
+    let (cubes, listed_all) = if m.exhausted {
+        (Vec::new(), true)
+    } else {
+        m.cover(none, max_regions)
+    };
+    let regions = cubes
         .iter()
-        .map(|r| GapRegion {
-            constraints: constraints(&space, &r.sets),
-            example: space.example(&r.example),
-            declined_by: (0..nb)
-                .filter(|&b| !r.payload.declined[b].is_empty())
-                .map(|b| {
-                    (
-                        policy.backends[b].name.clone(),
-                        r.payload.declined[b]
-                            .iter()
-                            .map(|&i| policy.rules[i].id.clone())
-                            .collect(),
-                    )
-                })
-                .collect(),
-            not_applicable: (0..nb)
-                .filter(|&b| !r.payload.not_applicable[b].is_empty())
-                .map(|b| {
-                    (
-                        policy.backends[b].name.clone(),
-                        r.payload.not_applicable[b]
-                            .iter()
-                            .filter_map(|&v| policy.backends[b].variants.get(v))
-                            .map(|v| v.name.clone())
-                            .collect(),
-                    )
-                })
-                .collect(),
+        .map(|cube| {
+            let mut declined_by = BTreeMap::new();
+            let mut not_applicable = BTreeMap::new();
+            for bk in 0..nb {
+                let rules: Vec<usize> = (0..policy.rules.len())
+                    .filter(|&r| policy.rules[r].backend as usize == bk)
+                    .collect();
+                // Rules declining everywhere in the region; else those declining in part of it.
+                let mut ids: Vec<String> = rules
+                    .iter()
+                    .filter(|&&r| m.holds_on(d.rule[r], cube))
+                    .map(|&r| policy.rules[r].id.clone())
+                    .collect();
+                if ids.is_empty() {
+                    ids = rules
+                        .iter()
+                        .filter(|&&r| m.meets(d.rule[r], cube))
+                        .map(|&r| policy.rules[r].id.clone())
+                        .collect();
+                }
+                if !ids.is_empty() {
+                    declined_by.insert(policy.backends[bk].name.clone(), ids);
+                }
+                let na: Vec<String> = d.app[bk]
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &a)| !m.meets(a, cube))
+                    .filter_map(|(v, _)| policy.backends[bk].variants.get(v))
+                    .map(|v| v.name.clone())
+                    .collect();
+                if !na.is_empty() {
+                    not_applicable.insert(policy.backends[bk].name.clone(), na);
+                }
+            }
+            GapRegion {
+                constraints: constraints(&space, &cube_sets(cube)),
+                example: space.example(&Mdd::example(cube)),
+                declined_by,
+                not_applicable,
+            }
         })
         .collect();
     let report = GapReport {
         regions,
-        classes_examined: stats.classes,
-        search_nodes: stats.nodes,
+        regions_truncated: !listed_all,
+        classes_examined: m.evaluations,
+        diagram_nodes: m.size() as u64,
         class_product: space.product(),
         facts_enumerated: space.vars.len(),
-        complete: !stats.truncated && stats.stuck == 0,
+        complete: !m.exhausted && m.unknown == 0,
+        gaps_exist: !m.exhausted && none != FALSE,
         assumptions: assumptions(),
     };
-    (report, space, stats)
+    (report, space)
 }
 
 #[derive(Clone, Debug)]

@@ -129,7 +129,7 @@ struct Collect {
     inexact: BTreeSet<usize>,
 }
 
-fn slots_under(p: &Program, id: NodeId, out: &mut Vec<usize>) {
+pub(crate) fn slots_under(p: &Program, id: NodeId, out: &mut Vec<usize>) {
     match p.nodes[id as usize] {
         Node::Const(_) => {}
         Node::Slot(s) => out.push(s as usize),
@@ -712,6 +712,35 @@ impl SpaceBuilder {
     }
 }
 
+/// Sorted integer intervals as conditions, adjacent ones merged.
+fn int_intervals(v: &Var, ivs: &[(i64, i64)]) -> Vec<String> {
+    let path = v.path;
+    let mut merged: Vec<(i64, i64)> = Vec::new();
+    for &(lo, hi) in ivs {
+        match merged.last_mut() {
+            Some((_, e)) if *e + 1 == lo => *e = hi,
+            _ => merged.push((lo, hi)),
+        }
+    }
+    merged
+        .iter()
+        .map(|&(lo, hi)| {
+            let (dlo, dhi) = v.bounds;
+            if lo == hi {
+                format!("{path} == {lo}")
+            } else if lo <= dlo && hi >= dhi {
+                format!("{path} >= {lo}")
+            } else if lo <= dlo {
+                format!("{path} <= {hi}")
+            } else if hi >= dhi {
+                format!("{path} > {}", lo - 1)
+            } else {
+                format!("{} < {path} <= {hi}", lo - 1)
+            }
+        })
+        .collect()
+}
+
 fn int_classes(bounds: (i64, i64), starts: &BTreeSet<i64>, m: i64, relational: bool) -> Vec<Class> {
     let (dlo, dhi) = bounds;
     let mut cuts: Vec<i64> = starts
@@ -1209,6 +1238,49 @@ impl Space {
     }
 
     fn render_int(&self, v: &Var, cls: &[&Class]) -> String {
+        if v.modulus <= 1 {
+            return self.render_int_residues(v, cls);
+        }
+        // Intervals whose every residue class is chosen read as plain intervals.
+        let mut total: BTreeMap<usize, usize> = BTreeMap::new();
+        for c in &v.classes {
+            if let ClassDesc::Int { iv, .. } = c.desc {
+                *total.entry(iv).or_default() += 1;
+            }
+        }
+        let mut chosen: BTreeMap<usize, (usize, i64, i64)> = BTreeMap::new();
+        for c in cls {
+            if let ClassDesc::Int { iv, lo, hi, .. } = c.desc {
+                let e = chosen.entry(iv).or_insert((0, lo, hi));
+                e.0 += 1;
+                e.1 = e.1.min(lo);
+                e.2 = e.2.max(hi);
+            }
+        }
+        let whole: Vec<(i64, i64)> = chosen
+            .iter()
+            .filter(|(iv, e)| total.get(iv) == Some(&e.0))
+            .map(|(_, e)| (e.1, e.2))
+            .collect();
+        if whole.is_empty() {
+            return self.render_int_residues(v, cls);
+        }
+        let partial: Vec<&Class> = cls
+            .iter()
+            .copied()
+            .filter(|c| match c.desc {
+                ClassDesc::Int { iv, .. } => total.get(&iv) != chosen.get(&iv).map(|e| &e.0),
+                _ => false,
+            })
+            .collect();
+        let mut terms = int_intervals(v, &whole);
+        if !partial.is_empty() {
+            terms.push(self.render_int_residues(v, &partial));
+        }
+        terms.join(" or ")
+    }
+
+    fn render_int_residues(&self, v: &Var, cls: &[&Class]) -> String {
         let path = v.path;
         // Group intervals by residue.
         let mut by_res: BTreeMap<i64, BTreeSet<(i64, i64)>> = BTreeMap::new();
@@ -1224,30 +1296,7 @@ impl Space {
             }
         }
         let int_terms = |ivs: &BTreeSet<(i64, i64)>| -> Vec<String> {
-            let mut merged: Vec<(i64, i64)> = Vec::new();
-            for &(lo, hi) in ivs {
-                match merged.last_mut() {
-                    Some((_, e)) if *e + 1 == lo => *e = hi,
-                    _ => merged.push((lo, hi)),
-                }
-            }
-            merged
-                .iter()
-                .map(|&(lo, hi)| {
-                    let (dlo, dhi) = v.bounds;
-                    if lo == hi {
-                        format!("{path} == {lo}")
-                    } else if lo <= dlo && hi >= dhi {
-                        format!("{path} >= {lo}")
-                    } else if lo <= dlo {
-                        format!("{path} <= {hi}")
-                    } else if hi >= dhi {
-                        format!("{path} > {}", lo - 1)
-                    } else {
-                        format!("{} < {path} <= {hi}", lo - 1)
-                    }
-                })
-                .collect()
+            int_intervals(v, &ivs.iter().copied().collect::<Vec<_>>())
         };
         if v.modulus <= 1 {
             let ivs = by_res.values().next().cloned().unwrap_or_default();

@@ -5,13 +5,17 @@ use std::time::Instant;
 use clap::Args;
 
 use super::args::PackArgs;
-use attn_policy::analysis::regions::{DEFAULT_BUDGET, GapReport, Restriction, gaps};
+use attn_policy::analysis::regions::{
+    DEFAULT_BUDGET, DEFAULT_MAX_REGIONS, GapReport, Restriction, gaps,
+};
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
 Exact and exhaustive: facts are split into equivalence classes at the constants the rules
-compare them with (residues for `%`, every enum value), and the search settles whole regions at
-once. Probe facts are answered \"supported\". See docs/analysis.md.
+compare them with (residues for `%`, every enum value); every condition becomes a decision
+diagram over those classes, and \"nothing selected\" is computed over the whole space at once.
+Regions are a cover of that set (their union is exactly the gaps; they may overlap), largest
+first. Probe facts are answered \"supported\". See docs/analysis.md.
 
 Examples:
   attn-policy gaps
@@ -19,7 +23,8 @@ Examples:
   attn-policy gaps --where 'head_dim_qk == head_dim_v' --json
 
 Exit codes: 0 no gaps (search complete), 1 gaps found, 2 bad rules or a bad --where,
-3 none found but the search ran out of budget (INCOMPLETE: no claim either way).")]
+3 the diagram budget ran out, or an evaluation stayed unknown, and no gap was found
+(INCOMPLETE: no claim either way).")]
 pub struct GapsArgs {
     #[command(flatten)]
     pub pack: PackArgs,
@@ -29,9 +34,13 @@ pub struct GapsArgs {
     /// Print {"regions": [...], "classes_examined": N, ...} as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Search node budget (the result says INCOMPLETE when it runs out).
+    /// Decision-diagram node budget (the result says INCOMPLETE when it runs out).
     #[arg(long, default_value_t = DEFAULT_BUDGET)]
     pub budget: u64,
+    /// List at most N regions (the gaps are still computed exactly; the listing then says
+    /// how it was cut).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_REGIONS)]
+    pub max_regions: usize,
 }
 
 pub fn run(a: GapsArgs) -> i32 {
@@ -44,7 +53,7 @@ pub fn run(a: GapsArgs) -> i32 {
         Err(e) => return super::fail(e),
     };
     let t = Instant::now();
-    let (report, _, _) = gaps(&policy, restrict.as_ref(), a.budget);
+    let (report, _) = gaps(&policy, restrict.as_ref(), a.budget, a.max_regions);
     let elapsed = t.elapsed();
     if a.json {
         println!(
@@ -54,19 +63,24 @@ pub fn run(a: GapsArgs) -> i32 {
     } else {
         print!("{}", human(&policy.name, &report, elapsed.as_secs_f64()));
     }
-    super::analysis_exit(!report.regions.is_empty(), report.complete)
+    super::analysis_exit(report.gaps_exist, report.complete)
 }
 
 fn human(pack: &str, r: &GapReport, secs: f64) -> String {
     let mut out = format!(
-        "pack `{pack}`: {} region(s) where no backend is selected\n",
-        r.regions.len()
+        "pack `{pack}`: {} region(s) where no backend is selected{}\n",
+        r.regions.len(),
+        if r.regions_truncated {
+            " (the first of more: raise --max-regions or narrow with --where)"
+        } else {
+            ""
+        }
     );
     for (i, g) in r.regions.iter().enumerate() {
         let cons: Vec<String> = g
             .constraints
             .values()
-            .filter_map(|v| v.as_str().map(str::to_string))
+            .filter_map(|v| v.as_str().map(parenthesised))
             .collect();
         out.push_str(&format!(
             "\n{}. {}\n",
@@ -89,19 +103,28 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
         }
     }
     out.push_str(&format!(
-        "\n{} equivalence classes examined ({} search nodes, {} facts enumerated) in {:.3} s{}\n",
+        "\n{} equivalence classes examined ({} diagram nodes, {} facts enumerated) in {:.3} s{}\n",
         r.classes_examined,
-        r.search_nodes,
+        r.diagram_nodes,
         r.facts_enumerated,
         secs,
         if r.complete {
             ""
         } else {
-            " (INCOMPLETE: budget exhausted)"
+            " (INCOMPLETE: budget exhausted or an evaluation stayed unknown)"
         }
     ));
     out.push_str("assumptions: ");
     out.push_str(&r.assumptions.join("; "));
     out.push('\n');
     out
+}
+
+/// A constraint ready to be joined with `and` (one containing `or` is parenthesised).
+pub fn parenthesised(c: &str) -> String {
+    if c.contains(" or ") {
+        format!("({c})")
+    } else {
+        c.to_string()
+    }
 }
