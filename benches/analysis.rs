@@ -1,7 +1,7 @@
 //! Analysis timings on the te pack (docs/analysis.md, "Measured"): `check` (every lint), `gaps`
-//! on the CP head_dim (256, 512] slice for sm90 and sm100/103, `diff` of FR.22's
-//! deletion on the same slice, and an unrestricted `gaps` under a node budget (it reports
-//! whether it completed). Prints one table; run with `cargo bench --bench analysis`.
+//! on the CP head_dim (256, 512] slice for sm90 and sm100/103, and `gaps` over the full
+//! pack (exact; the default number of regions listed). Prints one table; run with
+//! `cargo bench --bench analysis`.
 
 use std::time::Instant;
 
