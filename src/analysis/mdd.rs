@@ -569,18 +569,19 @@ impl<'s> Mdd<'s> {
 
     /// Whether `x` holds in every class of the cube.
     pub fn holds_on(&self, x: Id, cube: &[Option<Bits>]) -> bool {
-        let mut memo = self.scratch.take();
-        memo.clear();
-        let r = self.everywhere(x, cube, true, &mut memo);
-        self.scratch.set(memo);
-        r
+        self.everywhere_reusing(x, cube, true)
     }
 
     /// Whether `x` holds in some class of the cube.
     pub fn meets(&self, x: Id, cube: &[Option<Bits>]) -> bool {
+        !self.everywhere_reusing(x, cube, false)
+    }
+
+    /// [`Mdd::everywhere`] with the reusable memo.
+    fn everywhere_reusing(&self, x: Id, cube: &[Option<Bits>], want: bool) -> bool {
         let mut memo = self.scratch.take();
         memo.clear();
-        let r = !self.everywhere(x, cube, false, &mut memo);
+        let r = self.everywhere(x, cube, want, &mut memo);
         self.scratch.set(memo);
         r
     }
