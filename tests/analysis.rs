@@ -465,3 +465,27 @@ fn check_has_no_false_never_fires_for_fact_modulo_fact_and_negative_windows() {
     assert!(fires(json!({"window_size": [-5, 0]}), "A.win"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A comparison between two facts is evaluated on blocks that line up on both sides: with each
+/// fact's own coarse blocks ("every head dim above 1" as one block), `head_dim_qk > head_dim_v`
+/// was evaluated once, at equal values, and the restriction below selected nothing.
+#[test]
+fn comparisons_between_facts_keep_their_regions() {
+    let p = Policy::embedded("te").unwrap();
+    let w = Restriction::parse(
+        "sm == 90 and context_parallel and 256 < head_dim_qk <= 512 and head_dim_qk > head_dim_v \
+         and head_dim_v >= 64",
+    )
+    .unwrap();
+    let (r, _) = gaps(&p, Some(&w), DEFAULT_BUDGET, 5);
+    assert!(r.complete && r.gaps_exist, "{:?}", r.approximate);
+    assert!(!r.regions.is_empty());
+    for g in &r.regions {
+        let (qk, v) = (
+            g.example["head_dim_qk"].as_i64().unwrap(),
+            g.example["head_dim_v"].as_i64().unwrap_or(0),
+        );
+        assert!(qk > v && v >= 64 && 256 < qk && qk <= 512, "{}", g.example);
+        assert_eq!(decide_example(&p, &g.example), Ok(None), "{}", g.example);
+    }
+}

@@ -350,6 +350,23 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             b.build().inexact
         })
         .collect();
+    // Rules comparing facts the diagrams evaluated on coarse blocks are not exact either.
+    let inexact_facts: Vec<Vec<&'static str>> = policy
+        .rules
+        .iter()
+        .zip(inexact_facts)
+        .map(|(r, mut facts)| {
+            let mut s = Vec::new();
+            super::space::slots_under(p, r.when.node, &mut s);
+            for x in s {
+                let path = FIELDS[x].path;
+                if m.approximate.contains(path) && !facts.contains(&path) {
+                    facts.push(path);
+                }
+            }
+            facts
+        })
+        .collect();
     let reads_probe: Vec<bool> = policy
         .rules
         .iter()
@@ -372,7 +389,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                         "it reads probe facts, which the analysis answers \"supported\"".to_string()
                     } else {
                         format!(
-                            "the abstraction is not exact for {} (non-linear arithmetic)",
+                            "the abstraction is not exact for {} (non-linear arithmetic or a comparison between facts)",
                             inexact_facts[i].join(", ")
                         )
                     }

@@ -37,6 +37,10 @@ pub const TRUE: Id = 1;
 
 const TERMINAL: u32 = u32::MAX;
 
+/// The widest distance in the variable order between two facts an atom relates on refined
+/// blocks (a relation between distant facts multiplies every diagram in between).
+const MAX_RELATION_SPAN: u32 = 2;
+
 /// A set of classes of one var (bit `c` = class `c`).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct Bits(Box<[u64]>);
@@ -56,6 +60,10 @@ impl Bits {
 
     fn insert(&mut self, c: u32) {
         self.0[(c / 64) as usize] |= 1 << (c % 64);
+    }
+
+    fn remove(&mut self, c: u32) {
+        self.0[(c / 64) as usize] &= !(1 << (c % 64));
     }
 
     fn capacity(&self) -> usize {
@@ -136,6 +144,9 @@ pub struct Mdd<'s> {
     /// false; a result built from them is not exact).
     pub unknown: u64,
     vals: Vec<Value>,
+    /// Facts compared with other facts in atoms evaluated on coarse blocks (non-linear, or
+    /// far apart in the order): results involving them are not exact.
+    pub approximate: std::collections::BTreeSet<&'static str>,
     /// A reusable memo for `holds_on` / `meets` (they are called per rule per region).
     scratch: std::cell::Cell<HashMap<Id, bool>>,
     /// The most nodes the manager may create.
@@ -225,6 +236,7 @@ impl<'s> Mdd<'s> {
             unknown: 0,
             vals: Vec::new(),
             scratch: std::cell::Cell::new(HashMap::default()),
+            approximate: std::collections::BTreeSet::new(),
             budget: usize::MAX,
             exhausted: false,
         }
@@ -472,10 +484,60 @@ impl<'s> Mdd<'s> {
         }
         vars.sort_by_key(|&v| self.level[v]);
         vars.dedup();
-        // The atom's own abstraction: classes it cannot tell apart form one block.
+        // The atom's own abstraction: classes it cannot tell apart form one block. A fact
+        // compared with another fact (`max_seqlen_q > max_seqlen_kv`) has no constants of
+        // its own there; it gets the whole space's interval starts, so that the two sides'
+        // blocks line up (otherwise "every length above 1" would be one block on each side and
+        // `>` would be evaluated once for all of them).
         let mut b = SpaceBuilder::new();
         b.root(p, id);
-        let sub = b.build();
+        let first = b.build();
+        // A fact compared with another fact (`max_seqlen_q > max_seqlen_kv`) has no constants
+        // of its own in the atom's abstraction: "every length above 1" would be one block on
+        // each side and `>` would be evaluated once for all of them. Such facts get the whole
+        // space's interval starts, so both sides' blocks line up, when the atom is linear and
+        // its facts are adjacent in the order (a relation between distant facts multiplies
+        // every diagram in between). Otherwise the coarse blocks stay and the facts are
+        // reported as `approximate`.
+        let rel_levels: Vec<u32> = vars
+            .iter()
+            .filter(|&&v| first.relational.contains(&self.space.vars[v].slot))
+            .map(|&v| self.level[v])
+            .collect();
+        let span = rel_levels.iter().max().unwrap_or(&0) - rel_levels.iter().min().unwrap_or(&0);
+        let refine =
+            !first.relational.is_empty() && first.inexact.is_empty() && span <= MAX_RELATION_SPAN;
+        if !first.relational.is_empty() && !refine {
+            self.approximate.extend(
+                first
+                    .relational
+                    .iter()
+                    .map(|&s| crate::facts::schema::FIELDS[s].path),
+            );
+        }
+        let sub = if !refine {
+            first
+        } else {
+            let mut b = SpaceBuilder::new();
+            b.root(p, id);
+            for &s in &first.relational {
+                let Some(v) = self.space.vars.iter().position(|x| x.slot == s) else {
+                    continue;
+                };
+                // One start per interval (not per residue class).
+                let mut starts: HashMap<usize, i64> = HashMap::default();
+                for c in &self.space.vars[v].classes {
+                    if let super::space::ClassDesc::Int { iv, lo, .. } = c.desc {
+                        let e = starts.entry(iv).or_insert(lo);
+                        *e = (*e).min(lo);
+                    }
+                }
+                for lo in starts.into_values() {
+                    b.split_at(s, Value::Int(lo));
+                }
+            }
+            b.build()
+        };
         let blocks: Vec<Vec<Vec<u32>>> = vars
             .iter()
             .map(|&v| {
@@ -681,7 +743,22 @@ impl<'s> Mdd<'s> {
                 }
                 memo.clear();
                 inside.clear();
-                let good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
+                let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
+                // An object whose members are constrained stays present: a member's
+                // constraint cannot be written for an absent object.
+                if self
+                    .space
+                    .vars
+                    .iter()
+                    .enumerate()
+                    .any(|(u, x)| x.parent == Some(v) && cube[u].is_some())
+                {
+                    for (c, class) in self.space.vars[v].classes.iter().enumerate() {
+                        if class.value == Value::Null {
+                            good.remove(c as u32);
+                        }
+                    }
+                }
                 if good.len() == self.full[l].len() {
                     cube[v] = None;
                 } else if !free_only {
@@ -757,12 +834,29 @@ impl<'s> Mdd<'s> {
         x
     }
 
-    /// An assignment inside the cube: the first class of each constrained var; free vars
-    /// stay unassigned (they keep their defaults).
-    pub fn example(cube: &[Option<Bits>]) -> Assign {
-        cube.iter()
-            .map(|s| s.as_ref().map(|s| s.classes()[0]))
-            .collect()
+    /// An assignment inside the cube: the first class of each constrained var (for a fact
+    /// compared with another fact, a class with the value already chosen for the other side,
+    /// when the cube has one: the evaluations behind the diagram took both sides at their
+    /// blocks' first values); free vars stay unassigned (they keep their defaults).
+    pub fn example(&self, cube: &[Option<Bits>]) -> Assign {
+        let mut out: Assign = vec![None; cube.len()];
+        let mut chosen: Vec<Value> = Vec::new();
+        for &v in &self.order {
+            let Some(set) = &cube[v] else { continue };
+            let classes = set.classes();
+            let var = &self.space.vars[v];
+            let rel = self.space.relational.contains(&var.slot);
+            let c = classes
+                .iter()
+                .copied()
+                .find(|&c| rel && chosen.contains(&var.classes[c as usize].value))
+                .unwrap_or(classes[0]);
+            if rel {
+                chosen.push(var.classes[c as usize].value);
+            }
+            out[v] = Some(c);
+        }
+        out
     }
 }
 
@@ -783,9 +877,6 @@ pub struct PolicyDiagrams {
     /// Where no preference entry applies.
     pub no_pref: Id,
 }
-
-/// The outcome of a decision: the selected (backend, variant), or none.
-pub type Outcome = Option<(u16, usize)>;
 
 impl PolicyDiagrams {
     /// Builds the diagrams of `p` (its program is registered with the manager).
@@ -936,44 +1027,6 @@ impl PolicyDiagrams {
             }
         }
         false
-    }
-
-    /// The outcomes within `acc`: disjoint diagrams, one per outcome that occurs.
-    pub fn outcomes_within(
-        &self,
-        m: &mut Mdd,
-        p: &crate::policy::Policy,
-        acc: Id,
-    ) -> Vec<(Outcome, Id)> {
-        let mut out: Vec<(Outcome, Id)> = Vec::new();
-        let mut add = |m: &mut Mdd, o: Outcome, x: Id| {
-            if x == FALSE {
-                return;
-            }
-            match out.iter_mut().find(|e| e.0 == o) {
-                Some(e) => e.1 = m.or(e.1, x),
-                None => out.push((o, x)),
-            }
-        };
-        let none = m.and(acc, self.no_pref);
-        add(m, None, none);
-        for (i, e) in p.preference.iter().enumerate() {
-            let mut rest = m.and(acc, self.first_pref[i]);
-            for &b in &e.order {
-                if rest == FALSE {
-                    break;
-                }
-                // The first ok variant runs; `rest` keeps where none of b's variants is ok.
-                for v in 0..self.app[b as usize].len() {
-                    let declined = self.variant_out(m, b as usize, v, rest);
-                    let ok = m.minus(rest, declined);
-                    add(m, Some((b, v)), ok);
-                    rest = declined;
-                }
-            }
-            add(m, None, rest);
-        }
-        out
     }
 }
 

@@ -21,7 +21,7 @@ use super::space::{Assign, Space, SpaceBuilder, mask_of};
 pub const DEFAULT_BUDGET: u64 = 50_000_000;
 
 /// How many regions `gaps` / `diff` list by default.
-pub const DEFAULT_MAX_REGIONS: usize = 20;
+pub const DEFAULT_MAX_REGIONS: usize = 10;
 
 /// An error in the analysis inputs (a `--where` expression that does not compile).
 #[derive(Debug, thiserror::Error)]
@@ -257,6 +257,10 @@ pub struct GapReport {
     pub complete: bool,
     /// Some input selects nothing (exact when `complete`).
     pub gaps_exist: bool,
+    /// Facts compared with other facts in conditions the diagrams evaluate on coarse blocks
+    /// (non-linear arithmetic, or facts far apart in the diagram order): regions shaped by
+    /// such a comparison are not exact there (an exactness limit like `Space::inexact`).
+    pub approximate: Vec<String>,
     pub assumptions: Vec<String>,
 }
 
@@ -350,7 +354,7 @@ pub fn gaps(
             }
             GapRegion {
                 constraints: constraints(&space, &cube_sets(cube)),
-                example: space.example(&Mdd::example(cube)),
+                example: space.example(&m.example(cube)),
                 declined_by,
                 not_applicable,
             }
@@ -365,6 +369,7 @@ pub fn gaps(
         facts_enumerated: space.vars.len(),
         complete: !m.exhausted && m.unknown == 0,
         gaps_exist: !m.exhausted && none != FALSE,
+        approximate: m.approximate.iter().map(|s| s.to_string()).collect(),
         assumptions: assumptions(),
     };
     (report, space)

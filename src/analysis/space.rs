@@ -378,6 +378,8 @@ pub struct Space {
     /// limit): conditions reading them may differ inside a class, so "no class satisfies"
     /// is not a proof there.
     pub inexact: Vec<&'static str>,
+    /// Slots compared with another fact (`head_dim_v == head_dim_qk`).
+    pub relational: Vec<usize>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -708,6 +710,7 @@ impl SpaceBuilder {
             sm_var,
             window,
             inexact,
+            relational: rel.into_iter().collect(),
         }
     }
 }

@@ -75,7 +75,11 @@ pub fn run(a: DiffArgs) -> i32 {
             if report.complete { "" } else { ", INCOMPLETE" }
         );
         for (i, r) in report.regions.iter().enumerate() {
-            let cons: Vec<&str> = r.constraints.values().filter_map(|v| v.as_str()).collect();
+            let cons: Vec<String> = r
+                .constraints
+                .values()
+                .filter_map(|v| v.as_str().map(super::gaps::parenthesised))
+                .collect();
             let show = |b: &Option<String>, v: &Option<String>| match (b, v) {
                 (None, _) => "none".to_string(),
                 (Some(b), None) => b.clone(),
