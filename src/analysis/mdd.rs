@@ -156,12 +156,6 @@ pub struct Mdd<'s> {
 }
 
 impl<'s> Mdd<'s> {
-    /// A manager whose variable order puts the most-read facts first (objects before their
-    /// members).
-    pub fn new(space: &'s Space) -> Mdd<'s> {
-        Mdd::with_order(space, Vec::new())
-    }
-
     /// A manager ordered for these packs: facts in the order a depth-first walk of the rules
     /// first meets them, rules of the backend with the most rules first. Facts one condition
     /// reads together end up adjacent, which keeps TE's FusedAttention rules (per-step
@@ -367,10 +361,6 @@ impl<'s> Mdd<'s> {
         xs.into_iter().fold(FALSE, |acc, x| self.or(acc, x))
     }
 
-    pub fn all<I: IntoIterator<Item = Id>>(&mut self, xs: I) -> Id {
-        xs.into_iter().fold(TRUE, |acc, x| self.and(acc, x))
-    }
-
     /// Registers a program (copied: splitting atoms at their `if`s adds nodes to it).
     pub fn program(&mut self, p: &Program) -> usize {
         self.progs.push(p.clone());
@@ -398,28 +388,8 @@ impl<'s> Mdd<'s> {
                 let x = self.condition(prog, a);
                 self.not(x)
             }
-            PNode::And { start, len } => {
-                let mut acc = TRUE;
-                for c in kids(self, start, len) {
-                    let x = self.condition(prog, c);
-                    acc = self.and(acc, x);
-                    if acc == FALSE {
-                        break;
-                    }
-                }
-                acc
-            }
-            PNode::Or { start, len } => {
-                let mut acc = FALSE;
-                for c in kids(self, start, len) {
-                    let x = self.condition(prog, c);
-                    acc = self.or(acc, x);
-                    if acc == TRUE {
-                        break;
-                    }
-                }
-                acc
-            }
+            PNode::And { start, len } => self.fold(prog, &kids(self, start, len), Op::And),
+            PNode::Or { start, len } => self.fold(prog, &kids(self, start, len), Op::Or),
             PNode::Call {
                 func: Func::If,
                 start,
@@ -433,6 +403,23 @@ impl<'s> Mdd<'s> {
         };
         self.compiled.insert((prog, id), r);
         r
+    }
+
+    /// `and` / `or` of conditions, stopping at the first false / true.
+    fn fold(&mut self, prog: usize, kids: &[NodeId], op: Op) -> Id {
+        let (unit, zero) = match op {
+            Op::And => (TRUE, FALSE),
+            Op::Or => (FALSE, TRUE),
+        };
+        let mut acc = unit;
+        for &c in kids {
+            let x = self.condition(prog, c);
+            acc = self.apply(op, acc, x);
+            if acc == zero {
+                break;
+            }
+        }
+        acc
     }
 
     /// `(c and a) or (not c and b)` of three conditions.
@@ -646,44 +633,6 @@ impl<'s> Mdd<'s> {
         let r = self.everywhere(x, cube, want, &mut memo);
         self.scratch.set(memo);
         r
-    }
-
-    /// Per var: how many nodes reachable from `x` test it (where a diagram's size is).
-    pub fn profile(&self, x: Id) -> Vec<(usize, usize)> {
-        let mut seen = std::collections::HashSet::new();
-        let mut stack = vec![x];
-        let mut count = vec![0usize; self.order.len()];
-        while let Some(y) = stack.pop() {
-            if y <= TRUE || !seen.insert(y) {
-                continue;
-            }
-            let n = &self.nodes[y as usize];
-            count[n.level as usize] += 1;
-            stack.extend(n.edges.iter().map(|e| e.0));
-        }
-        self.order.iter().zip(count).map(|(&v, c)| (v, c)).collect()
-    }
-
-    /// The number of paths from `x` to true (one per edge). The number of `cubes`.
-    pub fn path_count(&self, x: Id) -> f64 {
-        fn go(m: &Mdd, x: Id, memo: &mut HashMap<Id, f64>) -> f64 {
-            match x {
-                TRUE => return 1.0,
-                FALSE => return 0.0,
-                _ => {}
-            }
-            if let Some(&r) = memo.get(&x) {
-                return r;
-            }
-            let r = m.nodes[x as usize]
-                .edges
-                .iter()
-                .map(|(k, _)| go(m, *k, memo))
-                .sum();
-            memo.insert(x, r);
-            r
-        }
-        go(self, x, &mut HashMap::default())
     }
 
     /// A cover of `f` by cubes: their union is exactly `f` (they may overlap). Each cube is
