@@ -20,7 +20,11 @@ use super::space::{Assign, Space, SpaceBuilder, mask_of};
 /// Node budget of one search or diagram manager (a safety net; the te pack needs far fewer).
 pub const DEFAULT_BUDGET: u64 = 50_000_000;
 
-/// How many regions `gaps` / `diff` list by default.
+/// The most unmerged result leaves `diff` holds; past it the search stops and says INCOMPLETE
+/// (two unrelated packs differ almost everywhere; their leaves once exhausted memory).
+const MAX_DIFF_LEAVES: usize = 100_000;
+
+/// How many regions `gaps` lists by default.
 pub const DEFAULT_MAX_REGIONS: usize = 10;
 
 /// An error in the analysis inputs (a `--where` expression that does not compile).
@@ -614,9 +618,11 @@ pub fn diff(
         },
         &mut |a, sets, p| {
             found.push(raw_sets(a, sets, p));
-            true
+            // Leaves are held until merged: stop (INCOMPLETE) before they exhaust memory.
+            found.len() < MAX_DIFF_LEAVES
         },
     );
+    let cut = found.len() >= MAX_DIFF_LEAVES;
     let merged = merge(&space, found);
     let regions = merged
         .iter()
@@ -639,7 +645,7 @@ pub fn diff(
             regions,
             classes_examined: stats.classes,
             search_nodes: stats.nodes,
-            complete: !stats.truncated && stats.stuck == 0,
+            complete: !stats.truncated && stats.stuck == 0 && !cut,
             changed_rules: changed_names,
             assumptions: assumptions(),
         },
