@@ -114,6 +114,13 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
             " (INCOMPLETE: budget exhausted or an evaluation stayed unknown)"
         }
     ));
+    if !r.approximate.is_empty() {
+        out.push_str(&format!(
+            "approximate (not exact where these facts are compared with other facts or under \
+             non-linear arithmetic): {}\n",
+            r.approximate.join(", ")
+        ));
+    }
     out.push_str("assumptions: ");
     out.push_str(&r.assumptions.join("; "));
     out.push('\n');
