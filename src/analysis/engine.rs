@@ -428,6 +428,17 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Class sets as reported to `found`: a set holding every class of its var is `None`.
+    fn reported(&self, sets: &Sets) -> Vec<Option<Vec<u32>>> {
+        sets.iter()
+            .enumerate()
+            .map(|(v, s)| {
+                s.clone()
+                    .filter(|s| s.len() < self.space.vars[v].classes.len())
+            })
+            .collect()
+    }
+
     /// Forgets memoised definition values (call whenever the facts change).
     fn reset_memos(&mut self) {
         for m in &mut self.memos {
@@ -598,15 +609,7 @@ impl<'a> Engine<'a> {
             }
             Judged::Leaf(t) => {
                 st.classes += 1;
-                let sets: Vec<Option<Vec<u32>>> = self
-                    .sets
-                    .iter()
-                    .enumerate()
-                    .map(|(v, s)| {
-                        s.clone()
-                            .filter(|s| s.len() < self.space.vars[v].classes.len())
-                    })
-                    .collect();
+                let sets = self.reported(&self.sets);
                 self.log.push(LoggedLeaf {
                     assign: assign.clone(),
                     sets: self.sets.clone(),
@@ -663,14 +666,7 @@ impl<'a> Engine<'a> {
                         let Judged::Leaf(x) = judge(&t, vals, &a) else {
                             panic!("a cached leaf is no longer a leaf: cache key too coarse");
                         };
-                        let out: Vec<Option<Vec<u32>>> = ss
-                            .iter()
-                            .enumerate()
-                            .map(|(v, s)| {
-                                s.clone()
-                                    .filter(|s| s.len() < self.space.vars[v].classes.len())
-                            })
-                            .collect();
+                        let out = self.reported(&ss);
                         self.log.push(LoggedLeaf {
                             assign: a.clone(),
                             sets: ss,

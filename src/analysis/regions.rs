@@ -514,22 +514,13 @@ pub fn diff(
     // Conditions of rules present in one pack only (or changed).
     let mut changed: Vec<usize> = Vec::new();
     let mut changed_names: Vec<String> = Vec::new();
-    for (i, k) in ko.iter().enumerate() {
-        if !sn.contains(k) {
-            changed_names.push(format!(
-                "{}@{}",
-                old.rules[i].id, old.backends[old.rules[i].backend as usize].name
-            ));
-            changed.extend(co.rule[i]);
-        }
-    }
-    for (i, k) in kn.iter().enumerate() {
-        if !so.contains(k) {
-            changed_names.push(format!(
-                "{}@{}",
-                new.rules[i].id, new.backends[new.rules[i].backend as usize].name
-            ));
-            changed.extend(cn.rule[i]);
+    for (p, pc, keys, other) in [(old, &co, &ko, &sn), (new, &cn, &kn, &so)] {
+        for (i, k) in keys.iter().enumerate() {
+            if !other.contains(k) {
+                let r = &p.rules[i];
+                changed_names.push(format!("{}@{}", r.id, p.backends[r.backend as usize].name));
+                changed.extend(pc.rule[i]);
+            }
         }
     }
     changed_names.sort();
