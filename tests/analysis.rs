@@ -74,6 +74,50 @@ fn gaps_equal_brute_force_on_reduced_domain() {
     assert!(gaps_seen > 1000);
 }
 
+/// Two facts compared with each other inside one class (`head_dim_qk != head_dim_v` with both
+/// in the same interval and residue): the regions must still be exactly the gaps. Before the
+/// diagrams had ordering variables, such a pair was evaluated at equal representatives and
+/// every unequal pair in the class was silently left out of the gaps.
+#[test]
+fn comparisons_inside_one_class_equal_brute_force() {
+    let p = fixture("rel");
+    let (report, _) = gaps(&p, None, DEFAULT_BUDGET, usize::MAX);
+    assert!(report.complete && !report.regions_truncated && report.gaps_exist);
+    assert!(report.approximate.is_empty(), "{:?}", report.approximate);
+    let regions: Vec<Restriction> = report
+        .regions
+        .iter()
+        .map(|r| Restriction::of_constraints(&r.constraints).expect("constraints compile"))
+        .collect();
+    for r in &report.regions {
+        assert_eq!(decide_example(&p, &r.example), Ok(None), "{}", r.example);
+    }
+    let mut dims: Vec<i64> = (1..=12).collect();
+    dims.extend(248..=272);
+    dims.extend(500..=520);
+    let lens = [1, 2, 3, 63, 64, 65, 128];
+    let (mut gaps_seen, mut unequal_same_class) = (0, 0);
+    for &qk in &dims {
+        for &v in &dims {
+            for &q in &lens {
+                for &kv in &lens {
+                    let cfg = json!({"head_dim_qk": qk, "head_dim_v": v,
+                        "max_seqlen_q": q, "max_seqlen_kv": kv});
+                    let f = Facts::from_json(&cfg).unwrap();
+                    let brute = p.decide(&f).selected.is_none();
+                    let found = regions.iter().any(|r| r.holds(&f));
+                    assert_eq!(brute, found, "config {cfg}");
+                    gaps_seen += usize::from(brute);
+                    // e.g. 264 vs 272: both multiples of 8 in (256, 512], unequal.
+                    unequal_same_class +=
+                        usize::from(brute && qk != v && qk > 256 && v > 256 && qk % 8 == v % 8);
+                }
+            }
+        }
+    }
+    assert!(gaps_seen > 10_000 && unequal_same_class > 100);
+}
+
 #[test]
 fn diff_equals_brute_force_on_reduced_domain() {
     let (old, new) = (fixture("mini"), fixture("mini-nowin"));

@@ -339,32 +339,14 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     let d = PolicyDiagrams::build(&mut m, policy);
     let mut never = vec![false; n];
     let mut always = vec![false; n];
-    // Per rule: the facts its own abstraction is not exact for (non-linear arithmetic). A
-    // rule whose own abstraction is exact has an exact diagram.
-    let inexact_facts: Vec<Vec<&'static str>> = policy
+    // Rules reading facts some atom could not decide exactly (see `Mdd::approximate`).
+    let reads_approximate: Vec<bool> = policy
         .rules
         .iter()
         .map(|r| {
-            let mut b = SpaceBuilder::new();
-            b.root(p, r.when.node);
-            b.build().inexact
-        })
-        .collect();
-    // Rules comparing facts the diagrams evaluated on coarse blocks are not exact either.
-    let inexact_facts: Vec<Vec<&'static str>> = policy
-        .rules
-        .iter()
-        .zip(inexact_facts)
-        .map(|(r, mut facts)| {
             let mut s = Vec::new();
             super::space::slots_under(p, r.when.node, &mut s);
-            for x in s {
-                let path = FIELDS[x].path;
-                if m.approximate.contains(path) && !facts.contains(&path) {
-                    facts.push(path);
-                }
-            }
-            facts
+            s.iter().any(|&x| m.approximate.contains(FIELDS[x].path))
         })
         .collect();
     let reads_probe: Vec<bool> = policy
@@ -378,7 +360,9 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         })
         .collect();
     for (i, r) in policy.rules.iter().enumerate() {
-        let exact = inexact_facts[i].is_empty() && !reads_probe[i];
+        // A rule reading probes rests on the "supported" answer; one reading facts an atom
+        // could not decide exactly rests on representatives: neither is claimed.
+        let exact = !reads_probe[i] && !reads_approximate[i];
         let inexact_note = |what: &str| {
             Diagnostic::warning(
                 "W-ANALYSIS-INCOMPLETE",
@@ -386,12 +370,9 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                     "rule `{}`: {what} not proved: {}; no witness found among its classes",
                     r.id,
                     if reads_probe[i] {
-                        "it reads probe facts, which the analysis answers \"supported\"".to_string()
+                        "it reads probe facts, which the analysis answers \"supported\""
                     } else {
-                        format!(
-                            "the abstraction is not exact for {} (non-linear arithmetic or a comparison between facts)",
-                            inexact_facts[i].join(", ")
-                        )
+                        "the abstraction is not exact for its facts (non-linear arithmetic or a comparison between expressions of several facts)"
                     }
                 ),
             )
@@ -449,11 +430,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                 continue;
             }
             // Not proved where either diagram is not exact (or rests on probe answers).
-            if !inexact_facts[i].is_empty()
-                || !inexact_facts[j].is_empty()
-                || reads_probe[i]
-                || reads_probe[j]
-            {
+            if reads_probe[i] || reads_probe[j] || reads_approximate[i] || reads_approximate[j] {
                 continue;
             }
             if !m.implies(d.rule[i], d.rule[j]) {
@@ -491,7 +468,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             .at(bk.loc)
         };
         let eligible = d.eligible_within(&mut m, bi, TRUE) != FALSE;
-        let selectable = eligible && d.selectable(&mut m, policy, bi);
+        let selectable = eligible && d.selectable(&mut m, policy, bi, TRUE);
         if m.exhausted {
             out.push(incomplete(format!("backend `{}`", bk.name)));
         } else if !eligible {

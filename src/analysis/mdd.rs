@@ -26,6 +26,7 @@ type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::FixedState>;
 use crate::eval::program::{Func, Node as PNode, NodeId, Program, Truth};
 use crate::facts::Value;
 
+use super::cell::{Abs, cmp_for};
 use super::space::{Assign, Space, SpaceBuilder, slots_under};
 
 /// A diagram node (an index into the manager's node table).
@@ -37,9 +38,22 @@ pub const TRUE: Id = 1;
 
 const TERMINAL: u32 = u32::MAX;
 
-/// The widest distance in the variable order between two facts an atom relates on refined
-/// blocks (a relation between distant facts multiplies every diagram in between).
-const MAX_RELATION_SPAN: u32 = 2;
+/// A cell whose concrete members number at most this is decided by evaluating each of them.
+const BRUTE_FORCE_MEMBERS: u128 = 64;
+
+/// Levels per fact: a fact at level `k * SPREAD`, its relation variables just below.
+const SPREAD: u32 = 64;
+
+/// Candidate assignments tried when looking for a region's example.
+const WITNESS_TRIES: usize = 50_000;
+
+/// A relation variable: a diagram variable that is not a fact, but the ordering of two
+/// integer facts (vars `x` < `y`); classes: less, equal, greater. It sits just below the
+/// deeper of the two in the order.
+#[derive(Clone, Debug)]
+pub enum Rel {
+    Ord { x: usize, y: usize },
+}
 
 /// A set of classes of one var (bit `c` = class `c`).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -123,8 +137,10 @@ pub type Cube = Vec<Option<Bits>>;
 /// The diagram manager of one space.
 pub struct Mdd<'s> {
     pub space: &'s Space,
-    /// Level -> var.
+    /// Level -> var (`usize::MAX`: an unused level).
     order: Vec<usize>,
+    /// The levels in use, ascending.
+    used: Vec<u32>,
     /// Var -> level.
     level: Vec<u32>,
     nodes: Vec<Node>,
@@ -144,8 +160,13 @@ pub struct Mdd<'s> {
     /// false; a result built from them is not exact).
     pub unknown: u64,
     vals: Vec<Value>,
-    /// Facts compared with other facts in atoms evaluated on coarse blocks (non-linear, or
-    /// far apart in the order): results involving them are not exact.
+    /// Relation variables (diagram var `space.vars.len() + k` is `rels[k]`).
+    pub rels: Vec<Rel>,
+    rel_index: HashMap<String, usize>,
+    /// Per diagram var: its number of classes.
+    ncls: Vec<usize>,
+    /// Facts read by atoms some cell of which could not be decided exactly (evaluated at a
+    /// representative instead): results shaped by those atoms are not exact.
     pub approximate: std::collections::BTreeSet<&'static str>,
     /// A reusable memo for `holds_on` / `meets` (they are called per rule per region).
     scratch: std::cell::Cell<HashMap<Id, bool>>,
@@ -181,7 +202,48 @@ impl<'s> Mdd<'s> {
                 }
             }
         }
-        Mdd::with_order(space, first)
+        // Two integer facts compared with each other follow each other (with the object the
+        // later one belongs to): their ordering variable then sits next to both.
+        let var_of = |s: usize| space.vars.iter().position(|v| v.slot == s);
+        let mut partners: Vec<Vec<usize>> = vec![Vec::new(); space.vars.len()];
+        for p in packs {
+            for node in &p.program.nodes {
+                let PNode::Cmp(_, a, b) = *node else { continue };
+                let (mut xs, mut ys) = (Vec::new(), Vec::new());
+                branch_slots(&p.program, a, &mut xs);
+                branch_slots(&p.program, b, &mut ys);
+                for &x in &xs {
+                    for &y in &ys {
+                        if let (Some(vx), Some(vy)) = (var_of(x), var_of(y))
+                            && vx != vy
+                            && !partners[vx].contains(&vy)
+                        {
+                            partners[vx].push(vy);
+                            partners[vy].push(vx);
+                        }
+                    }
+                }
+            }
+        }
+        let mut grouped: Vec<usize> = Vec::with_capacity(first.len());
+        fn place(v: usize, space: &Space, partners: &[Vec<usize>], out: &mut Vec<usize>) {
+            if out.contains(&v) {
+                return;
+            }
+            if let Some(p) = space.vars[v].parent {
+                place(p, space, partners, out);
+            }
+            out.push(v);
+            for &w in &partners[v] {
+                if !out.contains(&w) {
+                    place(w, space, partners, out);
+                }
+            }
+        }
+        for &v in &first {
+            place(v, space, &partners, &mut grouped);
+        }
+        Mdd::with_order(space, grouped)
     }
 
     /// A manager whose order starts with `first` (the remaining vars follow, most-read first).
@@ -202,22 +264,27 @@ impl<'s> Mdd<'s> {
                 }
             }
         }
+        // Facts sit at every SPREAD-th level; relation variables take the levels just below
+        // the deepest fact they read.
         let mut level = vec![0u32; nv];
+        let mut by_level = vec![usize::MAX; nv * SPREAD as usize];
+        let mut full = vec![Bits::empty(0); nv * SPREAD as usize];
         for (l, &v) in order.iter().enumerate() {
-            level[v] = l as u32;
+            let at = l as u32 * SPREAD;
+            level[v] = at;
+            by_level[at as usize] = v;
+            full[at as usize] = Bits::full(space.vars[v].classes.len());
         }
+        let used: Vec<u32> = (0..nv as u32).map(|l| l * SPREAD).collect();
         let terminal = |_: Id| Node {
             level: TERMINAL,
             edges: Box::new([]),
         };
-        let full = order
-            .iter()
-            .map(|&v| Bits::full(space.vars[v].classes.len()))
-            .collect();
         Mdd {
             space,
             full,
-            order,
+            order: by_level,
+            used,
             level,
             nodes: vec![terminal(FALSE), terminal(TRUE)],
             unique: HashMap::default(),
@@ -230,6 +297,9 @@ impl<'s> Mdd<'s> {
             unknown: 0,
             vals: Vec::new(),
             scratch: std::cell::Cell::new(HashMap::default()),
+            rels: Vec::new(),
+            rel_index: HashMap::default(),
+            ncls: space.vars.iter().map(|v| v.classes.len()).collect(),
             approximate: std::collections::BTreeSet::new(),
             budget: usize::MAX,
             exhausted: false,
@@ -456,9 +526,28 @@ impl<'s> Mdd<'s> {
     }
 
     fn enumerate_atom(&mut self, prog: usize, id: NodeId) -> Id {
-        let p = &self.progs[prog];
+        let vars = self.atom_vars(prog, id);
+        // The atom's own abstraction: classes it cannot tell apart form one block.
+        let mut b = SpaceBuilder::new();
+        b.root(&self.progs[prog], id);
+        let own = b.build();
+        if own.relational.is_empty() && own.inexact.is_empty() {
+            // Constant on every block of its own abstraction: one evaluation per block.
+            let blocks = self.blocks_of(&vars, &own, &[]);
+            return self.enumerate(&vars, &blocks, &mut |m, a, _| m.eval_leaf(prog, id, a));
+        }
+        // A comparison between facts, or non-linear arithmetic: per-fact classes do not
+        // decide it everywhere. Where they do not, the diagram tests a relation variable.
+        if let Some(r) = self.ord_atom(prog, id, &vars) {
+            return r;
+        }
+        self.coarse_atom(prog, id, &vars, &own)
+    }
+
+    /// The vars an atom reads (with their objects), in diagram order.
+    fn atom_vars(&self, prog: usize, id: NodeId) -> Vec<usize> {
         let mut slots = Vec::new();
-        slots_under(p, id, &mut slots);
+        slots_under(&self.progs[prog], id, &mut slots);
         let mut vars: Vec<usize> = Vec::new();
         for s in slots {
             for &v in &self.space.deps[s] {
@@ -471,69 +560,23 @@ impl<'s> Mdd<'s> {
         }
         vars.sort_by_key(|&v| self.level[v]);
         vars.dedup();
-        // The atom's own abstraction: classes it cannot tell apart form one block. A fact
-        // compared with another fact (`max_seqlen_q > max_seqlen_kv`) has no constants of
-        // its own there; it gets the whole space's interval starts, so that the two sides'
-        // blocks line up (otherwise "every length above 1" would be one block on each side and
-        // `>` would be evaluated once for all of them).
-        let mut b = SpaceBuilder::new();
-        b.root(p, id);
-        let first = b.build();
-        // A fact compared with another fact (`max_seqlen_q > max_seqlen_kv`) has no constants
-        // of its own in the atom's abstraction: "every length above 1" would be one block on
-        // each side and `>` would be evaluated once for all of them. Such facts get the whole
-        // space's interval starts, so both sides' blocks line up, when the atom is linear and
-        // its facts are adjacent in the order (a relation between distant facts multiplies
-        // every diagram in between). Otherwise the coarse blocks stay and the facts are
-        // reported as `approximate`.
-        let rel_levels: Vec<u32> = vars
-            .iter()
-            .filter(|&&v| first.relational.contains(&self.space.vars[v].slot))
-            .map(|&v| self.level[v])
-            .collect();
-        let span = rel_levels.iter().max().unwrap_or(&0) - rel_levels.iter().min().unwrap_or(&0);
-        let refine =
-            !first.relational.is_empty() && first.inexact.is_empty() && span <= MAX_RELATION_SPAN;
-        if !first.relational.is_empty() && !refine {
-            self.approximate.extend(
-                first
-                    .relational
-                    .iter()
-                    .map(|&s| crate::facts::schema::FIELDS[s].path),
-            );
-        }
-        let sub = if !refine {
-            first
-        } else {
-            let mut b = SpaceBuilder::new();
-            b.root(p, id);
-            for &s in &first.relational {
-                let Some(v) = self.space.vars.iter().position(|x| x.slot == s) else {
-                    continue;
-                };
-                // One start per interval (not per residue class).
-                let mut starts: HashMap<usize, i64> = HashMap::default();
-                for c in &self.space.vars[v].classes {
-                    if let super::space::ClassDesc::Int { iv, lo, .. } = c.desc {
-                        let e = starts.entry(iv).or_insert(lo);
-                        *e = (*e).min(lo);
-                    }
-                }
-                for lo in starts.into_values() {
-                    b.split_at(s, Value::Int(lo));
-                }
-            }
-            b.build()
-        };
-        let blocks: Vec<Vec<Vec<u32>>> = vars
-            .iter()
+        vars
+    }
+
+    /// Per var, its classes grouped into the blocks `own` (an atom's abstraction) tells
+    /// apart; vars in `per_class` get one block per class.
+    fn blocks_of(&self, vars: &[usize], own: &Space, per_class: &[usize]) -> Vec<Vec<Vec<u32>>> {
+        vars.iter()
             .map(|&v| {
                 let var = &self.space.vars[v];
-                let sv = sub.var_of(var.path);
+                if per_class.contains(&v) {
+                    return (0..var.classes.len() as u32).map(|c| vec![c]).collect();
+                }
+                let sv = own.var_of(var.path);
                 let mut groups: Vec<(usize, Vec<u32>)> = Vec::new();
                 for (k, c) in var.classes.iter().enumerate() {
                     let image = sv
-                        .and_then(|sv| sub.class_of(sv, c.value))
+                        .and_then(|sv| own.class_of(sv, c.value))
                         .map_or(usize::MAX - k, |x| x);
                     match groups.iter_mut().find(|g| g.0 == image) {
                         Some(g) => g.1.push(k as u32),
@@ -542,45 +585,63 @@ impl<'s> Mdd<'s> {
                 }
                 groups.into_iter().map(|g| g.1).collect()
             })
-            .collect();
-        let mut assign: Assign = vec![None; self.space.vars.len()];
-        self.enumerate(prog, id, &vars, &blocks, 0, &mut assign)
+            .collect()
     }
 
+    /// The atom's value at the blocks' representatives.
+    fn eval_leaf(&mut self, prog: usize, id: NodeId, assign: &Assign) -> Id {
+        self.evaluations += 1;
+        let mut vals = std::mem::take(&mut self.vals);
+        self.space.materialize(assign, &mut vals);
+        let t = Truth::of(self.progs[prog].eval(id, &vals));
+        self.vals = vals;
+        match t {
+            Truth::True => TRUE,
+            Truth::False => FALSE,
+            Truth::Unknown => {
+                self.unknown += 1;
+                FALSE
+            }
+        }
+    }
+
+    /// The diagram over `vars` (one edge per block) whose leaves `leaf` builds from the
+    /// blocks' representatives and the block index per var (`usize::MAX`: the var's object
+    /// is absent).
     fn enumerate(
         &mut self,
-        prog: usize,
-        id: NodeId,
+        vars: &[usize],
+        blocks: &[Vec<Vec<u32>>],
+        leaf: &mut dyn FnMut(&mut Self, &Assign, &[usize]) -> Id,
+    ) -> Id {
+        let mut assign: Assign = vec![None; self.space.vars.len()];
+        let mut cell = vec![usize::MAX; vars.len()];
+        self.enumerate_from(vars, blocks, 0, &mut assign, &mut cell, leaf)
+    }
+
+    fn enumerate_from(
+        &mut self,
         vars: &[usize],
         blocks: &[Vec<Vec<u32>>],
         i: usize,
         assign: &mut Assign,
+        cell: &mut Vec<usize>,
+        leaf: &mut dyn FnMut(&mut Self, &Assign, &[usize]) -> Id,
     ) -> Id {
         if i == vars.len() {
-            self.evaluations += 1;
-            let mut vals = std::mem::take(&mut self.vals);
-            self.space.materialize(assign, &mut vals);
-            let t = Truth::of(self.progs[prog].eval(id, &vals));
-            self.vals = vals;
-            return match t {
-                Truth::True => TRUE,
-                Truth::False => FALSE,
-                Truth::Unknown => {
-                    self.unknown += 1;
-                    FALSE
-                }
-            };
+            return leaf(self, assign, cell);
         }
         let v = vars[i];
         if !self.space.available(assign, v) {
             // A member of an absent object: it has no value (null) and no classes.
-            return self.enumerate(prog, id, vars, blocks, i + 1, assign);
+            return self.enumerate_from(vars, blocks, i + 1, assign, cell, leaf);
         }
-        let n = self.space.vars[v].classes.len();
+        let n = self.ncls[v];
         let mut edges = Vec::with_capacity(blocks[i].len());
-        for block in &blocks[i] {
+        for (k, block) in blocks[i].iter().enumerate() {
             assign[v] = Some(block[0]);
-            let r = self.enumerate(prog, id, vars, blocks, i + 1, assign);
+            cell[i] = k;
+            let r = self.enumerate_from(vars, blocks, i + 1, assign, cell, leaf);
             let mut set = Bits::empty(n);
             for &c in block {
                 set.insert(c);
@@ -588,7 +649,405 @@ impl<'s> Mdd<'s> {
             edges.push((r, set));
         }
         assign[v] = None;
+        cell[i] = usize::MAX;
         self.mk(self.level[v], edges)
+    }
+
+    /// Relation variable `k` restricted to classes `set` as (the facts it relates, an
+    /// expression over them); None when `set` does not constrain it.
+    pub fn rel_constraint(
+        &self,
+        k: usize,
+        set: &[u32],
+        cube: &[Option<Bits>],
+    ) -> Option<(String, String)> {
+        let path = |v: usize| self.space.vars[v].path;
+        match &self.rels[k] {
+            Rel::Ord { x, y } => {
+                let op = match set {
+                    [0] => "<",
+                    [1] => "==",
+                    [2] => ">",
+                    [0, 1] => "<=",
+                    [1, 2] => ">=",
+                    [0, 2] => "!=",
+                    _ => return None,
+                };
+                let (px, py) = (path(*x), path(*y));
+                let mut text = format!("{px} {op} {py}");
+                // Inputs where a side is null count as "less" (the first class).
+                if set.contains(&0) {
+                    let nulls: Vec<String> = [*x, *y]
+                        .into_iter()
+                        .filter(|&v| self.may_be_null(v, cube))
+                        .map(|v| format!("{} == null", path(v)))
+                        .collect();
+                    if !nulls.is_empty() {
+                        text = format!("{} or {text}", nulls.join(" or "));
+                    }
+                }
+                Some((format!("{px}, {py}"), text))
+            }
+        }
+    }
+
+    /// Whether var `v` (or its object) may be null inside the cube.
+    fn may_be_null(&self, v: usize, cube: &[Option<Bits>]) -> bool {
+        let null_in = |u: usize| {
+            let classes = &self.space.vars[u].classes;
+            (0..classes.len()).any(|c| {
+                classes[c].value == Value::Null
+                    && cube[u]
+                        .as_ref()
+                        .is_none_or(|s| s.classes().contains(&(c as u32)))
+            })
+        };
+        null_in(v) || self.space.vars[v].parent.is_some_and(null_in)
+    }
+
+    /// Number of diagram vars (the space's facts, then the relation variables).
+    pub fn nvars(&self) -> usize {
+        self.level.len()
+    }
+
+    /// Adds a relation variable at the bottom of the order (no existing node lies below it,
+    /// so every node built so far stays ordered).
+    fn add_rel(&mut self, key: String, rel: Rel, classes: usize, below: &[usize]) -> usize {
+        let v = self.level.len();
+        // The first free level below the deepest of `below` (else a new one at the bottom).
+        let deepest = below.iter().map(|&u| self.level[u]).max().unwrap_or(0);
+        let free = (deepest + 1..(deepest / SPREAD + 1) * SPREAD)
+            .find(|&l| self.order.get(l as usize) == Some(&usize::MAX));
+        let at = match free {
+            Some(l) => l,
+            None => {
+                self.order.push(usize::MAX);
+                self.full.push(Bits::empty(0));
+                self.order.len() as u32 - 1
+            }
+        };
+        self.rel_index.insert(key, self.rels.len());
+        self.rels.push(rel);
+        self.level.push(at);
+        self.order[at as usize] = v;
+        self.full[at as usize] = Bits::full(classes);
+        self.ncls.push(classes);
+        let pos = self.used.partition_point(|&l| l < at);
+        self.used.insert(pos, at);
+        v
+    }
+
+    /// The node testing relation variable `v`: class `c` leads to `to[c]`.
+    fn rel_node(&mut self, v: usize, to: &[Id]) -> Id {
+        let edges = to
+            .iter()
+            .enumerate()
+            .map(|(c, &k)| {
+                let mut b = Bits::empty(to.len());
+                b.insert(c as u32);
+                (k, b)
+            })
+            .collect();
+        self.mk(self.level[v], edges)
+    }
+
+    /// The var holding integer fact `slot` itself (not a derived fact).
+    fn plain_int_var(&self, slot: usize) -> Option<usize> {
+        if crate::facts::schema::FIELDS[slot].ty != crate::facts::schema::Ty::Int {
+            return None;
+        }
+        self.space.vars.iter().position(|v| v.slot == slot)
+    }
+
+    /// `x < y`-style atoms between two integer facts, decided by the ordering variable of
+    /// the pair. Per pair of classes only some orderings have members (`a in 1..4` is below
+    /// `b in 9..12`); an impossible ordering leads where a possible one does ("canonical"),
+    /// so every diagram takes the same value on it and no result rests on an ordering no
+    /// input has: a path to true always holds an input.
+    fn ord_atom(&mut self, prog: usize, id: NodeId, vars: &[usize]) -> Option<Id> {
+        let p = &self.progs[prog];
+        let PNode::Cmp(op, a, b) = p.nodes[id as usize] else {
+            return None;
+        };
+        let (PNode::Slot(sa), PNode::Slot(sb)) = (p.nodes[a as usize], p.nodes[b as usize]) else {
+            return None;
+        };
+        let (va, vb) = (
+            self.plain_int_var(sa as usize)?,
+            self.plain_int_var(sb as usize)?,
+        );
+        if va == vb {
+            return None;
+        }
+        let (x, y, op) = if va < vb {
+            (va, vb, op)
+        } else {
+            (vb, va, flip(op))
+        };
+        let r = self.ord_var(x, y);
+        // Per interval, not per residue class: residues could only rule out "equal" (and
+        // splitting by them multiplies every diagram reading the pair by the moduli).
+        let blocks: Vec<Vec<Vec<u32>>> = vars.iter().map(|&v| self.interval_blocks(v)).collect();
+        let (ix, iy) = (
+            vars.iter().position(|&v| v == x).expect("x is read"),
+            vars.iter().position(|&v| v == y).expect("y is read"),
+        );
+        Some(self.enumerate(vars, &blocks, &mut |m, asg, cell| {
+            let range = |m: &Self, i: usize, v: usize| {
+                (cell[i] != usize::MAX)
+                    .then(|| m.interval_hull(v, &blocks[i][cell[i]]))
+                    .flatten()
+            };
+            match (range(m, ix, x), range(m, iy, y)) {
+                (Some(rx), Some(ry)) => {
+                    let possible = member_orderings(rx, ry);
+                    let to: Vec<Id> = (0..3)
+                        .map(|o| {
+                            let o = canonical(&possible, o);
+                            if cmp_for(op, o) { TRUE } else { FALSE }
+                        })
+                        .collect();
+                    m.rel_node(r, &to)
+                }
+                // A null side: the comparison is false, whatever the other side.
+                _ => m.eval_leaf(prog, id, asg),
+            }
+        }))
+    }
+
+    /// The smallest and largest members of some integer classes of var `v`, as a
+    /// progression of step 1 (None: a class is not an integer class).
+    fn interval_hull(&self, v: usize, classes: &[u32]) -> Option<(i64, i64, i64)> {
+        let mut acc: Option<(i64, i64)> = None;
+        for &c in classes {
+            let (first, last, _) = self.space.int_members(v, c)?;
+            acc = Some(acc.map_or((first, last), |(lo, hi)| (lo.min(first), hi.max(last))));
+        }
+        acc.map(|(lo, hi)| (lo, hi, 1))
+    }
+
+    /// A var's classes grouped by integer interval (other classes alone).
+    fn interval_blocks(&self, v: usize) -> Vec<Vec<u32>> {
+        let mut groups: Vec<(Option<usize>, Vec<u32>)> = Vec::new();
+        for (c, class) in self.space.vars[v].classes.iter().enumerate() {
+            let key = match class.desc {
+                super::space::ClassDesc::Int { iv, .. } => Some(iv),
+                _ => None,
+            };
+            match groups.iter_mut().find(|g| key.is_some() && g.0 == key) {
+                Some(g) => g.1.push(c as u32),
+                None => groups.push((key, vec![c as u32])),
+            }
+        }
+        groups.into_iter().map(|g| g.1).collect()
+    }
+
+    /// The ordering variable of vars `x < y` (placed just below the deeper of the two).
+    fn ord_var(&mut self, x: usize, y: usize) -> usize {
+        let key = format!("ord {x} {y}");
+        if let Some(&k) = self.rel_index.get(&key) {
+            return self.space.vars.len() + k;
+        }
+        self.add_rel(key, Rel::Ord { x, y }, 3, &[x, y])
+    }
+
+    /// An atom the facts' classes do not decide everywhere (non-linear arithmetic, a
+    /// comparison of expressions of several facts): decided per block of its own abstraction
+    /// where provably constant; elsewhere evaluated at the block's representative, and its
+    /// facts reported as `approximate`.
+    fn coarse_atom(&mut self, prog: usize, id: NodeId, vars: &[usize], own: &Space) -> Id {
+        let blocks = self.blocks_of(vars, own, &[]);
+        let mut guessed = false;
+        let r = self.enumerate(vars, &blocks, &mut |m, asg, cell| match m
+            .decide_cell(prog, id, vars, &blocks, asg, cell)
+        {
+            Some(true) => TRUE,
+            Some(false) => FALSE,
+            None => {
+                guessed = true;
+                m.eval_leaf(prog, id, asg)
+            }
+        });
+        if guessed {
+            let mut slots = Vec::new();
+            slots_under(&self.progs[prog], id, &mut slots);
+            self.approximate.extend(
+                slots
+                    .into_iter()
+                    .filter(|s| {
+                        own.relational.contains(s)
+                            || own.inexact.contains(&crate::facts::schema::FIELDS[*s].path)
+                    })
+                    .map(|s| crate::facts::schema::FIELDS[s].path),
+            );
+        }
+        r
+    }
+
+    /// Whether atom `id` is constant on a cell (per var, the classes of its block), and its
+    /// value there; None when it is not, or not provably so.
+    fn decide_cell(
+        &mut self,
+        prog: usize,
+        id: NodeId,
+        vars: &[usize],
+        blocks: &[Vec<Vec<u32>>],
+        asg: &Assign,
+        cell: &[usize],
+    ) -> Option<bool> {
+        // Intervals and congruences first (cheap); undecided small cells are then
+        // decided member by member.
+        self.evaluations += 1;
+        let mut vals = std::mem::take(&mut self.vals);
+        self.space.materialize(asg, &mut vals);
+        let single = |i: usize| {
+            cell[i] == usize::MAX
+                || (blocks[i][cell[i]].len() == 1
+                    && self
+                        .space
+                        .int_members(vars[i], blocks[i][cell[i]][0])
+                        .is_none_or(|(f, l, _)| f == l))
+        };
+        let fact = |s: usize| -> Abs {
+            let deps = &self.space.deps[s];
+            let pos = |v: usize| vars.iter().position(|&u| u == v);
+            if deps.iter().all(|&v| pos(v).is_none_or(single)) {
+                return Abs::Exact(vals[s]);
+            }
+            match deps.last().filter(|&&v| self.space.vars[v].slot == s) {
+                Some(&v) => match pos(v) {
+                    Some(i) if cell[i] == usize::MAX => Abs::Exact(Value::Null),
+                    Some(i) => self.hull(v, &blocks[i][cell[i]]),
+                    None => Abs::Any,
+                },
+                None => Abs::Any,
+            }
+        };
+        let t = super::cell::eval(&self.progs[prog], id, &fact).truth();
+        self.vals = vals;
+        if t.is_some() {
+            return t;
+        }
+        // Small cells: every concrete member.
+        let mut members: Vec<Vec<(u32, Option<i64>)>> = Vec::with_capacity(vars.len());
+        let mut count: u128 = 1;
+        let mut enumerable = true;
+        for (i, &v) in vars.iter().enumerate() {
+            if cell[i] == usize::MAX {
+                members.push(Vec::new());
+                continue;
+            }
+            let mut ms = Vec::new();
+            for &c in &blocks[i][cell[i]] {
+                match self.space.int_members(v, c) {
+                    Some((first, last, step)) => {
+                        let n = ((last - first) / step) as u128 + 1;
+                        if n > BRUTE_FORCE_MEMBERS {
+                            enumerable = false;
+                            break;
+                        }
+                        ms.extend((0..n as i64).map(|k| (c, Some(first + k * step))));
+                    }
+                    None => {
+                        if let super::space::ClassDesc::Ordered { lo, hi } =
+                            &self.space.vars[v].classes[c as usize].desc
+                            && lo != hi
+                        {
+                            enumerable = false;
+                            break;
+                        }
+                        ms.push((c, None));
+                    }
+                }
+            }
+            count = count.saturating_mul(ms.len().max(1) as u128);
+            if !enumerable || count > BRUTE_FORCE_MEMBERS {
+                enumerable = false;
+                break;
+            }
+            members.push(ms);
+        }
+        if enumerable {
+            let mut seen = [false, false];
+            let mut idx = vec![0usize; vars.len()];
+            let mut a = asg.clone();
+            let mut values: Vec<(usize, Value)> = Vec::new();
+            let mut vals = std::mem::take(&mut self.vals);
+            loop {
+                values.clear();
+                for (i, &v) in vars.iter().enumerate() {
+                    if let Some(&(c, x)) = members[i].get(idx[i]) {
+                        a[v] = Some(c);
+                        if let Some(x) = x {
+                            values.push((v, Value::Int(x)));
+                        }
+                    }
+                }
+                self.evaluations += 1;
+                self.space.materialize_with(&a, &values, &mut vals);
+                match Truth::of(self.progs[prog].eval(id, &vals)) {
+                    Truth::True => seen[1] = true,
+                    Truth::False => seen[0] = true,
+                    Truth::Unknown => {
+                        self.unknown += 1;
+                        seen[0] = true;
+                    }
+                }
+                // Next member combination (odometer).
+                let mut i = 0;
+                while i < vars.len() {
+                    idx[i] += 1;
+                    if idx[i] < members[i].len() {
+                        break;
+                    }
+                    idx[i] = 0;
+                    i += 1;
+                }
+                if i == vars.len() || (seen[0] && seen[1]) {
+                    break;
+                }
+            }
+            self.vals = vals;
+            return match seen {
+                [true, true] => None,
+                [_, t] => Some(t),
+            };
+        }
+        None
+    }
+
+    /// The abstract value of var `v` over some of its classes.
+    fn hull(&self, v: usize, classes: &[u32]) -> Abs {
+        let var = &self.space.vars[v];
+        let mut acc: Option<(i64, i64, i64, i64)> = None;
+        for &c in classes {
+            let Some((first, last, step)) = self.space.int_members(v, c) else {
+                return if classes.len() == 1 && var.classes[c as usize].value == Value::Null {
+                    Abs::Exact(Value::Null)
+                } else if classes.len() == 1
+                    && !matches!(
+                        var.classes[c as usize].desc,
+                        super::space::ClassDesc::Ordered { .. }
+                    )
+                {
+                    Abs::Exact(var.classes[c as usize].value)
+                } else {
+                    Abs::Any
+                };
+            };
+            let r = first.rem_euclid(step);
+            acc = Some(match acc {
+                None => (first, last, r, step),
+                Some((lo, hi, r0, m)) => {
+                    let g = gcd(m, (r - r0).abs());
+                    (lo.min(first), hi.max(last), r0, if g == 0 { m } else { g })
+                }
+            });
+        }
+        match acc {
+            Some((lo, hi, r, m)) => Abs::int(lo, hi, r, m),
+            None => Abs::Any,
+        }
     }
 
     /// Whether `x` is `want` in every class of the cube.
@@ -610,7 +1069,10 @@ impl<'s> Mdd<'s> {
         let n = &self.nodes[x as usize];
         let v = self.order[n.level as usize];
         let r = n.edges.iter().all(|(k, set)| {
-            cube[v].as_ref().is_some_and(|c| !c.meets(set)) || self.everywhere(*k, cube, want, memo)
+            cube.get(v)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| !c.meets(set))
+                || self.everywhere(*k, cube, want, memo)
         });
         memo.insert(x, r);
         r
@@ -657,7 +1119,7 @@ impl<'s> Mdd<'s> {
 
     /// A path of `x` to true, taking at each node the edge with the most classes.
     fn widest_path(&self, mut x: Id) -> Cube {
-        let mut cube = vec![None; self.space.vars.len()];
+        let mut cube = vec![None; self.nvars()];
         while x > TRUE {
             let n = &self.nodes[x as usize];
             let (k, set) = n
@@ -678,7 +1140,10 @@ impl<'s> Mdd<'s> {
     /// domains first: they read worst), then widens the rest to every class that keeps the
     /// cube inside `f`.
     fn expand(&self, f: Id, cube: &mut Cube) {
-        let mut levels: Vec<usize> = (0..self.order.len())
+        let mut levels: Vec<usize> = self
+            .used
+            .iter()
+            .map(|&l| l as usize)
             .filter(|&l| cube[self.order[l]].is_some())
             .collect();
         levels.sort_by_key(|&l| std::cmp::Reverse(self.full[l].len()));
@@ -695,12 +1160,13 @@ impl<'s> Mdd<'s> {
                 let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
                 // An object whose members are constrained stays present: a member's
                 // constraint cannot be written for an absent object.
-                if self
-                    .space
-                    .vars
-                    .iter()
-                    .enumerate()
-                    .any(|(u, x)| x.parent == Some(v) && cube[u].is_some())
+                if v < self.space.vars.len()
+                    && self
+                        .space
+                        .vars
+                        .iter()
+                        .enumerate()
+                        .any(|(u, x)| x.parent == Some(v) && cube[u].is_some())
                 {
                     for (c, class) in self.space.vars[v].classes.iter().enumerate() {
                         if class.value == Value::Null {
@@ -733,14 +1199,14 @@ impl<'s> Mdd<'s> {
             return if self.everywhere(x, cube, true, inside) {
                 full.clone()
             } else {
-                Bits::empty(self.space.vars[self.order[level as usize]].classes.len())
+                Bits::empty(self.ncls[self.order[level as usize]])
             };
         }
         if let Some(r) = memo.get(&x) {
             return r.clone();
         }
         let r = if n.level == level {
-            let mut r = Bits::empty(self.space.vars[self.order[level as usize]].classes.len());
+            let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
             for (k, set) in n.edges.iter() {
                 if self.everywhere(*k, cube, true, inside) {
                     r.or_with(set);
@@ -771,7 +1237,8 @@ impl<'s> Mdd<'s> {
     /// The diagram of a cube.
     pub fn cube(&mut self, cube: &Cube) -> Id {
         let mut x = TRUE;
-        for l in (0..self.order.len()).rev() {
+        for &l in self.used.clone().iter().rev() {
+            let l = l as usize;
             if let Some(set) = &cube[self.order[l]] {
                 let mut other = self.full[l].clone();
                 for (w, s) in other.0.iter_mut().zip(set.0.iter()) {
@@ -783,27 +1250,186 @@ impl<'s> Mdd<'s> {
         x
     }
 
-    /// An assignment inside the cube: the first class of each constrained var (for a fact
-    /// compared with another fact, a class with the value already chosen for the other side,
-    /// when the cube has one: the evaluations behind the diagram took both sides at their
-    /// blocks' first values); free vars stay unassigned (they keep their defaults).
-    pub fn example(&self, cube: &[Option<Bits>]) -> Assign {
-        let mut out: Assign = vec![None; cube.len()];
-        let mut chosen: Vec<Value> = Vec::new();
-        for &v in &self.order {
-            let Some(set) = &cube[v] else { continue };
-            let classes = set.classes();
-            let var = &self.space.vars[v];
-            let rel = self.space.relational.contains(&var.slot);
-            let c = classes
-                .iter()
-                .copied()
-                .find(|&c| rel && chosen.contains(&var.classes[c as usize].value))
-                .unwrap_or(classes[0]);
-            if rel {
-                chosen.push(var.classes[c as usize].value);
+    /// An input inside the cube, as a class per constrained fact plus the values of some
+    /// integer facts: the first class of each constrained fact; where the cube constrains
+    /// relation variables, members found by a bounded search that satisfy them. Free facts
+    /// stay unassigned (they keep their defaults). None when the search found no input (the
+    /// cube may hold none: relation variables of atoms sharing facts are not tied together).
+    pub fn example(&mut self, cube: &[Option<Bits>]) -> Option<(Assign, Vec<(usize, Value)>)> {
+        let nv = self.space.vars.len();
+        let mut assign: Assign = (0..nv)
+            .map(|v| cube[v].as_ref().map(|s| s.classes()[0]))
+            .collect();
+        let lits: Vec<(usize, Vec<u32>)> = (0..self.rels.len())
+            .filter_map(|k| {
+                let set = cube.get(nv + k)?.as_ref()?;
+                (set.len() < self.ncls[nv + k]).then(|| (k, set.classes()))
+            })
+            .collect();
+        if lits.is_empty() {
+            return Some((assign, Vec::new()));
+        }
+        let mut involved: Vec<usize> = lits.iter().flat_map(|(k, _)| self.rel_vars(*k)).collect();
+        involved.sort_by_key(|&v| self.level[v]);
+        involved.dedup();
+        let mut values = Vec::new();
+        let mut tries = 0;
+        self.witness(
+            &lits,
+            &involved,
+            0,
+            cube,
+            &mut assign,
+            &mut values,
+            &mut tries,
+        )
+        .then_some((assign, values))
+    }
+
+    /// The space vars relation variable `k` reads (objects included).
+    fn rel_vars(&self, k: usize) -> Vec<usize> {
+        let Rel::Ord { x, y } = self.rels[k];
+        let mut out = vec![x, y];
+        let mut i = 0;
+        while i < out.len() {
+            if let Some(p) = self.space.vars[out[i]].parent
+                && !out.contains(&p)
+            {
+                out.push(p);
             }
-            out[v] = Some(c);
+            i += 1;
+        }
+        out
+    }
+
+    /// Depth-first search for classes and members of `involved[i..]` satisfying `lits`.
+    #[allow(clippy::too_many_arguments)]
+    fn witness(
+        &mut self,
+        lits: &[(usize, Vec<u32>)],
+        involved: &[usize],
+        i: usize,
+        cube: &[Option<Bits>],
+        assign: &mut Assign,
+        values: &mut Vec<(usize, Value)>,
+        tries: &mut usize,
+    ) -> bool {
+        if i > 0 {
+            // Literals whose facts are now all chosen.
+            let done = &involved[..i];
+            for (k, set) in lits {
+                let reads = self.rel_vars(*k);
+                if reads.contains(&involved[i - 1]) && reads.iter().all(|v| done.contains(v)) {
+                    *tries += 1;
+                    if !self.literal_holds(*k, set, assign, values) {
+                        return false;
+                    }
+                }
+            }
+        }
+        if i == involved.len() {
+            return true;
+        }
+        let v = involved[i];
+        let before = assign[v];
+        for (c, x) in self.candidates(v, cube, values) {
+            if *tries >= WITNESS_TRIES {
+                break;
+            }
+            assign[v] = Some(c);
+            if let Some(x) = x {
+                values.push((v, Value::Int(x)));
+            }
+            if self.witness(lits, involved, i + 1, cube, assign, values, tries) {
+                return true;
+            }
+            if x.is_some() {
+                values.pop();
+            }
+        }
+        assign[v] = before;
+        false
+    }
+
+    /// Whether relation `k` takes one of the classes `set` for this input.
+    fn literal_holds(
+        &mut self,
+        k: usize,
+        set: &[u32],
+        assign: &Assign,
+        values: &[(usize, Value)],
+    ) -> bool {
+        let mut vals = std::mem::take(&mut self.vals);
+        self.space.materialize_with(assign, values, &mut vals);
+        let class = match &self.rels[k] {
+            Rel::Ord { x, y } => {
+                match (
+                    vals[self.space.vars[*x].slot],
+                    vals[self.space.vars[*y].slot],
+                ) {
+                    (Value::Int(a), Value::Int(b)) => Some(a.cmp(&b) as i32 + 1),
+                    (Value::Null, _) | (_, Value::Null) => Some(0),
+                    _ => None,
+                }
+            }
+        };
+        self.vals = vals;
+        class.is_some_and(|c| set.contains(&(c as u32)))
+    }
+
+    /// Classes (and members, for integers) to try for var `v`: values near those already
+    /// chosen first (equal, off by one, doubled, halved: what relations between facts
+    /// need), then a few members of every class the cube allows.
+    fn candidates(
+        &self,
+        v: usize,
+        cube: &[Option<Bits>],
+        values: &[(usize, Value)],
+    ) -> Vec<(u32, Option<i64>)> {
+        let var = &self.space.vars[v];
+        let allowed: Vec<u32> = match &cube[v] {
+            Some(s) => s.classes(),
+            None => (0..var.classes.len() as u32).collect(),
+        };
+        if self.space.int_members(v, allowed[0]).is_none()
+            && allowed
+                .iter()
+                .all(|&c| self.space.int_members(v, c).is_none())
+        {
+            // Objects present first (their members carry the relation).
+            let mut out: Vec<(u32, Option<i64>)> = allowed.iter().map(|&c| (c, None)).collect();
+            out.sort_by_key(|&(c, _)| var.classes[c as usize].value == Value::Null);
+            return out;
+        }
+        let mut out: Vec<(u32, Option<i64>)> = Vec::new();
+        let push = |x: i64, out: &mut Vec<(u32, Option<i64>)>| {
+            if let Some(c) = self.space.class_of(v, Value::Int(x))
+                && allowed.contains(&(c as u32))
+                && !out.iter().any(|o| o.1 == Some(x))
+            {
+                out.push((c as u32, Some(x)));
+            }
+        };
+        for &(_, w) in values {
+            if let Value::Int(w) = w {
+                for x in [w, w - 1, w + 1, 2 * w, w / 2, 3 * w, 4 * w, w + 2, w - 2] {
+                    push(x, &mut out);
+                }
+            }
+        }
+        for &c in &allowed {
+            match self.space.int_members(v, c) {
+                Some((first, last, step)) => {
+                    for k in [0i64, 1, 2, 3, 4, 8, 16] {
+                        let x = first.saturating_add(k.saturating_mul(step));
+                        if x <= last {
+                            push(x, &mut out);
+                        }
+                    }
+                    push(last, &mut out);
+                }
+                None => out.push((c, None)),
+            }
         }
         out
     }
@@ -959,12 +1585,13 @@ impl PolicyDiagrams {
     /// Whether backend `b` is selected for some input: for some preference entry listing it,
     /// some input where that entry applies, `b` is eligible and every backend before it is
     /// declined (computed inside `b`'s eligible region, which stays small).
-    pub fn selectable(&self, m: &mut Mdd, p: &crate::policy::Policy, b: usize) -> bool {
+    pub fn selectable(&self, m: &mut Mdd, p: &crate::policy::Policy, b: usize, within: Id) -> bool {
         for (i, e) in p.preference.iter().enumerate() {
             let Some(pos) = e.order.iter().position(|&x| x as usize == b) else {
                 continue;
             };
-            let mut acc = self.eligible_within(m, b, self.first_pref[i]);
+            let entry = m.and(within, self.first_pref[i]);
+            let mut acc = self.eligible_within(m, b, entry);
             for earlier in self.fewest_rules_first(&e.order[..pos]) {
                 if acc == FALSE {
                     break;
@@ -1083,4 +1710,80 @@ fn slots_in_order(p: &Program, id: NodeId, out: &mut Vec<usize>) {
             }
         }
     }
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    let (mut a, mut b) = (a.abs(), b.abs());
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The comparison with its operands swapped (`a < b` is `b > a`).
+fn flip(op: crate::lang::ast::CmpOp) -> crate::lang::ast::CmpOp {
+    use crate::lang::ast::CmpOp::*;
+    match op {
+        Lt => Gt,
+        Gt => Lt,
+        Le => Ge,
+        Ge => Le,
+        other => other,
+    }
+}
+
+/// The integer facts an expression can be, directly or as a branch of `if`.
+fn branch_slots(p: &Program, id: NodeId, out: &mut Vec<usize>) {
+    match p.nodes[id as usize] {
+        PNode::Slot(s)
+            if crate::facts::schema::FIELDS[s as usize].ty == crate::facts::schema::Ty::Int =>
+        {
+            out.push(s as usize)
+        }
+        PNode::Call {
+            func: Func::If,
+            start,
+            len: 3,
+        } => {
+            let k = &p.children[start as usize..start as usize + 3];
+            branch_slots(p, k[1], out);
+            branch_slots(p, k[2], out);
+        }
+        _ => {}
+    }
+}
+
+/// Which of less / equal / greater two integer classes' members (`(first, last, step)`)
+/// allow: exact, "equal" included (a common member of both progressions in the overlap).
+fn member_orderings(x: (i64, i64, i64), y: (i64, i64, i64)) -> [bool; 3] {
+    let ((fx, lx, sx), (fy, ly, sy)) = (x, y);
+    let lt = fx < ly;
+    let gt = lx > fy;
+    let (lo, hi) = (fx.max(fy), lx.min(ly));
+    let mut eq = false;
+    if lo <= hi {
+        // The first member of x's progression at or above `lo`, then x's members in turn
+        // until one is also y's (at most sy / gcd steps).
+        let mut z = lo + (fx - lo).rem_euclid(sx);
+        for _ in 0..(sy / gcd(sx, sy)).max(1) {
+            if z > hi {
+                break;
+            }
+            if (z - fy).rem_euclid(sy) == 0 {
+                eq = true;
+                break;
+            }
+            z += sx;
+        }
+    }
+    [lt, eq, gt]
+}
+
+/// Ordering `o` if possible, else the first possible of equal, less, greater (every
+/// pair of classes allows at least one).
+fn canonical(possible: &[bool; 3], o: usize) -> usize {
+    if possible[o] {
+        return o;
+    }
+    [1, 0, 2].into_iter().find(|&k| possible[k]).unwrap_or(o)
 }

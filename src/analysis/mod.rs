@@ -11,6 +11,7 @@
 //!
 //! Dependencies go one way: analysis uses policy, eval and facts, never the reverse.
 
+pub mod cell;
 pub mod coverage;
 pub mod engine;
 pub mod lint;

@@ -261,9 +261,10 @@ pub struct GapReport {
     pub complete: bool,
     /// Some input selects nothing (exact when `complete`).
     pub gaps_exist: bool,
-    /// Facts compared with other facts in conditions the diagrams evaluate on coarse blocks
-    /// (non-linear arithmetic, or facts far apart in the diagram order): regions shaped by
-    /// such a comparison are not exact there (an exactness limit like `Space::inexact`).
+    /// Facts read by conditions some cell of which the analysis could not decide exactly
+    /// (non-linear arithmetic, or a comparison between expressions of several facts, such as
+    /// `num_heads % cp_size`): there they were evaluated at a representative, so regions
+    /// shaped by such a condition are not exact.
     pub approximate: Vec<String>,
     pub assumptions: Vec<String>,
 }
@@ -276,9 +277,35 @@ pub fn assumptions() -> Vec<String> {
     ]
 }
 
-/// A cube as per-var class lists (`None`: any class).
-fn cube_sets(cube: &Cube) -> Vec<Option<Vec<u32>>> {
-    cube.iter().map(|s| s.as_ref().map(Bits::classes)).collect()
+/// A cube as per-fact constraints: the facts' classes, then the relation variables (keyed
+/// by the facts they relate; two on the same facts are joined with `and`).
+fn cube_constraints(m: &Mdd, cube: &Cube) -> Map<String, Json> {
+    let nv = m.space.vars.len();
+    let sets: Vec<Option<Vec<u32>>> = cube[..nv]
+        .iter()
+        .map(|s| s.as_ref().map(Bits::classes))
+        .collect();
+    let mut out = constraints(m.space, &sets);
+    for (k, set) in cube[nv..].iter().enumerate() {
+        let Some(set) = set else { continue };
+        let Some((key, text)) = m.rel_constraint(k, &set.classes(), cube) else {
+            continue;
+        };
+        let text = match out.get(&key).and_then(Json::as_str) {
+            Some(prev) => format!("({prev}) and ({text})"),
+            None => text,
+        };
+        out.insert(key, Json::String(text));
+    }
+    out
+}
+
+/// A region's example (null when the bounded search found no input in it).
+fn example_of(m: &mut Mdd, cube: &Cube) -> Json {
+    match m.example(cube) {
+        Some((assign, values)) => m.space.example_with(&assign, &values),
+        None => Json::Null,
+    }
 }
 
 /// Builds the diagram manager and a restriction's diagram for some packs.
@@ -357,8 +384,8 @@ pub fn gaps(
                 }
             }
             GapRegion {
-                constraints: constraints(&space, &cube_sets(cube)),
-                example: space.example(&m.example(cube)),
+                constraints: cube_constraints(&m, cube),
+                example: example_of(&mut m, cube),
                 declined_by,
                 not_applicable,
             }

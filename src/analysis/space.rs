@@ -498,7 +498,8 @@ impl SpaceBuilder {
                 }
             }
         }
-        // Relational comparisons: both sides share their constants and get two members per class.
+        // Relational comparisons: both sides share their constants (so their intervals line
+        // up and the diagrams' orderings of the two are decided on most pairs of classes).
         let mut rel: BTreeSet<usize> = BTreeSet::new();
         let mut groups: Vec<BTreeSet<usize>> = Vec::new();
         for (x, y) in &c.relational {
@@ -595,7 +596,7 @@ impl SpaceBuilder {
                             }
                         }
                     }
-                    int_classes(bounds, &starts, modulus, rel.contains(&s))
+                    int_classes(bounds, &starts, modulus)
                 }
                 Ty::Float => float_classes(float_lower_bound(d.path), &consts),
                 Ty::Version => version_classes(&consts),
@@ -744,7 +745,7 @@ fn int_intervals(v: &Var, ivs: &[(i64, i64)]) -> Vec<String> {
         .collect()
 }
 
-fn int_classes(bounds: (i64, i64), starts: &BTreeSet<i64>, m: i64, relational: bool) -> Vec<Class> {
+fn int_classes(bounds: (i64, i64), starts: &BTreeSet<i64>, m: i64) -> Vec<Class> {
     let (dlo, dhi) = bounds;
     let mut cuts: Vec<i64> = starts
         .iter()
@@ -755,12 +756,7 @@ fn int_classes(bounds: (i64, i64), starts: &BTreeSet<i64>, m: i64, relational: b
     let mut ivs: Vec<(i64, i64)> = Vec::new();
     for (i, &lo) in cuts.iter().enumerate() {
         let hi = cuts.get(i + 1).map_or(dhi, |n| n - 1);
-        if relational && hi > lo {
-            ivs.push((lo, lo));
-            ivs.push((lo + 1, hi));
-        } else {
-            ivs.push((lo, hi));
-        }
+        ivs.push((lo, hi));
     }
     let mut out = Vec::new();
     for (iv, &(lo, hi)) in ivs.iter().enumerate() {
@@ -924,10 +920,26 @@ impl Space {
     /// Fact values for a partial assignment: unassigned facts are `Unknown` (Kleene logic
     /// decides what it can), probes are answered "supported" (true).
     pub fn materialize(&self, a: &[Option<u32>], out: &mut Vec<Value>) {
+        self.materialize_with(a, &[], out)
+    }
+
+    /// [`Space::materialize`] with some integer vars at given members of their classes
+    /// (`(var, value)`), not at the classes' representatives.
+    pub fn materialize_with(
+        &self,
+        a: &[Option<u32>],
+        values: &[(usize, Value)],
+        out: &mut Vec<Value>,
+    ) {
         out.clear();
         out.extend_from_slice(&self.base);
         for (i, v) in self.vars.iter().enumerate() {
             out[v.slot] = self.value_of(a, i);
+        }
+        for &(i, x) in values {
+            if out[self.vars[i].slot] != Value::Null {
+                out[self.vars[i].slot] = x;
+            }
         }
         if let Some(sv) = self.sm_var {
             let (ma, mi) = match out[self.vars[sv].slot] {
@@ -1024,6 +1036,21 @@ impl Space {
         })
     }
 
+    /// The members of class `c` of integer var `i`: (first, last, step); None for other
+    /// classes.
+    pub fn int_members(&self, i: usize, c: u32) -> Option<(i64, i64, i64)> {
+        let v = &self.vars[i];
+        match v.classes[c as usize].desc {
+            ClassDesc::Int { lo, hi, r, .. } => {
+                let m = v.modulus.max(1);
+                let first = lo.saturating_add((r - lo).rem_euclid(m));
+                let last = hi.saturating_sub((hi - r).rem_euclid(m));
+                (first <= last).then_some((first, last, m))
+            }
+            _ => None,
+        }
+    }
+
     /// The var of a fact path, if the space has one.
     pub fn var_of(&self, path: &str) -> Option<usize> {
         self.vars.iter().position(|v| v.path == path)
@@ -1037,11 +1064,19 @@ impl Space {
     /// A config object (conformance `config` format) for a partial assignment: assigned
     /// facts are set, the others keep their defaults.
     pub fn example(&self, a: &[Option<u32>]) -> Json {
+        self.example_with(a, &[])
+    }
+
+    /// [`Space::example`] with some integer vars at given values (see `materialize_with`).
+    pub fn example_with(&self, a: &[Option<u32>], values: &[(usize, Value)]) -> Json {
         let mut obj = Map::new();
         let mut vals = Vec::new();
-        self.materialize(a, &mut vals);
+        self.materialize_with(a, values, &mut vals);
         for (i, v) in self.vars.iter().enumerate() {
-            let val = self.value_of(a, i);
+            let val = match values.iter().find(|x| x.0 == i) {
+                Some(&(_, x)) if self.value_of(a, i) != Value::Null => x,
+                _ => self.value_of(a, i),
+            };
             if matches!(val, Value::Unknown) {
                 continue;
             }

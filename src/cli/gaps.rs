@@ -116,8 +116,7 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
     ));
     if !r.approximate.is_empty() {
         out.push_str(&format!(
-            "approximate (not exact where these facts are compared with other facts or under \
-             non-linear arithmetic): {}\n",
+            "approximate (not exact where conditions relate these facts non-linearly): {}\n",
             r.approximate.join(", ")
         ));
     }

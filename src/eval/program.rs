@@ -283,6 +283,105 @@ impl Program {
         }
     }
 
+    /// Node `id` as an expression of the rule language over the fact schema's names (fully
+    /// parenthesised below the top), e.g. `(num_heads // cp_size) % 2 != 0`: how the analysis
+    /// prints a condition it could not split into per-fact constraints.
+    pub fn render(&self, id: NodeId) -> String {
+        self.render_with(id, None, true)
+    }
+
+    /// The enum domain of the fact `id` reads directly (to print enum constants as names).
+    fn domain_of(&self, id: NodeId) -> Option<crate::facts::Domain> {
+        match self.nodes[id as usize] {
+            Node::Slot(s) => match crate::facts::schema::FIELDS[s as usize].ty {
+                crate::facts::schema::Ty::Enum(d) => Some(d),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    fn render_value(v: Value, domain: Option<crate::facts::Domain>) -> String {
+        match v {
+            Value::Enum(i) => match domain {
+                Some(d) => format!("{:?}", d.values()[i as usize]),
+                None => i.to_string(),
+            },
+            Value::Version(x) => x.to_string(),
+            Value::Int(i) => i.to_string(),
+            Value::Float(x) => format!("{x:?}"),
+            Value::Bool(b) => b.to_string(),
+            Value::Null => "null".into(),
+            Value::Unknown | Value::BadVersion => "null".into(),
+        }
+    }
+
+    fn render_with(&self, id: NodeId, domain: Option<crate::facts::Domain>, top: bool) -> String {
+        let kids = |start: u32, len: u32| &self.children[start as usize..(start + len) as usize];
+        let wrap = |s: String| if top { s } else { format!("({s})") };
+        match self.nodes[id as usize] {
+            Node::Const(v) => Self::render_value(v, domain),
+            Node::Slot(s) => crate::facts::schema::FIELDS[s as usize].path.to_string(),
+            Node::Not(a) => format!("not {}", self.render_with(a, None, false)),
+            Node::And { start, len } | Node::Or { start, len } => {
+                let sep = if matches!(self.nodes[id as usize], Node::And { .. }) {
+                    " and "
+                } else {
+                    " or "
+                };
+                let parts: Vec<String> = kids(start, len)
+                    .iter()
+                    .map(|&c| self.render_with(c, None, false))
+                    .collect();
+                wrap(parts.join(sep))
+            }
+            Node::Cmp(op, a, b) => {
+                let (da, db) = (self.domain_of(b), self.domain_of(a));
+                wrap(format!(
+                    "{} {} {}",
+                    self.render_with(a, da, false),
+                    op.symbol(),
+                    self.render_with(b, db, false)
+                ))
+            }
+            Node::In {
+                item,
+                start,
+                len,
+                negate,
+            } => {
+                let d = self.domain_of(item);
+                let list: Vec<String> = self.consts[start as usize..(start + len) as usize]
+                    .iter()
+                    .map(|&v| Self::render_value(v, d))
+                    .collect();
+                wrap(format!(
+                    "{} {}in [{}]",
+                    self.render_with(item, None, false),
+                    if negate { "not " } else { "" },
+                    list.join(", ")
+                ))
+            }
+            Node::IsNull(a) => wrap(format!("{} == null", self.render_with(a, None, false))),
+            Node::IsNotNull(a) => wrap(format!("{} != null", self.render_with(a, None, false))),
+            Node::Arith(op, a, b) => wrap(format!(
+                "{} {} {}",
+                self.render_with(a, None, false),
+                op.symbol(),
+                self.render_with(b, None, false)
+            )),
+            Node::Neg(a) => format!("-{}", self.render_with(a, None, false)),
+            Node::Call { func, start, len } => {
+                let name = Func::NAMES[func as usize];
+                let args: Vec<String> = kids(start, len)
+                    .iter()
+                    .map(|&c| self.render_with(c, None, true))
+                    .collect();
+                format!("{name}({})", args.join(", "))
+            }
+        }
+    }
+
     /// A memo sized for this program's definitions.
     pub fn new_memo(&self) -> Vec<Option<Value>> {
         vec![None; self.memo_count as usize]
