@@ -83,7 +83,6 @@ fn comparisons_inside_one_class_equal_brute_force() {
     let p = fixture("rel");
     let (report, _) = gaps(&p, None, DEFAULT_BUDGET, usize::MAX);
     assert!(report.complete && !report.regions_truncated && report.gaps_exist);
-    assert!(report.approximate.is_empty(), "{:?}", report.approximate);
     let regions: Vec<Restriction> = report
         .regions
         .iter()
@@ -522,7 +521,7 @@ fn comparisons_between_facts_keep_their_regions() {
     )
     .unwrap();
     let (r, _) = gaps(&p, Some(&w), DEFAULT_BUDGET, 5);
-    assert!(r.complete && r.gaps_exist, "{:?}", r.approximate);
+    assert!(r.complete && r.gaps_exist);
     assert!(!r.regions.is_empty());
     for g in &r.regions {
         let (qk, v) = (

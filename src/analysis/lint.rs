@@ -339,16 +339,6 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     let d = PolicyDiagrams::build(&mut m, policy);
     let mut never = vec![false; n];
     let mut always = vec![false; n];
-    // Rules reading facts some atom could not decide exactly (see `Mdd::approximate`).
-    let reads_approximate: Vec<bool> = policy
-        .rules
-        .iter()
-        .map(|r| {
-            let mut s = Vec::new();
-            super::space::slots_under(p, r.when.node, &mut s);
-            s.iter().any(|&x| m.approximate.contains(FIELDS[x].path))
-        })
-        .collect();
     let reads_probe: Vec<bool> = policy
         .rules
         .iter()
@@ -360,20 +350,14 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         })
         .collect();
     for (i, r) in policy.rules.iter().enumerate() {
-        // A rule reading probes rests on the "supported" answer; one reading facts an atom
-        // could not decide exactly rests on representatives: neither is claimed.
-        let exact = !reads_probe[i] && !reads_approximate[i];
+        // A rule reading probes rests on the "supported" answer: not claimed.
+        let exact = !reads_probe[i];
         let inexact_note = |what: &str| {
             Diagnostic::warning(
                 "W-ANALYSIS-INCOMPLETE",
                 format!(
-                    "rule `{}`: {what} not proved: {}; no witness found among its classes",
-                    r.id,
-                    if reads_probe[i] {
-                        "it reads probe facts, which the analysis answers \"supported\""
-                    } else {
-                        "the abstraction is not exact for its facts (non-linear arithmetic or a comparison between expressions of several facts)"
-                    }
+                    "rule `{}`: {what} not proved: it reads probe facts, which the analysis answers \"supported\"",
+                    r.id
                 ),
             )
             .at(r.when_loc)
@@ -430,7 +414,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                 continue;
             }
             // Not proved where either diagram is not exact (or rests on probe answers).
-            if reads_probe[i] || reads_probe[j] || reads_approximate[i] || reads_approximate[j] {
+            if reads_probe[i] || reads_probe[j] {
                 continue;
             }
             if !m.implies(d.rule[i], d.rule[j]) {
@@ -440,20 +424,41 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             if j > i && m.implies(d.rule[j], d.rule[i]) {
                 continue;
             }
+            // A rule declining several backends is subsumed for one of them only: say which,
+            // and do not suggest deleting it.
+            let shared = policy
+                .rules
+                .iter()
+                .any(|r| r.id == a.id && r.backend != a.backend);
+            let (whose, help) = if shared {
+                let name = &policy.backends[a.backend as usize].name;
+                (
+                    format!(" for backend `{name}`"),
+                    format!(
+                        "`{}` already declines `{name}` there; drop `{name}` from `{}`'s backends or narrow `{}`",
+                        b.id, a.id, b.id
+                    ),
+                )
+            } else {
+                (
+                    String::new(),
+                    format!(
+                        "delete `{}` or narrow `{}` (keep the one whose reason helps users more)",
+                        a.id, b.id
+                    ),
+                )
+            };
             out.push(
                 Diagnostic::warning(
                     "W-SUBSUMED",
                     format!(
-                        "rule `{}` is subsumed by rule `{}`: whenever it fires, `{}` fires too",
+                        "rule `{}`{whose} is subsumed by rule `{}`: whenever it fires, `{}` fires too",
                         a.id, b.id, b.id
                     ),
                 )
                 .at(a.when_loc)
                 .label(format!("implies `{}`", b.when_src))
-                .help(Some(format!(
-                    "delete `{}` or narrow `{}` (keep the one whose reason helps users more)",
-                    a.id, b.id
-                ))),
+                .help(Some(help)),
             );
             break;
         }

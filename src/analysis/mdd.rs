@@ -38,6 +38,14 @@ pub const TRUE: Id = 1;
 
 const TERMINAL: u32 = u32::MAX;
 
+/// An empty slot of the hash-consing table.
+const EMPTY_SLOT: Id = u32::MAX;
+
+fn node_hash(n: &Node) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one(n)
+}
+
 /// A cell whose concrete members number at most this is decided by evaluating each of them.
 const BRUTE_FORCE_MEMBERS: u128 = 64;
 
@@ -47,21 +55,100 @@ const SPREAD: u32 = 64;
 /// Candidate assignments tried when looking for a region's example.
 const WITNESS_TRIES: usize = 50_000;
 
-/// A relation variable: a diagram variable that is not a fact, but the ordering of two
-/// integer facts (vars `x` < `y`); classes: less, equal, greater. It sits just below the
-/// deeper of the two in the order.
+/// A relation variable: a diagram variable that is not a fact but the truth of a condition
+/// the facts' classes do not decide. It sits just below the deepest fact it reads.
 #[derive(Clone, Debug)]
 pub enum Rel {
+    /// The ordering of two integer facts (vars `x` < `y`); classes: less, equal, greater.
     Ord { x: usize, y: usize },
+    /// An atom (non-linear arithmetic, a comparison of expressions of several facts) on the
+    /// cells where it is not provably constant; classes: false, true. `vars`: what it reads.
+    Pred {
+        prog: usize,
+        node: NodeId,
+        vars: Vec<usize>,
+        text: String,
+    },
+}
+
+/// A memo over node ids, cleared in O(1): a generation stamp per node (the traversals of
+/// `cover` visit most of a large diagram once per var; hashing dominated them).
+struct NodeMemo<T: Copy + Default> {
+    stamp: Vec<u32>,
+    val: Vec<T>,
+    generation: u32,
+}
+
+impl<T: Copy + Default> Default for NodeMemo<T> {
+    fn default() -> Self {
+        NodeMemo {
+            stamp: Vec::new(),
+            val: Vec::new(),
+            generation: 0,
+        }
+    }
+}
+
+impl<T: Copy + Default> NodeMemo<T> {
+    /// Forgets every entry; sized for `nodes` nodes.
+    fn clear(&mut self, nodes: usize) {
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            self.stamp.fill(0);
+            self.generation = 1;
+        }
+        if self.stamp.len() < nodes {
+            self.stamp.resize(nodes, 0);
+            self.val.resize(nodes, T::default());
+        }
+    }
+
+    fn get(&self, x: Id) -> Option<T> {
+        (self.stamp[x as usize] == self.generation).then(|| self.val[x as usize])
+    }
+
+    fn set(&mut self, x: Id, v: T) {
+        self.stamp[x as usize] = self.generation;
+        self.val[x as usize] = v;
+    }
 }
 
 /// A set of classes of one var (bit `c` = class `c`).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub struct Bits(Box<[u64]>);
+pub struct Bits(Words);
+
+/// Words of a class set: inline up to 192 classes (every fact but the longest integer
+/// ones), so the diagram operations copy sets without allocating.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+enum Words {
+    Inline(u8, [u64; INLINE_WORDS]),
+    Heap(Box<[u64]>),
+}
+
+const INLINE_WORDS: usize = 3;
 
 impl Bits {
     fn empty(n: usize) -> Bits {
-        Bits(vec![0; n.div_ceil(64)].into_boxed_slice())
+        let words = n.div_ceil(64);
+        Bits(if words <= INLINE_WORDS {
+            Words::Inline(words as u8, [0; INLINE_WORDS])
+        } else {
+            Words::Heap(vec![0; words].into_boxed_slice())
+        })
+    }
+
+    fn words(&self) -> &[u64] {
+        match &self.0 {
+            Words::Inline(n, w) => &w[..*n as usize],
+            Words::Heap(w) => w,
+        }
+    }
+
+    fn words_mut(&mut self) -> &mut [u64] {
+        match &mut self.0 {
+            Words::Inline(n, w) => &mut w[..*n as usize],
+            Words::Heap(w) => w,
+        }
     }
 
     fn full(n: usize) -> Bits {
@@ -73,40 +160,56 @@ impl Bits {
     }
 
     fn insert(&mut self, c: u32) {
-        self.0[(c / 64) as usize] |= 1 << (c % 64);
+        self.words_mut()[(c / 64) as usize] |= 1 << (c % 64);
     }
 
     fn remove(&mut self, c: u32) {
-        self.0[(c / 64) as usize] &= !(1 << (c % 64));
+        self.words_mut()[(c / 64) as usize] &= !(1 << (c % 64));
     }
 
     fn capacity(&self) -> usize {
-        self.0.len() * 64
+        self.words().len() * 64
+    }
+
+    fn is_empty(&self) -> bool {
+        self.words().iter().all(|&w| w == 0)
     }
 
     fn and(&self, o: &Bits) -> Option<Bits> {
-        let w: Box<[u64]> = self.0.iter().zip(o.0.iter()).map(|(a, b)| a & b).collect();
-        w.iter().any(|&x| x != 0).then_some(Bits(w))
+        let mut r = self.clone();
+        for (a, b) in r.words_mut().iter_mut().zip(o.words()) {
+            *a &= b;
+        }
+        (!r.is_empty()).then_some(r)
+    }
+
+    /// `self` without the classes of `o`.
+    fn minus(&self, o: &Bits) -> Bits {
+        let mut r = self.clone();
+        for (a, b) in r.words_mut().iter_mut().zip(o.words()) {
+            *a &= !b;
+        }
+        r
     }
 
     fn or_with(&mut self, o: &Bits) {
-        for (a, b) in self.0.iter_mut().zip(o.0.iter()) {
+        for (a, b) in self.words_mut().iter_mut().zip(o.words()) {
             *a |= b;
         }
     }
 
     fn meets(&self, o: &Bits) -> bool {
-        self.0.iter().zip(o.0.iter()).any(|(a, b)| a & b != 0)
+        self.words().iter().zip(o.words()).any(|(a, b)| a & b != 0)
     }
 
     fn len(&self) -> usize {
-        self.0.iter().map(|w| w.count_ones() as usize).sum()
+        self.words().iter().map(|w| w.count_ones() as usize).sum()
     }
 
     /// The classes in the set, ascending.
     pub fn classes(&self) -> Vec<u32> {
         let mut out = Vec::new();
-        for (i, &w) in self.0.iter().enumerate() {
+        for (i, &w) in self.words().iter().enumerate() {
             let mut w = w;
             while w != 0 {
                 out.push(i as u32 * 64 + w.trailing_zeros());
@@ -146,7 +249,8 @@ pub struct Mdd<'s> {
     nodes: Vec<Node>,
     /// Per level: every class of its var.
     full: Vec<Bits>,
-    unique: HashMap<Node, Id>,
+    /// Hash-consing: open addressing over node ids (a node is stored once, in `nodes`).
+    unique: Vec<Id>,
     apply_cache: HashMap<(Op, Id, Id), Id>,
     not_cache: HashMap<Id, Id>,
     /// Compiled conditions per (program, node).
@@ -166,10 +270,8 @@ pub struct Mdd<'s> {
     /// Per diagram var: its number of classes.
     ncls: Vec<usize>,
     /// Facts read by atoms some cell of which could not be decided exactly (evaluated at a
-    /// representative instead): results shaped by those atoms are not exact.
-    pub approximate: std::collections::BTreeSet<&'static str>,
     /// A reusable memo for `holds_on` / `meets` (they are called per rule per region).
-    scratch: std::cell::Cell<HashMap<Id, bool>>,
+    scratch: std::cell::Cell<NodeMemo<bool>>,
     /// The most nodes the manager may create.
     pub budget: usize,
     /// The budget ran out: every result is meaningless (report INCOMPLETE).
@@ -287,7 +389,7 @@ impl<'s> Mdd<'s> {
             used,
             level,
             nodes: vec![terminal(FALSE), terminal(TRUE)],
-            unique: HashMap::default(),
+            unique: vec![EMPTY_SLOT; 1 << 16],
             apply_cache: HashMap::default(),
             not_cache: HashMap::default(),
             compiled: HashMap::default(),
@@ -296,11 +398,10 @@ impl<'s> Mdd<'s> {
             evaluations: 0,
             unknown: 0,
             vals: Vec::new(),
-            scratch: std::cell::Cell::new(HashMap::default()),
+            scratch: std::cell::Cell::new(NodeMemo::default()),
             rels: Vec::new(),
             rel_index: HashMap::default(),
             ncls: space.vars.iter().map(|v| v.classes.len()).collect(),
-            approximate: std::collections::BTreeSet::new(),
             budget: usize::MAX,
             exhausted: false,
         }
@@ -313,26 +414,35 @@ impl<'s> Mdd<'s> {
 
     /// The node for `level` with these edges (merging edges to the same child).
     fn mk(&mut self, level: u32, mut edges: Vec<(Id, Bits)>) -> Id {
+        edges.retain(|e| !e.1.is_empty());
         edges.sort_by_key(|e| e.0);
-        let mut merged: Vec<(Id, Bits)> = Vec::with_capacity(edges.len());
-        for (k, b) in edges {
-            if b.0.iter().all(|&w| w == 0) {
-                continue;
-            }
-            match merged.last_mut() {
-                Some(last) if last.0 == k => last.1.or_with(&b),
-                _ => merged.push((k, b)),
+        // Merge edges to the same child (in place).
+        let mut w = 0;
+        for r in 0..edges.len() {
+            if w > 0 && edges[w - 1].0 == edges[r].0 {
+                let b = edges[r].1.clone();
+                edges[w - 1].1.or_with(&b);
+            } else {
+                edges.swap(w, r);
+                w += 1;
             }
         }
-        if merged.len() == 1 {
-            return merged[0].0;
+        edges.truncate(w);
+        if edges.len() == 1 {
+            return edges[0].0;
         }
         let node = Node {
             level,
-            edges: merged.into_boxed_slice(),
+            edges: edges.into_boxed_slice(),
         };
-        if let Some(&id) = self.unique.get(&node) {
-            return id;
+        let mask = self.unique.len() - 1;
+        let mut i = node_hash(&node) as usize & mask;
+        while self.unique[i] != EMPTY_SLOT {
+            let id = self.unique[i];
+            if self.nodes[id as usize] == node {
+                return id;
+            }
+            i = (i + 1) & mask;
         }
         if self.nodes.len() >= self.budget {
             // Out of budget: results from now on are meaningless, and flagged so.
@@ -340,19 +450,26 @@ impl<'s> Mdd<'s> {
             return FALSE;
         }
         let id = self.nodes.len() as Id;
-        self.nodes.push(node.clone());
-        self.unique.insert(node, id);
+        self.nodes.push(node);
+        self.unique[i] = id;
+        if self.nodes.len() * 2 > self.unique.len() {
+            self.grow_unique();
+        }
         id
     }
 
-    /// The edges of `x` seen at `level` (one edge over every class when `x` is below it).
-    fn edges_at(&self, x: Id, level: u32) -> Vec<(Id, Bits)> {
-        let n = &self.nodes[x as usize];
-        if n.level == level {
-            n.edges.to_vec()
-        } else {
-            vec![(x, self.full[level as usize].clone())]
+    /// Doubles the hash-consing table (rehashing every node).
+    fn grow_unique(&mut self) {
+        let size = self.unique.len() * 2;
+        let mut table = vec![EMPTY_SLOT; size];
+        for (id, node) in self.nodes.iter().enumerate().skip(2) {
+            let mut i = node_hash(node) as usize & (size - 1);
+            while table[i] != EMPTY_SLOT {
+                i = (i + 1) & (size - 1);
+            }
+            table[i] = id as Id;
         }
+        self.unique = table;
     }
 
     pub fn not(&mut self, a: Id) -> Id {
@@ -394,12 +511,34 @@ impl<'s> Mdd<'s> {
         let level = self.nodes[a as usize]
             .level
             .min(self.nodes[b as usize].level);
-        let (ea, eb) = (self.edges_at(a, level), self.edges_at(b, level));
-        let mut edges = Vec::with_capacity(ea.len().max(eb.len()));
-        for (x, sx) in &ea {
-            for (y, sy) in &eb {
-                if let Some(both) = sx.and(sy) {
-                    edges.push((self.apply(op, *x, *y), both));
+        // Edges by index (a node below `level` is one edge over every class, `None`):
+        // copying the edge lists dominated the allocator's time.
+        let count = |m: &Self, x: Id| {
+            let n = &m.nodes[x as usize];
+            if n.level == level { n.edges.len() } else { 1 }
+        };
+        let edge = |m: &Self, x: Id, i: usize| {
+            let n = &m.nodes[x as usize];
+            if n.level == level {
+                (n.edges[i].0, Some(n.edges[i].1.clone()))
+            } else {
+                (x, None)
+            }
+        };
+        let (na, nb) = (count(self, a), count(self, b));
+        let mut edges = Vec::with_capacity(na.max(nb));
+        for i in 0..na {
+            let (x, sx) = edge(self, a, i);
+            for j in 0..nb {
+                let (y, sy) = edge(self, b, j);
+                let both = match (&sx, sy) {
+                    (Some(p), Some(q)) => p.and(&q),
+                    (Some(p), None) => Some(p.clone()),
+                    (None, Some(q)) => Some(q),
+                    (None, None) => Some(self.full[level as usize].clone()),
+                };
+                if let Some(both) = both {
+                    edges.push((self.apply(op, x, y), both));
                 }
             }
         }
@@ -541,7 +680,7 @@ impl<'s> Mdd<'s> {
         if let Some(r) = self.ord_atom(prog, id, &vars) {
             return r;
         }
-        self.coarse_atom(prog, id, &vars, &own)
+        self.predicate_atom(prog, id, &vars, &own)
     }
 
     /// The vars an atom reads (with their objects), in diagram order.
@@ -675,18 +814,30 @@ impl<'s> Mdd<'s> {
                 };
                 let (px, py) = (path(*x), path(*y));
                 let mut text = format!("{px} {op} {py}");
-                // Inputs where a side is null count as "less" (the first class).
-                if set.contains(&0) {
-                    let nulls: Vec<String> = [*x, *y]
-                        .into_iter()
-                        .filter(|&v| self.may_be_null(v, cube))
-                        .map(|v| format!("{} == null", path(v)))
-                        .collect();
-                    if !nulls.is_empty() {
-                        text = format!("{} or {text}", nulls.join(" or "));
-                    }
+                // Where a side is null no diagram tests the ordering: such inputs are in.
+                let nulls: Vec<String> = [*x, *y]
+                    .into_iter()
+                    .filter(|&v| self.may_be_null(v, cube))
+                    .map(|v| format!("{} == null", path(v)))
+                    .collect();
+                if !nulls.is_empty() {
+                    text = format!("{} or {text}", nulls.join(" or "));
                 }
                 Some((format!("{px}, {py}"), text))
+            }
+            Rel::Pred { vars, text, .. } => {
+                // Keyed by the facts it reads (objects left out: their members name them).
+                let key: Vec<&str> = vars
+                    .iter()
+                    .filter(|&&v| !self.space.vars.iter().any(|u| u.parent == Some(v)))
+                    .map(|&v| path(v))
+                    .collect();
+                let text = match set {
+                    [1] => text.clone(),
+                    [0] => format!("not ({text})"),
+                    _ => return None,
+                };
+                Some((key.join(", "), text))
             }
         }
     }
@@ -853,35 +1004,33 @@ impl<'s> Mdd<'s> {
 
     /// An atom the facts' classes do not decide everywhere (non-linear arithmetic, a
     /// comparison of expressions of several facts): decided per block of its own abstraction
-    /// where provably constant; elsewhere evaluated at the block's representative, and its
-    /// facts reported as `approximate`.
-    fn coarse_atom(&mut self, prog: usize, id: NodeId, vars: &[usize], own: &Space) -> Id {
+    /// where provably constant; elsewhere the diagram tests the atom's predicate variable
+    /// (placed just below the deepest fact it reads), so no block is decided by a guess.
+    fn predicate_atom(&mut self, prog: usize, id: NodeId, vars: &[usize], own: &Space) -> Id {
         let blocks = self.blocks_of(vars, own, &[]);
-        let mut guessed = false;
-        let r = self.enumerate(vars, &blocks, &mut |m, asg, cell| match m
-            .decide_cell(prog, id, vars, &blocks, asg, cell)
-        {
+        let mut decided: Vec<Option<bool>> = Vec::new();
+        self.enumerate(vars, &blocks, &mut |m, asg, cell| {
+            decided.push(m.decide_cell(prog, id, vars, &blocks, asg, cell));
+            FALSE
+        });
+        let undecided = decided.iter().any(Option::is_none);
+        let r = undecided.then(|| {
+            let text = self.progs[prog].render(id);
+            let key = format!("pred {}", self.progs[prog].fingerprint(id, false));
+            let rel = Rel::Pred {
+                prog,
+                node: id,
+                vars: vars.to_vec(),
+                text,
+            };
+            self.add_rel(key, rel, 2, vars)
+        });
+        let mut it = decided.into_iter();
+        self.enumerate(vars, &blocks, &mut |m, _, _| match it.next().flatten() {
             Some(true) => TRUE,
             Some(false) => FALSE,
-            None => {
-                guessed = true;
-                m.eval_leaf(prog, id, asg)
-            }
-        });
-        if guessed {
-            let mut slots = Vec::new();
-            slots_under(&self.progs[prog], id, &mut slots);
-            self.approximate.extend(
-                slots
-                    .into_iter()
-                    .filter(|s| {
-                        own.relational.contains(s)
-                            || own.inexact.contains(&crate::facts::schema::FIELDS[*s].path)
-                    })
-                    .map(|s| crate::facts::schema::FIELDS[s].path),
-            );
-        }
-        r
+            None => m.rel_node(r.expect("a predicate variable"), &[FALSE, TRUE]),
+        })
     }
 
     /// Whether atom `id` is constant on a cell (per var, the classes of its block), and its
@@ -898,8 +1047,8 @@ impl<'s> Mdd<'s> {
         // Intervals and congruences first (cheap); undecided small cells are then
         // decided member by member.
         self.evaluations += 1;
-        let mut vals = std::mem::take(&mut self.vals);
-        self.space.materialize(asg, &mut vals);
+        // Every fact's value is needed only for derived facts (`sm` -> compute capability).
+        let all = std::cell::OnceCell::new();
         let single = |i: usize| {
             cell[i] == usize::MAX
                 || (blocks[i][cell[i]].len() == 1
@@ -911,10 +1060,19 @@ impl<'s> Mdd<'s> {
         let fact = |s: usize| -> Abs {
             let deps = &self.space.deps[s];
             let pos = |v: usize| vars.iter().position(|&u| u == v);
+            let plain = deps.last().filter(|&&v| self.space.vars[v].slot == s);
             if deps.iter().all(|&v| pos(v).is_none_or(single)) {
-                return Abs::Exact(vals[s]);
+                return Abs::Exact(match (deps.is_empty(), plain) {
+                    (true, _) => self.space.default_value(s),
+                    (false, Some(&v)) => self.space.value_of(asg, v),
+                    (false, None) => all.get_or_init(|| {
+                        let mut vals = Vec::new();
+                        self.space.materialize(asg, &mut vals);
+                        vals
+                    })[s],
+                });
             }
-            match deps.last().filter(|&&v| self.space.vars[v].slot == s) {
+            match plain {
                 Some(&v) => match pos(v) {
                     Some(i) if cell[i] == usize::MAX => Abs::Exact(Value::Null),
                     Some(i) => self.hull(v, &blocks[i][cell[i]]),
@@ -924,7 +1082,6 @@ impl<'s> Mdd<'s> {
             }
         };
         let t = super::cell::eval(&self.progs[prog], id, &fact).truth();
-        self.vals = vals;
         if t.is_some() {
             return t;
         }
@@ -1056,14 +1213,14 @@ impl<'s> Mdd<'s> {
         x: Id,
         cube: &[Option<Bits>],
         want: bool,
-        memo: &mut HashMap<Id, bool>,
+        memo: &mut NodeMemo<bool>,
     ) -> bool {
         match x {
             TRUE => return want,
             FALSE => return !want,
             _ => {}
         }
-        if let Some(&r) = memo.get(&x) {
+        if let Some(r) = memo.get(x) {
             return r;
         }
         let n = &self.nodes[x as usize];
@@ -1074,7 +1231,7 @@ impl<'s> Mdd<'s> {
                 .is_some_and(|c| !c.meets(set))
                 || self.everywhere(*k, cube, want, memo)
         });
-        memo.insert(x, r);
+        memo.set(x, r);
         r
     }
 
@@ -1091,7 +1248,7 @@ impl<'s> Mdd<'s> {
     /// [`Mdd::everywhere`] with the reusable memo.
     fn everywhere_reusing(&self, x: Id, cube: &[Option<Bits>], want: bool) -> bool {
         let mut memo = self.scratch.take();
-        memo.clear();
+        memo.clear(self.nodes.len());
         let r = self.everywhere(x, cube, want, &mut memo);
         self.scratch.set(memo);
         r
@@ -1148,15 +1305,16 @@ impl<'s> Mdd<'s> {
             .collect();
         levels.sort_by_key(|&l| std::cmp::Reverse(self.full[l].len()));
         // Reused (cleared) between vars: allocating fresh tables dominated the run time.
-        let (mut memo, mut inside) = (HashMap::default(), HashMap::default());
+        let (mut memo, mut inside) = ((NodeMemo::default(), Vec::new()), NodeMemo::default());
         for free_only in [true, false] {
             for &l in &levels {
                 let v = self.order[l];
                 if cube[v].is_none() {
                     continue;
                 }
-                memo.clear();
-                inside.clear();
+                memo.0.clear(self.nodes.len());
+                memo.1.clear();
+                inside.clear(self.nodes.len());
                 let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
                 // An object whose members are constrained stays present: a member's
                 // constraint cannot be written for an absent object.
@@ -1190,8 +1348,8 @@ impl<'s> Mdd<'s> {
         x: Id,
         level: u32,
         cube: &Cube,
-        memo: &mut HashMap<Id, Bits>,
-        inside: &mut HashMap<Id, bool>,
+        memo: &mut (NodeMemo<u32>, Vec<Bits>),
+        inside: &mut NodeMemo<bool>,
     ) -> Bits {
         let full = &self.full[level as usize];
         let n = &self.nodes[x as usize];
@@ -1202,8 +1360,8 @@ impl<'s> Mdd<'s> {
                 Bits::empty(self.ncls[self.order[level as usize]])
             };
         }
-        if let Some(r) = memo.get(&x) {
-            return r.clone();
+        if let Some(i) = memo.0.get(x) {
+            return memo.1[i as usize].clone();
         }
         let r = if n.level == level {
             let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
@@ -1230,7 +1388,8 @@ impl<'s> Mdd<'s> {
             }
             r
         };
-        memo.insert(x, r.clone());
+        memo.0.set(x, memo.1.len() as u32);
+        memo.1.push(r.clone());
         r
     }
 
@@ -1240,10 +1399,7 @@ impl<'s> Mdd<'s> {
         for &l in self.used.clone().iter().rev() {
             let l = l as usize;
             if let Some(set) = &cube[self.order[l]] {
-                let mut other = self.full[l].clone();
-                for (w, s) in other.0.iter_mut().zip(set.0.iter()) {
-                    *w &= !s;
-                }
+                let other = self.full[l].minus(set);
                 x = self.mk(l as u32, vec![(x, set.clone()), (FALSE, other)]);
             }
         }
@@ -1288,8 +1444,10 @@ impl<'s> Mdd<'s> {
 
     /// The space vars relation variable `k` reads (objects included).
     fn rel_vars(&self, k: usize) -> Vec<usize> {
-        let Rel::Ord { x, y } = self.rels[k];
-        let mut out = vec![x, y];
+        let mut out = match &self.rels[k] {
+            Rel::Ord { x, y } => vec![*x, *y],
+            Rel::Pred { vars, .. } => vars.clone(),
+        };
         let mut i = 0;
         while i < out.len() {
             if let Some(p) = self.space.vars[out[i]].parent
@@ -1368,10 +1526,19 @@ impl<'s> Mdd<'s> {
                     vals[self.space.vars[*y].slot],
                 ) {
                     (Value::Int(a), Value::Int(b)) => Some(a.cmp(&b) as i32 + 1),
-                    (Value::Null, _) | (_, Value::Null) => Some(0),
+                    // No diagram tests the ordering where a side is null.
+                    (Value::Null, _) | (_, Value::Null) => {
+                        self.vals = vals;
+                        return true;
+                    }
                     _ => None,
                 }
             }
+            Rel::Pred { prog, node, .. } => match Truth::of(self.progs[*prog].eval(*node, &vals)) {
+                Truth::True => Some(1),
+                Truth::False => Some(0),
+                Truth::Unknown => None,
+            },
         };
         self.vals = vals;
         class.is_some_and(|c| set.contains(&(c as u32)))

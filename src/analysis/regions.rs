@@ -261,11 +261,6 @@ pub struct GapReport {
     pub complete: bool,
     /// Some input selects nothing (exact when `complete`).
     pub gaps_exist: bool,
-    /// Facts read by conditions some cell of which the analysis could not decide exactly
-    /// (non-linear arithmetic, or a comparison between expressions of several facts, such as
-    /// `num_heads % cp_size`): there they were evaluated at a representative, so regions
-    /// shaped by such a condition are not exact.
-    pub approximate: Vec<String>,
     pub assumptions: Vec<String>,
 }
 
@@ -400,7 +395,6 @@ pub fn gaps(
         facts_enumerated: space.vars.len(),
         complete: !m.exhausted && m.unknown == 0,
         gaps_exist: !m.exhausted && none != FALSE,
-        approximate: m.approximate.iter().map(|s| s.to_string()).collect(),
         assumptions: assumptions(),
     };
     (report, space)

@@ -976,7 +976,14 @@ impl Space {
         }
     }
 
-    fn value_of(&self, a: &[Option<u32>], i: usize) -> Value {
+    /// The value of a fact no var determines (its default; probes "supported").
+    pub(crate) fn default_value(&self, slot: usize) -> Value {
+        self.base[slot]
+    }
+
+    /// The value of var `i` under an assignment (null for members of an absent object,
+    /// unknown when unassigned).
+    pub(crate) fn value_of(&self, a: &[Option<u32>], i: usize) -> Value {
         let v = &self.vars[i];
         if let Some(p) = v.parent {
             match a[p] {

@@ -114,12 +114,6 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
             " (INCOMPLETE: budget exhausted or an evaluation stayed unknown)"
         }
     ));
-    if !r.approximate.is_empty() {
-        out.push_str(&format!(
-            "approximate (not exact where conditions relate these facts non-linearly): {}\n",
-            r.approximate.join(", ")
-        ));
-    }
     out.push_str("assumptions: ");
     out.push_str(&r.assumptions.join("; "));
     out.push('\n');
