@@ -120,7 +120,7 @@ fn comparisons_inside_one_class_equal_brute_force() {
 #[test]
 fn diff_equals_brute_force_on_reduced_domain() {
     let (old, new) = (fixture("mini"), fixture("mini-nowin"));
-    let (report, _) = diff(&old, &new, None, DEFAULT_BUDGET);
+    let (report, _) = diff(&old, &new, None, DEFAULT_BUDGET, usize::MAX);
     assert!(report.complete);
     let regions: Vec<(Restriction, Option<String>, Option<String>)> = report
         .regions
@@ -370,7 +370,7 @@ fn te_diff_deleting_frost_window_p2p_rule_shows_exactly_the_windowed_p2p_regions
     let slice = te_slice_any_cp();
     assert!(!slice.contains("context_parallel") && !slice.contains("window_size"));
     let w = Restriction::parse(&slice).unwrap();
-    let (report, _) = diff(&old, &new, Some(&w), DEFAULT_BUDGET);
+    let (report, _) = diff(&old, &new, Some(&w), DEFAULT_BUDGET, usize::MAX);
     assert!(report.complete);
     assert_eq!(
         report.changed_rules,

@@ -53,7 +53,7 @@ const BRUTE_FORCE_MEMBERS: u128 = 64;
 const SPREAD: u32 = 64;
 
 /// Candidate assignments tried when looking for a region's example.
-const WITNESS_TRIES: usize = 50_000;
+const WITNESS_TRIES: usize = 200_000;
 
 /// A relation variable: a diagram variable that is not a fact but the truth of a condition
 /// the facts' classes do not decide. It sits just below the deepest fact it reads.
@@ -267,6 +267,10 @@ pub struct Mdd<'s> {
     /// Relation variables (diagram var `space.vars.len() + k` is `rels[k]`).
     pub rels: Vec<Rel>,
     rel_index: HashMap<String, usize>,
+    /// Per relation variable, where its value agrees with the facts: the orderings a pair of
+    /// intervals allows; a predicate's value on the cells that decide it. Results are
+    /// intersected with the ties of the variables they read before they are listed.
+    ties: Vec<Id>,
     /// Per diagram var: its number of classes.
     ncls: Vec<usize>,
     /// Facts read by atoms some cell of which could not be decided exactly (evaluated at a
@@ -401,6 +405,7 @@ impl<'s> Mdd<'s> {
             scratch: std::cell::Cell::new(NodeMemo::default()),
             rels: Vec::new(),
             rel_index: HashMap::default(),
+            ties: Vec::new(),
             ncls: space.vars.iter().map(|v| v.classes.len()).collect(),
             budget: usize::MAX,
             exhausted: false,
@@ -879,6 +884,7 @@ impl<'s> Mdd<'s> {
         };
         self.rel_index.insert(key, self.rels.len());
         self.rels.push(rel);
+        self.ties.push(TRUE);
         self.level.push(at);
         self.order[at as usize] = v;
         self.full[at as usize] = Bits::full(classes);
@@ -999,7 +1005,38 @@ impl<'s> Mdd<'s> {
         if let Some(&k) = self.rel_index.get(&key) {
             return self.space.vars.len() + k;
         }
-        self.add_rel(key, Rel::Ord { x, y }, 3, &[x, y])
+        let r = self.add_rel(key, Rel::Ord { x, y }, 3, &[x, y]);
+        let mut vars = Vec::new();
+        for v in [x, y] {
+            let mut v = Some(v);
+            while let Some(u) = v {
+                vars.push(u);
+                v = self.space.vars[u].parent;
+            }
+        }
+        vars.sort_by_key(|&v| self.level[v]);
+        vars.dedup();
+        let blocks: Vec<Vec<Vec<u32>>> = vars.iter().map(|&v| self.interval_blocks(v)).collect();
+        let (ix, iy) = (
+            vars.iter().position(|&v| v == x).expect("x"),
+            vars.iter().position(|&v| v == y).expect("y"),
+        );
+        let tie = self.enumerate(&vars, &blocks, &mut |m, _, cell| {
+            let range = |m: &Self, i: usize, v: usize| {
+                (cell[i] != usize::MAX)
+                    .then(|| m.interval_hull(v, &blocks[i][cell[i]]))
+                    .flatten()
+            };
+            match (range(m, ix, x), range(m, iy, y)) {
+                (Some(rx), Some(ry)) => {
+                    let to = member_orderings(rx, ry).map(|ok| if ok { TRUE } else { FALSE });
+                    m.rel_node(r, &to)
+                }
+                _ => TRUE,
+            }
+        });
+        self.ties[r - self.space.vars.len()] = tie;
+        r
     }
 
     /// An atom the facts' classes do not decide everywhere (non-linear arithmetic, a
@@ -1025,12 +1062,32 @@ impl<'s> Mdd<'s> {
             };
             self.add_rel(key, rel, 2, vars)
         });
-        let mut it = decided.into_iter();
-        self.enumerate(vars, &blocks, &mut |m, _, _| match it.next().flatten() {
+        let mut it = decided.iter();
+        let diagram = self.enumerate(vars, &blocks, &mut |m, _, _| match it
+            .next()
+            .copied()
+            .flatten()
+        {
             Some(true) => TRUE,
             Some(false) => FALSE,
             None => m.rel_node(r.expect("a predicate variable"), &[FALSE, TRUE]),
-        })
+        });
+        if let Some(r) = r {
+            let mut it = decided.iter();
+            let tie = self.enumerate(vars, &blocks, &mut |m, _, _| match it
+                .next()
+                .copied()
+                .flatten()
+            {
+                Some(b) => m.rel_node(
+                    r,
+                    &[if b { FALSE } else { TRUE }, if b { TRUE } else { FALSE }],
+                ),
+                None => TRUE,
+            });
+            self.ties[r - self.space.vars.len()] = tie;
+        }
+        diagram
     }
 
     /// Whether atom `id` is constant on a cell (per var, the classes of its block), and its
@@ -1259,19 +1316,52 @@ impl<'s> Mdd<'s> {
     /// cubes come out large (the largest regions first). At most `limit` cubes; the flag says
     /// whether the cover is complete.
     pub fn cover(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
+        self.cover_within(f, limit, false)
+    }
+
+    /// A cover of `f` by disjoint cubes (each widened only inside what is still uncovered).
+    pub fn cover_disjoint(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
+        self.cover_within(f, limit, true)
+    }
+
+    fn cover_within(&mut self, f: Id, limit: usize, disjoint: bool) -> (Vec<Cube>, bool) {
+        let nv = self.space.vars.len();
+        // Paths must hold an input: a relation variable on a path is first tied to the facts
+        // (its tie is intersected with what is left), lazily, as paths meet it; intersecting
+        // every tie up front made the gaps of the te pack too large. Cubes may still widen over
+        // combinations no input has (outside the ties applied): they add no input.
+        let mut applied: Vec<usize> = Vec::new();
+        let mut ties = TRUE;
         let mut rest = f;
         let mut out = Vec::new();
-        while rest != FALSE {
+        loop {
+            if rest == FALSE || self.exhausted {
+                return (out, true);
+            }
+            let mut cube = self.widest_path(rest);
+            let untied: Vec<usize> = (nv..self.nvars())
+                .filter(|&v| cube[v].is_some() && !applied.contains(&(v - nv)))
+                .map(|v| v - nv)
+                .collect();
+            if !untied.is_empty() {
+                for k in untied {
+                    let t = self.ties[k];
+                    ties = self.and(ties, t);
+                    rest = self.and(rest, t);
+                    applied.push(k);
+                }
+                continue;
+            }
             if out.len() >= limit {
                 return (out, false);
             }
-            let mut cube = self.widest_path(rest);
-            self.expand(f, &mut cube);
+            let outside = self.not(ties);
+            let care = self.or(if disjoint { rest } else { f }, outside);
+            self.expand(care, &mut cube);
             let c = self.cube(&cube);
             rest = self.minus(rest, c);
             out.push(cube);
         }
-        (out, true)
     }
 
     /// A path of `x` to true, taking at each node the edge with the most classes.
@@ -1430,7 +1520,7 @@ impl<'s> Mdd<'s> {
         involved.dedup();
         let mut values = Vec::new();
         let mut tries = 0;
-        self.witness(
+        let ok = self.witness(
             &lits,
             &involved,
             0,
@@ -1438,8 +1528,8 @@ impl<'s> Mdd<'s> {
             &mut assign,
             &mut values,
             &mut tries,
-        )
-        .then_some((assign, values))
+        );
+        ok.then_some((assign, values))
     }
 
     /// The space vars relation variable `k` reads (objects included).
@@ -1490,7 +1580,7 @@ impl<'s> Mdd<'s> {
         }
         let v = involved[i];
         let before = assign[v];
-        for (c, x) in self.candidates(v, cube, values) {
+        for (c, x) in self.candidates(v, cube, lits, values) {
             if *tries >= WITNESS_TRIES {
                 break;
             }
@@ -1551,6 +1641,7 @@ impl<'s> Mdd<'s> {
         &self,
         v: usize,
         cube: &[Option<Bits>],
+        lits: &[(usize, Vec<u32>)],
         values: &[(usize, Value)],
     ) -> Vec<(u32, Option<i64>)> {
         let var = &self.space.vars[v];
@@ -1577,9 +1668,64 @@ impl<'s> Mdd<'s> {
                 out.push((c as u32, Some(x)));
             }
         };
+        // An ordering with a fact already chosen (value w): per allowed class, the member
+        // nearest to w on the required side (or w itself), so the literal holds at once; no
+        // other member could do better for it.
+        let mut directed = false;
+        for (k, set) in lits {
+            let Rel::Ord { x, y } = self.rels[*k] else {
+                continue;
+            };
+            let (other, v_is_y) = match (x == v, y == v) {
+                (true, _) => (y, false),
+                (_, true) => (x, true),
+                _ => continue,
+            };
+            let Some(&(_, Value::Int(w))) = values.iter().find(|e| e.0 == other) else {
+                continue;
+            };
+            directed = true;
+            for &c in &allowed {
+                let Some((first, last, step)) = self.space.int_members(v, c) else {
+                    continue;
+                };
+                for &o in set {
+                    // Ordering o of (x, y): v above w when (v is y and x < y) or (v is x and x > y).
+                    let above = (o == 0 && v_is_y) || (o == 2 && !v_is_y);
+                    let below = (o == 2 && v_is_y) || (o == 0 && !v_is_y);
+                    let m = if above {
+                        let t = w.saturating_add(1).max(first);
+                        Some(t + (first - t).rem_euclid(step))
+                    } else if below {
+                        let t = w.saturating_sub(1).min(last);
+                        Some(t - (t - first).rem_euclid(step))
+                    } else {
+                        Some(w)
+                    };
+                    if let Some(m) = m.filter(|&m| first <= m && m <= last) {
+                        push(m, &mut out);
+                    }
+                }
+            }
+        }
+        if directed {
+            return out;
+        }
         for &(_, w) in values {
             if let Value::Int(w) = w {
-                for x in [w, w - 1, w + 1, 2 * w, w / 2, 3 * w, 4 * w, w + 2, w - 2] {
+                for x in [
+                    w,
+                    w - 1,
+                    w + 1,
+                    2 * w,
+                    w / 2,
+                    3 * w,
+                    w / 3,
+                    4 * w,
+                    w / 4,
+                    w + 2,
+                    w - 2,
+                ] {
                     push(x, &mut out);
                 }
             }
@@ -1745,6 +1891,46 @@ impl PolicyDiagrams {
                 part = self.declined_within(m, b, part);
             }
             out = m.or(out, part);
+        }
+        out
+    }
+
+    /// Within `acc`, where the pack selects each outcome ((backend, variant); None: nothing)
+    /// as disjoint diagrams covering `acc`, empty ones left out. Mirrors the decision: the
+    /// first preference entry that applies, in its order the first backend with an eligible
+    /// variant, its first eligible variant.
+    pub fn outcomes_within(
+        &self,
+        m: &mut Mdd,
+        p: &crate::policy::Policy,
+        acc: Id,
+    ) -> Vec<(Option<(u16, usize)>, Id)> {
+        let mut out: Vec<(Option<(u16, usize)>, Id)> = Vec::new();
+        let mut add = |m: &mut Mdd, o: Option<(u16, usize)>, d: Id| {
+            if d == FALSE {
+                return;
+            }
+            match out.iter_mut().find(|e| e.0 == o) {
+                Some(e) => e.1 = m.or(e.1, d),
+                None => out.push((o, d)),
+            }
+        };
+        let none = m.and(acc, self.no_pref);
+        add(m, None, none);
+        for (i, e) in p.preference.iter().enumerate() {
+            let mut part = m.and(acc, self.first_pref[i]);
+            for &b in &e.order {
+                for v in 0..self.app[b as usize].len() {
+                    if part == FALSE {
+                        break;
+                    }
+                    let out_v = self.variant_out(m, b as usize, v, part);
+                    let chosen = m.minus(part, out_v);
+                    add(m, Some((b, v)), chosen);
+                    part = out_v;
+                }
+            }
+            add(m, None, part);
         }
         out
     }

@@ -2,8 +2,9 @@
 //! configuration space. See docs/analysis.md for what each analysis proves and its limits.
 //!
 //! - [`space`] - the finite abstraction (equivalence classes per fact);
-//! - [`mdd`] - decision diagrams over the classes (`gaps`, `check`'s searches);
-//! - [`search`], [`engine`] - three-valued evaluation and branch-and-bound search (`diff`);
+//! - [`cell`] - whether a condition is constant on a cell of classes (intervals, congruences);
+//! - [`mdd`] - decision diagrams over the classes (`gaps`, `diff`, `check`'s searches);
+//! - [`search`] - three-valued search for a witness (`check`'s obsolete-workaround lint);
 //! - [`regions`] - `gaps` and `diff`;
 //! - [`lint`] - `check`;
 //! - [`why_not`] - counterfactual hints;
@@ -13,7 +14,6 @@
 
 pub mod cell;
 pub mod coverage;
-pub mod engine;
 pub mod lint;
 pub mod mdd;
 pub mod regions;

@@ -1,7 +1,7 @@
 //! `gaps` (inputs where no backend is selected) and `diff` (inputs where two packs decide
 //! differently), as compact regions with one verified example each.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 use serde_json::{Map, Value as Json};
@@ -12,17 +12,12 @@ use crate::facts::Facts;
 use crate::lang::parse_expr;
 use crate::policy::Policy;
 
-use super::engine::{Engine, Judged, PolicyConds};
 use super::mdd::{Bits, Cube, FALSE, Id, Mdd, PolicyDiagrams, TRUE};
 use super::search::Cond;
-use super::space::{Assign, Space, SpaceBuilder, mask_of};
+use super::space::{Space, SpaceBuilder, mask_of};
 
 /// Node budget of one search or diagram manager (a safety net; the te pack needs far fewer).
 pub const DEFAULT_BUDGET: u64 = 50_000_000;
-
-/// The most unmerged result leaves `diff` holds; past it the search stops and says INCOMPLETE
-/// (two unrelated packs differ almost everywhere; their leaves once exhausted memory).
-const MAX_DIFF_LEAVES: usize = 100_000;
 
 /// How many regions `gaps` lists by default.
 pub const DEFAULT_MAX_REGIONS: usize = 10;
@@ -100,109 +95,6 @@ pub fn add_policy(b: &mut SpaceBuilder, p: &Policy) {
     for pr in &p.preference {
         if let Some(c) = &pr.when {
             b.root(&p.program, c.node);
-        }
-    }
-}
-
-/// A region before rendering: a set of classes per var (`None`: any).
-#[derive(Clone, Debug)]
-struct Raw<P> {
-    sets: Vec<Option<Vec<u32>>>,
-    example: Assign,
-    payload: P,
-}
-
-trait Payload: Clone {
-    type Key: std::hash::Hash + Eq + Clone;
-    fn key(&self) -> Self::Key;
-    fn absorb(&mut self, other: &Self);
-}
-
-fn raw_sets<P>(a: &Assign, sets: &super::engine::Sets, payload: P) -> Raw<P> {
-    Raw {
-        sets: sets.to_vec(),
-        example: a.clone(),
-        payload,
-    }
-}
-
-fn set_hash(v: usize, s: &Option<Vec<u32>>) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (v, s).hash(&mut h);
-    h.finish()
-}
-
-fn key_hash<K: std::hash::Hash>(k: &K) -> u64 {
-    use std::hash::Hasher;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    k.hash(&mut h);
-    h.finish()
-}
-
-/// Merges regions that differ in one var only, until nothing merges. Keys are sums of
-/// per-var fingerprints, so one pass costs O(regions) per var.
-fn merge<P: Payload>(space: &Space, mut regions: Vec<Raw<P>>) -> Vec<Raw<P>> {
-    let nv = space.vars.len();
-    let hashes = |r: &Raw<P>| -> (Vec<u64>, u64) {
-        let h: Vec<u64> = (0..nv).map(|v| set_hash(v, &r.sets[v])).collect();
-        let t = h
-            .iter()
-            .fold(key_hash(&r.payload.key()), |a, x| a.wrapping_add(*x));
-        (h, t)
-    };
-    let mut hs: Vec<(Vec<u64>, u64)> = regions.iter().map(hashes).collect();
-    loop {
-        let before = regions.len();
-        for v in 0..nv {
-            if regions.iter().all(|r| r.sets[v].is_none()) {
-                continue;
-            }
-            let mut index: HashMap<u64, Vec<usize>> = HashMap::new();
-            let mut out: Vec<Raw<P>> = Vec::with_capacity(regions.len());
-            let mut out_h: Vec<(Vec<u64>, u64)> = Vec::with_capacity(regions.len());
-            let mut dirty: Vec<usize> = Vec::new();
-            for (r, h) in regions.into_iter().zip(hs) {
-                let key = h.1.wrapping_sub(h.0[v]);
-                let slot = index.get(&key).and_then(|cands| {
-                    cands.iter().copied().find(|&i| {
-                        let t: &Raw<P> = &out[i];
-                        t.payload.key() == r.payload.key()
-                            && (0..nv).all(|u| u == v || t.sets[u] == r.sets[u])
-                    })
-                });
-                match slot {
-                    Some(i) => {
-                        let target = &mut out[i];
-                        target.sets[v] = match (target.sets[v].take(), &r.sets[v]) {
-                            (Some(mut a), Some(b)) => {
-                                a.extend(b);
-                                a.sort_unstable();
-                                a.dedup();
-                                (a.len() < space.vars[v].classes.len()).then_some(a)
-                            }
-                            _ => None,
-                        };
-                        target.payload.absorb(&r.payload);
-                        dirty.push(i);
-                    }
-                    None => {
-                        index.entry(key).or_default().push(out.len());
-                        out.push(r);
-                        out_h.push(h);
-                    }
-                }
-            }
-            dirty.sort_unstable();
-            dirty.dedup();
-            for i in dirty {
-                out_h[i] = hashes(&out[i]);
-            }
-            regions = out;
-            hs = out_h;
-        }
-        if regions.len() == before {
-            return regions;
         }
     }
 }
@@ -394,27 +286,11 @@ pub fn gaps(
         class_product: space.product(),
         facts_enumerated: space.vars.len(),
         complete: !m.exhausted && m.unknown == 0,
-        gaps_exist: !m.exhausted && none != FALSE,
+        // A feasible path was found (listed, or cut by --max-regions).
+        gaps_exist: !m.exhausted && (!cubes.is_empty() || !listed_all),
         assumptions: assumptions(),
     };
     (report, space)
-}
-
-#[derive(Clone, Debug)]
-struct DiffPayload {
-    old: Option<(u16, usize)>,
-    new: Option<(u16, usize)>,
-    rules: BTreeSet<String>,
-}
-
-impl Payload for DiffPayload {
-    type Key = (Option<(u16, usize)>, Option<(u16, usize)>);
-    fn key(&self) -> Self::Key {
-        (self.old, self.new)
-    }
-    fn absorb(&mut self, other: &Self) {
-        self.rules.extend(other.rules.iter().cloned());
-    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -434,9 +310,15 @@ pub struct DiffRegion {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct DiffReport {
+    /// A disjoint cover of the inputs decided differently (at most `--max-regions`).
     pub regions: Vec<DiffRegion>,
+    /// More regions exist than `--max-regions` allowed to list.
+    pub regions_truncated: bool,
+    /// Atom evaluations at class representatives (as for `gaps`).
     pub classes_examined: u64,
-    pub search_nodes: u64,
+    /// Decision-diagram nodes built.
+    pub diagram_nodes: u64,
+    /// The diagrams were built within budget with every evaluation definite.
     pub complete: bool,
     /// Rules (id@backend) whose condition differs between the packs, or that exist in one
     /// only: decisions can differ only where one of them fires.
@@ -501,16 +383,19 @@ fn rule_keys(p: &Policy) -> Vec<String> {
         .collect()
 }
 
-/// Every region where `old` and `new` select a different backend or a different variant.
+/// Every region where `old` and `new` select a different backend or a different variant:
+/// per pack, the diagram of each outcome, and a disjoint cover of every pair of differing
+/// outcomes that meet.
 ///
 /// When both packs have the same backends, variants and preference (compared structurally),
-/// decisions can differ only where a rule that differs between them fires; the search is
-/// pruned everywhere else, which keeps `diff` of two versions of a large pack fast.
+/// decisions can differ only where a rule that differs between them fires; the outcomes are
+/// then built only there, which keeps `diff` of two versions of a large pack small.
 pub fn diff(
     old: &Policy,
     new: &Policy,
     restrict: Option<&Restriction>,
     budget: u64,
+    max_regions: usize,
 ) -> (DiffReport, Space) {
     let mut b = SpaceBuilder::new();
     add_policy(&mut b, old);
@@ -523,146 +408,127 @@ pub fn diff(
     let same_skeleton = skeleton(old) == skeleton(new);
     let so: BTreeSet<&String> = ko.iter().collect();
     let sn: BTreeSet<&String> = kn.iter().collect();
-    let mut eng = Engine::new(&space);
-    let po = eng.program(&old.program);
-    let pn = eng.program(&new.program);
-    let co = eng.policy(old, po);
-    let cn = eng.policy(new, pn);
-    let rc = restrict.map(|r| {
-        let rp = eng.program(&r.program);
-        eng.cond(rp, r.cond)
-    });
-    // Conditions of rules present in one pack only (or changed).
-    let mut changed: Vec<usize> = Vec::new();
+    let (mut m, mut acc) = manager(&space, &[old, new], restrict, budget);
+    let dold = PolicyDiagrams::build(&mut m, old);
+    let dnew = PolicyDiagrams::build(&mut m, new);
+    // Rules present in one pack only (or changed).
+    let mut changed: Vec<Id> = Vec::new();
     let mut changed_names: Vec<String> = Vec::new();
-    for (p, pc, keys, other) in [(old, &co, &ko, &sn), (new, &cn, &kn, &so)] {
+    for (p, d, keys, other) in [(old, &dold, &ko, &sn), (new, &dnew, &kn, &so)] {
         for (i, k) in keys.iter().enumerate() {
             if !other.contains(k) {
                 let r = &p.rules[i];
                 changed_names.push(format!("{}@{}", r.id, p.backends[r.backend as usize].name));
-                changed.extend(pc.rule[i]);
+                changed.push(d.rule[i]);
             }
         }
     }
     changed_names.sort();
     changed_names.dedup();
-    let mut found: Vec<Raw<DiffPayload>> = Vec::new();
+    if same_skeleton {
+        let any = m.any(changed);
+        acc = m.and(acc, any);
+    }
+    // Per rule id, where it fires in one pack and not in the other.
+    let fires = |m: &mut Mdd, p: &Policy, d: &PolicyDiagrams| {
+        let mut by_id: BTreeMap<String, Id> = BTreeMap::new();
+        for (i, r) in p.rules.iter().enumerate() {
+            let e = by_id.entry(r.id.clone()).or_insert(FALSE);
+            *e = m.or(*e, d.rule[i]);
+        }
+        by_id
+    };
+    let (fo, fnew) = (fires(&mut m, old, &dold), fires(&mut m, new, &dnew));
+    let mut rule_diffs: Vec<(String, Id)> = Vec::new();
+    for id in fo.keys().chain(fnew.keys()).collect::<BTreeSet<_>>() {
+        let (x, y) = (
+            fo.get(id).copied().unwrap_or(FALSE),
+            fnew.get(id).copied().unwrap_or(FALSE),
+        );
+        if x != y {
+            let (a, b) = (m.minus(x, y), m.minus(y, x));
+            let either = m.or(a, b);
+            rule_diffs.push((id.clone(), either));
+        }
+    }
+    let outcomes_old = dold.outcomes_within(&mut m, old, acc);
+    let outcomes_new = dnew.outcomes_within(&mut m, new, acc);
     let name = |p: &Policy, s: Option<(u16, usize)>| {
         s.map(|(b, v)| {
             let bk = &p.backends[b as usize];
             (bk.name.clone(), bk.variants.get(v).map(|x| x.name.clone()))
         })
     };
-    let stats = eng.run(
-        budget,
-        &mut |t, _vals, _a| {
-            if let Some(i) = rc {
-                match t[i] {
-                    Truth::False => return Judged::Prune,
-                    Truth::Unknown => return Judged::Split(vec![i]),
-                    Truth::True => {}
-                }
+    let mut regions = Vec::new();
+    let mut listed_all = true;
+    'pairs: for &(a, da) in &outcomes_old {
+        for &(bn, db) in &outcomes_new {
+            if m.exhausted {
+                break 'pairs;
             }
-            if same_skeleton {
-                if changed.iter().all(|&i| t[i] == Truth::False) {
-                    return Judged::Prune;
-                }
-                if !changed.iter().any(|&i| t[i] == Truth::True) {
-                    return Judged::Split(
-                        changed
-                            .iter()
-                            .copied()
-                            .filter(|&i| t[i] == Truth::Unknown)
-                            .collect(),
-                    );
-                }
+            let (na, nb) = (name(old, a), name(new, bn));
+            if na == nb {
+                continue;
             }
-            let mut rel = Vec::new();
-            let a = co.select(old, t, &mut rel);
-            let b = cn.select(new, t, &mut rel);
-            let (Ok(a), Ok(b)) = (a, b) else {
-                return Judged::Split(rel);
-            };
-            if name(old, a) == name(new, b) {
-                return Judged::Prune;
+            let both = m.and(da, db);
+            if both == FALSE {
+                continue;
             }
-            let mut rules = BTreeSet::new();
-            let truth_by_id = |p: &Policy, pc: &PolicyConds| -> HashMap<String, Truth> {
-                let mut m: HashMap<String, Truth> = HashMap::new();
-                for (i, r) in p.rules.iter().enumerate() {
-                    let x = pc.rule[i].map_or(Truth::False, |c| t[c]);
-                    let e = m.entry(r.id.clone()).or_insert(Truth::False);
-                    if x == Truth::True || (x == Truth::Unknown && *e == Truth::False) {
-                        *e = x;
+            let room = max_regions.saturating_sub(regions.len());
+            let (cubes, all) = m.cover_disjoint(both, room);
+            listed_all &= all;
+            for cube in &cubes {
+                // Rules differing everywhere in the region; else those differing in part of it.
+                let mut rules: BTreeSet<String> = rule_diffs
+                    .iter()
+                    .filter(|(_, x)| m.holds_on(*x, cube))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                if rules.is_empty() {
+                    rules = rule_diffs
+                        .iter()
+                        .filter(|(_, x)| m.meets(*x, cube))
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                }
+                for (i, eo) in old.preference.iter().enumerate() {
+                    for (j, en) in new.preference.iter().enumerate() {
+                        if eo.id != en.id {
+                            let here = m.and(dold.first_pref[i], dnew.first_pref[j]);
+                            if m.meets(here, cube) {
+                                rules.insert(format!("preference:{}", eo.id));
+                                rules.insert(format!("preference:{}", en.id));
+                            }
+                        }
                     }
                 }
-                m
-            };
-            let to = truth_by_id(old, &co);
-            let tn = truth_by_id(new, &cn);
-            for id in to.keys().chain(tn.keys()) {
-                let x = to.get(id).copied().unwrap_or(Truth::False);
-                let y = tn.get(id).copied().unwrap_or(Truth::False);
-                if x != y && x != Truth::Unknown && y != Truth::Unknown {
-                    rules.insert(id.clone());
-                }
+                let (o, ov) = na.clone().map_or((None, None), |(n, v)| (Some(n), v));
+                let (n, nv) = nb.clone().map_or((None, None), |(n, v)| (Some(n), v));
+                regions.push(DiffRegion {
+                    constraints: cube_constraints(&m, cube),
+                    example: example_of(&mut m, cube),
+                    old: o,
+                    new: n,
+                    old_variant: ov,
+                    new_variant: nv,
+                    rules: rules.into_iter().collect(),
+                });
             }
-            let applied = |pc: &PolicyConds, p: &Policy| -> Option<String> {
-                for (i, c) in pc.pref.iter().enumerate() {
-                    match c.map_or(Truth::True, |c| t[c]) {
-                        Truth::True => return Some(p.preference[i].id.clone()),
-                        Truth::False => {}
-                        Truth::Unknown => return None,
-                    }
-                }
-                None
-            };
-            let (pa, pb) = (applied(&co, old), applied(&cn, new));
-            if pa != pb {
-                rules.extend(pa.map(|x| format!("preference:{x}")));
-                rules.extend(pb.map(|x| format!("preference:{x}")));
+            if !all {
+                break 'pairs;
             }
-            Judged::Leaf(DiffPayload {
-                old: a,
-                new: b,
-                rules,
-            })
-        },
-        &mut |a, sets, p| {
-            found.push(raw_sets(a, sets, p));
-            // Leaves are held until merged: stop (INCOMPLETE) before they exhaust memory.
-            found.len() < MAX_DIFF_LEAVES
-        },
-    );
-    let cut = found.len() >= MAX_DIFF_LEAVES;
-    let merged = merge(&space, found);
-    let regions = merged
-        .iter()
-        .map(|r| {
-            let (o, ov) = name(old, r.payload.old).map_or((None, None), |(n, v)| (Some(n), v));
-            let (n, nv) = name(new, r.payload.new).map_or((None, None), |(n, v)| (Some(n), v));
-            DiffRegion {
-                constraints: constraints(&space, &r.sets),
-                example: space.example(&r.example),
-                old: o,
-                new: n,
-                old_variant: ov,
-                new_variant: nv,
-                rules: r.payload.rules.iter().cloned().collect(),
-            }
-        })
-        .collect();
-    (
-        DiffReport {
-            regions,
-            classes_examined: stats.classes,
-            search_nodes: stats.nodes,
-            complete: !stats.truncated && stats.stuck == 0 && !cut,
-            changed_rules: changed_names,
-            assumptions: assumptions(),
-        },
-        space,
-    )
+        }
+    }
+    let report = DiffReport {
+        regions,
+        regions_truncated: !listed_all,
+        classes_examined: m.evaluations,
+        diagram_nodes: m.size() as u64,
+        complete: !m.exhausted && m.unknown == 0,
+        changed_rules: changed_names,
+        assumptions: assumptions(),
+    };
+    (report, space)
 }
 
 /// Decides an example config with probes answered "supported" (verification helper).

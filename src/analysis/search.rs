@@ -142,20 +142,3 @@ fn rec<T>(
     }
     assign[v] = None;
 }
-
-/// The selection every applicable preference order agrees on: `Some(s)` when each order's
-/// selection is determined (`Some`) and all are equal, else `None`. Every order is visited, so
-/// callers collect the unknown conditions of all of them.
-pub(super) fn agreed<T: PartialEq>(per_order: impl Iterator<Item = Option<T>>) -> Option<T> {
-    let mut result = None;
-    let mut undetermined = false;
-    for sel in per_order {
-        match (sel, &result) {
-            (None, _) => undetermined = true,
-            (Some(s), None) => result = Some(s),
-            (Some(s), Some(r)) if s != *r => undetermined = true,
-            _ => {}
-        }
-    }
-    if undetermined { None } else { result }
-}

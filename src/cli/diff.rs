@@ -5,12 +5,17 @@ use std::path::PathBuf;
 use clap::Args;
 
 use attn_policy::analysis::regions::{DEFAULT_BUDGET, Restriction, diff};
+
+/// How many regions `diff` lists by default.
+pub const DEFAULT_DIFF_REGIONS: usize = 50;
 use attn_policy::{PackSource, Policy, load_pack};
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
 Semantic diff over the same equivalence classes as `gaps`: every region whose selected backend
-changes, with the rules that fire in one pack and not the other there.
+(or variant) changes, with the rules that fire in one pack and not the other there. Exact: per
+pack, the decision diagram of each outcome; the regions are a disjoint cover of every pair of
+differing outcomes (listing cut at --max-regions, which says so).
 
 Examples:
   attn-policy diff te rules/te-edited
@@ -29,9 +34,13 @@ pub struct DiffArgs {
     /// Only compare inputs where this condition holds (fact schema names).
     #[arg(long = "where", value_name = "EXPR")]
     pub where_: Option<String>,
-    /// Search node budget (the result says INCOMPLETE when it runs out).
+    /// Decision-diagram node budget (the result says INCOMPLETE when it runs out).
     #[arg(long, default_value_t = DEFAULT_BUDGET)]
     pub budget: u64,
+    /// List at most N regions (the differences are still computed exactly; the listing then
+    /// says how it was cut).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DIFF_REGIONS)]
+    pub max_regions: usize,
 }
 
 fn load(spec: &str) -> Result<Policy, i32> {
@@ -61,7 +70,7 @@ pub fn run(a: DiffArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return super::fail(e),
     };
-    let (report, _) = diff(&old, &new, restrict.as_ref(), a.budget);
+    let (report, _) = diff(&old, &new, restrict.as_ref(), a.budget, a.max_regions);
     if a.json {
         println!(
             "{}",
@@ -69,9 +78,15 @@ pub fn run(a: DiffArgs) -> i32 {
         );
     } else {
         println!(
-            "{} region(s) decide differently ({} classes examined{})",
+            "{} region(s) decide differently{} ({} classes examined, {} diagram nodes{})",
             report.regions.len(),
+            if report.regions_truncated {
+                " (the first of more: raise --max-regions or narrow with --where)"
+            } else {
+                ""
+            },
             report.classes_examined,
+            report.diagram_nodes,
             if report.complete { "" } else { ", INCOMPLETE" }
         );
         for (i, r) in report.regions.iter().enumerate() {
