@@ -1,13 +1,16 @@
 //! Analysis timings on the te pack (docs/analysis.md, "Measured"): `check` (every lint), `gaps`
-//! on the issue's CP head_dim (256, 512] slice for sm90 and sm100/103, and `gaps` over the full
-//! pack (exact; the default number of regions listed). Prints one table; run with
-//! `cargo bench --bench analysis`.
+//! on the issue's CP head_dim (256, 512] slice for sm90 and sm100/103, `gaps` over the full
+//! pack (exact; the default number of regions listed), and `diff` of the te pack against a copy
+//! without FROST's FR.22 and against the small `mini` fixture, over the whole space. Prints one
+//! table; run with `cargo bench --bench analysis`.
 
 use std::time::Instant;
 
 use attn_policy::Policy;
 use attn_policy::analysis::lint::lint;
-use attn_policy::analysis::regions::{DEFAULT_BUDGET, DEFAULT_MAX_REGIONS, Restriction, gaps};
+use attn_policy::analysis::regions::{
+    DEFAULT_BUDGET, DEFAULT_MAX_REGIONS, Restriction, diff, gaps,
+};
 
 const SLICE: &str = "256 < head_dim_qk <= 512 and head_dim_v == head_dim_qk and context_parallel \
     and qkv_dtype == \"bf16\" and not fp8 and core_attention_bias_type == \"no_bias\" \
@@ -69,4 +72,38 @@ fn main() {
             rep.complete
         );
     }
+    // diff: te against te without FR.22 (every region listed), and against `mini` (50 listed).
+    let dir = std::env::temp_dir().join(format!("attn-policy-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for e in std::fs::read_dir("rules/te").expect("rules/te") {
+        let e = e.expect("entry");
+        std::fs::copy(e.path(), dir.join(e.file_name())).expect("copy");
+    }
+    let f = dir.join("frost_attention.yaml");
+    let text = std::fs::read_to_string(&f).expect("frost rules");
+    let (a, b) = (
+        text.find("  - id: FR.22\n").expect("FR.22"),
+        text.find("  - id: FR.23\n").expect("FR.23"),
+    );
+    std::fs::write(&f, format!("{}{}", &text[..a], &text[b..])).expect("write");
+    let nowin = Policy::from_dir(&dir).expect("te without FR.22");
+    let mini = Policy::from_dir("tests/fixtures/analysis/mini").expect("mini");
+    for (name, other, listed) in [
+        ("diff te vs te without FR.22", &nowin, usize::MAX),
+        ("diff te vs mini", &mini, 50),
+    ] {
+        let t = Instant::now();
+        let (rep, _) = diff(&p, other, None, DEFAULT_BUDGET, listed);
+        println!(
+            "| {name} | {:.2} | {} | {} | {}{} | {} |",
+            t.elapsed().as_secs_f64(),
+            rep.classes_examined,
+            rep.diagram_nodes,
+            rep.regions.len(),
+            if rep.regions_truncated { " (cut)" } else { "" },
+            rep.complete
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -117,6 +117,108 @@ fn comparisons_inside_one_class_equal_brute_force() {
     assert!(gaps_seen > 10_000 && unequal_same_class > 100);
 }
 
+/// Every concrete configuration of the `nonlinear` fixtures' reduced domain (remainders and
+/// products of two facts, per-step lengths `max_seqlen_q // cp_size`).
+fn nonlinear_domain() -> Vec<Json> {
+    let mut out = Vec::new();
+    for heads in 1..=12 {
+        for gqa in 1..=6 {
+            for batch in [1, 4, 8, 16, 41, 64, 65] {
+                for (cp, cp_size) in [
+                    (false, 1),
+                    (true, 1),
+                    (true, 2),
+                    (true, 3),
+                    (true, 4),
+                    (true, 5),
+                ] {
+                    for q in [50, 100, 101, 150, 202, 203, 404, 505] {
+                        out.push(json!({"num_heads": heads, "num_gqa_groups": gqa,
+                            "batch_size": batch, "context_parallel": cp, "cp_size": cp_size,
+                            "max_seqlen_q": q}));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Conditions the classes cannot decide (`num_heads % cp_size`, `batch_size * num_heads`)
+/// are relation variables in the diagrams: `gaps` and `diff` stay exact there. Before, such a
+/// condition was evaluated at a block's representative (`16 % 2` for every even head count
+/// above 5 and every a2a size above 1).
+#[test]
+fn non_linear_conditions_equal_brute_force() {
+    let (p, q) = (fixture("nonlinear"), fixture("nonlinear-edited"));
+    let (g, _) = gaps(&p, None, DEFAULT_BUDGET, usize::MAX);
+    let (d, _) = diff(&p, &q, None, DEFAULT_BUDGET, usize::MAX);
+    assert!(g.complete && !g.regions_truncated && !d.regions_truncated);
+    // `b * h > 64` and `b * h > 40` are separate predicates: cubes needing the first true and
+    // the second false hold no input; they are counted, not listed (the brute force below
+    // shows the listed regions are still exactly the differences).
+    assert!(d.regions_unverified > 0 && !d.complete);
+    let compile = |c| Restriction::of_constraints(c).expect("constraints compile");
+    let gap_regions: Vec<Restriction> = g.regions.iter().map(|r| compile(&r.constraints)).collect();
+    let diff_regions: Vec<Restriction> =
+        d.regions.iter().map(|r| compile(&r.constraints)).collect();
+    // A condition of two facts appears as a constraint of its own.
+    assert!(
+        g.regions
+            .iter()
+            .any(|r| r.constraints.keys().any(|k| k.contains(", ")))
+    );
+    for r in &g.regions {
+        assert_eq!(decide_example(&p, &r.example), Ok(None), "{}", r.example);
+    }
+    for r in &d.regions {
+        assert_eq!(
+            decide_example(&p, &r.example).unwrap(),
+            r.old,
+            "{}",
+            r.example
+        );
+        assert_eq!(
+            decide_example(&q, &r.example).unwrap(),
+            r.new,
+            "{}",
+            r.example
+        );
+        assert_eq!(r.rules, vec!["B.prod".to_string()]);
+    }
+    let (mut gaps_seen, mut changed) = (0, 0);
+    for cfg in nonlinear_domain() {
+        let f = Facts::from_json(&cfg).unwrap();
+        let gap = p.decide(&f).selected.is_none();
+        assert_eq!(
+            gap,
+            gap_regions.iter().any(|r| r.holds(&f)),
+            "gaps, config {cfg}"
+        );
+        gaps_seen += usize::from(gap);
+        let name = |p: &Policy| {
+            p.decide(&f)
+                .selected
+                .map(|b| p.backends[b as usize].name.clone())
+        };
+        let hits: Vec<usize> = (0..diff_regions.len())
+            .filter(|&i| diff_regions[i].holds(&f))
+            .collect();
+        if name(&p) != name(&q) {
+            changed += 1;
+            assert_eq!(hits.len(), 1, "diff, config {cfg}");
+            assert_eq!(
+                (&d.regions[hits[0]].old, &d.regions[hits[0]].new),
+                (&name(&p), &name(&q)),
+                "{cfg}"
+            );
+        } else {
+            assert!(hits.is_empty(), "diff, config {cfg}");
+        }
+    }
+    assert!(gaps_seen > 1000 && changed > 100, "{gaps_seen} {changed}");
+}
+
 #[test]
 fn diff_equals_brute_force_on_reduced_domain() {
     let (old, new) = (fixture("mini"), fixture("mini-nowin"));
@@ -448,6 +550,28 @@ fn te_diff_deleting_frost_window_p2p_rule_shows_exactly_the_windowed_p2p_regions
         2 * 4 * 2 * 2,
         "sm100/103 x 4 dims x 2 comm types x 2 windows"
     );
+    // Over the whole space (no --where): still only FR.22's regions, none -> FROST, every
+    // example decided so by both packs, and the cover complete.
+    let (all, _) = diff(&old, &new, None, DEFAULT_BUDGET, usize::MAX);
+    assert!(all.complete && !all.regions_truncated && all.regions_unverified == 0);
+    assert!(all.regions.len() >= report.regions.len());
+    for r in &all.regions {
+        assert_eq!(
+            (r.old.as_deref(), r.new.as_deref()),
+            (None, Some("FrostAttention"))
+        );
+        assert_eq!(r.rules, vec!["FR.22".to_string()]);
+        assert_eq!(
+            decide_example(&old, &r.example).unwrap(),
+            None,
+            "{}",
+            r.example
+        );
+        assert_eq!(
+            decide_example(&new, &r.example).unwrap().as_deref(),
+            Some("FrostAttention")
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

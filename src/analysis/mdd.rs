@@ -52,6 +52,10 @@ const BRUTE_FORCE_MEMBERS: u128 = 64;
 /// Levels per fact: a fact at level `k * SPREAD`, its relation variables just below.
 const SPREAD: u32 = 64;
 
+/// A predicate's tie is decided per class of its facts when they have at most this many
+/// combinations of classes (else per block of the atom's own abstraction).
+const TIE_CELL_LIMIT: usize = 20_000;
+
 /// Candidate assignments tried when looking for a region's example.
 const WITNESS_TRIES: usize = 200_000;
 
@@ -270,7 +274,7 @@ pub struct Mdd<'s> {
     /// Per relation variable, where its value agrees with the facts: the orderings a pair of
     /// intervals allows; a predicate's value on the cells that decide it. Results are
     /// intersected with the ties of the variables they read before they are listed.
-    ties: Vec<Id>,
+    ties: Vec<Option<Id>>,
     /// Per diagram var: its number of classes.
     ncls: Vec<usize>,
     /// Facts read by atoms some cell of which could not be decided exactly (evaluated at a
@@ -884,7 +888,7 @@ impl<'s> Mdd<'s> {
         };
         self.rel_index.insert(key, self.rels.len());
         self.rels.push(rel);
-        self.ties.push(TRUE);
+        self.ties.push(None);
         self.level.push(at);
         self.order[at as usize] = v;
         self.full[at as usize] = Bits::full(classes);
@@ -1005,7 +1009,49 @@ impl<'s> Mdd<'s> {
         if let Some(&k) = self.rel_index.get(&key) {
             return self.space.vars.len() + k;
         }
-        let r = self.add_rel(key, Rel::Ord { x, y }, 3, &[x, y]);
+        self.add_rel(key, Rel::Ord { x, y }, 3, &[x, y])
+    }
+
+    /// The tie of relation variable `v` (built on first use: only listed paths need it):
+    /// where its value agrees with the facts. An ordering: the orderings each pair of
+    /// intervals allows. A predicate: its value on every cell that decides it, cells being
+    /// the classes of its facts (when their combinations are few; else its blocks).
+    fn tie(&mut self, r: usize) -> Id {
+        let k = r - self.space.vars.len();
+        if let Some(t) = self.ties[k] {
+            return t;
+        }
+        let t = match self.rels[k].clone() {
+            Rel::Ord { x, y } => self.ord_tie(r, x, y),
+            Rel::Pred {
+                prog, node, vars, ..
+            } => {
+                let mut b = SpaceBuilder::new();
+                b.root(&self.progs[prog], node);
+                let own = b.build();
+                let cells = vars
+                    .iter()
+                    .map(|&v| self.ncls[v])
+                    .fold(1usize, |a, n| a.saturating_mul(n));
+                let per_class: &[usize] = if cells <= TIE_CELL_LIMIT { &vars } else { &[] };
+                let blocks = self.blocks_of(&vars, &own, per_class);
+                self.enumerate(&vars, &blocks, &mut |m, asg, cell| match m
+                    .decide_cell(prog, node, &vars, &blocks, asg, cell)
+                {
+                    Some(b) => m.rel_node(
+                        r,
+                        &[if b { FALSE } else { TRUE }, if b { TRUE } else { FALSE }],
+                    ),
+                    None => TRUE,
+                })
+            }
+        };
+        self.ties[k] = Some(t);
+        t
+    }
+
+    /// The orderings of `x`, `y` that each pair of their intervals allows.
+    fn ord_tie(&mut self, r: usize, x: usize, y: usize) -> Id {
         let mut vars = Vec::new();
         for v in [x, y] {
             let mut v = Some(v);
@@ -1021,7 +1067,7 @@ impl<'s> Mdd<'s> {
             vars.iter().position(|&v| v == x).expect("x"),
             vars.iter().position(|&v| v == y).expect("y"),
         );
-        let tie = self.enumerate(&vars, &blocks, &mut |m, _, cell| {
+        self.enumerate(&vars, &blocks, &mut |m, _, cell| {
             let range = |m: &Self, i: usize, v: usize| {
                 (cell[i] != usize::MAX)
                     .then(|| m.interval_hull(v, &blocks[i][cell[i]]))
@@ -1034,9 +1080,7 @@ impl<'s> Mdd<'s> {
                 }
                 _ => TRUE,
             }
-        });
-        self.ties[r - self.space.vars.len()] = tie;
-        r
+        })
     }
 
     /// An atom the facts' classes do not decide everywhere (non-linear arithmetic, a
@@ -1063,31 +1107,15 @@ impl<'s> Mdd<'s> {
             self.add_rel(key, rel, 2, vars)
         });
         let mut it = decided.iter();
-        let diagram = self.enumerate(vars, &blocks, &mut |m, _, _| match it
-            .next()
-            .copied()
-            .flatten()
-        {
-            Some(true) => TRUE,
-            Some(false) => FALSE,
-            None => m.rel_node(r.expect("a predicate variable"), &[FALSE, TRUE]),
-        });
-        if let Some(r) = r {
-            let mut it = decided.iter();
-            let tie = self.enumerate(vars, &blocks, &mut |m, _, _| match it
-                .next()
-                .copied()
-                .flatten()
-            {
-                Some(b) => m.rel_node(
-                    r,
-                    &[if b { FALSE } else { TRUE }, if b { TRUE } else { FALSE }],
-                ),
-                None => TRUE,
-            });
-            self.ties[r - self.space.vars.len()] = tie;
-        }
-        diagram
+        self.enumerate(
+            vars,
+            &blocks,
+            &mut |m, _, _| match it.next().copied().flatten() {
+                Some(true) => TRUE,
+                Some(false) => FALSE,
+                None => m.rel_node(r.expect("a predicate variable"), &[FALSE, TRUE]),
+            },
+        )
     }
 
     /// Whether atom `id` is constant on a cell (per var, the classes of its block), and its
@@ -1345,11 +1373,27 @@ impl<'s> Mdd<'s> {
                 .collect();
             if !untied.is_empty() {
                 for k in untied {
-                    let t = self.ties[k];
+                    let t = self.tie(nv + k);
                     ties = self.and(ties, t);
                     rest = self.and(rest, t);
                     applied.push(k);
                 }
+                continue;
+            }
+            // A predicate the path constrains may be decided, class by class, against it on
+            // the path's own classes (its tie is per block when the classes are many): those
+            // combinations hold no input; remove them and take another path.
+            let mut refined = false;
+            for v in nv..self.nvars() {
+                let Some(set) = cube[v].clone() else { continue };
+                if let Some(bad) = self.contrary_on_path(v, &set, &cube) {
+                    let nb = self.not(bad);
+                    ties = self.and(ties, nb);
+                    rest = self.and(rest, nb);
+                    refined = true;
+                }
+            }
+            if refined {
                 continue;
             }
             if out.len() >= limit {
@@ -1362,6 +1406,71 @@ impl<'s> Mdd<'s> {
             rest = self.minus(rest, c);
             out.push(cube);
         }
+    }
+
+    /// For predicate variable `r` restricted to `set` on a path (`cube`): the combinations of
+    /// the path's classes of its facts where the predicate is decided against `set`, with
+    /// `r` in `set` (None: there are none, or too many combinations to look at).
+    fn contrary_on_path(&mut self, r: usize, set: &Bits, cube: &Cube) -> Option<Id> {
+        let Rel::Pred {
+            prog, node, vars, ..
+        } = self.rels[r - self.space.vars.len()].clone()
+        else {
+            return None;
+        };
+        let want = set.classes();
+        if want.len() != 1 {
+            return None;
+        }
+        let want = want[0] == 1;
+        // Per fact: each class the path allows alone, the others together (never contrary).
+        let mut cells = 1usize;
+        let blocks: Vec<Vec<Vec<u32>>> = vars
+            .iter()
+            .map(|&v| {
+                let allowed = cube[v]
+                    .as_ref()
+                    .map_or_else(|| self.full_of(v), Bits::classes);
+                cells = cells.saturating_mul(allowed.len());
+                let mut b: Vec<Vec<u32>> = allowed.iter().map(|&c| vec![c]).collect();
+                let others: Vec<u32> = (0..self.ncls[v] as u32)
+                    .filter(|c| !allowed.contains(c))
+                    .collect();
+                if !others.is_empty() {
+                    b.push(others);
+                }
+                b
+            })
+            .collect();
+        if cells > TIE_CELL_LIMIT {
+            return None;
+        }
+        let mut any = false;
+        let bad = self.enumerate(&vars, &blocks, &mut |m, asg, cell| {
+            let on_path = cell.iter().enumerate().all(|(i, &k)| {
+                k == usize::MAX
+                    || cube[vars[i]].as_ref().is_none_or(|s| {
+                        blocks[i][k].len() == 1 && s.classes().contains(&blocks[i][k][0])
+                    })
+            });
+            if !on_path {
+                return FALSE;
+            }
+            match m.decide_cell(prog, node, &vars, &blocks, asg, cell) {
+                Some(b) if b != want => {
+                    any = true;
+                    let hit = if want { [FALSE, TRUE] } else { [TRUE, FALSE] };
+                    m.rel_node(r, &hit)
+                }
+                _ => FALSE,
+            }
+        });
+        any.then_some(bad)
+    }
+
+    /// Every class of var `v`.
+    fn full_of(&self, v: usize) -> Vec<u32> {
+        (0..self.ncls[v] as u32).collect()
     }
 
     /// A path of `x` to true, taking at each node the edge with the most classes.
@@ -1738,6 +1847,12 @@ impl<'s> Mdd<'s> {
                         if x <= last {
                             push(x, &mut out);
                         }
+                    }
+                    // Doublings (kept small: examples should read like real inputs).
+                    let mut t = first.max(1);
+                    while t < last / 2 && t < 1 << 30 {
+                        t *= 2;
+                        push(t + (first - t).rem_euclid(step), &mut out);
                     }
                     push(last, &mut out);
                 }

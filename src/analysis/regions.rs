@@ -151,6 +151,9 @@ pub struct GapReport {
     pub facts_enumerated: usize,
     /// The answer is exact: the node budget held and every evaluation was definite.
     pub complete: bool,
+    /// Cubes of the cover for which the bounded example search found no input: not listed
+    /// (they may be empty, see `Mdd::example`); while any exist the result is not complete.
+    pub regions_unverified: usize,
     /// Some input selects nothing (exact when `complete`).
     pub gaps_exist: bool,
     pub assumptions: Vec<String>,
@@ -187,12 +190,12 @@ fn cube_constraints(m: &Mdd, cube: &Cube) -> Map<String, Json> {
     out
 }
 
-/// A region's example (null when the bounded search found no input in it).
-fn example_of(m: &mut Mdd, cube: &Cube) -> Json {
-    match m.example(cube) {
-        Some((assign, values)) => m.space.example_with(&assign, &values),
-        None => Json::Null,
-    }
+/// A region's example; None when the bounded search found no input in it (the region may be
+/// empty: conditions sharing facts, such as `b * h > 64` and `b * h > 40`, are not tied to
+/// each other, so a cube can require both to disagree).
+fn example_of(m: &mut Mdd, cube: &Cube) -> Option<Json> {
+    m.example(cube)
+        .map(|(assign, values)| m.space.example_with(&assign, &values))
 }
 
 /// Builds the diagram manager and a restriction's diagram for some packs.
@@ -234,9 +237,14 @@ pub fn gaps(
     } else {
         m.cover(none, max_regions)
     };
-    let regions = cubes
+    let mut unverified = 0;
+    let regions: Vec<GapRegion> = cubes
         .iter()
-        .map(|cube| {
+        .filter_map(|cube| {
+            let Some(example) = example_of(&mut m, cube) else {
+                unverified += 1;
+                return None;
+            };
             let mut declined_by = BTreeMap::new();
             let mut not_applicable = BTreeMap::new();
             for bk in 0..nb {
@@ -270,14 +278,15 @@ pub fn gaps(
                     not_applicable.insert(policy.backends[bk].name.clone(), na);
                 }
             }
-            GapRegion {
+            Some(GapRegion {
                 constraints: cube_constraints(&m, cube),
-                example: example_of(&mut m, cube),
+                example,
                 declined_by,
                 not_applicable,
-            }
+            })
         })
         .collect();
+    let gaps_exist = !m.exhausted && (!regions.is_empty() || !listed_all);
     let report = GapReport {
         regions,
         regions_truncated: !listed_all,
@@ -285,9 +294,10 @@ pub fn gaps(
         diagram_nodes: m.size() as u64,
         class_product: space.product(),
         facts_enumerated: space.vars.len(),
-        complete: !m.exhausted && m.unknown == 0,
+        complete: !m.exhausted && m.unknown == 0 && unverified == 0,
+        regions_unverified: unverified,
         // A feasible path was found (listed, or cut by --max-regions).
-        gaps_exist: !m.exhausted && (!cubes.is_empty() || !listed_all),
+        gaps_exist,
         assumptions: assumptions(),
     };
     (report, space)
@@ -320,6 +330,8 @@ pub struct DiffReport {
     pub diagram_nodes: u64,
     /// The diagrams were built within budget with every evaluation definite.
     pub complete: bool,
+    /// As for `gaps`: cubes without a found example, not listed.
+    pub regions_unverified: usize,
     /// Rules (id@backend) whose condition differs between the packs, or that exist in one
     /// only: decisions can differ only where one of them fires.
     pub changed_rules: Vec<String>,
@@ -461,6 +473,7 @@ pub fn diff(
     };
     let mut regions = Vec::new();
     let mut listed_all = true;
+    let mut unverified = 0;
     'pairs: for &(a, da) in &outcomes_old {
         for &(bn, db) in &outcomes_new {
             if m.exhausted {
@@ -504,9 +517,13 @@ pub fn diff(
                 }
                 let (o, ov) = na.clone().map_or((None, None), |(n, v)| (Some(n), v));
                 let (n, nv) = nb.clone().map_or((None, None), |(n, v)| (Some(n), v));
+                let Some(example) = example_of(&mut m, cube) else {
+                    unverified += 1;
+                    continue;
+                };
                 regions.push(DiffRegion {
                     constraints: cube_constraints(&m, cube),
-                    example: example_of(&mut m, cube),
+                    example,
                     old: o,
                     new: n,
                     old_variant: ov,
@@ -524,7 +541,8 @@ pub fn diff(
         regions_truncated: !listed_all,
         classes_examined: m.evaluations,
         diagram_nodes: m.size() as u64,
-        complete: !m.exhausted && m.unknown == 0,
+        complete: !m.exhausted && m.unknown == 0 && unverified == 0,
+        regions_unverified: unverified,
         changed_rules: changed_names,
         assumptions: assumptions(),
     };

@@ -89,6 +89,12 @@ pub fn run(a: DiffArgs) -> i32 {
             report.diagram_nodes,
             if report.complete { "" } else { ", INCOMPLETE" }
         );
+        if report.regions_unverified > 0 {
+            println!(
+                "{} region(s) not listed: no example found in them (they may be empty)",
+                report.regions_unverified
+            );
+        }
         for (i, r) in report.regions.iter().enumerate() {
             let cons: Vec<String> = r
                 .constraints

@@ -111,9 +111,16 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
         if r.complete {
             ""
         } else {
-            " (INCOMPLETE: budget exhausted or an evaluation stayed unknown)"
+            " (INCOMPLETE: budget exhausted, an evaluation stayed unknown, or a region without a found example)"
         }
     ));
+    if r.regions_unverified > 0 {
+        out.push_str(&format!(
+            "{} region(s) not listed: no example found in them (they may be empty: conditions \
+             sharing facts are not tied to each other)\n",
+            r.regions_unverified
+        ));
+    }
     out.push_str("assumptions: ");
     out.push_str(&r.assumptions.join("; "));
     out.push('\n');
