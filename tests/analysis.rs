@@ -153,11 +153,10 @@ fn non_linear_conditions_equal_brute_force() {
     let (p, q) = (fixture("nonlinear"), fixture("nonlinear-edited"));
     let (g, _) = gaps(&p, None, DEFAULT_BUDGET, usize::MAX);
     let (d, _) = diff(&p, &q, None, DEFAULT_BUDGET, usize::MAX);
-    assert!(g.complete && !g.regions_truncated && !d.regions_truncated);
-    // `b * h > 64` and `b * h > 40` are separate predicates: cubes needing the first true and
-    // the second false hold no input; they are counted, not listed (the brute force below
-    // shows the listed regions are still exactly the differences).
-    assert!(d.regions_unverified > 0 && !d.complete);
+    // `b * h > 64` and `b * h > 40` are separate predicate variables: the cover must not list
+    // (or leave unverified) cubes needing the first true and the second false.
+    assert!(g.complete && !g.regions_truncated && d.complete && !d.regions_truncated);
+    assert_eq!((g.regions_unverified, d.regions_unverified), (0, 0));
     let compile = |c| Restriction::of_constraints(c).expect("constraints compile");
     let gap_regions: Vec<Restriction> = g.regions.iter().map(|r| compile(&r.constraints)).collect();
     let diff_regions: Vec<Restriction> =

@@ -56,6 +56,9 @@ const SPREAD: u32 = 64;
 /// combinations of classes (else per block of the atom's own abstraction).
 const TIE_CELL_LIMIT: usize = 20_000;
 
+/// Members enumerated per cell when looking for a member two predicates agree on.
+const JOINT_MEMBERS: u128 = 4096;
+
 /// Candidate assignments tried when looking for a region's example.
 const WITNESS_TRIES: usize = 200_000;
 
@@ -1393,6 +1396,12 @@ impl<'s> Mdd<'s> {
                     refined = true;
                 }
             }
+            if !refined && let Some(bad) = self.jointly_contrary(&cube) {
+                let nb = self.not(bad);
+                ties = self.and(ties, nb);
+                rest = self.and(rest, nb);
+                refined = true;
+            }
             if refined {
                 continue;
             }
@@ -1466,6 +1475,226 @@ impl<'s> Mdd<'s> {
             }
         });
         any.then_some(bad)
+    }
+
+    /// Two predicates a path constrains that read common facts, and whose required values no
+    /// member of the path's classes meets together (`b * h > 64` and not `b * h > 40`): the
+    /// combinations of those classes with those values, which hold no input. Only cells small
+    /// enough to enumerate every member are looked at.
+    fn jointly_contrary(&mut self, cube: &Cube) -> Option<Id> {
+        let nv = self.space.vars.len();
+        let lits: Vec<(usize, bool)> = (nv..self.nvars())
+            .filter_map(|v| {
+                let c = cube[v].as_ref()?.classes();
+                (matches!(self.rels[v - nv], Rel::Pred { .. }) && c.len() == 1)
+                    .then_some((v, c[0] == 1))
+            })
+            .collect();
+        let reads = |m: &Self, v: usize| match &m.rels[v - nv] {
+            Rel::Pred { vars, .. } => vars.clone(),
+            Rel::Ord { .. } => Vec::new(),
+        };
+        for i in 0..lits.len() {
+            for j in i + 1..lits.len() {
+                let (a, b) = (lits[i], lits[j]);
+                let (va, vb) = (reads(self, a.0), reads(self, b.0));
+                if !va.iter().any(|v| vb.contains(v)) {
+                    continue;
+                }
+                if self.same_expression_contrary(a, b) {
+                    // No value of the shared expression meets both: contrary everywhere.
+                    let (first, second) = if self.level[a.0] < self.level[b.0] {
+                        (a, b)
+                    } else {
+                        (b, a)
+                    };
+                    let lit =
+                        |want: bool, then: Id| if want { [FALSE, then] } else { [then, FALSE] };
+                    let inner = self.rel_node(second.0, &lit(second.1, TRUE));
+                    return Some(self.rel_node(first.0, &lit(first.1, inner)));
+                }
+                let mut vars: Vec<usize> = va.iter().chain(&vb).copied().collect();
+                vars.sort_by_key(|&v| self.level[v]);
+                vars.dedup();
+                if let Some(bad) = self.contrary_pair(&vars, a, b, cube) {
+                    return Some(bad);
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether two predicates compare the same expression with integer constants
+    /// (`e > 64`, `e > 40`) in a way no value of it (null included) meets with the wanted
+    /// truth values.
+    fn same_expression_contrary(&self, a: (usize, bool), b: (usize, bool)) -> bool {
+        let nv = self.space.vars.len();
+        let side = |m: &Self, v: usize| -> Option<(String, crate::lang::ast::CmpOp, i64)> {
+            let Rel::Pred { prog, node, .. } = &m.rels[v - nv] else {
+                return None;
+            };
+            let p = &m.progs[*prog];
+            let PNode::Cmp(op, x, y) = p.nodes[*node as usize] else {
+                return None;
+            };
+            match (p.nodes[x as usize], p.nodes[y as usize]) {
+                (_, PNode::Const(Value::Int(c))) => Some((p.fingerprint(x, false), op, c)),
+                (PNode::Const(Value::Int(c)), _) => Some((p.fingerprint(y, false), flip(op), c)),
+                _ => None,
+            }
+        };
+        let (Some((ea, oa, ca)), Some((eb, ob, cb))) = (side(self, a.0), side(self, b.0)) else {
+            return false;
+        };
+        if ea != eb {
+            return false;
+        }
+        // The truth of each comparison changes only at its constant: these points (and null,
+        // which makes every comparison false) stand for every value.
+        let mut points: Vec<Value> = [ca, cb]
+            .iter()
+            .flat_map(|&c| [c.saturating_sub(1), c, c.saturating_add(1)])
+            .map(Value::Int)
+            .collect();
+        points.extend([Value::Int(i64::MIN), Value::Int(i64::MAX), Value::Null]);
+        !points.iter().any(|&e| {
+            crate::eval::program::compare(oa, e, Value::Int(ca)) == a.1
+                && crate::eval::program::compare(ob, e, Value::Int(cb)) == b.1
+        })
+    }
+
+    /// See [`Mdd::jointly_contrary`]: the contrary cells of one pair of literals.
+    fn contrary_pair(
+        &mut self,
+        vars: &[usize],
+        a: (usize, bool),
+        b: (usize, bool),
+        cube: &Cube,
+    ) -> Option<Id> {
+        let nv = self.space.vars.len();
+        let atom = |m: &Self, v: usize| match &m.rels[v - nv] {
+            Rel::Pred { prog, node, .. } => (*prog, *node),
+            Rel::Ord { .. } => unreachable!("predicates only"),
+        };
+        let (pa, pb) = (atom(self, a.0), atom(self, b.0));
+        let mut cells = 1usize;
+        let blocks: Vec<Vec<Vec<u32>>> = vars
+            .iter()
+            .map(|&v| {
+                let allowed = cube[v]
+                    .as_ref()
+                    .map_or_else(|| self.full_of(v), Bits::classes);
+                cells = cells.saturating_mul(allowed.len());
+                let mut bl: Vec<Vec<u32>> = allowed.iter().map(|&c| vec![c]).collect();
+                let others: Vec<u32> = (0..self.ncls[v] as u32)
+                    .filter(|c| !allowed.contains(c))
+                    .collect();
+                if !others.is_empty() {
+                    bl.push(others);
+                }
+                bl
+            })
+            .collect();
+        if cells > TIE_CELL_LIMIT {
+            return None;
+        }
+        // The literal pair in diagram order (deeper variable inside).
+        let (first, second) = if self.level[a.0] < self.level[b.0] {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        let mut any = false;
+        let bad = self.enumerate(vars, &blocks, &mut |m, asg, cell| {
+            let on_path = cell.iter().enumerate().all(|(i, &k)| {
+                k == usize::MAX
+                    || cube[vars[i]].as_ref().is_none_or(|s| {
+                        blocks[i][k].len() == 1 && s.classes().contains(&blocks[i][k][0])
+                    })
+            });
+            if !on_path || !m.no_member_meets(vars, asg, &[(pa, a.1), (pb, b.1)]) {
+                return FALSE;
+            }
+            any = true;
+            let lit = |want: bool, then: Id| if want { [FALSE, then] } else { [then, FALSE] };
+            let inner = m.rel_node(second.0, &lit(second.1, TRUE));
+            m.rel_node(first.0, &lit(first.1, inner))
+        });
+        any.then_some(bad)
+    }
+
+    /// Whether no member of the classes `asg` gives `vars` makes every atom take its wanted
+    /// value; false also when the members are too many to enumerate.
+    fn no_member_meets(
+        &mut self,
+        vars: &[usize],
+        asg: &Assign,
+        atoms: &[((usize, NodeId), bool)],
+    ) -> bool {
+        let mut members: Vec<Vec<Option<i64>>> = Vec::with_capacity(vars.len());
+        let mut count: u128 = 1;
+        for &v in vars {
+            let Some(c) = asg[v] else {
+                members.push(vec![None]);
+                continue;
+            };
+            let ms: Vec<Option<i64>> = match self.space.int_members(v, c) {
+                Some((first, last, step)) => {
+                    let n = ((last - first) / step) as u128 + 1;
+                    if n > JOINT_MEMBERS {
+                        return false;
+                    }
+                    (0..n as i64).map(|k| Some(first + k * step)).collect()
+                }
+                None => {
+                    if let super::space::ClassDesc::Ordered { lo, hi } =
+                        &self.space.vars[v].classes[c as usize].desc
+                        && lo != hi
+                    {
+                        return false;
+                    }
+                    vec![None]
+                }
+            };
+            count = count.saturating_mul(ms.len() as u128);
+            if count > JOINT_MEMBERS {
+                return false;
+            }
+            members.push(ms);
+        }
+        let mut idx = vec![0usize; vars.len()];
+        let mut values: Vec<(usize, Value)> = Vec::new();
+        let mut vals = std::mem::take(&mut self.vals);
+        let mut met = false;
+        loop {
+            values.clear();
+            for (i, &v) in vars.iter().enumerate() {
+                if let Some(x) = members[i][idx[i]] {
+                    values.push((v, Value::Int(x)));
+                }
+            }
+            self.space.materialize_with(asg, &values, &mut vals);
+            if atoms.iter().all(|&((prog, node), want)| {
+                (Truth::of(self.progs[prog].eval(node, &vals)) == Truth::True) == want
+            }) {
+                met = true;
+                break;
+            }
+            let mut i = 0;
+            while i < vars.len() {
+                idx[i] += 1;
+                if idx[i] < members[i].len() {
+                    break;
+                }
+                idx[i] = 0;
+                i += 1;
+            }
+            if i == vars.len() {
+                break;
+            }
+        }
+        self.vals = vals;
+        !met
     }
 
     /// Every class of var `v`.
