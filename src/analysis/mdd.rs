@@ -699,19 +699,26 @@ impl<'s> Mdd<'s> {
     fn atom_vars(&self, prog: usize, id: NodeId) -> Vec<usize> {
         let mut slots = Vec::new();
         slots_under(&self.progs[prog], id, &mut slots);
-        let mut vars: Vec<usize> = Vec::new();
-        for s in slots {
-            for &v in &self.space.deps[s] {
-                let mut v = Some(v);
-                while let Some(x) = v {
-                    vars.push(x);
-                    v = self.space.vars[x].parent;
-                }
+        let deps: Vec<usize> = slots
+            .into_iter()
+            .flat_map(|s| self.space.deps[s].iter().copied())
+            .collect();
+        self.with_objects_in_order(&deps)
+    }
+
+    /// `vars` with the objects they are members of, in diagram order, without repeats.
+    fn with_objects_in_order(&self, vars: &[usize]) -> Vec<usize> {
+        let mut out: Vec<usize> = Vec::new();
+        for &v in vars {
+            let mut v = Some(v);
+            while let Some(x) = v {
+                out.push(x);
+                v = self.space.vars[x].parent;
             }
         }
-        vars.sort_by_key(|&v| self.level[v]);
-        vars.dedup();
-        vars
+        out.sort_by_key(|&v| self.level[v]);
+        out.dedup();
+        out
     }
 
     /// Per var, its classes grouped into the blocks `own` (an atom's abstraction) tells
@@ -1055,16 +1062,7 @@ impl<'s> Mdd<'s> {
 
     /// The orderings of `x`, `y` that each pair of their intervals allows.
     fn ord_tie(&mut self, r: usize, x: usize, y: usize) -> Id {
-        let mut vars = Vec::new();
-        for v in [x, y] {
-            let mut v = Some(v);
-            while let Some(u) = v {
-                vars.push(u);
-                v = self.space.vars[u].parent;
-            }
-        }
-        vars.sort_by_key(|&v| self.level[v]);
-        vars.dedup();
+        let vars = self.with_objects_in_order(&[x, y]);
         let blocks: Vec<Vec<Vec<u32>>> = vars.iter().map(|&v| self.interval_blocks(v)).collect();
         let (ix, iy) = (
             vars.iter().position(|&v| v == x).expect("x"),
@@ -1432,36 +1430,10 @@ impl<'s> Mdd<'s> {
             return None;
         }
         let want = want[0] == 1;
-        // Per fact: each class the path allows alone, the others together (never contrary).
-        let mut cells = 1usize;
-        let blocks: Vec<Vec<Vec<u32>>> = vars
-            .iter()
-            .map(|&v| {
-                let allowed = cube[v]
-                    .as_ref()
-                    .map_or_else(|| self.full_of(v), Bits::classes);
-                cells = cells.saturating_mul(allowed.len());
-                let mut b: Vec<Vec<u32>> = allowed.iter().map(|&c| vec![c]).collect();
-                let others: Vec<u32> = (0..self.ncls[v] as u32)
-                    .filter(|c| !allowed.contains(c))
-                    .collect();
-                if !others.is_empty() {
-                    b.push(others);
-                }
-                b
-            })
-            .collect();
-        if cells > TIE_CELL_LIMIT {
-            return None;
-        }
+        let blocks = self.path_blocks(&vars, cube)?;
         let mut any = false;
         let bad = self.enumerate(&vars, &blocks, &mut |m, asg, cell| {
-            let on_path = cell.iter().enumerate().all(|(i, &k)| {
-                k == usize::MAX
-                    || cube[vars[i]].as_ref().is_none_or(|s| {
-                        blocks[i][k].len() == 1 && s.classes().contains(&blocks[i][k][0])
-                    })
-            });
+            let on_path = on_path(&vars, &blocks, cell, cube);
             if !on_path {
                 return FALSE;
             }
@@ -1577,27 +1549,7 @@ impl<'s> Mdd<'s> {
             Rel::Ord { .. } => unreachable!("predicates only"),
         };
         let (pa, pb) = (atom(self, a.0), atom(self, b.0));
-        let mut cells = 1usize;
-        let blocks: Vec<Vec<Vec<u32>>> = vars
-            .iter()
-            .map(|&v| {
-                let allowed = cube[v]
-                    .as_ref()
-                    .map_or_else(|| self.full_of(v), Bits::classes);
-                cells = cells.saturating_mul(allowed.len());
-                let mut bl: Vec<Vec<u32>> = allowed.iter().map(|&c| vec![c]).collect();
-                let others: Vec<u32> = (0..self.ncls[v] as u32)
-                    .filter(|c| !allowed.contains(c))
-                    .collect();
-                if !others.is_empty() {
-                    bl.push(others);
-                }
-                bl
-            })
-            .collect();
-        if cells > TIE_CELL_LIMIT {
-            return None;
-        }
+        let blocks = self.path_blocks(vars, cube)?;
         // The literal pair in diagram order (deeper variable inside).
         let (first, second) = if self.level[a.0] < self.level[b.0] {
             (a, b)
@@ -1606,12 +1558,7 @@ impl<'s> Mdd<'s> {
         };
         let mut any = false;
         let bad = self.enumerate(vars, &blocks, &mut |m, asg, cell| {
-            let on_path = cell.iter().enumerate().all(|(i, &k)| {
-                k == usize::MAX
-                    || cube[vars[i]].as_ref().is_none_or(|s| {
-                        blocks[i][k].len() == 1 && s.classes().contains(&blocks[i][k][0])
-                    })
-            });
+            let on_path = on_path(vars, &blocks, cell, cube);
             if !on_path || !m.no_member_meets(vars, asg, &[(pa, a.1), (pb, b.1)]) {
                 return FALSE;
             }
@@ -1695,6 +1642,30 @@ impl<'s> Mdd<'s> {
         }
         self.vals = vals;
         !met
+    }
+
+    /// Per var, each class the path (`cube`) allows as a block of its own and the other
+    /// classes as one block; None when the path's cells are too many to look at.
+    fn path_blocks(&self, vars: &[usize], cube: &Cube) -> Option<Vec<Vec<Vec<u32>>>> {
+        let mut cells = 1usize;
+        let blocks: Vec<Vec<Vec<u32>>> = vars
+            .iter()
+            .map(|&v| {
+                let allowed = cube[v]
+                    .as_ref()
+                    .map_or_else(|| self.full_of(v), Bits::classes);
+                cells = cells.saturating_mul(allowed.len());
+                let mut b: Vec<Vec<u32>> = allowed.iter().map(|&c| vec![c]).collect();
+                let others: Vec<u32> = (0..self.ncls[v] as u32)
+                    .filter(|c| !allowed.contains(c))
+                    .collect();
+                if !others.is_empty() {
+                    b.push(others);
+                }
+                b
+            })
+            .collect();
+        (cells <= TIE_CELL_LIMIT).then_some(blocks)
     }
 
     /// Every class of var `v`.
@@ -2483,4 +2454,14 @@ fn canonical(possible: &[bool; 3], o: usize) -> usize {
         return o;
     }
     [1, 0, 2].into_iter().find(|&k| possible[k]).unwrap_or(o)
+}
+
+/// Whether a cell of [`Mdd::path_blocks`] lies on the path (each var at a class it allows).
+fn on_path(vars: &[usize], blocks: &[Vec<Vec<u32>>], cell: &[usize], cube: &Cube) -> bool {
+    cell.iter().enumerate().all(|(i, &k)| {
+        k == usize::MAX
+            || cube[vars[i]]
+                .as_ref()
+                .is_none_or(|s| blocks[i][k].len() == 1 && s.classes().contains(&blocks[i][k][0]))
+    })
 }
