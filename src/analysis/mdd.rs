@@ -1236,17 +1236,7 @@ impl<'s> Mdd<'s> {
                         seen[0] = true;
                     }
                 }
-                // Next member combination (odometer).
-                let mut i = 0;
-                while i < vars.len() {
-                    idx[i] += 1;
-                    if idx[i] < members[i].len() {
-                        break;
-                    }
-                    idx[i] = 0;
-                    i += 1;
-                }
-                if i == vars.len() || (seen[0] && seen[1]) {
+                if !next_combination(&mut idx, &members) || (seen[0] && seen[1]) {
                     break;
                 }
             }
@@ -1627,16 +1617,7 @@ impl<'s> Mdd<'s> {
                 met = true;
                 break;
             }
-            let mut i = 0;
-            while i < vars.len() {
-                idx[i] += 1;
-                if idx[i] < members[i].len() {
-                    break;
-                }
-                idx[i] = 0;
-                i += 1;
-            }
-            if i == vars.len() {
+            if !next_combination(&mut idx, &members) {
                 break;
             }
         }
@@ -2464,4 +2445,17 @@ fn on_path(vars: &[usize], blocks: &[Vec<Vec<u32>>], cell: &[usize], cube: &Cube
                 .as_ref()
                 .is_none_or(|s| blocks[i][k].len() == 1 && s.classes().contains(&blocks[i][k][0]))
     })
+}
+
+/// Advances `idx` to the next combination of one member per list (an odometer); false after
+/// the last one.
+fn next_combination<T>(idx: &mut [usize], members: &[Vec<T>]) -> bool {
+    for (i, list) in members.iter().enumerate() {
+        idx[i] += 1;
+        if idx[i] < list.len() {
+            return true;
+        }
+        idx[i] = 0;
+    }
+    false
 }
