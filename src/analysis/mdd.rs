@@ -241,6 +241,22 @@ enum Op {
     Or,
 }
 
+/// What `Mdd::per_interval_pair` builds a leaf from: the blocks' representatives and the
+/// orderings the pair of intervals allows (None: a side is null or absent).
+type PairLeaf<'a, 's> = dyn FnMut(&mut Mdd<'s>, &Assign, Option<[bool; 3]>) -> Id + 'a;
+
+/// The fixed inputs of one region's example search (`Mdd::example`).
+struct Witness<'a> {
+    /// Relation variables and the classes the region allows them.
+    lits: &'a [(usize, Vec<u32>)],
+    /// Per search depth, the literals (indices into `lits`) whose facts are all chosen there.
+    due: &'a [Vec<usize>],
+    /// The facts to choose, in diagram order.
+    involved: &'a [usize],
+    cube: &'a [Option<Bits>],
+    tries: &'a mut usize,
+}
+
 /// Per variable, a set of classes (`None`: any class). A cube of the space.
 pub type Cube = Vec<Option<Bits>>;
 
@@ -956,22 +972,9 @@ impl<'s> Mdd<'s> {
             (vb, va, flip(op))
         };
         let r = self.ord_var(x, y);
-        // Per interval, not per residue class: residues could only rule out "equal" (and
-        // splitting by them multiplies every diagram reading the pair by the moduli).
-        let blocks: Vec<Vec<Vec<u32>>> = vars.iter().map(|&v| self.interval_blocks(v)).collect();
-        let (ix, iy) = (
-            vars.iter().position(|&v| v == x).expect("x is read"),
-            vars.iter().position(|&v| v == y).expect("y is read"),
-        );
-        Some(self.enumerate(vars, &blocks, &mut |m, asg, cell| {
-            let range = |m: &Self, i: usize, v: usize| {
-                (cell[i] != usize::MAX)
-                    .then(|| m.interval_hull(v, &blocks[i][cell[i]]))
-                    .flatten()
-            };
-            match (range(m, ix, x), range(m, iy, y)) {
-                (Some(rx), Some(ry)) => {
-                    let possible = member_orderings(rx, ry);
+        Some(
+            self.per_interval_pair(vars, x, y, &mut |m, asg, possible| match possible {
+                Some(possible) => {
                     let to: Vec<Id> = (0..3)
                         .map(|o| {
                             let o = canonical(&possible, o);
@@ -981,9 +984,39 @@ impl<'s> Mdd<'s> {
                     m.rel_node(r, &to)
                 }
                 // A null side: the comparison is false, whatever the other side.
-                _ => m.eval_leaf(prog, id, asg),
-            }
-        }))
+                None => m.eval_leaf(prog, id, asg),
+            }),
+        )
+    }
+
+    /// The diagram over `vars` (which hold `x` and `y`) built per pair of intervals of `x`
+    /// and `y` from the orderings their members allow (None: a side is null or absent).
+    /// Per interval, not per residue class: residues could only rule out "equal", and
+    /// splitting by them multiplies every diagram reading the pair by the moduli.
+    fn per_interval_pair(
+        &mut self,
+        vars: &[usize],
+        x: usize,
+        y: usize,
+        leaf: &mut PairLeaf<'_, 's>,
+    ) -> Id {
+        let blocks: Vec<Vec<Vec<u32>>> = vars.iter().map(|&v| self.interval_blocks(v)).collect();
+        let (ix, iy) = (
+            vars.iter().position(|&v| v == x).expect("x is read"),
+            vars.iter().position(|&v| v == y).expect("y is read"),
+        );
+        self.enumerate(vars, &blocks, &mut |m, asg, cell| {
+            let range = |m: &Self, i: usize, v: usize| {
+                (cell[i] != usize::MAX)
+                    .then(|| m.interval_hull(v, &blocks[i][cell[i]]))
+                    .flatten()
+            };
+            let possible = match (range(m, ix, x), range(m, iy, y)) {
+                (Some(rx), Some(ry)) => Some(member_orderings(rx, ry)),
+                _ => None,
+            };
+            leaf(m, asg, possible)
+        })
     }
 
     /// The smallest and largest members of some integer classes of var `v`, as a
@@ -1063,24 +1096,9 @@ impl<'s> Mdd<'s> {
     /// The orderings of `x`, `y` that each pair of their intervals allows.
     fn ord_tie(&mut self, r: usize, x: usize, y: usize) -> Id {
         let vars = self.with_objects_in_order(&[x, y]);
-        let blocks: Vec<Vec<Vec<u32>>> = vars.iter().map(|&v| self.interval_blocks(v)).collect();
-        let (ix, iy) = (
-            vars.iter().position(|&v| v == x).expect("x"),
-            vars.iter().position(|&v| v == y).expect("y"),
-        );
-        self.enumerate(&vars, &blocks, &mut |m, _, cell| {
-            let range = |m: &Self, i: usize, v: usize| {
-                (cell[i] != usize::MAX)
-                    .then(|| m.interval_hull(v, &blocks[i][cell[i]]))
-                    .flatten()
-            };
-            match (range(m, ix, x), range(m, iy, y)) {
-                (Some(rx), Some(ry)) => {
-                    let to = member_orderings(rx, ry).map(|ok| if ok { TRUE } else { FALSE });
-                    m.rel_node(r, &to)
-                }
-                _ => TRUE,
-            }
+        self.per_interval_pair(&vars, x, y, &mut |m, _, possible| match possible {
+            Some(possible) => m.rel_node(r, &possible.map(|ok| if ok { TRUE } else { FALSE })),
+            None => TRUE,
         })
     }
 
@@ -1805,80 +1823,72 @@ impl<'s> Mdd<'s> {
         if lits.is_empty() {
             return Some((assign, Vec::new()));
         }
-        let mut involved: Vec<usize> = lits.iter().flat_map(|(k, _)| self.rel_vars(*k)).collect();
+        let reads: Vec<Vec<usize>> = lits.iter().map(|(k, _)| self.rel_vars(*k)).collect();
+        let mut involved: Vec<usize> = reads.iter().flatten().copied().collect();
         involved.sort_by_key(|&v| self.level[v]);
         involved.dedup();
+        // Per depth of the search: the literals whose facts are all chosen from there on.
+        let mut due: Vec<Vec<usize>> = vec![Vec::new(); involved.len() + 1];
+        for (l, r) in reads.iter().enumerate() {
+            let last = r
+                .iter()
+                .filter_map(|v| involved.iter().position(|u| u == v))
+                .max()
+                .map_or(0, |i| i + 1);
+            due[last].push(l);
+        }
         let mut values = Vec::new();
         let mut tries = 0;
-        let ok = self.witness(
-            &lits,
-            &involved,
-            0,
+        let mut search = Witness {
+            lits: &lits,
+            due: &due,
+            involved: &involved,
             cube,
-            &mut assign,
-            &mut values,
-            &mut tries,
-        );
+            tries: &mut tries,
+        };
+        let ok = self.witness(&mut search, 0, &mut assign, &mut values);
         ok.then_some((assign, values))
     }
 
     /// The space vars relation variable `k` reads (objects included).
     fn rel_vars(&self, k: usize) -> Vec<usize> {
-        let mut out = match &self.rels[k] {
-            Rel::Ord { x, y } => vec![*x, *y],
-            Rel::Pred { vars, .. } => vars.clone(),
-        };
-        let mut i = 0;
-        while i < out.len() {
-            if let Some(p) = self.space.vars[out[i]].parent
-                && !out.contains(&p)
-            {
-                out.push(p);
-            }
-            i += 1;
+        match &self.rels[k] {
+            Rel::Ord { x, y } => self.with_objects_in_order(&[*x, *y]),
+            Rel::Pred { vars, .. } => self.with_objects_in_order(vars),
         }
-        out
     }
 
-    /// Depth-first search for classes and members of `involved[i..]` satisfying `lits`.
-    #[allow(clippy::too_many_arguments)]
+    /// Depth-first search for classes and members of `involved[i..]` satisfying the literals.
     fn witness(
         &mut self,
-        lits: &[(usize, Vec<u32>)],
-        involved: &[usize],
+        w: &mut Witness,
         i: usize,
-        cube: &[Option<Bits>],
         assign: &mut Assign,
         values: &mut Vec<(usize, Value)>,
-        tries: &mut usize,
     ) -> bool {
-        if i > 0 {
-            // Literals whose facts are now all chosen.
-            let done = &involved[..i];
-            for (k, set) in lits {
-                let reads = self.rel_vars(*k);
-                if reads.contains(&involved[i - 1]) && reads.iter().all(|v| done.contains(v)) {
-                    *tries += 1;
-                    if !self.literal_holds(*k, set, assign, values) {
-                        return false;
-                    }
-                }
+        // Literals whose facts are now all chosen.
+        for &l in &w.due[i] {
+            let (k, set) = &w.lits[l];
+            *w.tries += 1;
+            if !self.literal_holds(*k, set, assign, values) {
+                return false;
             }
         }
+        let (lits, involved, cube) = (w.lits, w.involved, w.cube);
         if i == involved.len() {
             return true;
         }
         let v = involved[i];
         let before = assign[v];
         for (c, x) in self.candidates(v, cube, lits, values) {
-            if *tries >= WITNESS_TRIES {
+            if *w.tries >= WITNESS_TRIES {
                 break;
             }
             assign[v] = Some(c);
             if let Some(x) = x {
                 values.push((v, Value::Int(x)));
             }
-            if self.witness(lits, involved, i + 1, cube, assign, values, tries) {
+            if self.witness(w, i + 1, assign, values) {
                 return true;
             }
             if x.is_some() {
