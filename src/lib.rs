@@ -8,13 +8,12 @@
 //! println!("{}", attn_policy::Explanation::new(&policy, &facts, &decision).to_text(false));
 //! ```
 //!
-//! Layout: [`lang`] (syntax) -> [`check`] (types, lowering) -> [`eval`] (conditions) ->
+//! Layout: [`lang`] (syntax) -> [`typecheck`] (types, lowering) -> [`eval`] (conditions) ->
 //! [`policy`] (rules, decide) -> [`decision`] (explanations); [`pack`] loads YAML; [`facts`]
 //! is the typed input.
 
 pub mod analysis;
 pub mod cache;
-pub mod check;
 pub mod conformance;
 pub mod corpus;
 pub mod decision;
@@ -24,6 +23,7 @@ pub mod facts;
 pub mod lang;
 pub mod pack;
 pub mod policy;
+pub mod typecheck;
 
 pub use decision::{Decision, Explanation, Status};
 pub use diag::{Diagnostic, Diagnostics, Severity};

@@ -3,13 +3,13 @@
 //! `eval::plan::RulePlan::eval_all`, which computes exactly what [`Program::eval`] computes) and
 //! folds the results into per-backend statuses and the selection.
 
-use crate::check::Compiled;
 use crate::decision::{Decision, Status};
 use crate::diag::{Diagnostics, Loc};
 use crate::eval::plan::RulePlan;
 use crate::eval::program::{Program, Truth};
 use crate::facts::{Facts, Value};
 use crate::pack::source::SourceMap;
+use crate::typecheck::Compiled;
 
 /// Whether a rule declines (capability or guard) or is an environment switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 //! - [`executor`]: the [`Executor`] trait, its [`Manifest`], [`Unsupported`] and [`ExecError`].
 //! - [`registry`]: backend name -> executor ([`Registry::builtin`]).
 //! - [`reference`]: CPU float64 oracle. [`chunked`]: CUDA cuBLAS + NVRTC executor (feature `cuda`).
+//! - [`from_facts`]: the policy's facts -> an [`AttentionProblem`] (the one conversion).
 //! - [`run`]: what `attn-policy run` calls: random inputs, execute, time, verify.
 //!
 //! GPU code sits behind the `cuda` feature and loads CUDA at run time (cudarc dynamic loading),
@@ -14,6 +15,7 @@
 pub mod chunked;
 pub mod cudnn;
 pub mod executor;
+pub mod from_facts;
 pub mod frost;
 pub mod problem;
 pub mod reference;
@@ -26,6 +28,7 @@ pub use executor::{
     ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostTensor, Manifest,
     Unsupported,
 };
+pub use from_facts::{NotExpressible, problem_from_facts};
 pub use problem::{
     AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Strides,
     TensorLayouts,

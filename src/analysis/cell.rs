@@ -340,7 +340,7 @@ mod tests {
 
     fn compile(text: &str) -> (Program, NodeId) {
         let ast = parse_expr(text).expect("parses");
-        let mut c = crate::check::Compiler::default();
+        let mut c = crate::typecheck::Compiler::default();
         let cond = c.condition(&ast).expect("compiles");
         (c.program, cond.node)
     }

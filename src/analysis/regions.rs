@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use serde_json::{Map, Value as Json};
 
-use crate::check::Compiler;
 use crate::eval::program::{Program, Truth};
 use crate::facts::Facts;
 use crate::lang::parse_expr;
 use crate::policy::Policy;
+use crate::typecheck::Compiler;
 
 use super::mdd::{Bits, Cube, FALSE, Id, Mdd, PolicyDiagrams, TRUE};
 use super::search::Cond;
@@ -339,7 +339,7 @@ pub struct DiffReport {
 }
 
 /// A structural fingerprint of a compiled condition, comparable across packs.
-fn fp(p: &Program, c: &crate::check::Compiled) -> String {
+fn fp(p: &Program, c: &crate::typecheck::Compiled) -> String {
     p.fingerprint(c.node, false)
 }
 

@@ -130,6 +130,16 @@ impl Facts {
         schema::slot(path).map(|s| self.values[s])
     }
 
+    /// The value of an enum fact as its domain's text (`qkv_dtype` -> `"bf16"`); `None` for
+    /// unknown paths, non-enum facts and null.
+    pub fn text(&self, path: &str) -> Option<&'static str> {
+        let slot = schema::slot(path)?;
+        match (self.values[slot], FIELDS[slot].ty) {
+            (Value::Enum(i), Ty::Enum(d)) => d.values().get(i as usize).copied(),
+            _ => None,
+        }
+    }
+
     pub fn values(&self) -> &[Value] {
         &self.values
     }

@@ -9,12 +9,12 @@ use serde_saphyr::Spanned;
 
 use super::source::SourceMap;
 use super::yaml::{BackendFile, LayerFile, PackFile, RuleDef};
-use crate::check::{Compiled, Compiler, TypeError};
 use crate::diag::{Diagnostic, Diagnostics, Loc};
 use crate::facts::did_you_mean;
 use crate::facts::schema::{FIELDS, Origin};
 use crate::lang::{Version, parse_expr};
 use crate::policy::{Backend, Policy, Preference, Rule, RuleKind, Variant};
+use crate::typecheck::{Compiled, Compiler, TypeError};
 
 /// Where a pack comes from.
 #[derive(Clone, Debug)]

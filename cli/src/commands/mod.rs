@@ -57,7 +57,7 @@ pub enum Command {
     Conformance(conformance::ConformanceArgs),
 }
 
-pub fn run() -> i32 {
+pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -7,13 +7,10 @@ use clap::Args;
 use serde_json::json;
 
 use super::args::{ConfigArgs, Format, OutputArgs};
-use attn_policy::facts::{Facts, Value};
+use attn_policy::facts::Value;
 use attn_policy::{Explanation, PackSource, load_pack};
 use attn_policy_adapters::run::{RunOptions, VerifyMode, run_on};
-use attn_policy_adapters::{
-    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Registry,
-    RegistryEntry,
-};
+use attn_policy_adapters::{Registry, RegistryEntry, problem_from_facts};
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -40,87 +37,6 @@ pub struct RunArgs {
     pub output: OutputArgs,
 }
 
-/// Maps the attention facts to an executor problem; facts an executor cannot express are
-/// refused here (the native pack declines them first, so this is a second line of defence).
-fn problem_from(facts: &Facts) -> Result<AttentionProblem, String> {
-    let int = |p: &str| match facts.get(p) {
-        Some(Value::Int(i)) if i > 0 => Ok(i as usize),
-        other => Err(format!("{p} must be a positive integer, found {other:?}")),
-    };
-    let text = |p: &str| -> String {
-        let slot = attn_policy::facts::schema::slot(p).expect("schema fact");
-        match (facts.get(p), attn_policy::facts::FIELDS[slot].ty) {
-            (Some(Value::Enum(i)), attn_policy::facts::Ty::Enum(d)) => {
-                d.values()[i as usize].to_string()
-            }
-            _ => String::new(),
-        }
-    };
-    let dtype = match text("qkv_dtype").as_str() {
-        "fp16" => DType::F16,
-        "bf16" => DType::BF16,
-        other => {
-            return Err(format!(
-                "qkv_dtype {other} cannot be executed (fp16 or bf16)"
-            ));
-        }
-    };
-    let mut p = AttentionProblem::new(
-        int("batch_size")?,
-        int("num_heads")?,
-        int("num_gqa_groups")?,
-        int("max_seqlen_q")?,
-        int("max_seqlen_kv")?,
-        int("head_dim_qk")?,
-        int("head_dim_v")?,
-        dtype,
-    );
-    p.set_layout(match text("qkv_layout").as_str() {
-        "bshd_bshd_bshd" => LayoutKind::Bshd,
-        "sbhd_sbhd_sbhd" => LayoutKind::Sbhd,
-        "bhsd_bhsd_bhsd" => LayoutKind::Bhsd,
-        other => return Err(format!("qkv_layout {other} cannot be executed")),
-    });
-    let (left, right) = match (facts.get("window.left"), facts.get("window.right")) {
-        (Some(Value::Int(l)), Some(Value::Int(r))) => (l, r),
-        _ => (-1, -1),
-    };
-    let bottom_right = facts.get("bottom_right_diagonal") == Some(Value::Bool(true));
-    p.mask = match text("attn_mask_type").as_str() {
-        "no_mask" => MaskSpec::window(
-            left,
-            right,
-            if bottom_right {
-                DiagonalAlignment::BottomRight
-            } else {
-                DiagonalAlignment::TopLeft
-            },
-        ),
-        "causal" => MaskSpec {
-            window_left: left,
-            ..MaskSpec::CAUSAL_TOP_LEFT
-        },
-        "causal_bottom_right" => MaskSpec {
-            window_left: left,
-            ..MaskSpec::CAUSAL_BOTTOM_RIGHT
-        },
-        other => return Err(format!("attn_mask_type {other} cannot be executed")),
-    };
-    debug_assert!(matches!(
-        p.mask.kind,
-        MaskKind::NoMask | MaskKind::CausalTopLeft | MaskKind::CausalBottomRight
-    ));
-    if let Some(Value::Float(s)) = facts.get("softmax_scale") {
-        // TE's schema default is 1.0; a config that leaves it unset means the usual 1/sqrt(d).
-        if s > 0.0 && s != 1.0 {
-            p.softmax_scale = s;
-        }
-    }
-    p.deterministic = facts.get("deterministic") == Some(Value::Bool(true));
-    p.validate()?;
-    Ok(p)
-}
-
 pub fn run(a: RunArgs) -> i32 {
     let color = a.output.stdout_color();
     let policy = match load_pack(PackSource::Embedded(a.pack.clone()), &[]) {
@@ -134,7 +50,7 @@ pub fn run(a: RunArgs) -> i32 {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
-    let problem = problem_from(&facts).ok();
+    let problem = problem_from_facts(&facts);
     // Live probes: is there a GPU executor, and can cuDNN build this graph here?
     let mut registry = Registry::builtin();
     // The cuDNN executor (its constructor reports NoDevice without the `cudnn` feature or a GPU).
@@ -153,7 +69,7 @@ pub fn run(a: RunArgs) -> i32 {
             && registry.names().contains(&"cudnn")
             && problem
                 .as_ref()
-                .is_some_and(|p| registry.get("cudnn").is_ok_and(|e| e.check(p).is_ok()));
+                .is_ok_and(|p| registry.get("cudnn").is_ok_and(|e| e.check(p).is_ok()));
         let _ = facts.set_probe("fused_attn_graph", Some(cudnn_ok));
     }
     let decision = policy.decide(&facts);
@@ -168,11 +84,10 @@ pub fn run(a: RunArgs) -> i32 {
     };
     let name = policy.backends[sel as usize].name.clone();
     let problem = match problem {
-        Some(p) => p,
-        None => {
+        Ok(p) => p,
+        Err(e) => {
             return super::fail(format!(
-                "`{name}` was selected but the config cannot be expressed as an executor problem: {}",
-                problem_from(&facts).err().unwrap_or_default()
+                "`{name}` was selected but the config cannot be expressed as an executor problem: {e}"
             ));
         }
     };

@@ -8,7 +8,7 @@ use serde_json::{Value as Json, json};
 
 const CORPUS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/conformance/te-2.20.2-corpus-a.jsonl.gz"
+    "/../../shared/conformance/te-2.20.2-corpus-a.jsonl.gz"
 );
 
 /// docs/conformance.md: agreement of `--parity` on corpus-a.
@@ -47,8 +47,11 @@ fn te_parity_meets_the_documented_rate() {
     );
     // TE raised (SIGFPE) on 8 records; the pack selects nothing for them.
     assert_eq!(r["per_backend"]["raised"], json!({"agree": 8, "total": 8}));
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/conformance.md"))
-        .expect("docs/conformance.md");
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/conformance.md"
+    ))
+    .expect("docs/conformance.md");
     assert!(
         doc.contains("20000/20000"),
         "docs/conformance.md states the parity result"

@@ -42,7 +42,7 @@ fn explain_exit_codes() {
         "--rules",
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/invalid/enum_typo"
+            "/../tests/fixtures/invalid/enum_typo"
         ),
     ]);
     assert_eq!(bad_rules.status.code(), Some(2));
@@ -121,13 +121,13 @@ fn run_works_without_a_gpu() {
 /// A search that ran out of budget without finding a region makes no claim: exit 3, not 0.
 #[test]
 fn incomplete_searches_exit_3_not_0() {
-    let mini = "tests/fixtures/analysis/mini";
+    let mini = "../tests/fixtures/analysis/mini";
     let found = run(&["gaps", "--rules", mini]);
     assert_eq!(found.status.code(), Some(1), "{}", stdout(&found));
     let out_of_budget = run(&["gaps", "--rules", mini, "--budget", "0"]);
     assert_eq!(out_of_budget.status.code(), Some(3));
     assert!(stdout(&out_of_budget).contains("INCOMPLETE"));
-    let nowin = "tests/fixtures/analysis/mini-nowin";
+    let nowin = "../tests/fixtures/analysis/mini-nowin";
     let diff = run(&["diff", mini, nowin]);
     assert_eq!(diff.status.code(), Some(1), "{}", stdout(&diff));
     let diff_out_of_budget = run(&["diff", mini, nowin, "--budget", "0"]);

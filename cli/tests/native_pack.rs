@@ -4,51 +4,8 @@
 
 use attn_policy::facts::Value;
 use attn_policy::{Facts, Policy};
-use attn_policy_adapters::{
-    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskSpec, Registry,
-};
+use attn_policy_adapters::{Registry, problem_from_facts};
 use serde_json::json;
-
-fn problem(c: &serde_json::Value) -> Option<AttentionProblem> {
-    let dtype = match c["qkv_dtype"].as_str()? {
-        "fp16" => DType::F16,
-        "bf16" => DType::BF16,
-        _ => return None,
-    };
-    let g = |k: &str| c[k].as_u64().map(|v| v as usize);
-    let mut p = AttentionProblem::new(
-        g("batch_size")?,
-        g("num_heads")?,
-        g("num_gqa_groups")?,
-        g("max_seqlen_q")?,
-        g("max_seqlen_kv")?,
-        g("head_dim_qk")?,
-        g("head_dim_v")?,
-        dtype,
-    );
-    p.set_layout(match c["qkv_layout"].as_str()? {
-        "bshd_bshd_bshd" => LayoutKind::Bshd,
-        "sbhd_sbhd_sbhd" => LayoutKind::Sbhd,
-        _ => return None,
-    });
-    let (l, r) = (
-        c["window_size"][0].as_i64().unwrap_or(-1),
-        c["window_size"][1].as_i64().unwrap_or(-1),
-    );
-    p.mask = match c["attn_mask_type"].as_str()? {
-        "no_mask" => MaskSpec::window(l, r, DiagonalAlignment::BottomRight),
-        "causal" => MaskSpec {
-            window_left: l,
-            ..MaskSpec::CAUSAL_TOP_LEFT
-        },
-        "causal_bottom_right" => MaskSpec {
-            window_left: l,
-            ..MaskSpec::CAUSAL_BOTTOM_RIGHT
-        },
-        _ => return None,
-    };
-    Some(p)
-}
 
 #[test]
 fn pack_admits_nothing_its_executors_refuse() {
@@ -77,8 +34,11 @@ fn pack_admits_nothing_its_executors_refuse() {
                                 if !decision.backends[b].status.eligible() {
                                     continue;
                                 }
-                                let p = problem(&c).unwrap_or_else(|| {
-                                    panic!("{} admitted an inexpressible config {c}", backend.name)
+                                let p = problem_from_facts(&facts).unwrap_or_else(|e| {
+                                    panic!(
+                                        "{} admitted an inexpressible config {c}: {e}",
+                                        backend.name
+                                    )
                                 });
                                 let manifest = registry.manifest(&backend.name).ok();
                                 // cudnn's manifest lives with its executor; check the ones registered.
