@@ -648,7 +648,7 @@ mod tests {
             facts(json!({"window_size": null})),
         ];
         // NaNs by payload (not reachable from JSON; a float slot written directly).
-        let float_slot = crate::facts::schema::slot("attention_dropout").unwrap();
+        let float_slot = crate::facts::te::slot("attention_dropout").unwrap();
         for bits in [
             0x7FF8_0000_0000_0000u64,
             0x7FF8_0000_0000_0001,

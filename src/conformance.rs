@@ -128,7 +128,7 @@ impl Report {
 /// Facts of a record's config, with every probe answered "supported".
 pub fn record_facts(config: &Json) -> Result<Facts, String> {
     let mut facts = Facts::from_json(config).map_err(|e| e.to_string())?;
-    for probe in crate::facts::schema::FIELDS
+    for probe in crate::facts::te::FIELDS
         .iter()
         .filter(|d| d.origin == crate::facts::schema::Origin::Probe)
     {

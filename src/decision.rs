@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value as Json, json};
 
-use crate::facts::schema::{FIELDS, Ty};
+use crate::facts::schema::Ty;
 use crate::facts::{Domain, Facts, Value};
 use crate::policy::{Policy, RuleKind};
 
@@ -105,7 +105,7 @@ impl Decision {
 }
 
 fn value_json(v: Value, slot: Option<usize>, facts: &Facts) -> Json {
-    let domain = slot.and_then(|s| match FIELDS[s].ty {
+    let domain = slot.and_then(|s| match facts.schema().fields[s].ty {
         Ty::Enum(d) => Some(d),
         _ => None,
     });
@@ -118,7 +118,7 @@ fn value_json(v: Value, slot: Option<usize>, facts: &Facts) -> Json {
 }
 
 fn value_text(v: Value, slot: usize, facts: &Facts) -> String {
-    let domain: Option<Domain> = match FIELDS[slot].ty {
+    let domain: Option<Domain> = match facts.schema().fields[slot].ty {
         Ty::Enum(d) => Some(d),
         _ => None,
     };
@@ -177,7 +177,7 @@ impl<'a> Explanation<'a> {
         let mut values = Map::new();
         for &s in &rule.when.slots {
             values.insert(
-                FIELDS[s as usize].path.to_string(),
+                p.schema.fields[s as usize].path.to_string(),
                 value_json(
                     self.facts.values()[s as usize],
                     Some(s as usize),
@@ -248,7 +248,7 @@ impl<'a> Explanation<'a> {
                 p.rules[i as usize]
                     .probes
                     .iter()
-                    .map(|&s| FIELDS[s as usize].path)
+                    .map(|&s| p.schema.fields[s as usize].path)
             })
             .collect();
         probes.sort_unstable();
@@ -365,7 +365,7 @@ impl<'a> Explanation<'a> {
                                 p.rules[r as usize]
                                     .probes
                                     .iter()
-                                    .map(|&s| FIELDS[s as usize].path)
+                                    .map(|&s| p.schema.fields[s as usize].path)
                             })
                             .collect();
                         probes.sort_unstable();
@@ -442,7 +442,7 @@ impl<'a> Explanation<'a> {
                         .map(|&s| {
                             format!(
                                 "{} = {}",
-                                FIELDS[s as usize].path,
+                                p.schema.fields[s as usize].path,
                                 value_text(self.facts.values()[s as usize], s as usize, self.facts)
                             )
                         })

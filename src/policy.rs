@@ -7,7 +7,7 @@ use crate::decision::{Decision, Status};
 use crate::diag::{Diagnostics, Loc};
 use crate::eval::plan::RulePlan;
 use crate::eval::program::{Program, Truth};
-use crate::facts::{Facts, Value};
+use crate::facts::{Facts, Schema, Value};
 use crate::pack::source::SourceMap;
 use crate::typecheck::Compiled;
 
@@ -81,6 +81,8 @@ pub struct Preference {
 pub struct Policy {
     pub name: String,
     pub description: Option<String>,
+    /// The pack family's facts: what the rules read and what [`Policy::decide`] expects.
+    pub schema: &'static Schema,
     pub sources: SourceMap,
     pub program: Program,
     pub backends: Vec<Backend>,
@@ -139,6 +141,19 @@ impl HotPath {
 }
 
 impl Policy {
+    /// Reads a config object of this pack's family (see `docs/facts.md`).
+    pub fn read_facts(
+        &self,
+        config: &serde_json::Value,
+    ) -> Result<Facts, crate::facts::InputError> {
+        self.schema.read(config)
+    }
+
+    /// This pack family's facts at their defaults.
+    pub fn default_facts(&self) -> Facts {
+        self.schema.defaults()
+    }
+
     pub fn backend_index(&self, name: &str) -> Option<usize> {
         self.backends.iter().position(|b| b.name == name)
     }
@@ -178,6 +193,13 @@ impl Policy {
     /// Evaluates every rule of every backend (no short-circuit, so the explanation is complete)
     /// and selects. Reuses `out`'s buffers: no allocation once they have grown.
     pub fn decide_into(&self, facts: &Facts, out: &mut Decision) {
+        debug_assert!(
+            facts.schema() == self.schema,
+            "facts of family `{}` decided by pack `{}` of family `{}`",
+            facts.schema().family,
+            self.name,
+            self.schema.family
+        );
         let values = facts.values();
         out.reset(self.backends.len());
         // Each definition is computed at most once per decision.

@@ -350,7 +350,7 @@ mod tests {
         let f = |s: usize| {
             facts
                 .iter()
-                .find(|(n, _)| crate::facts::schema::slot(n) == Some(s))
+                .find(|(n, _)| crate::facts::te::slot(n) == Some(s))
                 .map_or(Abs::Any, |x| x.1)
         };
         eval(&p, id, &f)

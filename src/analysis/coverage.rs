@@ -5,7 +5,8 @@ use serde::Serialize;
 
 use crate::corpus::Record;
 use crate::decision::Decision;
-use crate::facts::schema::{FIELDS, Origin};
+use crate::facts::schema::Origin;
+use crate::facts::te::FIELDS;
 use crate::facts::{Facts, Value};
 use crate::policy::Policy;
 

@@ -19,7 +19,8 @@ use std::collections::BTreeSet;
 use crate::diag::Diagnostic;
 use crate::eval::program::{Node, NodeId, Program, Truth};
 use crate::facts::Value;
-use crate::facts::schema::{FIELDS, Ty, slot};
+use crate::facts::schema::Ty;
+use crate::facts::te::{FIELDS, slot};
 use crate::policy::Policy;
 
 use super::mdd::{FALSE, Mdd, PolicyDiagrams, TRUE};

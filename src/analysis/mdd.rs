@@ -940,7 +940,7 @@ impl<'s> Mdd<'s> {
 
     /// The var holding integer fact `slot` itself (not a derived fact).
     fn plain_int_var(&self, slot: usize) -> Option<usize> {
-        if crate::facts::schema::FIELDS[slot].ty != crate::facts::schema::Ty::Int {
+        if crate::facts::te::FIELDS[slot].ty != crate::facts::schema::Ty::Int {
             return None;
         }
         self.space.vars.iter().position(|v| v.slot == slot)
@@ -1115,7 +1115,7 @@ impl<'s> Mdd<'s> {
         });
         let undecided = decided.iter().any(Option::is_none);
         let r = undecided.then(|| {
-            let text = self.progs[prog].render(id);
+            let text = self.progs[prog].render(id, &crate::facts::te::TE);
             let key = format!("pred {}", self.progs[prog].fingerprint(id, false));
             let rel = Rel::Pred {
                 prog,
@@ -2395,7 +2395,7 @@ fn flip(op: crate::lang::ast::CmpOp) -> crate::lang::ast::CmpOp {
 fn branch_slots(p: &Program, id: NodeId, out: &mut Vec<usize>) {
     match p.nodes[id as usize] {
         PNode::Slot(s)
-            if crate::facts::schema::FIELDS[s as usize].ty == crate::facts::schema::Ty::Int =>
+            if crate::facts::te::FIELDS[s as usize].ty == crate::facts::schema::Ty::Int =>
         {
             out.push(s as usize)
         }

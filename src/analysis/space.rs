@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Map, Value as Json, json};
 
 use crate::eval::program::{Func, Node, NodeId, Program};
-use crate::facts::schema::{FIELDS, Origin, Ty, slot};
+use crate::facts::schema::{Origin, Ty};
+use crate::facts::te::{FIELDS, slot};
 use crate::facts::{Domain, Facts, Value};
 use crate::lang::Version;
 use crate::lang::ast::ArithOp;

@@ -10,7 +10,8 @@ use serde::Serialize;
 use serde_json::{Map, Value as Json, json};
 
 use crate::eval::program::Truth;
-use crate::facts::schema::{FIELDS, Origin};
+use crate::facts::schema::Origin;
+use crate::facts::te::FIELDS;
 use crate::facts::{Facts, Value};
 use crate::policy::Policy;
 

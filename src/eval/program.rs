@@ -3,6 +3,7 @@
 
 use std::cmp::Ordering;
 
+use crate::facts::Schema;
 use crate::facts::Value;
 use crate::lang::ast::{ArithOp, CmpOp};
 
@@ -286,14 +287,14 @@ impl Program {
     /// Node `id` as an expression of the rule language over the fact schema's names (fully
     /// parenthesised below the top), e.g. `(num_heads // cp_size) % 2 != 0`: how the analysis
     /// prints a condition it could not split into per-fact constraints.
-    pub fn render(&self, id: NodeId) -> String {
-        self.render_with(id, None, true)
+    pub fn render(&self, id: NodeId, schema: &Schema) -> String {
+        self.render_with(id, schema, None, true)
     }
 
     /// The enum domain of the fact `id` reads directly (to print enum constants as names).
-    fn domain_of(&self, id: NodeId) -> Option<crate::facts::Domain> {
+    fn domain_of(&self, id: NodeId, schema: &Schema) -> Option<crate::facts::Domain> {
         match self.nodes[id as usize] {
-            Node::Slot(s) => match crate::facts::schema::FIELDS[s as usize].ty {
+            Node::Slot(s) => match schema.fields[s as usize].ty {
                 crate::facts::schema::Ty::Enum(d) => Some(d),
                 _ => None,
             },
@@ -316,13 +317,19 @@ impl Program {
         }
     }
 
-    fn render_with(&self, id: NodeId, domain: Option<crate::facts::Domain>, top: bool) -> String {
+    fn render_with(
+        &self,
+        id: NodeId,
+        schema: &Schema,
+        domain: Option<crate::facts::Domain>,
+        top: bool,
+    ) -> String {
         let kids = |start: u32, len: u32| &self.children[start as usize..(start + len) as usize];
         let wrap = |s: String| if top { s } else { format!("({s})") };
         match self.nodes[id as usize] {
             Node::Const(v) => Self::render_value(v, domain),
-            Node::Slot(s) => crate::facts::schema::FIELDS[s as usize].path.to_string(),
-            Node::Not(a) => format!("not {}", self.render_with(a, None, false)),
+            Node::Slot(s) => schema.fields[s as usize].path.to_string(),
+            Node::Not(a) => format!("not {}", self.render_with(a, schema, None, false)),
             Node::And { start, len } | Node::Or { start, len } => {
                 let sep = if matches!(self.nodes[id as usize], Node::And { .. }) {
                     " and "
@@ -331,17 +338,17 @@ impl Program {
                 };
                 let parts: Vec<String> = kids(start, len)
                     .iter()
-                    .map(|&c| self.render_with(c, None, false))
+                    .map(|&c| self.render_with(c, schema, None, false))
                     .collect();
                 wrap(parts.join(sep))
             }
             Node::Cmp(op, a, b) => {
-                let (da, db) = (self.domain_of(b), self.domain_of(a));
+                let (da, db) = (self.domain_of(b, schema), self.domain_of(a, schema));
                 wrap(format!(
                     "{} {} {}",
-                    self.render_with(a, da, false),
+                    self.render_with(a, schema, da, false),
                     op.symbol(),
-                    self.render_with(b, db, false)
+                    self.render_with(b, schema, db, false)
                 ))
             }
             Node::In {
@@ -350,32 +357,38 @@ impl Program {
                 len,
                 negate,
             } => {
-                let d = self.domain_of(item);
+                let d = self.domain_of(item, schema);
                 let list: Vec<String> = self.consts[start as usize..(start + len) as usize]
                     .iter()
                     .map(|&v| Self::render_value(v, d))
                     .collect();
                 wrap(format!(
                     "{} {}in [{}]",
-                    self.render_with(item, None, false),
+                    self.render_with(item, schema, None, false),
                     if negate { "not " } else { "" },
                     list.join(", ")
                 ))
             }
-            Node::IsNull(a) => wrap(format!("{} == null", self.render_with(a, None, false))),
-            Node::IsNotNull(a) => wrap(format!("{} != null", self.render_with(a, None, false))),
+            Node::IsNull(a) => wrap(format!(
+                "{} == null",
+                self.render_with(a, schema, None, false)
+            )),
+            Node::IsNotNull(a) => wrap(format!(
+                "{} != null",
+                self.render_with(a, schema, None, false)
+            )),
             Node::Arith(op, a, b) => wrap(format!(
                 "{} {} {}",
-                self.render_with(a, None, false),
+                self.render_with(a, schema, None, false),
                 op.symbol(),
-                self.render_with(b, None, false)
+                self.render_with(b, schema, None, false)
             )),
-            Node::Neg(a) => format!("-{}", self.render_with(a, None, false)),
+            Node::Neg(a) => format!("-{}", self.render_with(a, schema, None, false)),
             Node::Call { func, start, len } => {
                 let name = Func::NAMES[func as usize];
                 let args: Vec<String> = kids(start, len)
                     .iter()
-                    .map(|&c| self.render_with(c, None, true))
+                    .map(|&c| self.render_with(c, schema, None, true))
                     .collect();
                 format!("{name}({})", args.join(", "))
             }

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value as Json};
 
-use super::schema::{self, DefaultValue as Default, FIELDS, Origin, Ty};
+use super::schema::{DefaultValue as Default, Origin, Schema, Ty};
 use super::value::Value;
 use crate::lang::Version;
 
@@ -39,9 +39,10 @@ pub fn did_you_mean<'a>(
         .map(|(_, c)| c.to_string())
 }
 
-/// The facts of one attention call, one [`Value`] per schema slot.
+/// The facts of one attention call, one [`Value`] per slot of its family's [`Schema`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Facts {
+    pub(crate) schema: &'static Schema,
     pub(crate) values: Vec<Value>,
     /// Raw text of version facts that did not parse, for explanations.
     pub(crate) raw_versions: Vec<(usize, String)>,
@@ -52,9 +53,21 @@ pub struct Facts {
 }
 
 impl Facts {
-    /// Every fact at its default (probes unknown).
+    /// Every fact of the `te` family at its default (probes unknown).
     pub fn defaults() -> Facts {
-        let values = FIELDS
+        Facts::defaults_of(&super::te::TE)
+    }
+
+    /// Every fact of `schema` at its default (probes unknown), derived facts computed.
+    pub(crate) fn defaults_of(schema: &'static Schema) -> Facts {
+        let mut facts = Facts::underived_defaults(schema);
+        (schema.derive)(&mut facts, &Map::new());
+        facts
+    }
+
+    fn underived_defaults(schema: &'static Schema) -> Facts {
+        let values = schema
+            .fields
             .iter()
             .map(|d| match d.default {
                 Default::Null => Value::Null,
@@ -76,66 +89,66 @@ impl Facts {
                 },
             })
             .collect();
-        let mut facts = Facts {
+        Facts {
+            schema,
             values,
             raw_versions: Vec::new(),
             key: crate::cache::KeyMemo::default(),
-        };
-        facts.derive(false);
-        facts
+        }
     }
 
-    /// Reads a config object. See `docs/facts.md` for the fields and their defaults.
+    /// Reads a `te`-family config object (the `config` of TE conformance records). Other
+    /// families: [`Schema::read`]. See `docs/facts.md` for the fields and their defaults.
     pub fn from_json(config: &Json) -> Result<Facts, InputError> {
+        Facts::read(&super::te::TE, config)
+    }
+
+    /// Reads a config object of `schema`'s family: its structured keys through the family's
+    /// reader, every other key as a typed scalar; then the derived facts.
+    pub(crate) fn read(schema: &'static Schema, config: &Json) -> Result<Facts, InputError> {
         let obj = config
             .as_object()
             .ok_or_else(|| err("<config>", "expected an object of facts"))?;
-        let mut facts = Facts::defaults();
-        let mut deterministic_given = false;
+        let mut facts = Facts::underived_defaults(schema);
         for (key, value) in obj {
             match key.as_str() {
                 "id" => {}
-                "deterministic" => {
-                    deterministic_given = true;
-                    facts.set_scalar(key, value)?;
-                }
-                "window_size" => facts.set_int_list(key, value, &["left", "right"], Some(2))?,
-                "core_attention_bias_shape" => {
-                    facts.set_int_list(key, value, &["b", "h", "s_q", "s_kv"], Some(4))?
-                }
-                "alibi_slopes_shape" => {
-                    let n = value.as_array().map(|a| a.len());
-                    facts.set_int_list(key, value, &[], None)?;
-                    if let Some(n) = n {
-                        facts.put("alibi_slopes_shape.len", Value::Int(n as i64));
+                "probe" => facts.set_probes(value)?,
+                _ => {
+                    if !(schema.read_key)(&mut facts, key, value)? {
+                        facts.set_scalar(key, value)?;
                     }
                 }
-                "device_compute_capability" => facts.set_compute_capability(value)?,
-                "cudnn_version" => {
-                    let v = version_from(key, value, true)?;
-                    facts.put_version(key, v);
-                }
-                "fp8_recipe" | "inference" => facts.set_object(key, value, true)?,
-                "flash_attn_versions" | "env" => facts.set_object(key, value, false)?,
-                "probe" => facts.set_probes(value)?,
-                _ => facts.set_scalar(key, value)?,
             }
         }
-        facts.derive(!deterministic_given);
+        (schema.derive)(&mut facts, obj);
         Ok(facts)
+    }
+
+    /// The family schema these facts belong to.
+    pub fn schema(&self) -> &'static Schema {
+        self.schema
     }
 
     /// Value of a fact by path.
     pub fn get(&self, path: &str) -> Option<Value> {
-        schema::slot(path).map(|s| self.values[s])
+        self.schema.slot(path).map(|s| self.values[s])
     }
 
     /// The value of an enum fact as its domain's text (`qkv_dtype` -> `"bf16"`); `None` for
     /// unknown paths, non-enum facts and null.
     pub fn text(&self, path: &str) -> Option<&'static str> {
-        let slot = schema::slot(path)?;
-        match (self.values[slot], FIELDS[slot].ty) {
+        let slot = self.schema.slot(path)?;
+        match (self.values[slot], self.schema.fields[slot].ty) {
             (Value::Enum(i), Ty::Enum(d)) => d.values().get(i as usize).copied(),
+            _ => None,
+        }
+    }
+
+    /// The value of an integer fact.
+    pub(crate) fn int(&self, path: &str) -> Option<i64> {
+        match self.get(path) {
+            Some(Value::Int(i)) => Some(i),
             _ => None,
         }
     }
@@ -155,10 +168,12 @@ impl Facts {
     /// Answers a probe fact (`probe.fused_attn_graph`), as a live adapter would.
     pub fn set_probe(&mut self, name: &str, answer: Option<bool>) -> Result<(), InputError> {
         let path = format!("probe.{name}");
-        let slot = schema::slot(&path)
-            .filter(|s| FIELDS[*s].origin == Origin::Probe)
+        let slot = self
+            .schema
+            .slot(&path)
+            .filter(|s| self.schema.fields[*s].origin == Origin::Probe)
             .ok_or_else(|| InputError {
-                suggestion: did_you_mean(&path, probe_names()),
+                suggestion: did_you_mean(&path, self.schema.probe_names()),
                 ..err(&path, "unknown probe")
             })?;
         self.key.clear();
@@ -169,20 +184,32 @@ impl Facts {
     /// Answers every probe the same way (conformance runs answer "supported").
     pub fn set_all_probes(&mut self, answer: bool) {
         self.key.clear();
-        for (slot, d) in FIELDS.iter().enumerate() {
+        for (slot, d) in self.schema.fields.iter().enumerate() {
             if d.origin == Origin::Probe {
                 self.values[slot] = Value::Bool(answer);
             }
         }
     }
 
-    fn put(&mut self, path: &str, v: Value) {
+    pub(crate) fn put(&mut self, path: &str, v: Value) {
         self.key.clear();
-        self.values[schema::known_slot(path)] = v;
+        self.values[self.schema.known_slot(path)] = v;
+    }
+
+    /// A version fact given as a string (or, where `array_ok`, as `[9, 19, 0]`).
+    pub(crate) fn set_version(
+        &mut self,
+        path: &str,
+        value: &Json,
+        array_ok: bool,
+    ) -> Result<(), InputError> {
+        let v = version_from(path, value, array_ok)?;
+        self.put_version(path, v);
+        Ok(())
     }
 
     fn put_version(&mut self, path: &str, v: Result<Option<Version>, String>) {
-        let slot = schema::known_slot(path);
+        let slot = self.schema.known_slot(path);
         self.key.clear();
         self.raw_versions.retain(|(s, _)| *s != slot);
         self.values[slot] = match v {
@@ -195,17 +222,17 @@ impl Facts {
         };
     }
 
-    fn set_scalar(&mut self, path: &str, value: &Json) -> Result<(), InputError> {
-        let slot = match schema::slot(path) {
-            Some(s) if FIELDS[s].origin == Origin::Input => s,
+    pub(crate) fn set_scalar(&mut self, path: &str, value: &Json) -> Result<(), InputError> {
+        let slot = match self.schema.slot(path) {
+            Some(s) if self.schema.fields[s].origin == Origin::Input => s,
             _ => {
                 return Err(InputError {
-                    suggestion: did_you_mean(path, schema::input_keys()),
+                    suggestion: did_you_mean(path, self.schema.input_keys()),
                     ..err(path, "unknown fact")
                 });
             }
         };
-        let d = &FIELDS[slot];
+        let d = self.schema.def(slot);
         if value.is_null() {
             if d.nullable {
                 self.values[slot] = Value::Null;
@@ -227,7 +254,7 @@ impl Facts {
         Ok(())
     }
 
-    fn set_int_list(
+    pub(crate) fn set_int_list(
         &mut self,
         path: &str,
         value: &Json,
@@ -267,10 +294,17 @@ impl Facts {
         Ok(())
     }
 
-    fn set_compute_capability(&mut self, value: &Json) -> Result<(), InputError> {
-        const PATH: &str = "device_compute_capability";
+    /// A compute capability given as `[major, minor]`, `"9.0"` or `"sm90"`, into the
+    /// `PATH.major` / `PATH.minor` facts.
+    pub(crate) fn set_compute_capability(
+        &mut self,
+        path: &str,
+        value: &Json,
+    ) -> Result<(), InputError> {
+        let path_major = format!("{path}.major");
+        let path_minor = format!("{path}.minor");
         let (major, minor) = match value {
-            Json::Array(a) if a.len() == 2 => (int_from(PATH, &a[0])?, int_from(PATH, &a[1])?),
+            Json::Array(a) if a.len() == 2 => (int_from(path, &a[0])?, int_from(path, &a[1])?),
             Json::String(s) => {
                 let t = s.trim_start_matches("sm").trim_start_matches("sm_");
                 let parsed = match t.split_once('.') {
@@ -279,26 +313,36 @@ impl Facts {
                 };
                 parsed.ok_or_else(|| {
                     err(
-                        PATH,
+                        path,
                         format!("expected [major, minor], \"9.0\" or \"sm90\", found {s:?}"),
                     )
                 })?
             }
-            _ => return Err(err(PATH, format!("expected [major, minor], found {value}"))),
+            _ => return Err(err(path, format!("expected [major, minor], found {value}"))),
         };
         if !(0..100).contains(&major) || !(0..10).contains(&minor) {
             return Err(err(
-                PATH,
+                path,
                 format!("[{major}, {minor}] is not a compute capability"),
             ));
         }
-        self.put("device_compute_capability.major", Value::Int(major));
-        self.put("device_compute_capability.minor", Value::Int(minor));
+        self.put(&path_major, Value::Int(major));
+        self.put(&path_minor, Value::Int(minor));
         Ok(())
     }
 
-    fn set_object(&mut self, path: &str, value: &Json, nullable: bool) -> Result<(), InputError> {
-        let members: Vec<&'static str> = FIELDS
+    /// A structured fact given as an object of its members (`inference`, `flash_attn_versions`);
+    /// `nullable`: `null` means absent, and a present object's members start from the family's
+    /// member defaults.
+    pub(crate) fn set_object(
+        &mut self,
+        path: &str,
+        value: &Json,
+        nullable: bool,
+    ) -> Result<(), InputError> {
+        let members: Vec<&'static str> = self
+            .schema
+            .fields
             .iter()
             .filter_map(|d| d.path.strip_prefix(path).and_then(|r| r.strip_prefix('.')))
             .collect();
@@ -322,13 +366,7 @@ impl Facts {
             self.put(path, Value::Bool(true));
             // Members of a present object start from their documented defaults.
             for m in &members {
-                let default = match (path, *m) {
-                    ("fp8_recipe", "fp8_dpa" | "fp8_mha") => Value::Bool(false),
-                    ("fp8_recipe", "reduce_amax") => Value::Bool(true),
-                    ("inference", "is_paged") => Value::Bool(false),
-                    ("inference", _) => Value::Int(0),
-                    _ => Value::Null,
-                };
+                let default = (self.schema.member_default)(path, m);
                 self.put(&format!("{path}.{m}"), default);
             }
         }
@@ -341,20 +379,42 @@ impl Facts {
                     ..err(&full, "unknown field")
                 });
             }
-            if path == "env" {
-                let n = env_int(&full, v)?;
-                self.put(&full, n.map_or(Value::Null, Value::Int));
-            } else {
-                self.set_member(&full, v)?;
+            self.set_member(&full, v)?;
+        }
+        Ok(())
+    }
+
+    /// Environment variables (`env: {NVTE_FLASH_ATTN: "0"}`): strings read as TE reads them,
+    /// with `int(...)`.
+    pub(crate) fn set_env(&mut self, path: &str, value: &Json) -> Result<(), InputError> {
+        let members: Vec<&'static str> = self
+            .schema
+            .fields
+            .iter()
+            .filter_map(|d| d.path.strip_prefix(path).and_then(|r| r.strip_prefix('.')))
+            .collect();
+        let obj = value
+            .as_object()
+            .ok_or_else(|| err(path, format!("expected an object, found {value}")))?;
+        for (k, v) in obj {
+            let full = format!("{path}.{k}");
+            if !members.contains(&k.as_str()) {
+                return Err(InputError {
+                    suggestion: did_you_mean(k, members.iter().copied())
+                        .map(|s| format!("{path}.{s}")),
+                    ..err(&full, "unknown field")
+                });
             }
+            let n = env_int(&full, v)?;
+            self.put(&full, n.map_or(Value::Null, Value::Int));
         }
         Ok(())
     }
 
     fn set_member(&mut self, full: &str, v: &Json) -> Result<(), InputError> {
         // Members use the same typing as top-level scalars.
-        let slot = schema::known_slot(full);
-        let d = &FIELDS[slot];
+        let slot = self.schema.known_slot(full);
+        let d = self.schema.def(slot);
         if v.is_null() {
             if d.nullable || d.ty == Ty::Version {
                 self.values[slot] = Value::Null;
@@ -397,41 +457,6 @@ impl Facts {
         }
         Ok(())
     }
-
-    /// Computes derived facts. `derive_deterministic`: `deterministic` was not given, so it
-    /// follows DPA's derivation from NVTE_ALLOW_NONDETERMINISTIC_ALGO.
-    fn derive(&mut self, derive_deterministic: bool) {
-        let int = |f: &Facts, p: &str| match f.values[schema::known_slot(p)] {
-            Value::Int(i) => Some(i),
-            _ => None,
-        };
-        let major = int(self, "device_compute_capability.major").unwrap_or(0);
-        let minor = int(self, "device_compute_capability.minor").unwrap_or(0);
-        self.put("device_compute_capability", Value::Bool(true));
-        self.put("flash_attn_versions", Value::Bool(true));
-        self.put("env", Value::Bool(true));
-        self.put("sm", Value::Int(major * 10 + minor));
-        if derive_deterministic {
-            let det = int(self, "env.NVTE_ALLOW_NONDETERMINISTIC_ALGO") == Some(0);
-            self.put("deterministic", Value::Bool(det));
-        }
-        // TE normalises only an absent window (check_set_window_size when window_size is None).
-        let causal = match self.values[schema::known_slot("attn_mask_type")] {
-            Value::Enum(i) => {
-                super::domains::Domain::AttnMaskType.values()[i as usize].contains("causal")
-            }
-            _ => false,
-        };
-        let (left, right) = match (
-            int(self, "window_size.left"),
-            int(self, "window_size.right"),
-        ) {
-            (Some(l), Some(r)) => (l, r),
-            _ => (-1, if causal { 0 } else { -1 }),
-        };
-        self.put("window.left", Value::Int(left));
-        self.put("window.right", Value::Int(right));
-    }
 }
 
 /// A JSON value as a bool, int, float or enum fact (the scalar types that need no side state).
@@ -470,13 +495,6 @@ fn typed_value(path: &str, ty: Ty, value: &Json) -> Result<Value, InputError> {
         }
         Ty::Version | Ty::Object => return Err(err(path, "unsupported member type")),
     })
-}
-
-fn probe_names() -> impl Iterator<Item = &'static str> {
-    FIELDS
-        .iter()
-        .filter(|d| d.origin == Origin::Probe)
-        .map(|d| d.path)
 }
 
 fn int_from(path: &str, v: &Json) -> Result<i64, InputError> {

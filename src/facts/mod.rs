@@ -1,12 +1,15 @@
-//! Facts: the typed input of a decision (schema, domains, values, reading configs, presets).
+//! Facts: the typed input of a decision. A pack family's [`Schema`] (the `te` family in
+//! [`te`]) names each fact with its type, domain and default; [`Facts`] holds one value per
+//! fact; [`presets`] are named configurations.
 
 pub mod domains;
 pub mod input;
 pub mod presets;
 pub mod schema;
+pub mod te;
 pub mod value;
 
 pub use domains::Domain;
 pub use input::{Facts, InputError, did_you_mean};
-pub use schema::{FIELDS, FieldDef, Origin, Ty};
+pub use schema::{FieldDef, Origin, Schema, Ty, families, family};
 pub use value::Value;

@@ -1,12 +1,17 @@
-//! The typed schema of attention facts: every field of TransformerEngine 2.20.2's
-//! `AttentionParams` under TE's names, the environment the selector reads, and probe facts.
-//! A fact's slot is its index in [`FIELDS`]; `docs/facts.md` is generated from this table
-//! (a test keeps it current).
+//! Typed fact schemas. A [`Schema`] belongs to a *pack family*: the `te` family (TE's
+//! `AttentionParams`, its environment and probes; packs `te` and `native`) has its table in
+//! [`super::te`]; another selector (PyTorch SDPA) brings its own family with its own facts.
+//! A pack names its family in `pack.yaml` (`family:`, default `te`), and the checker, the
+//! decision and the analysis read fact names, types and domains from that pack's schema.
+//! A fact's slot is its index in [`Schema::fields`]; `docs/facts.md` is generated from the
+//! tables (a test keeps it current).
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
+
+use serde_json::{Map, Value as Json};
 
 use super::domains::Domain;
+use super::input::{Facts, InputError};
 
 /// The type of a fact or expression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,7 +75,12 @@ pub struct FieldDef {
     pub doc: &'static str,
 }
 
-const fn f(path: &'static str, ty: Ty, default: DefaultValue, doc: &'static str) -> FieldDef {
+pub(crate) const fn f(
+    path: &'static str,
+    ty: Ty,
+    default: DefaultValue,
+    doc: &'static str,
+) -> FieldDef {
     FieldDef {
         path,
         ty,
@@ -82,12 +92,12 @@ const fn f(path: &'static str, ty: Ty, default: DefaultValue, doc: &'static str)
     }
 }
 
-const fn fixed(mut d: FieldDef) -> FieldDef {
+pub(crate) const fn fixed(mut d: FieldDef) -> FieldDef {
     d.fixed = true;
     d
 }
 
-const fn derived(path: &'static str, ty: Ty, doc: &'static str) -> FieldDef {
+pub(crate) const fn derived(path: &'static str, ty: Ty, doc: &'static str) -> FieldDef {
     FieldDef {
         path,
         ty,
@@ -99,12 +109,12 @@ const fn derived(path: &'static str, ty: Ty, doc: &'static str) -> FieldDef {
     }
 }
 
-const fn opt(mut d: FieldDef) -> FieldDef {
+pub(crate) const fn opt(mut d: FieldDef) -> FieldDef {
     d.nullable = true;
     d
 }
 
-const fn probe(path: &'static str, doc: &'static str) -> FieldDef {
+pub(crate) const fn probe(path: &'static str, doc: &'static str) -> FieldDef {
     FieldDef {
         path,
         ty: Ty::Bool,
@@ -116,597 +126,170 @@ const fn probe(path: &'static str, doc: &'static str) -> FieldDef {
     }
 }
 
-use DefaultValue as D;
-use Domain as Dom;
+/// Reads the family's structured config keys (`window_size`, `device_compute_capability`, ...)
+/// into facts that start at their defaults. Returns `Ok(false)` for a plain scalar key, which
+/// the generic reader then types against the schema.
+pub(crate) type ReadKey = fn(&mut Facts, &str, &Json) -> Result<bool, InputError>;
 
-/// Every fact. Order is the slot order (and the order of `docs/facts.md`).
-pub static FIELDS: &[FieldDef] = &[
-    // --- AttentionParams (TE 2.20.2, utils.py:200-355) ---
-    f(
-        "qkv_type",
-        Ty::Enum(Dom::QkvType),
-        D::Enum("Tensor"),
-        "Python class of the query tensor.",
-    ),
-    f(
-        "qkv_dtype",
-        Ty::Enum(Dom::Dtype),
-        D::Enum("bf16"),
-        "dtype of q (for quantized tensors the nominal dtype).",
-    ),
-    f(
-        "nominal_dtype",
-        Ty::Enum(Dom::Dtype),
-        D::Null,
-        "Model precision of O/dQKV when qkv_dtype is FP8.",
-    ),
-    f(
-        "qkv_layout",
-        Ty::Enum(Dom::QkvLayout),
-        D::Enum("sbhd_sbhd_sbhd"),
-        "Memory layout of q, k, v.",
-    ),
-    f(
-        "batch_size",
-        Ty::Int,
-        D::Int(1),
-        "Batch size (THD: number of sequences).",
-    ),
-    f("num_heads", Ty::Int, D::Int(16), "Query heads."),
-    f("num_gqa_groups", Ty::Int, D::Int(16), "Key/value heads."),
-    f(
-        "max_seqlen_q",
-        Ty::Int,
-        D::Int(128),
-        "Max query length (bshd/sbhd under CP: multiplied by cp_size).",
-    ),
-    f(
-        "max_seqlen_kv",
-        Ty::Int,
-        D::Int(128),
-        "Max key/value length (same CP scaling).",
-    ),
-    f(
-        "num_tokens_q",
-        Ty::Int,
-        D::Int(0),
-        "Total query tokens when q is THD, else 0.",
-    ),
-    f(
-        "num_tokens_kv",
-        Ty::Int,
-        D::Int(0),
-        "Total key/value tokens when kv is THD, else 0.",
-    ),
-    f("head_dim_qk", Ty::Int, D::Int(64), "Q/K head size."),
-    f("head_dim_v", Ty::Int, D::Int(64), "V head size."),
-    f(
-        "attn_mask_type",
-        Ty::Enum(Dom::AttnMaskType),
-        D::Enum("no_mask"),
-        "Mask kind.",
-    ),
-    f(
-        "window_size",
-        Ty::Object,
-        D::Null,
-        "Sliding window [left, right] as given (-1 = unbounded); null = none given.",
-    ),
-    opt(f(
-        "window_size.left",
-        Ty::Int,
-        D::Null,
-        "Left bound of the window as given (null when window_size is null).",
-    )),
-    opt(f(
-        "window_size.right",
-        Ty::Int,
-        D::Null,
-        "Right bound of the window as given (null when window_size is null).",
-    )),
-    f(
-        "bottom_right_diagonal",
-        Ty::Bool,
-        D::Bool(true),
-        "Anchor of the SWA/ALiBi diagonal.",
-    ),
-    f(
-        "softcap",
-        Ty::Float,
-        D::Float(0.0),
-        "tanh logit soft-capping; 0 = off.",
-    ),
-    f(
-        "alibi_slopes_shape",
-        Ty::Object,
-        D::Null,
-        "Shape of user ALiBi slopes ([H] or [B, H]); null = default slopes.",
-    ),
-    opt(f(
-        "alibi_slopes_shape.len",
-        Ty::Int,
-        D::Null,
-        "Rank of alibi_slopes_shape.",
-    )),
-    f(
-        "core_attention_bias_type",
-        Ty::Enum(Dom::BiasType),
-        D::Enum("no_bias"),
-        "Bias kind.",
-    ),
-    f(
-        "core_attention_bias_shape",
-        Ty::Object,
-        D::Null,
-        "Shape [b, h, s_q, s_kv] of the bias tensor; null = none.",
-    ),
-    opt(f(
-        "core_attention_bias_shape.b",
-        Ty::Int,
-        D::Null,
-        "Bias batch dimension.",
-    )),
-    opt(f(
-        "core_attention_bias_shape.h",
-        Ty::Int,
-        D::Null,
-        "Bias head dimension.",
-    )),
-    opt(f(
-        "core_attention_bias_shape.s_q",
-        Ty::Int,
-        D::Null,
-        "Bias query-length dimension.",
-    )),
-    opt(f(
-        "core_attention_bias_shape.s_kv",
-        Ty::Int,
-        D::Null,
-        "Bias key-length dimension.",
-    )),
-    f(
-        "core_attention_bias_requires_grad",
-        Ty::Bool,
-        D::Bool(true),
-        "Whether dBias is needed. Default True (AttentionParams' default, which the conformance corpus leaves in place without a bias; FU.44 reads it).",
-    ),
-    f(
-        "pad_between_seqs",
-        Ty::Bool,
-        D::Bool(false),
-        "THD has gaps between sequences.",
-    ),
-    f(
-        "attention_dropout",
-        Ty::Float,
-        D::Float(0.0),
-        "Dropout probability.",
-    ),
-    f(
-        "context_parallel",
-        Ty::Bool,
-        D::Bool(false),
-        "Context parallelism active (cp_size > 1).",
-    ),
-    f(
-        "cp_comm_type",
-        Ty::Enum(Dom::CpCommType),
-        D::Enum("p2p"),
-        "Context-parallel algorithm.",
-    ),
-    f(
-        "cp_size",
-        Ty::Int,
-        D::Int(1),
-        "Total context-parallel group size.",
-    ),
-    f(
-        "cp_size_a2a",
-        Ty::Int,
-        D::Int(1),
-        "a2a sub-group size for a2a+p2p.",
-    ),
-    f(
-        "deterministic",
-        Ty::Bool,
-        D::Bool(false),
-        "Determinism required. Absent: true iff env NVTE_ALLOW_NONDETERMINISTIC_ALGO is 0 (DPA's derivation).",
-    ),
-    f(
-        "is_training",
-        Ty::Bool,
-        D::Bool(true),
-        "Training mode (backward will run).",
-    ),
-    f("fp8", Ty::Bool, D::Bool(false), "Inside an FP8 autocast."),
-    f(
-        "fp8_recipe",
-        Ty::Object,
-        D::Null,
-        "fp8_meta[\"recipe\"]; null = none.",
-    ),
-    opt(f(
-        "fp8_recipe.recipe",
-        Ty::Enum(Dom::RecipeKind),
-        D::Null,
-        "Recipe class.",
-    )),
-    opt(f(
-        "fp8_recipe.fp8_dpa",
-        Ty::Bool,
-        D::Null,
-        "recipe.fp8_dpa: FP8 dot-product attention.",
-    )),
-    opt(f(
-        "fp8_recipe.fp8_mha",
-        Ty::Bool,
-        D::Null,
-        "recipe.fp8_mha: FP8 multi-head attention (implies fp8_dpa in DPA).",
-    )),
-    opt(f(
-        "fp8_recipe.fp8_format",
-        Ty::Enum(Dom::Fp8Format),
-        D::Null,
-        "recipe.fp8_format.",
-    )),
-    opt(f(
-        "fp8_recipe.reduce_amax",
-        Ty::Bool,
-        D::Null,
-        "DelayedScaling.reduce_amax (TE default true).",
-    )),
-    opt(f(
-        "fp8_recipe.local_recipe",
-        Ty::Enum(Dom::RecipeKind),
-        D::Null,
-        "Class of fp8_meta[\"local_recipes\"][0] if present; the FP8 filters read it in place of recipe.",
-    )),
-    f(
-        "inference",
-        Ty::Object,
-        D::Null,
-        "KV cache (inference_params); null = no KV cache.",
-    ),
-    opt(f(
-        "inference.is_paged",
-        Ty::Bool,
-        D::Null,
-        "Paged KV cache.",
-    )),
-    opt(f(
-        "inference.page_size",
-        Ty::Int,
-        D::Null,
-        "Page size (tokens).",
-    )),
-    opt(f(
-        "inference.total_num_pages",
-        Ty::Int,
-        D::Null,
-        "Total pages.",
-    )),
-    opt(f(
-        "inference.max_pages_per_seq",
-        Ty::Int,
-        D::Null,
-        "cache_manager.max_pages_per_seq.",
-    )),
-    f(
-        "softmax_type",
-        Ty::Enum(Dom::SoftmaxType),
-        D::Enum("vanilla"),
-        "Softmax variant.",
-    ),
-    f(
-        "return_max_logit",
-        Ty::Bool,
-        D::Bool(false),
-        "Also return the max logit.",
-    ),
-    f(
-        "cuda_graph",
-        Ty::Bool,
-        D::Bool(false),
-        "A CUDA graph is being captured.",
-    ),
-    f("num_splits", Ty::Int, D::Int(1), "Split-KV count."),
-    f(
-        "softmax_scale",
-        Ty::Float,
-        D::Float(1.0),
-        "Scale applied before softmax.",
-    ),
-    f(
-        "fp8_output",
-        Ty::Bool,
-        D::Bool(false),
-        "FP8 output requested.",
-    ),
-    f(
-        "checkpoint_core_attention",
-        Ty::Bool,
-        D::Bool(false),
-        "Recompute core attention in backward.",
-    ),
-    f(
-        "has_score_mod",
-        Ty::Bool,
-        D::Bool(false),
-        "A score_mod callback was given.",
-    ),
-    f(
-        "has_score_mod_bprop",
-        Ty::Bool,
-        D::Bool(false),
-        "A score_mod backward callback was given.",
-    ),
-    f(
-        "is_in_onnx_export_mode",
-        Ty::Bool,
-        D::Bool(false),
-        "ONNX export in progress (unfused FP8 emulation allowed).",
-    ),
-    // --- Device and libraries ---
-    fixed(f(
-        "device_compute_capability",
-        Ty::Object,
-        D::Computed,
-        "[major, minor] of the current device. Default [9, 0].",
-    )),
-    fixed(f(
-        "device_compute_capability.major",
-        Ty::Int,
-        D::Int(9),
-        "Compute capability major.",
-    )),
-    fixed(f(
-        "device_compute_capability.minor",
-        Ty::Int,
-        D::Int(0),
-        "Compute capability minor.",
-    )),
-    fixed(derived(
-        "sm",
-        Ty::Int,
-        "major * 10 + minor (90 = Hopper, 100 = B200, 103 = B300, 120 = RTX Blackwell).",
-    )),
-    f(
-        "cudnn_version",
-        Ty::Version,
-        D::Version("9.19.0"),
-        "cuDNN runtime version ([9, 19, 0] or \"9.19.0\").",
-    ),
-    f(
-        "flash_attn_versions",
-        Ty::Object,
-        D::Computed,
-        "Installed flash-attn packages {v2, v3, v4} (null = not installed).",
-    ),
-    f(
-        "flash_attn_versions.v2",
-        Ty::Version,
-        D::Null,
-        "flash-attn (2.x) version.",
-    ),
-    f(
-        "flash_attn_versions.v3",
-        Ty::Version,
-        D::Null,
-        "flash-attn-3 version.",
-    ),
-    f(
-        "flash_attn_versions.v4",
-        Ty::Version,
-        D::Null,
-        "flash-attn-4 version.",
-    ),
-    f(
-        "flash_attn_versions.fa3_supports_softcap",
-        Ty::Bool,
-        D::Bool(false),
-        "FA3 build exposes softcap in all three entry points.",
-    ),
-    f(
-        "cudnn_frontend_version",
-        Ty::Version,
-        D::Null,
-        "nvidia-cudnn-frontend version; null = not installed; unparseable compares false.",
-    ),
-    f(
-        "cutlass_dsl_version",
-        Ty::Version,
-        D::Null,
-        "nvidia-cutlass-dsl version; null = not installed.",
-    ),
-    // --- Environment switches (integers, as TE reads them; null = not set) ---
-    f(
-        "env",
-        Ty::Object,
-        D::Computed,
-        "Environment variables the selector reads.",
-    ),
-    opt(f(
-        "env.NVTE_FLASH_ATTN",
-        Ty::Int,
-        D::Null,
-        "0 turns off every FlashAttention version (default 1).",
-    )),
-    opt(f(
-        "env.NVTE_FLASH_ATTN_V2",
-        Ty::Int,
-        D::Null,
-        "0 turns off FlashAttention 2.",
-    )),
-    opt(f(
-        "env.NVTE_FLASH_ATTN_V3",
-        Ty::Int,
-        D::Null,
-        "0 turns off FlashAttention 3.",
-    )),
-    opt(f(
-        "env.NVTE_FLASH_ATTN_V4",
-        Ty::Int,
-        D::Null,
-        "0 turns off FlashAttention 4.",
-    )),
-    opt(f(
-        "env.NVTE_FUSED_ATTN",
-        Ty::Int,
-        D::Null,
-        "0 turns off FusedAttention.",
-    )),
-    opt(f(
-        "env.NVTE_UNFUSED_ATTN",
-        Ty::Int,
-        D::Null,
-        "0 turns off UnfusedDotProductAttention.",
-    )),
-    opt(f(
-        "env.NVTE_FROST_ATTN",
-        Ty::Int,
-        D::Null,
-        "0 turns off FrostAttention.",
-    )),
-    opt(f(
-        "env.NVTE_ALLOW_NONDETERMINISTIC_ALGO",
-        Ty::Int,
-        D::Null,
-        "0 makes `deterministic` true when it is not given.",
-    )),
-    opt(f(
-        "env.NVTE_UnfusedDPA_Emulate_FP8",
-        Ty::Int,
-        D::Null,
-        "1 lets unfused attention emulate FP8.",
-    )),
-    opt(f(
-        "env.NVTE_DPA_FP8CS_O_in_F16",
-        Ty::Int,
-        D::Null,
-        "Output dtype of FP8 current scaling (default 1).",
-    )),
-    opt(f(
-        "env.NVTE_FP8_DPA_BWD",
-        Ty::Int,
-        D::Null,
-        "FP8 backward for DPA (logged only).",
-    )),
-    opt(f(
-        "env.CUDNN_FRONTEND_ENABLE_FROST_ENGINES",
-        Ty::Int,
-        D::Null,
-        "0 disables cuDNN FROST engines.",
-    )),
-    opt(f(
-        "env.NVTE_FROST_TEST_REQUIRED",
-        Ty::Int,
-        D::Null,
-        "Test-only: a missing FROST fails tests; no effect on selection.",
-    )),
-    // --- Derived ---
-    derived(
-        "window.left",
-        Ty::Int,
-        "window_size.left, or the default for the mask when window_size is null (-1).",
-    ),
-    derived(
-        "window.right",
-        Ty::Int,
-        "window_size.right, or the default for the mask when null: 0 for causal masks, -1 otherwise.",
-    ),
-    // --- Probes (answered by live adapters; unknown otherwise) ---
-    probe(
-        "probe.cuda_device",
-        "A usable CUDA GPU and driver are present (and the build has the `cuda` feature).",
-    ),
-    probe(
-        "probe.fused_attn_graph",
-        "cuDNN can build the FusedAttention graph (forward, and backward when training) on this GPU.",
-    ),
-    probe(
-        "probe.frost_plan",
-        "cuDNN frontend returns a FROST plan (checked by name) for this graph on this GPU.",
-    ),
-];
+/// Computes the family's derived facts once the input is read; `given` is the config object
+/// (some derivations depend on whether a key was given at all).
+pub(crate) type Derive = fn(&mut Facts, given: &Map<String, Json>);
 
-static BY_PATH: LazyLock<HashMap<&'static str, usize>> = LazyLock::new(|| {
-    FIELDS
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (d.path, i))
-        .collect()
-});
-
-/// Slot of a fact path.
-pub fn slot(path: &str) -> Option<usize> {
-    BY_PATH.get(path).copied()
+/// The facts of one pack family: names, types, domains, defaults, origins, and how a config
+/// object of that family is read. Immutable and `'static` (families are compiled in).
+pub struct Schema {
+    /// Family name as packs write it (`family: te`).
+    pub family: &'static str,
+    /// One line: whose selector's inputs these are.
+    pub about: &'static str,
+    /// Every fact; index = slot.
+    pub fields: &'static [FieldDef],
+    by_path: HashMap<&'static str, usize>,
+    pub(crate) read_key: ReadKey,
+    pub(crate) derive: Derive,
+    /// Default of a member of a structured fact once the object is present (`inference.page_size`).
+    pub(crate) member_default: fn(object: &str, member: &str) -> super::Value,
 }
 
-/// Slot of a fact path that the engine itself relies on.
-pub(crate) fn known_slot(path: &str) -> usize {
-    slot(path).unwrap_or_else(|| panic!("schema lacks built-in fact {path}"))
-}
-
-pub fn def(slot: usize) -> &'static FieldDef {
-    &FIELDS[slot]
-}
-
-/// Top-level input keys (the `config` object of conformance records), for did-you-mean.
-pub fn input_keys() -> Vec<&'static str> {
-    let mut keys: Vec<&'static str> = FIELDS
-        .iter()
-        .filter(|d| d.origin == Origin::Input)
-        .map(|d| d.path.split('.').next().unwrap_or(d.path))
-        .collect();
-    keys.push("id");
-    keys.push("probe");
-    keys.dedup();
-    keys
-}
-
-/// Names usable in expressions, for did-you-mean.
-pub fn expression_names() -> impl Iterator<Item = &'static str> {
-    FIELDS.iter().map(|d| d.path)
-}
-
-/// The fact catalogue as a markdown table (`attn-policy facts`, docs/facts.md).
-pub fn markdown_table() -> String {
-    let mut out =
-        String::from("| fact | type | default | origin | meaning |\n|---|---|---|---|---|\n");
-    for d in FIELDS {
-        let ty = if d.nullable {
-            format!("{}?", d.ty.name())
-        } else {
-            d.ty.name()
-        };
-        let default = match d.default {
-            DefaultValue::Null => "null".to_string(),
-            DefaultValue::Bool(b) => b.to_string(),
-            DefaultValue::Int(i) => i.to_string(),
-            DefaultValue::Float(x) => format!("{x:?}"),
-            DefaultValue::Enum(e) => format!("`{e}`"),
-            DefaultValue::Version(v) => v.to_string(),
-            DefaultValue::Computed => match d.origin {
-                Origin::Probe => "unknown".to_string(),
-                _ => "computed".to_string(),
-            },
-        };
-        let origin = match d.origin {
-            Origin::Input => {
-                if d.fixed {
-                    "input (fixed)"
-                } else {
-                    "input"
-                }
-            }
-            Origin::Derived => "derived",
-            Origin::Probe => "probe",
-        };
-        out.push_str(&format!(
-            "| `{}` | {ty} | {default} | {origin} | {} |\n",
-            d.path,
-            d.doc.replace('|', "\\|")
-        ));
+impl std::fmt::Debug for Schema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Schema({})", self.family)
     }
-    out
+}
+
+impl PartialEq for Schema {
+    /// Families are singletons: two schemas are the same family or different ones.
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Schema {
+    pub(crate) fn new(
+        family: &'static str,
+        about: &'static str,
+        fields: &'static [FieldDef],
+        read_key: ReadKey,
+        derive: Derive,
+        member_default: fn(&str, &str) -> super::Value,
+    ) -> Schema {
+        Schema {
+            family,
+            about,
+            fields,
+            by_path: fields
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (d.path, i))
+                .collect(),
+            read_key,
+            derive,
+            member_default,
+        }
+    }
+
+    /// Slot of a fact path.
+    pub fn slot(&self, path: &str) -> Option<usize> {
+        self.by_path.get(path).copied()
+    }
+
+    /// Slot of a fact path that the family's own code relies on.
+    pub(crate) fn known_slot(&self, path: &str) -> usize {
+        self.slot(path)
+            .unwrap_or_else(|| panic!("schema `{}` lacks built-in fact {path}", self.family))
+    }
+
+    /// The definition of a slot.
+    pub fn def(&self, slot: usize) -> &'static FieldDef {
+        &self.fields[slot]
+    }
+
+    /// Top-level input keys (the `config` object), for did-you-mean.
+    pub fn input_keys(&self) -> Vec<&'static str> {
+        let mut keys: Vec<&'static str> = self
+            .fields
+            .iter()
+            .filter(|d| d.origin == Origin::Input)
+            .map(|d| d.path.split('.').next().unwrap_or(d.path))
+            .collect();
+        keys.push("id");
+        keys.push("probe");
+        keys.dedup();
+        keys
+    }
+
+    /// Names usable in expressions, for did-you-mean.
+    pub fn expression_names(&self) -> impl Iterator<Item = &'static str> {
+        self.fields.iter().map(|d| d.path)
+    }
+
+    /// Probe facts (`probe.NAME`).
+    pub fn probe_names(&self) -> impl Iterator<Item = &'static str> {
+        self.fields
+            .iter()
+            .filter(|d| d.origin == Origin::Probe)
+            .map(|d| d.path)
+    }
+
+    /// The fact catalogue as a markdown table (`attn-policy facts`, docs/facts.md).
+    pub fn markdown_table(&self) -> String {
+        let mut out =
+            String::from("| fact | type | default | origin | meaning |\n|---|---|---|---|---|\n");
+        for d in self.fields {
+            let ty = if d.nullable {
+                format!("{}?", d.ty.name())
+            } else {
+                d.ty.name()
+            };
+            let default = match d.default {
+                DefaultValue::Null => "null".to_string(),
+                DefaultValue::Bool(b) => b.to_string(),
+                DefaultValue::Int(i) => i.to_string(),
+                DefaultValue::Float(x) => format!("{x:?}"),
+                DefaultValue::Enum(e) => format!("`{e}`"),
+                DefaultValue::Version(v) => v.to_string(),
+                DefaultValue::Computed => match d.origin {
+                    Origin::Probe => "unknown".to_string(),
+                    _ => "computed".to_string(),
+                },
+            };
+            let origin = match d.origin {
+                Origin::Input => {
+                    if d.fixed {
+                        "input (fixed)"
+                    } else {
+                        "input"
+                    }
+                }
+                Origin::Derived => "derived",
+                Origin::Probe => "probe",
+            };
+            out.push_str(&format!(
+                "| `{}` | {ty} | {default} | {origin} | {} |\n",
+                d.path,
+                d.doc.replace('|', "\\|")
+            ));
+        }
+        out
+    }
+
+    /// Every fact at its default (probes unknown), derived facts computed.
+    pub fn defaults(&'static self) -> Facts {
+        Facts::defaults_of(self)
+    }
+
+    /// Reads a config object of this family. See `docs/facts.md` for the fields and defaults.
+    pub fn read(&'static self, config: &Json) -> Result<Facts, InputError> {
+        Facts::read(self, config)
+    }
+}
+
+/// Every compiled-in family, by name.
+pub fn families() -> [&'static Schema; 1] {
+    [&*super::te::TE]
+}
+
+/// The family a pack names (`family: te`).
+pub fn family(name: &str) -> Option<&'static Schema> {
+    families().into_iter().find(|s| s.family == name)
 }

@@ -11,7 +11,7 @@ use super::source::SourceMap;
 use super::yaml::{BackendFile, LayerFile, PackFile, RuleDef};
 use crate::diag::{Diagnostic, Diagnostics, Loc};
 use crate::facts::did_you_mean;
-use crate::facts::schema::{FIELDS, Origin};
+use crate::facts::schema::{Origin, Schema};
 use crate::lang::{Version, parse_expr};
 use crate::policy::{Backend, Policy, Preference, Rule, RuleKind, Variant};
 use crate::typecheck::{Compiled, Compiler, TypeError};
@@ -145,6 +145,34 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
         return Err(fail(l));
     };
 
+    // The family: which facts the pack's expressions read.
+    let schema: &'static Schema = match &pack.family {
+        None => &crate::facts::te::TE,
+        Some(name) => match crate::facts::family(&name.value) {
+            Some(s) => s,
+            None => {
+                let known: Vec<&str> = crate::facts::families().iter().map(|s| s.family).collect();
+                let loc = l.sources.node_loc(pack_file, name);
+                l.diags.push(
+                    Diagnostic::error(
+                        "E-FAMILY",
+                        format!(
+                            "unknown pack family `{}`; families: {}",
+                            name.value,
+                            known.join(", ")
+                        ),
+                    )
+                    .at(loc)
+                    .help(
+                        did_you_mean(&name.value, known.iter().copied())
+                            .map(|s| format!("did you mean `{s}`?")),
+                    ),
+                );
+                return Err(fail(l));
+            }
+        },
+    };
+
     // Definitions: compiled on first use; each is also checked on its own below.
     let defs_src: BTreeMap<String, String> = pack
         .defs
@@ -152,7 +180,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
         .map(|(k, v)| (k.clone(), v.value.clone()))
         .collect();
     for name in defs_src.keys() {
-        if crate::facts::schema::slot(name).is_some() {
+        if schema.slot(name).is_some() {
             let node = &pack.defs[name];
             let loc = l.sources.node_loc(pack_file, node);
             l.diags.push(
@@ -164,7 +192,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
             );
         }
     }
-    let mut compiler = Compiler::new(defs_src);
+    let mut compiler = Compiler::new(schema, defs_src);
     let mut defs = Vec::new();
     for (name, node) in &pack.defs {
         match compiler.compile_def(name) {
@@ -469,7 +497,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
             .slots
             .iter()
             .copied()
-            .filter(|&s| FIELDS[s as usize].origin == Origin::Probe)
+            .filter(|&s| schema.def(s as usize).origin == Origin::Probe)
             .collect();
         if def.reason.trim().is_empty() {
             l.diags.push(
@@ -517,7 +545,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
                 Ok(c) => {
                     if c.slots
                         .iter()
-                        .any(|&s| FIELDS[s as usize].origin == Origin::Probe)
+                        .any(|&s| schema.def(s as usize).origin == Origin::Probe)
                     {
                         let at = l.sources.node_loc(pack_file, node);
                         l.diags.push(
@@ -592,7 +620,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
     let mut min_versions = Vec::new();
     for (fact, v) in &pack.min_versions {
         let at = l.sources.node_loc(pack_file, v);
-        match (crate::facts::schema::slot(fact), Version::parse(&v.value)) {
+        match (schema.slot(fact), Version::parse(&v.value)) {
             (Some(_), Some(ver)) => min_versions.push((fact.clone(), ver)),
             (None, _) => l.diags.push(
                 Diagnostic::error("E-NAME", format!("min_versions: unknown fact `{fact}`")).at(at),
@@ -621,6 +649,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
     Ok(Policy {
         name: pack.name.value.clone(),
         description: pack.description.clone(),
+        schema,
         sources: l.sources,
         program: compiler.program,
         backends,

@@ -11,6 +11,9 @@ use serde_saphyr::Spanned;
 #[serde(deny_unknown_fields)]
 pub struct PackFile {
     pub name: Spanned<String>,
+    /// The pack family whose facts the rules read (`te` when absent).
+    #[serde(default)]
+    pub family: Option<Spanned<String>>,
     #[serde(default)]
     pub description: Option<String>,
     #[serde(default)]

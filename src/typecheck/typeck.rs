@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::eval::program::{Func, Node, NodeId, Program};
-use crate::facts::schema::{self, FIELDS, Ty};
+use crate::facts::schema::{Schema, Ty};
 use crate::facts::{Domain, Value, did_you_mean};
 use crate::lang::ast::{CmpOp, Expr, ExprKind, Span};
 use crate::lang::{Version, parse_expr};
@@ -84,6 +84,8 @@ struct DefState {
 
 /// Compiles expressions of one pack into one program; knows the pack's `defs`.
 pub struct Compiler {
+    /// The pack family's facts that names resolve against.
+    pub schema: &'static Schema,
     pub program: Program,
     defs: BTreeMap<String, DefState>,
     /// Errors found while compiling a definition on first use: (def name, error).
@@ -91,14 +93,16 @@ pub struct Compiler {
 }
 
 impl Default for Compiler {
+    /// A compiler over the `te` family's facts without definitions.
     fn default() -> Self {
-        Compiler::new(BTreeMap::new())
+        Compiler::new(&crate::facts::te::TE, BTreeMap::new())
     }
 }
 
 impl Compiler {
-    pub fn new(defs: BTreeMap<String, String>) -> Compiler {
+    pub fn new(schema: &'static Schema, defs: BTreeMap<String, String>) -> Compiler {
         Compiler {
+            schema,
             program: Program::default(),
             defs: defs
                 .into_iter()
@@ -308,8 +312,10 @@ impl Compiler {
             slots.extend_from_slice(&c.slots);
             return Ok((c.node, c.ty));
         }
-        let Some(slot) = schema::slot(p) else {
-            let names = schema::expression_names()
+        let Some(slot) = self.schema.slot(p) else {
+            let names = self
+                .schema
+                .expression_names()
                 .map(str::to_string)
                 .chain(self.defs.keys().cloned())
                 .collect::<Vec<_>>();
@@ -320,7 +326,7 @@ impl Compiler {
             });
         };
         slots.push(slot as u16);
-        let d = &FIELDS[slot];
+        let d = self.schema.def(slot);
         Ok((self.program.push(Node::Slot(slot as u16)), T::from_ty(d.ty)))
     }
 
@@ -541,7 +547,7 @@ impl Compiler {
             if ot == T::Null {
                 return Err(terr(both, "comparing null with null"));
             }
-            if !is_nullable(&self.program, other, ot) {
+            if !is_nullable(self.schema, &self.program, other, ot) {
                 return Err(TypeError {
                     help: Some(
                         "only optional facts (marked nullable in docs/facts.md) can be null".into(),
@@ -716,10 +722,10 @@ fn enum_value(d: Domain, s: &str, span: Span) -> Result<Value, TypeError> {
 }
 
 /// Whether a compiled operand may be null: nullable facts and arithmetic over them.
-fn is_nullable(p: &Program, node: NodeId, t: T) -> bool {
+fn is_nullable(schema: &Schema, p: &Program, node: NodeId, t: T) -> bool {
     match p.nodes[node as usize] {
         Node::Slot(s) => {
-            let d = &FIELDS[s as usize];
+            let d = schema.def(s as usize);
             d.nullable || d.ty == Ty::Version
         }
         Node::Arith(..) | Node::Call { .. } | Node::Neg(_) => true,
@@ -938,13 +944,13 @@ mod tests {
         );
         defs.insert("loop_a".to_string(), "loop_b".to_string());
         defs.insert("loop_b".to_string(), "loop_a".to_string());
-        let mut c = Compiler::new(defs);
+        let mut c = Compiler::new(&crate::facts::te::TE, defs);
         let ast = parse_expr("fp8dpa and head_dim_qk > 128").unwrap();
         let compiled = c.condition(&ast).unwrap();
         assert!(
             compiled
                 .slots
-                .contains(&(schema::slot("fp8").unwrap() as u16))
+                .contains(&(c.schema.slot("fp8").unwrap() as u16))
         );
         let f = Facts::from_json(&json!({"fp8": true, "fp8_recipe": {"recipe": "DelayedScaling", "fp8_dpa": true}, "head_dim_qk": 192})).unwrap();
         assert_eq!(c.program.eval(compiled.node, f.values()), Value::Bool(true));

@@ -10,7 +10,8 @@ use std::sync::{Arc, RwLock};
 
 use attn_policy::cache::CachedPolicy;
 use attn_policy::decision::{Decision, Explanation, Status};
-use attn_policy::facts::schema::{FIELDS, Origin};
+use attn_policy::facts::schema::Origin;
+use attn_policy::facts::te::FIELDS;
 use attn_policy::{Facts, PackSource, Policy, load_pack};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
@@ -659,7 +660,7 @@ impl NativeDecision {
                     .or_else(|| {
                         self.facts.get(k).map(|v| {
                             let dom =
-                                attn_policy::facts::schema::slot(k).and_then(|s| {
+                                attn_policy::facts::te::slot(k).and_then(|s| {
                                     match FIELDS[s].ty {
                                         attn_policy::facts::Ty::Enum(d) => Some(d),
                                         _ => None,
@@ -978,7 +979,7 @@ fn inference_json(ip: &Bound<'_, PyAny>) -> PyResult<Json> {
 /// Top-level input keys of the schema (TE's `AttentionParams` names plus environment facts).
 fn input_keys() -> &'static [&'static str] {
     static KEYS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-        attn_policy::facts::schema::input_keys()
+        attn_policy::facts::te::TE.input_keys()
             .into_iter()
             .filter(|k| *k != "id")
             .collect()

@@ -83,7 +83,7 @@ pub fn main() -> i32 {
             0
         }
         Command::Facts => {
-            print!("{}", attn_policy::facts::schema::markdown_table());
+            print!("{}", attn_policy::facts::te::TE.markdown_table());
             0
         }
     }

@@ -1,0 +1,605 @@
+//! The `te` pack family: every field of TransformerEngine 2.20.2's `AttentionParams` under TE's
+//! names, the environment the selector reads, and probe facts; how a TE config object is read
+//! (window lists, compute capability, versions, structured objects) and TE's derived facts
+//! (`sm`, the normalised `window`, `deterministic` from the environment).
+
+use std::sync::LazyLock;
+
+use serde_json::{Map, Value as Json};
+
+use super::domains::Domain;
+use super::input::{Facts, InputError};
+use super::schema::{DefaultValue as D, FieldDef, Schema, Ty, derived, f, fixed, opt, probe};
+use super::value::Value;
+use Domain as Dom;
+
+/// The te family's schema (packs `te` and `native`).
+pub static TE: LazyLock<Schema> = LazyLock::new(|| {
+    Schema::new(
+        "te",
+        "TransformerEngine 2.20.2 AttentionParams, its environment and live probes",
+        FIELDS,
+        read_key,
+        derive,
+        member_default,
+    )
+});
+
+/// Every fact. Order is the slot order (and the order of `docs/facts.md`).
+pub static FIELDS: &[FieldDef] = &[
+    // --- AttentionParams (TE 2.20.2, utils.py:200-355) ---
+    f(
+        "qkv_type",
+        Ty::Enum(Dom::QkvType),
+        D::Enum("Tensor"),
+        "Python class of the query tensor.",
+    ),
+    f(
+        "qkv_dtype",
+        Ty::Enum(Dom::Dtype),
+        D::Enum("bf16"),
+        "dtype of q (for quantized tensors the nominal dtype).",
+    ),
+    f(
+        "nominal_dtype",
+        Ty::Enum(Dom::Dtype),
+        D::Null,
+        "Model precision of O/dQKV when qkv_dtype is FP8.",
+    ),
+    f(
+        "qkv_layout",
+        Ty::Enum(Dom::QkvLayout),
+        D::Enum("sbhd_sbhd_sbhd"),
+        "Memory layout of q, k, v.",
+    ),
+    f(
+        "batch_size",
+        Ty::Int,
+        D::Int(1),
+        "Batch size (THD: number of sequences).",
+    ),
+    f("num_heads", Ty::Int, D::Int(16), "Query heads."),
+    f("num_gqa_groups", Ty::Int, D::Int(16), "Key/value heads."),
+    f(
+        "max_seqlen_q",
+        Ty::Int,
+        D::Int(128),
+        "Max query length (bshd/sbhd under CP: multiplied by cp_size).",
+    ),
+    f(
+        "max_seqlen_kv",
+        Ty::Int,
+        D::Int(128),
+        "Max key/value length (same CP scaling).",
+    ),
+    f(
+        "num_tokens_q",
+        Ty::Int,
+        D::Int(0),
+        "Total query tokens when q is THD, else 0.",
+    ),
+    f(
+        "num_tokens_kv",
+        Ty::Int,
+        D::Int(0),
+        "Total key/value tokens when kv is THD, else 0.",
+    ),
+    f("head_dim_qk", Ty::Int, D::Int(64), "Q/K head size."),
+    f("head_dim_v", Ty::Int, D::Int(64), "V head size."),
+    f(
+        "attn_mask_type",
+        Ty::Enum(Dom::AttnMaskType),
+        D::Enum("no_mask"),
+        "Mask kind.",
+    ),
+    f(
+        "window_size",
+        Ty::Object,
+        D::Null,
+        "Sliding window [left, right] as given (-1 = unbounded); null = none given.",
+    ),
+    opt(f(
+        "window_size.left",
+        Ty::Int,
+        D::Null,
+        "Left bound of the window as given (null when window_size is null).",
+    )),
+    opt(f(
+        "window_size.right",
+        Ty::Int,
+        D::Null,
+        "Right bound of the window as given (null when window_size is null).",
+    )),
+    f(
+        "bottom_right_diagonal",
+        Ty::Bool,
+        D::Bool(true),
+        "Anchor of the SWA/ALiBi diagonal.",
+    ),
+    f(
+        "softcap",
+        Ty::Float,
+        D::Float(0.0),
+        "tanh logit soft-capping; 0 = off.",
+    ),
+    f(
+        "alibi_slopes_shape",
+        Ty::Object,
+        D::Null,
+        "Shape of user ALiBi slopes ([H] or [B, H]); null = default slopes.",
+    ),
+    opt(f(
+        "alibi_slopes_shape.len",
+        Ty::Int,
+        D::Null,
+        "Rank of alibi_slopes_shape.",
+    )),
+    f(
+        "core_attention_bias_type",
+        Ty::Enum(Dom::BiasType),
+        D::Enum("no_bias"),
+        "Bias kind.",
+    ),
+    f(
+        "core_attention_bias_shape",
+        Ty::Object,
+        D::Null,
+        "Shape [b, h, s_q, s_kv] of the bias tensor; null = none.",
+    ),
+    opt(f(
+        "core_attention_bias_shape.b",
+        Ty::Int,
+        D::Null,
+        "Bias batch dimension.",
+    )),
+    opt(f(
+        "core_attention_bias_shape.h",
+        Ty::Int,
+        D::Null,
+        "Bias head dimension.",
+    )),
+    opt(f(
+        "core_attention_bias_shape.s_q",
+        Ty::Int,
+        D::Null,
+        "Bias query-length dimension.",
+    )),
+    opt(f(
+        "core_attention_bias_shape.s_kv",
+        Ty::Int,
+        D::Null,
+        "Bias key-length dimension.",
+    )),
+    f(
+        "core_attention_bias_requires_grad",
+        Ty::Bool,
+        D::Bool(true),
+        "Whether dBias is needed. Default True (AttentionParams' default, which the conformance corpus leaves in place without a bias; FU.44 reads it).",
+    ),
+    f(
+        "pad_between_seqs",
+        Ty::Bool,
+        D::Bool(false),
+        "THD has gaps between sequences.",
+    ),
+    f(
+        "attention_dropout",
+        Ty::Float,
+        D::Float(0.0),
+        "Dropout probability.",
+    ),
+    f(
+        "context_parallel",
+        Ty::Bool,
+        D::Bool(false),
+        "Context parallelism active (cp_size > 1).",
+    ),
+    f(
+        "cp_comm_type",
+        Ty::Enum(Dom::CpCommType),
+        D::Enum("p2p"),
+        "Context-parallel algorithm.",
+    ),
+    f(
+        "cp_size",
+        Ty::Int,
+        D::Int(1),
+        "Total context-parallel group size.",
+    ),
+    f(
+        "cp_size_a2a",
+        Ty::Int,
+        D::Int(1),
+        "a2a sub-group size for a2a+p2p.",
+    ),
+    f(
+        "deterministic",
+        Ty::Bool,
+        D::Bool(false),
+        "Determinism required. Absent: true iff env NVTE_ALLOW_NONDETERMINISTIC_ALGO is 0 (DPA's derivation).",
+    ),
+    f(
+        "is_training",
+        Ty::Bool,
+        D::Bool(true),
+        "Training mode (backward will run).",
+    ),
+    f("fp8", Ty::Bool, D::Bool(false), "Inside an FP8 autocast."),
+    f(
+        "fp8_recipe",
+        Ty::Object,
+        D::Null,
+        "fp8_meta[\"recipe\"]; null = none.",
+    ),
+    opt(f(
+        "fp8_recipe.recipe",
+        Ty::Enum(Dom::RecipeKind),
+        D::Null,
+        "Recipe class.",
+    )),
+    opt(f(
+        "fp8_recipe.fp8_dpa",
+        Ty::Bool,
+        D::Null,
+        "recipe.fp8_dpa: FP8 dot-product attention.",
+    )),
+    opt(f(
+        "fp8_recipe.fp8_mha",
+        Ty::Bool,
+        D::Null,
+        "recipe.fp8_mha: FP8 multi-head attention (implies fp8_dpa in DPA).",
+    )),
+    opt(f(
+        "fp8_recipe.fp8_format",
+        Ty::Enum(Dom::Fp8Format),
+        D::Null,
+        "recipe.fp8_format.",
+    )),
+    opt(f(
+        "fp8_recipe.reduce_amax",
+        Ty::Bool,
+        D::Null,
+        "DelayedScaling.reduce_amax (TE default true).",
+    )),
+    opt(f(
+        "fp8_recipe.local_recipe",
+        Ty::Enum(Dom::RecipeKind),
+        D::Null,
+        "Class of fp8_meta[\"local_recipes\"][0] if present; the FP8 filters read it in place of recipe.",
+    )),
+    f(
+        "inference",
+        Ty::Object,
+        D::Null,
+        "KV cache (inference_params); null = no KV cache.",
+    ),
+    opt(f(
+        "inference.is_paged",
+        Ty::Bool,
+        D::Null,
+        "Paged KV cache.",
+    )),
+    opt(f(
+        "inference.page_size",
+        Ty::Int,
+        D::Null,
+        "Page size (tokens).",
+    )),
+    opt(f(
+        "inference.total_num_pages",
+        Ty::Int,
+        D::Null,
+        "Total pages.",
+    )),
+    opt(f(
+        "inference.max_pages_per_seq",
+        Ty::Int,
+        D::Null,
+        "cache_manager.max_pages_per_seq.",
+    )),
+    f(
+        "softmax_type",
+        Ty::Enum(Dom::SoftmaxType),
+        D::Enum("vanilla"),
+        "Softmax variant.",
+    ),
+    f(
+        "return_max_logit",
+        Ty::Bool,
+        D::Bool(false),
+        "Also return the max logit.",
+    ),
+    f(
+        "cuda_graph",
+        Ty::Bool,
+        D::Bool(false),
+        "A CUDA graph is being captured.",
+    ),
+    f("num_splits", Ty::Int, D::Int(1), "Split-KV count."),
+    f(
+        "softmax_scale",
+        Ty::Float,
+        D::Float(1.0),
+        "Scale applied before softmax.",
+    ),
+    f(
+        "fp8_output",
+        Ty::Bool,
+        D::Bool(false),
+        "FP8 output requested.",
+    ),
+    f(
+        "checkpoint_core_attention",
+        Ty::Bool,
+        D::Bool(false),
+        "Recompute core attention in backward.",
+    ),
+    f(
+        "has_score_mod",
+        Ty::Bool,
+        D::Bool(false),
+        "A score_mod callback was given.",
+    ),
+    f(
+        "has_score_mod_bprop",
+        Ty::Bool,
+        D::Bool(false),
+        "A score_mod backward callback was given.",
+    ),
+    f(
+        "is_in_onnx_export_mode",
+        Ty::Bool,
+        D::Bool(false),
+        "ONNX export in progress (unfused FP8 emulation allowed).",
+    ),
+    // --- Device and libraries ---
+    fixed(f(
+        "device_compute_capability",
+        Ty::Object,
+        D::Computed,
+        "[major, minor] of the current device. Default [9, 0].",
+    )),
+    fixed(f(
+        "device_compute_capability.major",
+        Ty::Int,
+        D::Int(9),
+        "Compute capability major.",
+    )),
+    fixed(f(
+        "device_compute_capability.minor",
+        Ty::Int,
+        D::Int(0),
+        "Compute capability minor.",
+    )),
+    fixed(derived(
+        "sm",
+        Ty::Int,
+        "major * 10 + minor (90 = Hopper, 100 = B200, 103 = B300, 120 = RTX Blackwell).",
+    )),
+    f(
+        "cudnn_version",
+        Ty::Version,
+        D::Version("9.19.0"),
+        "cuDNN runtime version ([9, 19, 0] or \"9.19.0\").",
+    ),
+    f(
+        "flash_attn_versions",
+        Ty::Object,
+        D::Computed,
+        "Installed flash-attn packages {v2, v3, v4} (null = not installed).",
+    ),
+    f(
+        "flash_attn_versions.v2",
+        Ty::Version,
+        D::Null,
+        "flash-attn (2.x) version.",
+    ),
+    f(
+        "flash_attn_versions.v3",
+        Ty::Version,
+        D::Null,
+        "flash-attn-3 version.",
+    ),
+    f(
+        "flash_attn_versions.v4",
+        Ty::Version,
+        D::Null,
+        "flash-attn-4 version.",
+    ),
+    f(
+        "flash_attn_versions.fa3_supports_softcap",
+        Ty::Bool,
+        D::Bool(false),
+        "FA3 build exposes softcap in all three entry points.",
+    ),
+    f(
+        "cudnn_frontend_version",
+        Ty::Version,
+        D::Null,
+        "nvidia-cudnn-frontend version; null = not installed; unparseable compares false.",
+    ),
+    f(
+        "cutlass_dsl_version",
+        Ty::Version,
+        D::Null,
+        "nvidia-cutlass-dsl version; null = not installed.",
+    ),
+    // --- Environment switches (integers, as TE reads them; null = not set) ---
+    f(
+        "env",
+        Ty::Object,
+        D::Computed,
+        "Environment variables the selector reads.",
+    ),
+    opt(f(
+        "env.NVTE_FLASH_ATTN",
+        Ty::Int,
+        D::Null,
+        "0 turns off every FlashAttention version (default 1).",
+    )),
+    opt(f(
+        "env.NVTE_FLASH_ATTN_V2",
+        Ty::Int,
+        D::Null,
+        "0 turns off FlashAttention 2.",
+    )),
+    opt(f(
+        "env.NVTE_FLASH_ATTN_V3",
+        Ty::Int,
+        D::Null,
+        "0 turns off FlashAttention 3.",
+    )),
+    opt(f(
+        "env.NVTE_FLASH_ATTN_V4",
+        Ty::Int,
+        D::Null,
+        "0 turns off FlashAttention 4.",
+    )),
+    opt(f(
+        "env.NVTE_FUSED_ATTN",
+        Ty::Int,
+        D::Null,
+        "0 turns off FusedAttention.",
+    )),
+    opt(f(
+        "env.NVTE_UNFUSED_ATTN",
+        Ty::Int,
+        D::Null,
+        "0 turns off UnfusedDotProductAttention.",
+    )),
+    opt(f(
+        "env.NVTE_FROST_ATTN",
+        Ty::Int,
+        D::Null,
+        "0 turns off FrostAttention.",
+    )),
+    opt(f(
+        "env.NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+        Ty::Int,
+        D::Null,
+        "0 makes `deterministic` true when it is not given.",
+    )),
+    opt(f(
+        "env.NVTE_UnfusedDPA_Emulate_FP8",
+        Ty::Int,
+        D::Null,
+        "1 lets unfused attention emulate FP8.",
+    )),
+    opt(f(
+        "env.NVTE_DPA_FP8CS_O_in_F16",
+        Ty::Int,
+        D::Null,
+        "Output dtype of FP8 current scaling (default 1).",
+    )),
+    opt(f(
+        "env.NVTE_FP8_DPA_BWD",
+        Ty::Int,
+        D::Null,
+        "FP8 backward for DPA (logged only).",
+    )),
+    opt(f(
+        "env.CUDNN_FRONTEND_ENABLE_FROST_ENGINES",
+        Ty::Int,
+        D::Null,
+        "0 disables cuDNN FROST engines.",
+    )),
+    opt(f(
+        "env.NVTE_FROST_TEST_REQUIRED",
+        Ty::Int,
+        D::Null,
+        "Test-only: a missing FROST fails tests; no effect on selection.",
+    )),
+    // --- Derived ---
+    derived(
+        "window.left",
+        Ty::Int,
+        "window_size.left, or the default for the mask when window_size is null (-1).",
+    ),
+    derived(
+        "window.right",
+        Ty::Int,
+        "window_size.right, or the default for the mask when null: 0 for causal masks, -1 otherwise.",
+    ),
+    // --- Probes (answered by live adapters; unknown otherwise) ---
+    probe(
+        "probe.cuda_device",
+        "A usable CUDA GPU and driver are present (and the build has the `cuda` feature).",
+    ),
+    probe(
+        "probe.fused_attn_graph",
+        "cuDNN can build the FusedAttention graph (forward, and backward when training) on this GPU.",
+    ),
+    probe(
+        "probe.frost_plan",
+        "cuDNN frontend returns a FROST plan (checked by name) for this graph on this GPU.",
+    ),
+];
+
+/// Slot of a te-family fact path (for code that only ever reads te facts: the analysis space's
+/// TE derivations).
+pub fn slot(path: &str) -> Option<usize> {
+    TE.slot(path)
+}
+
+/// TE's structured keys; everything else is a scalar fact.
+fn read_key(facts: &mut Facts, key: &str, value: &Json) -> Result<bool, InputError> {
+    match key {
+        "window_size" => facts.set_int_list(key, value, &["left", "right"], Some(2))?,
+        "core_attention_bias_shape" => {
+            facts.set_int_list(key, value, &["b", "h", "s_q", "s_kv"], Some(4))?
+        }
+        "alibi_slopes_shape" => {
+            let n = value.as_array().map(|a| a.len());
+            facts.set_int_list(key, value, &[], None)?;
+            if let Some(n) = n {
+                facts.put("alibi_slopes_shape.len", Value::Int(n as i64));
+            }
+        }
+        "device_compute_capability" => facts.set_compute_capability(key, value)?,
+        "cudnn_version" => facts.set_version(key, value, true)?,
+        "fp8_recipe" | "inference" => facts.set_object(key, value, true)?,
+        "flash_attn_versions" => facts.set_object(key, value, false)?,
+        "env" => facts.set_env(key, value)?,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Members of a present `fp8_recipe` / `inference` object start from TE's defaults.
+fn member_default(object: &str, member: &str) -> Value {
+    match (object, member) {
+        ("fp8_recipe", "fp8_dpa" | "fp8_mha") => Value::Bool(false),
+        ("fp8_recipe", "reduce_amax") => Value::Bool(true),
+        ("inference", "is_paged") => Value::Bool(false),
+        ("inference", _) => Value::Int(0),
+        _ => Value::Null,
+    }
+}
+
+/// TE's derived facts. `deterministic`, when not given, follows DPA's derivation from
+/// NVTE_ALLOW_NONDETERMINISTIC_ALGO.
+fn derive(facts: &mut Facts, given: &Map<String, Json>) {
+    let major = facts.int("device_compute_capability.major").unwrap_or(0);
+    let minor = facts.int("device_compute_capability.minor").unwrap_or(0);
+    facts.put("device_compute_capability", Value::Bool(true));
+    facts.put("flash_attn_versions", Value::Bool(true));
+    facts.put("env", Value::Bool(true));
+    facts.put("sm", Value::Int(major * 10 + minor));
+    if !given.contains_key("deterministic") {
+        let det = facts.int("env.NVTE_ALLOW_NONDETERMINISTIC_ALGO") == Some(0);
+        facts.put("deterministic", Value::Bool(det));
+    }
+    // TE normalises only an absent window (check_set_window_size when window_size is None).
+    let causal = facts
+        .text("attn_mask_type")
+        .is_some_and(|m| m.contains("causal"));
+    let (left, right) = match (
+        facts.int("window_size.left"),
+        facts.int("window_size.right"),
+    ) {
+        (Some(l), Some(r)) => (l, r),
+        _ => (-1, if causal { 0 } else { -1 }),
+    };
+    facts.put("window.left", Value::Int(left));
+    facts.put("window.right", Value::Int(right));
+}
