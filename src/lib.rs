@@ -14,6 +14,7 @@
 
 pub mod analysis;
 pub mod cache;
+pub mod catalogue;
 pub mod conformance;
 pub mod corpus;
 pub mod decision;
@@ -25,8 +26,9 @@ pub mod pack;
 pub mod policy;
 pub mod typecheck;
 
+pub use catalogue::{CatalogueEntry, ExecutorCatalogue, Provider};
 pub use decision::{Decision, Explanation, Status};
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use facts::{Facts, InputError};
-pub use pack::{LoadError, PackSource, load_pack};
+pub use pack::{LoadError, PackError, PackSource, PackSpec, load_pack};
 pub use policy::Policy;

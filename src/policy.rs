@@ -4,11 +4,11 @@
 //! folds the results into per-backend statuses and the selection.
 
 use crate::decision::{Decision, Status};
+use crate::diag::SourceMap;
 use crate::diag::{Diagnostics, Loc};
 use crate::eval::plan::RulePlan;
 use crate::eval::program::{Program, Truth};
 use crate::facts::{Facts, Schema, Value};
-use crate::pack::source::SourceMap;
 use crate::typecheck::Compiled;
 
 /// Whether a rule declines (capability or guard) or is an environment switch.
@@ -76,6 +76,26 @@ pub struct Preference {
     pub loc: Loc,
 }
 
+/// One entry of an executor chain: an executor name, and the index of its `admits` condition
+/// in [`Policy::executor_admits`] when the catalogue stated one for this pack's family.
+#[derive(Clone, Debug)]
+pub struct ChainEntry {
+    pub executor: String,
+    pub admits: Option<usize>,
+    pub loc: Loc,
+}
+
+/// The executors that run a backend's decisions (`executors:` in pack.yaml), in order: the
+/// first that is available and accepts the problem runs; the others are reported.
+#[derive(Clone, Debug)]
+pub struct ExecutorChain {
+    pub backend: u16,
+    /// `Some`: this chain is for one variant (and overrides the backend's).
+    pub variant: Option<u8>,
+    pub entries: Vec<ChainEntry>,
+    pub loc: Loc,
+}
+
 /// A pack ready to decide: immutable, `Send + Sync`, cheap to share behind an `Arc`.
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -93,6 +113,10 @@ pub struct Policy {
     pub defs: Vec<(String, Compiled)>,
     /// Minimum supported versions declared by the pack (fact path, version).
     pub min_versions: Vec<(String, crate::lang::Version)>,
+    /// Per backend (and variant), the executors that run its decisions.
+    pub executor_chains: Vec<ExecutorChain>,
+    /// The catalogue's `admits` conditions for this family, compiled into `program`.
+    pub executor_admits: Vec<(String, Compiled)>,
     pub warnings: Diagnostics,
     /// Bit i set: layer i is switched off (e.g. `guard` under `--parity`).
     pub(crate) disabled_layers: u64,
@@ -152,6 +176,20 @@ impl Policy {
     /// This pack family's facts at their defaults.
     pub fn default_facts(&self) -> Facts {
         self.schema.defaults()
+    }
+
+    /// The executor chain of a backend and its chosen variant: the variant's own chain if the
+    /// pack gives one, else the backend's; empty when the pack names none.
+    pub fn executor_chain(&self, backend: u16, variant: Option<u8>) -> &[ChainEntry] {
+        let own = |v: Option<u8>| {
+            self.executor_chains
+                .iter()
+                .find(|c| c.backend == backend && c.variant == v)
+        };
+        variant
+            .and_then(|v| own(Some(v)))
+            .or_else(|| own(None))
+            .map_or(&[][..], |c| &c.entries)
     }
 
     pub fn backend_index(&self, name: &str) -> Option<usize> {

@@ -278,7 +278,7 @@ fn check_reports_every_lint_with_locations() {
     for d in &mut diags {
         d.locate(&p.sources);
     }
-    let codes: BTreeSet<&str> = diags.iter().map(|d| d.code).collect();
+    let codes: BTreeSet<&str> = diags.iter().map(|d| d.code.name()).collect();
     for code in [
         "W-NEVER-FIRES",
         "W-ALWAYS-FIRES",

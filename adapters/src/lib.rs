@@ -12,6 +12,7 @@
 //! GPU code sits behind the `cuda` feature and loads CUDA at run time (cudarc dynamic loading),
 //! so the crate builds and tests on machines without CUDA; callers need no `cfg`.
 
+pub mod catalogue;
 pub mod chunked;
 pub mod cudnn;
 pub mod executor;

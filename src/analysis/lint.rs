@@ -16,7 +16,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::diag::Diagnostic;
+use crate::diag::{Code, Diagnostic};
 use crate::eval::program::{Node, NodeId, Program, Truth};
 use crate::facts::Value;
 use crate::facts::schema::Ty;
@@ -317,8 +317,8 @@ fn and(a: Truth, b: Truth) -> Truth {
 }
 
 fn incomplete(what: String) -> Diagnostic {
-    Diagnostic::warning(
-        "W-ANALYSIS-INCOMPLETE",
+    Diagnostic::new(
+        Code::AnalysisIncomplete,
         format!("{what}: search budget exhausted, lint skipped"),
     )
 }
@@ -354,8 +354,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         // A rule reading probes rests on the "supported" answer: not claimed.
         let exact = !reads_probe[i];
         let inexact_note = |what: &str| {
-            Diagnostic::warning(
-                "W-ANALYSIS-INCOMPLETE",
+            Diagnostic::new(Code::AnalysisIncomplete,
                 format!(
                     "rule `{}`: {what} not proved: it reads probe facts, which the analysis answers \"supported\"",
                     r.id
@@ -371,7 +370,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             if exact {
                 never[i] = true;
                 out.push(
-                    Diagnostic::warning("W-NEVER-FIRES", format!("rule `{}` can never fire", r.id))
+                    Diagnostic::new(Code::NeverFires, format!("rule `{}` can never fire", r.id))
                         .at(r.when_loc)
                         .label("false for every input over the schema's domains")
                         .help(Some("delete the rule or fix its condition".into())),
@@ -384,8 +383,8 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             if exact {
                 always[i] = true;
                 out.push(
-                    Diagnostic::warning(
-                        "W-ALWAYS-FIRES",
+                    Diagnostic::new(
+                        Code::AlwaysFires,
                         format!(
                             "rule `{}` always fires: backend `{}` is declined for every input",
                             r.id, policy.backends[r.backend as usize].name
@@ -450,8 +449,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                 )
             };
             out.push(
-                Diagnostic::warning(
-                    "W-SUBSUMED",
+                Diagnostic::new(Code::Subsumed,
                     format!(
                         "rule `{}`{whose} is subsumed by rule `{}`: whenever it fires, `{}` fires too",
                         a.id, b.id, b.id
@@ -467,8 +465,8 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     // Selectability over the whole pack.
     for (bi, bk) in policy.backends.iter().enumerate() {
         let unselectable = |why: &str| {
-            Diagnostic::warning(
-                "W-UNSELECTABLE",
+            Diagnostic::new(
+                Code::Unselectable,
                 format!("backend `{}` can never be selected: {why}", bk.name),
             )
             .at(bk.loc)
@@ -490,8 +488,8 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         for s in &bk.supports {
             if !CAPABILITIES.iter().any(|c| c.name == s) {
                 out.push(
-                    Diagnostic::warning(
-                        "W-UNKNOWN-CAPABILITY",
+                    Diagnostic::new(
+                        Code::UnknownCapability,
                         format!("backend `{}` supports unknown capability `{s}`", bk.name),
                     )
                     .at(bk.loc)
@@ -523,8 +521,8 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                     .chain(c.values.iter().map(|(f, _)| *f))
                     .collect();
                 out.push(
-                    Diagnostic::warning(
-                        "W-CAPABILITY",
+                    Diagnostic::new(
+                        Code::Capability,
                         format!(
                             "backend `{}` has no disposition for capability `{}`",
                             bk.name, c.name
@@ -588,8 +586,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
                     .map(|(f, v)| format!("{f} >= {v}"))
                     .collect();
                 out.push(
-                    Diagnostic::warning(
-                        "W-OBSOLETE-WORKAROUND",
+                    Diagnostic::new(Code::ObsoleteWorkaround,
                         format!(
                             "workaround `{}` is obsolete: `until: {}` holds for every supported input{}",
                             r.id,

@@ -49,7 +49,7 @@ pub struct Facts {
     /// The decision cache's key of these facts, taken on first use (`crate::cache`); every
     /// method that changes the facts clears it, and a clone starts without it. Code in this
     /// crate that writes `values` directly must do so before the facts meet a cache.
-    pub(crate) key: crate::cache::KeyMemo,
+    pub(crate) key: super::key::KeyMemo,
 }
 
 impl Facts {
@@ -93,7 +93,7 @@ impl Facts {
             schema,
             values,
             raw_versions: Vec::new(),
-            key: crate::cache::KeyMemo::default(),
+            key: super::key::KeyMemo::default(),
         }
     }
 

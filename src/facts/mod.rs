@@ -4,6 +4,7 @@
 
 pub mod domains;
 pub mod input;
+pub mod key;
 pub mod presets;
 pub mod schema;
 pub mod te;

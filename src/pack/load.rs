@@ -1,5 +1,16 @@
-//! Loading a pack: read the YAML files, parse and type-check every expression, resolve names,
-//! and report every problem at once with its `file:line:col`.
+//! Loading a pack, in five stages that each report every problem they find with its
+//! `file:line:col` (the pack loads only when no stage found an error):
+//!
+//! 1. [`read_pack`]: `pack.yaml`, then every file it names (backend files, layer files) and the
+//!    overlays, into one [`SourceMap`] (`E-IO`).
+//! 2. [`parse_pack`]: the YAML of each file into the shapes of [`super::yaml`] (`E-YAML`).
+//! 3. [`typecheck_pack`]: every expression (definitions, variants, rules, preference
+//!    conditions, the catalogue's `admits` conditions) compiled against the pack family's facts
+//!    into one evaluation program (`E-SYNTAX`, `E-TYPE`, `E-DEF`).
+//! 4. [`link_pack`]: names resolved (backends, variants, layers, preference orders, executor
+//!    chains) and the [`Policy`] built (`E-NAME`, `E-DUP-*`, `E-RULE`, `E-PREF`, `E-EXECUTOR`).
+//! 5. [`lint_pack`]: load-time warnings (`W-REASON`). The exact lints over all inputs are
+//!    `attn-policy check` (`crate::analysis::lint`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -8,22 +19,17 @@ use serde::de::DeserializeOwned;
 use serde_saphyr::Spanned;
 
 use super::source::SourceMap;
-use super::yaml::{BackendFile, LayerFile, PackFile, RuleDef};
-use crate::diag::{Diagnostic, Diagnostics, Loc};
+use super::spec::PackSource;
+use super::yaml::{BackendFile, ExecutorsDef, LayerFile, PackFile, RuleDef};
+use crate::catalogue::ExecutorCatalogue;
+use crate::diag::{Code, Diagnostic, Diagnostics, Loc};
 use crate::facts::did_you_mean;
 use crate::facts::schema::{Origin, Schema};
 use crate::lang::{Version, parse_expr};
-use crate::policy::{Backend, Policy, Preference, Rule, RuleKind, Variant};
+use crate::policy::{
+    Backend, ChainEntry, ExecutorChain, Policy, Preference, Rule, RuleKind, Variant,
+};
 use crate::typecheck::{Compiled, Compiler, TypeError};
-
-/// Where a pack comes from.
-#[derive(Clone, Debug)]
-pub enum PackSource {
-    /// A pack compiled into the binary (`te`, `native`).
-    Embedded(String),
-    /// A folder holding `pack.yaml`.
-    Dir(PathBuf),
-}
 
 /// A pack that failed to load: every diagnostic, and the sources to render them against.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +45,60 @@ impl LoadError {
     }
 }
 
+/// Loads and type-checks a pack, plus optional overlay files (site policy layers). Executor
+/// chains are not checked against a catalogue; [`super::PackSpec`] takes one.
+pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, LoadError> {
+    load_pack_with(source, overlays, None)
+}
+
+/// [`load_pack`] with the executor catalogue that chains are checked against.
+pub fn load_pack_with(
+    source: PackSource,
+    overlays: &[PathBuf],
+    catalogue: Option<&ExecutorCatalogue>,
+) -> Result<Policy, LoadError> {
+    let mut l = Loader {
+        source,
+        sources: SourceMap::default(),
+        diags: Diagnostics::default(),
+    };
+    let policy = read_pack(&mut l, overlays)
+        .map(|read| parse_pack(&mut l, read))
+        .and_then(|parsed| {
+            let schema = family_of(&mut l, &parsed)?;
+            let typed = typecheck_pack(&mut l, &parsed, schema, catalogue);
+            lint_pack(&mut l, &parsed);
+            Some(link_pack(&mut l, parsed, typed, schema, catalogue))
+        });
+    for d in &mut l.diags.0 {
+        d.locate(&l.sources);
+    }
+    match policy {
+        Some(mut policy) if !l.diags.has_errors() => {
+            policy.sources = l.sources;
+            policy.warnings = l.diags;
+            Ok(policy)
+        }
+        _ => Err(LoadError {
+            diagnostics: l.diags,
+            sources: l.sources,
+        }),
+    }
+}
+
+impl Policy {
+    /// Loads an embedded pack by name (`te`, `native`).
+    pub fn embedded(name: &str) -> Result<Policy, LoadError> {
+        load_pack(PackSource::Embedded(name.to_string()), &[])
+    }
+
+    /// Loads a pack from a folder holding `pack.yaml`.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Policy, LoadError> {
+        load_pack(PackSource::Dir(dir.as_ref().to_path_buf()), &[])
+    }
+}
+
+/// The state every stage shares: where files come from, what was read, what went wrong.
 struct Loader {
     source: PackSource,
     sources: SourceMap,
@@ -53,6 +113,7 @@ impl Loader {
         }
     }
 
+    /// Reads a file of the pack (embedded or from its folder).
     fn read(&mut self, file: &str) -> Option<u16> {
         let text = match &self.source {
             PackSource::Embedded(p) => super::embedded::file(p, file)
@@ -64,15 +125,29 @@ impl Loader {
         match text {
             Ok(t) => Some(self.sources.add(self.display_name(file), t)),
             Err(msg) => {
-                self.diags.push(Diagnostic::error("E-IO", msg));
+                self.diags.push(Diagnostic::new(Code::Io, msg));
+                None
+            }
+        }
+    }
+
+    /// Reads a file outside the pack (an overlay), by its own path.
+    fn read_outside(&mut self, path: &Path) -> Option<u16> {
+        match std::fs::read_to_string(path) {
+            Ok(t) => Some(self.sources.add(path.display().to_string(), t)),
+            Err(e) => {
+                self.diags.push(Diagnostic::new(
+                    Code::Io,
+                    format!("cannot read overlay {}: {e}", path.display()),
+                ));
                 None
             }
         }
     }
 
     fn parse<T: DeserializeOwned>(&mut self, file: u16) -> Option<T> {
-        let text = self.sources.files[file as usize].text.clone();
-        match serde_saphyr::from_str::<T>(&text) {
+        let text = &self.sources.files[file as usize].text;
+        match serde_saphyr::from_str::<T>(text) {
             Ok(v) => Some(v),
             Err(e) => {
                 let loc = e.location().map(|l| {
@@ -87,7 +162,7 @@ impl Loader {
                 if let Some(i) = msg.find(" at line ") {
                     msg.truncate(i);
                 }
-                let mut d = Diagnostic::error("E-YAML", msg);
+                let mut d = Diagnostic::new(Code::Yaml, msg);
                 if let Some(loc) = loc {
                     d = d.at(loc);
                 } else {
@@ -98,178 +173,402 @@ impl Loader {
             }
         }
     }
-}
 
-fn syntax(e: crate::lang::SyntaxError) -> TypeError {
-    TypeError {
-        message: format!("syntax: {}", e.message),
-        span: e.span,
-        help: None,
+    fn at<T>(&self, file: u16, node: &Spanned<T>) -> Loc {
+        self.sources.node_loc(file, node)
+    }
+
+    /// Reports an expression's error at its position inside the YAML scalar.
+    fn expr_error(&mut self, file: u16, node: &Spanned<String>, e: TypeError) {
+        let loc = self.sources.expr_loc(file, node, e.span);
+        let one_line = node.value.split_whitespace().collect::<Vec<_>>().join(" ");
+        let code = if e.syntax { Code::Syntax } else { Code::Type };
+        self.diags.push(
+            Diagnostic::new(code, e.message)
+                .at(loc)
+                .label(format!("in `{one_line}`"))
+                .help(e.help),
+        );
+    }
+
+    /// An unknown name, with a did-you-mean among `known`.
+    fn unknown<'a>(
+        &mut self,
+        code: Code,
+        message: String,
+        loc: Loc,
+        name: &str,
+        known: impl IntoIterator<Item = &'a str>,
+    ) {
+        let hint = did_you_mean(name, known);
+        self.diags.push(
+            Diagnostic::new(code, message)
+                .at(loc)
+                .help(hint.map(|h| format!("did you mean `{h}`?"))),
+        );
     }
 }
 
-fn type_diag(
-    sources: &SourceMap,
+// ---- stage 1: read ---------------------------------------------------------------------------
+
+/// A layer's rules: a layer file of the pack or an overlay.
+struct LayerSource {
+    /// The layer name pack.yaml gives it (`overlay` for overlays).
+    name: String,
     file: u16,
-    node: &Spanned<String>,
-    e: TypeError,
-    code: &'static str,
-) -> Diagnostic {
-    let loc = sources.expr_loc(file, node, e.span);
-    let one_line = node.value.split_whitespace().collect::<Vec<_>>().join(" ");
-    let (code, message) = match e.message.strip_prefix("syntax: ") {
-        Some(m) => ("E-SYNTAX", m.to_string()),
-        None => (code, e.message),
-    };
-    Diagnostic::error(code, message)
-        .at(loc)
-        .label(format!("in `{one_line}`"))
-        .help(e.help)
+    overlay: bool,
 }
 
-/// Loads and type-checks a pack, plus optional overlay files (site policy layers).
-pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, LoadError> {
-    let mut l = Loader {
-        source,
-        sources: SourceMap::default(),
-        diags: Diagnostics::default(),
-    };
-    let fail = |l: Loader| LoadError {
-        diagnostics: l.diags,
-        sources: l.sources,
-    };
-    let Some(pack_file) = l.read("pack.yaml") else {
-        return Err(fail(l));
-    };
-    let Some(pack) = l.parse::<PackFile>(pack_file) else {
-        return Err(fail(l));
-    };
+/// Every file of the pack, read; `pack.yaml` already parsed (it names the other files).
+struct ReadPack {
+    pack_file: u16,
+    pack: PackFile,
+    /// Per entry of `backends:`, its file (None: unreadable).
+    backend_files: Vec<Option<u16>>,
+    layer_files: Vec<LayerSource>,
+}
 
-    // The family: which facts the pack's expressions read.
-    let schema: &'static Schema = match &pack.family {
-        None => &crate::facts::te::TE,
-        Some(name) => match crate::facts::family(&name.value) {
-            Some(s) => s,
-            None => {
-                let known: Vec<&str> = crate::facts::families().iter().map(|s| s.family).collect();
-                let loc = l.sources.node_loc(pack_file, name);
-                l.diags.push(
-                    Diagnostic::error(
-                        "E-FAMILY",
-                        format!(
-                            "unknown pack family `{}`; families: {}",
-                            name.value,
-                            known.join(", ")
-                        ),
-                    )
-                    .at(loc)
-                    .help(
-                        did_you_mean(&name.value, known.iter().copied())
-                            .map(|s| format!("did you mean `{s}`?")),
-                    ),
-                );
-                return Err(fail(l));
-            }
-        },
-    };
+/// Stage 1: reads `pack.yaml`, every backend and layer file it names, and the overlays.
+fn read_pack(l: &mut Loader, overlays: &[PathBuf]) -> Option<ReadPack> {
+    let pack_file = l.read("pack.yaml")?;
+    let pack: PackFile = l.parse(pack_file)?;
+    let backend_files = pack.backends.iter().map(|e| l.read(&e.value)).collect();
+    let mut layer_files = Vec::new();
+    for r in &pack.layers {
+        if let Some(file) = l.read(&r.value.file) {
+            layer_files.push(LayerSource {
+                name: r.value.layer.clone(),
+                file,
+                overlay: false,
+            });
+        }
+    }
+    for path in overlays {
+        if let Some(file) = l.read_outside(path) {
+            layer_files.push(LayerSource {
+                name: "overlay".into(),
+                file,
+                overlay: true,
+            });
+        }
+    }
+    Some(ReadPack {
+        pack_file,
+        pack,
+        backend_files,
+        layer_files,
+    })
+}
 
+// ---- stage 2: parse --------------------------------------------------------------------------
+
+/// A rule before linking: where it was written, its YAML, its layer and (in a backend file)
+/// the index of its backend among the parsed backend files.
+struct RuleSource {
+    file: u16,
+    def: Spanned<RuleDef>,
+    layer: String,
+    backend_file: Option<usize>,
+}
+
+/// Every file of the pack parsed into its YAML shape.
+struct ParsedPack {
+    pack_file: u16,
+    pack: PackFile,
+    /// Backend files that read and parsed, in `backends:` order.
+    backends: Vec<(u16, BackendFile)>,
+    /// Some backend file did not read or parse: names it would define are not reported as
+    /// unknown (its own error says why).
+    broken_backend_files: bool,
+    /// Every rule: backend files' rules first, then layer files' and overlays', in order.
+    rules: Vec<RuleSource>,
+}
+
+/// Stage 2: parses the backend and layer files.
+fn parse_pack(l: &mut Loader, read: ReadPack) -> ParsedPack {
+    let mut backends = Vec::new();
+    let mut broken_backend_files = false;
+    for file in read.backend_files {
+        match file.and_then(|f| l.parse::<BackendFile>(f).map(|b| (f, b))) {
+            Some(b) => backends.push(b),
+            None => broken_backend_files = true,
+        }
+    }
+    let mut rules = Vec::new();
+    for (i, (file, bf)) in backends.iter_mut().enumerate() {
+        for def in std::mem::take(&mut bf.rules) {
+            rules.push(RuleSource {
+                file: *file,
+                def,
+                layer: "capability".into(),
+                backend_file: Some(i),
+            });
+        }
+    }
+    for layer in read.layer_files {
+        let Some(lf) = l.parse::<LayerFile>(layer.file) else {
+            continue;
+        };
+        // An overlay may name its own layer; pack layers take the name pack.yaml gives.
+        let name = match (layer.overlay, lf.layer) {
+            (true, Some(own)) => own,
+            _ => layer.name,
+        };
+        for def in lf.rules {
+            rules.push(RuleSource {
+                file: layer.file,
+                def,
+                layer: name.clone(),
+                backend_file: None,
+            });
+        }
+    }
+    ParsedPack {
+        pack_file: read.pack_file,
+        pack: read.pack,
+        backends,
+        broken_backend_files,
+        rules,
+    }
+}
+
+/// The pack family pack.yaml names (`te` when absent).
+fn family_of(l: &mut Loader, parsed: &ParsedPack) -> Option<&'static Schema> {
+    let Some(name) = &parsed.pack.family else {
+        return Some(&crate::facts::te::TE);
+    };
+    if let Some(schema) = crate::facts::family(&name.value) {
+        return Some(schema);
+    }
+    let known: Vec<&str> = crate::facts::families().iter().map(|s| s.family).collect();
+    let loc = l.at(parsed.pack_file, name);
+    l.unknown(
+        Code::Family,
+        format!(
+            "unknown pack family `{}`; families: {}",
+            name.value,
+            known.join(", ")
+        ),
+        loc,
+        &name.value,
+        known.iter().copied(),
+    );
+    None
+}
+
+// ---- stage 3: type-check ---------------------------------------------------------------------
+
+/// Every expression of the pack, compiled into `compiler.program` (None: it had an error).
+struct TypedPack {
+    compiler: Compiler,
+    defs: Vec<(String, Compiled)>,
+    /// Per parsed backend file, per variant: (`applicable`, `value`).
+    variants: Vec<Vec<(Option<Compiled>, Option<Compiled>)>>,
+    /// Per rule of `ParsedPack::rules`: (`when`, `until`).
+    rules: Vec<(Option<Compiled>, Option<Compiled>)>,
+    /// Per preference entry: its `when`.
+    preference: Vec<Option<Compiled>>,
+    /// Per catalogue entry that states a condition for this family: (name, condition).
+    admits: Vec<(String, Compiled)>,
+}
+
+/// Stage 3: compiles every expression against the family's facts.
+fn typecheck_pack(
+    l: &mut Loader,
+    parsed: &ParsedPack,
+    schema: &'static Schema,
+    catalogue: Option<&ExecutorCatalogue>,
+) -> TypedPack {
+    let pack_file = parsed.pack_file;
+    let pack = &parsed.pack;
     // Definitions: compiled on first use; each is also checked on its own below.
-    let defs_src: BTreeMap<String, String> = pack
-        .defs
-        .iter()
-        .map(|(k, v)| (k.clone(), v.value.clone()))
-        .collect();
-    for name in defs_src.keys() {
+    for (name, node) in &pack.defs {
         if schema.slot(name).is_some() {
-            let node = &pack.defs[name];
-            let loc = l.sources.node_loc(pack_file, node);
+            let loc = l.at(pack_file, node);
             l.diags.push(
-                Diagnostic::error(
-                    "E-DEF",
+                Diagnostic::new(
+                    Code::Def,
                     format!("definition `{name}` shadows a fact of the same name"),
                 )
                 .at(loc),
             );
         }
     }
+    let defs_src: BTreeMap<String, String> = pack
+        .defs
+        .iter()
+        .map(|(k, v)| (k.clone(), v.value.clone()))
+        .collect();
     let mut compiler = Compiler::new(schema, defs_src);
     let mut defs = Vec::new();
     for (name, node) in &pack.defs {
         match compiler.compile_def(name) {
             Ok(c) => defs.push((name.clone(), c)),
-            Err(e) => {
-                let d = type_diag(&l.sources, pack_file, node, e, "E-TYPE");
-                l.diags.push(d);
-            }
+            Err(e) => l.expr_error(pack_file, node, e),
         }
     }
+    let mut compile = |l: &mut Loader, file: u16, node: &Spanned<String>, boolean: bool| {
+        let compiled = parse_expr(&node.value)
+            .map_err(TypeError::from)
+            .and_then(|ast| {
+                if boolean {
+                    compiler.condition(&ast)
+                } else {
+                    compiler.expr(&ast)
+                }
+            });
+        compiled.map_err(|e| l.expr_error(file, node, e)).ok()
+    };
+    let variants = parsed
+        .backends
+        .iter()
+        .map(|(file, bf)| {
+            bf.variants
+                .iter()
+                .map(|v| {
+                    let applicable = v
+                        .value
+                        .applicable
+                        .as_ref()
+                        .and_then(|n| compile(l, *file, n, true));
+                    let value = v
+                        .value
+                        .value
+                        .as_ref()
+                        .and_then(|n| compile(l, *file, n, false));
+                    (applicable, value)
+                })
+                .collect()
+        })
+        .collect();
+    let rules = parsed
+        .rules
+        .iter()
+        .map(|r| {
+            let when = compile(l, r.file, &r.def.value.when, true);
+            let until = r
+                .def
+                .value
+                .until
+                .as_ref()
+                .and_then(|n| compile(l, r.file, n, true));
+            (when, until)
+        })
+        .collect();
+    let preference = pack
+        .preference
+        .iter()
+        .map(|p| {
+            let node = p.value.when.as_ref()?;
+            let c = compile(l, pack_file, node, true)?;
+            if c.slots
+                .iter()
+                .any(|&s| schema.def(s as usize).origin == Origin::Probe)
+            {
+                let at = l.at(pack_file, node);
+                l.diags.push(
+                    Diagnostic::new(Code::Pref, "preference conditions cannot read probe facts")
+                        .at(at),
+                );
+            }
+            Some(c)
+        })
+        .collect();
+    // The catalogue's conditions are the adapters' code, not the pack's: an error there has
+    // no location in the pack, and names the executor.
+    let mut admits = Vec::new();
+    for entry in catalogue.map_or(&[][..], |c| c.entries()) {
+        let Some(src) = entry.admits_for(schema.family) else {
+            continue;
+        };
+        match parse_expr(src)
+            .map_err(TypeError::from)
+            .and_then(|ast| compiler.condition(&ast))
+        {
+            Ok(c) => admits.push((entry.name.clone(), c)),
+            Err(e) => l.diags.push(Diagnostic::new(
+                Code::Executor,
+                format!(
+                    "executor `{}`: its `admits` condition for family `{}` is invalid: {} (in `{src}`)",
+                    entry.name, schema.family, e.message
+                ),
+            )),
+        }
+    }
+    TypedPack {
+        compiler,
+        defs,
+        variants,
+        rules,
+        preference,
+        admits,
+    }
+}
 
-    // Backends, in the listed order.
+// ---- stage 4: link ---------------------------------------------------------------------------
+
+/// Stage 4: resolves every name and builds the policy.
+fn link_pack(
+    l: &mut Loader,
+    parsed: ParsedPack,
+    typed: TypedPack,
+    schema: &'static Schema,
+    catalogue: Option<&ExecutorCatalogue>,
+) -> Policy {
+    let ParsedPack {
+        pack_file,
+        pack,
+        backends: backend_files,
+        broken_backend_files,
+        rules: rule_sources,
+    } = parsed;
+    let TypedPack {
+        compiler,
+        defs,
+        variants: typed_variants,
+        rules: typed_rules,
+        preference: typed_preference,
+        admits,
+    } = typed;
+
+    // Backends, in the listed order; `backend_of[i]`: the backend of parsed file i.
     let mut backends: Vec<Backend> = Vec::new();
-    let mut rules: Vec<Rule> = Vec::new();
-    let mut pending_rules: Vec<(u16, Spanned<RuleDef>, u8, Option<u16>)> = Vec::new();
-    let mut broken_backend_files = 0;
-    for entry in &pack.backends {
-        let Some(file) = l.read(&entry.value) else {
-            broken_backend_files += 1;
-            continue;
-        };
-        let Some(bf) = l.parse::<BackendFile>(file) else {
-            broken_backend_files += 1;
-            continue;
-        };
-        let loc = l.sources.node_loc(file, &bf.backend);
+    let mut backend_of: Vec<Option<u16>> = Vec::new();
+    for ((file, bf), compiled) in backend_files.iter().zip(typed_variants) {
+        let loc = l.at(*file, &bf.backend);
         if backends.iter().any(|b| b.name == bf.backend.value) {
             l.diags.push(
-                Diagnostic::error(
-                    "E-DUP-BACKEND",
+                Diagnostic::new(
+                    Code::DupBackend,
                     format!("backend `{}` is defined twice", bf.backend.value),
                 )
                 .at(loc),
             );
+            backend_of.push(None);
             continue;
         }
-        let mut variants = Vec::new();
-        for v in &bf.variants {
-            let v = &v.value;
-            let mut compile = |src: &Option<Spanned<String>>,
-                               boolean: bool,
-                               l: &mut Loader|
-             -> Option<Compiled> {
-                let node = src.as_ref()?;
-                let parsed = parse_expr(&node.value).map_err(syntax);
-                let r = parsed.and_then(|ast| {
-                    if boolean {
-                        compiler.condition(&ast)
-                    } else {
-                        compiler.expr(&ast)
-                    }
-                });
-                match r {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        let d = type_diag(&l.sources, file, node, e, "E-TYPE");
-                        l.diags.push(d);
-                        None
-                    }
-                }
-            };
-            let applicable = compile(&v.applicable, true, &mut l);
-            let value = compile(&v.value, false, &mut l);
-            variants.push(Variant {
-                name: v.name.value.clone(),
-                description: v.description.clone(),
-                applicable,
-                applicable_src: v.applicable.as_ref().map(|s| s.value.trim().to_string()),
-                value,
-            });
-        }
-        if variants.len() > 63 {
+        if bf.variants.len() > 63 {
             l.diags.push(
-                Diagnostic::error("E-VARIANTS", "a backend may have at most 63 variants").at(loc),
+                Diagnostic::new(Code::Variants, "a backend may have at most 63 variants").at(loc),
             );
         }
-        let index = backends.len() as u16;
+        let variants = bf
+            .variants
+            .iter()
+            .zip(compiled)
+            .map(|(v, (applicable, value))| Variant {
+                name: v.value.name.value.clone(),
+                description: v.value.description.clone(),
+                applicable,
+                applicable_src: v
+                    .value
+                    .applicable
+                    .as_ref()
+                    .map(|s| s.value.trim().to_string()),
+                value,
+            })
+            .collect();
+        backend_of.push(Some(backends.len() as u16));
         backends.push(Backend {
             name: bf.backend.value.clone(),
             description: bf.description.clone(),
@@ -277,68 +576,37 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
             variants,
             loc,
         });
-        for r in bf.rules {
-            pending_rules.push((file, r, 0, Some(index)));
-        }
     }
 
+    // Layers: `capability` (index 0) holds the backend files' rules.
     let mut layers = vec!["capability".to_string()];
-    let mut layer_files: Vec<(String, PathBuf, bool)> = pack
-        .layers
-        .iter()
-        .map(|r| (r.value.layer.clone(), PathBuf::from(&r.value.file), false))
-        .collect();
-    layer_files.extend(
-        overlays
-            .iter()
-            .map(|p| ("overlay".to_string(), p.clone(), true)),
-    );
-    for (layer_name, path, is_overlay) in layer_files {
-        let file = if is_overlay {
-            match std::fs::read_to_string(&path) {
-                Ok(t) => Some(l.sources.add(path.display().to_string(), t)),
-                Err(e) => {
-                    l.diags.push(Diagnostic::error(
-                        "E-IO",
-                        format!("cannot read overlay {}: {e}", path.display()),
-                    ));
-                    None
-                }
-            }
-        } else {
-            l.read(&path.display().to_string())
+    let mut rules: Vec<Rule> = Vec::new();
+    let mut seen: HashMap<String, Loc> = HashMap::new();
+    for (src, (when, until)) in rule_sources.into_iter().zip(typed_rules) {
+        let own_backend = match src.backend_file {
+            // The rules of a duplicate backend file were reported with it.
+            Some(i) => match backend_of[i] {
+                Some(b) => Some(b),
+                None => continue,
+            },
+            None => None,
         };
-        let Some(file) = file else { continue };
-        let Some(lf) = l.parse::<LayerFile>(file) else {
-            continue;
-        };
-        let name = if is_overlay {
-            lf.layer.clone().unwrap_or(layer_name)
-        } else {
-            layer_name
-        };
-        let layer = match layers.iter().position(|x| *x == name) {
+        let layer = match layers.iter().position(|x| *x == src.layer) {
             Some(i) => i,
             None => {
-                layers.push(name);
+                layers.push(src.layer.clone());
                 layers.len() - 1
             }
         };
-        for r in lf.rules {
-            pending_rules.push((file, r, layer as u8, None));
-        }
-    }
-
-    let mut seen: HashMap<String, Loc> = HashMap::new();
-    for (file, r, layer, backend) in pending_rules {
-        let loc = l.sources.node_loc(file, &r);
-        let def = r.value;
-        let id_loc = l.sources.node_loc(file, &def.id);
+        let file = src.file;
+        let loc = l.at(file, &src.def);
+        let def = src.def.value;
+        let id_loc = l.at(file, &def.id);
         if let Some(prev) = seen.get(&def.id.value) {
             let first = l.sources.describe(*prev);
             l.diags.push(
-                Diagnostic::error(
-                    "E-DUP-RULE",
+                Diagnostic::new(
+                    Code::DupRule,
                     format!(
                         "duplicate rule id `{}` (first defined at {first})",
                         def.id.value
@@ -349,79 +617,16 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
             continue;
         }
         seen.insert(def.id.value.clone(), id_loc);
-        let resolve = |l: &mut Loader, name: &Spanned<String>| -> Option<u16> {
-            match backends.iter().position(|b| b.name == name.value) {
-                Some(b) => Some(b as u16),
-                None if broken_backend_files > 0 => None,
-                None => {
-                    let at = l.sources.node_loc(file, name);
-                    let hint = did_you_mean(&name.value, backends.iter().map(|b| b.name.as_str()));
-                    l.diags.push(
-                        Diagnostic::error("E-NAME", format!("unknown backend `{}`", name.value))
-                            .at(at)
-                            .help(hint.map(|h| format!("did you mean `{h}`?"))),
-                    );
-                    None
-                }
-            }
-        };
-        let targets: Vec<u16> = match (backend, &def.backend, def.backends.is_empty()) {
-            (Some(b), None, true) => vec![b],
-            (Some(_), _, _) => {
-                let extra = def
-                    .backend
-                    .as_ref()
-                    .or(def.backends.first())
-                    .expect("given");
-                let at = l.sources.node_loc(file, extra);
-                l.diags.push(Diagnostic::error("E-RULE", "`backend:` belongs in layer files; a backend file's rules apply to its own backend").at(at));
-                continue;
-            }
-            (None, Some(name), true) => match resolve(&mut l, name) {
-                Some(b) => vec![b],
-                None => continue,
-            },
-            (None, None, false) => {
-                let mut out = Vec::new();
-                for name in &def.backends {
-                    if let Some(b) = resolve(&mut l, name)
-                        && !out.contains(&b)
-                    {
-                        out.push(b);
-                    }
-                }
-                if out.len() != def.backends.len() {
-                    continue;
-                }
-                out
-            }
-            (None, Some(name), false) => {
-                let at = l.sources.node_loc(file, name);
-                l.diags.push(
-                    Diagnostic::error(
-                        "E-RULE",
-                        format!(
-                            "rule `{}` names both `backend:` and `backends:`",
-                            def.id.value
-                        ),
-                    )
-                    .at(at),
-                );
-                continue;
-            }
-            (None, None, true) => {
-                l.diags.push(
-                    Diagnostic::error(
-                        "E-RULE",
-                        format!(
-                            "rule `{}` in a layer file must name its `backend:`",
-                            def.id.value
-                        ),
-                    )
-                    .at(id_loc),
-                );
-                continue;
-            }
+        let Some(targets) = rule_targets(
+            l,
+            file,
+            &def,
+            id_loc,
+            own_backend,
+            &backends,
+            broken_backend_files,
+        ) else {
+            continue;
         };
         let backend = targets[0];
         let b = &backends[backend as usize];
@@ -430,15 +635,13 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
             match b.variants.iter().position(|x| x.name == v.value) {
                 Some(i) => mask |= 1 << i,
                 None => {
-                    let at = l.sources.node_loc(file, v);
-                    let hint = did_you_mean(&v.value, b.variants.iter().map(|x| x.name.as_str()));
-                    l.diags.push(
-                        Diagnostic::error(
-                            "E-NAME",
-                            format!("backend `{}` has no variant `{}`", b.name, v.value),
-                        )
-                        .at(at)
-                        .help(hint.map(|h| format!("did you mean `{h}`?"))),
+                    let at = l.at(file, v);
+                    l.unknown(
+                        Code::Name,
+                        format!("backend `{}` has no variant `{}`", b.name, v.value),
+                        at,
+                        &v.value,
+                        b.variants.iter().map(|x| x.name.as_str()),
                     );
                 }
             }
@@ -446,20 +649,18 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
         if def.variants.is_empty() {
             mask = b.all_variants();
         } else if targets.len() > 1 {
-            let at = l.sources.node_loc(file, &def.variants[0]);
+            let at = l.at(file, &def.variants[0]);
             l.diags
-                .push(Diagnostic::error("E-RULE", "`variants:` needs a single `backend:`").at(at));
+                .push(Diagnostic::new(Code::Rule, "`variants:` needs a single `backend:`").at(at));
         }
         let kind = match def.kind.as_ref().map(|k| k.value.as_str()) {
             None | Some("decline") => RuleKind::Decline,
             Some("switch") => RuleKind::Switch,
             Some(other) => {
-                let at = l
-                    .sources
-                    .node_loc(file, def.kind.as_ref().expect("kind present"));
+                let at = l.at(file, def.kind.as_ref().expect("kind present"));
                 l.diags.push(
-                    Diagnostic::error(
-                        "E-RULE",
+                    Diagnostic::new(
+                        Code::Rule,
                         format!("unknown rule kind `{other}`; expected `decline` or `switch`"),
                     )
                     .at(at),
@@ -467,47 +668,15 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
                 RuleKind::Decline
             }
         };
-        let when_loc = l.sources.node_loc(file, &def.when);
-        let when = match parse_expr(&def.when.value)
-            .map_err(syntax)
-            .and_then(|ast| compiler.condition(&ast))
-        {
-            Ok(c) => c,
-            Err(e) => {
-                let d = type_diag(&l.sources, file, &def.when, e, "E-TYPE");
-                l.diags.push(d);
-                continue;
-            }
-        };
-        let until = match &def.until {
-            None => None,
-            Some(node) => match parse_expr(&node.value)
-                .map_err(syntax)
-                .and_then(|ast| compiler.condition(&ast))
-            {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    let d = type_diag(&l.sources, file, node, e, "E-TYPE");
-                    l.diags.push(d);
-                    None
-                }
-            },
-        };
+        // A condition that did not compile was reported in stage 3.
+        let Some(when) = when else { continue };
+        let when_loc = l.at(file, &def.when);
         let probes: Vec<u16> = when
             .slots
             .iter()
             .copied()
             .filter(|&s| schema.def(s as usize).origin == Origin::Probe)
             .collect();
-        if def.reason.trim().is_empty() {
-            l.diags.push(
-                Diagnostic::warning(
-                    "W-REASON",
-                    format!("rule `{}` has an empty reason", def.id.value),
-                )
-                .at(id_loc),
-            );
-        }
         for &target in &targets {
             rules.push(Rule {
                 id: def.id.value.clone(),
@@ -519,7 +688,7 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
                 },
                 variant_names: def.variants.iter().map(|v| v.value.clone()).collect(),
                 kind,
-                layer,
+                layer: layer as u8,
                 when_src: def.when.value.trim().to_string(),
                 when: when.clone(),
                 until_src: def.until.as_ref().map(|u| u.value.trim().to_string()),
@@ -533,67 +702,184 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
         }
     }
 
-    let mut preference = Vec::new();
-    for p in &pack.preference {
-        let loc = l.sources.node_loc(pack_file, p);
-        let def = &p.value;
-        let when = def.when.as_ref().and_then(|node| {
-            match parse_expr(&node.value)
-                .map_err(syntax)
-                .and_then(|ast| compiler.condition(&ast))
-            {
-                Ok(c) => {
-                    if c.slots
-                        .iter()
-                        .any(|&s| schema.def(s as usize).origin == Origin::Probe)
-                    {
-                        let at = l.sources.node_loc(pack_file, node);
-                        l.diags.push(
-                            Diagnostic::error(
-                                "E-PREF",
-                                "preference conditions cannot read probe facts",
-                            )
-                            .at(at),
-                        );
-                    }
-                    Some(c)
-                }
-                Err(e) => {
-                    let d = type_diag(&l.sources, pack_file, node, e, "E-TYPE");
-                    l.diags.push(d);
-                    None
+    let preference = link_preference(
+        l,
+        &pack,
+        pack_file,
+        typed_preference,
+        &backends,
+        broken_backend_files,
+    );
+    let executor_chains =
+        link_executors(l, &pack.executors, pack_file, &backends, catalogue, &admits);
+
+    let mut min_versions = Vec::new();
+    for (fact, v) in &pack.min_versions {
+        let at = l.at(pack_file, v);
+        match (schema.slot(fact), Version::parse(&v.value)) {
+            (Some(_), Some(ver)) => min_versions.push((fact.clone(), ver)),
+            (None, _) => l.diags.push(
+                Diagnostic::new(Code::Name, format!("min_versions: unknown fact `{fact}`")).at(at),
+            ),
+            (_, None) => l.diags.push(
+                Diagnostic::new(
+                    Code::Type,
+                    format!("min_versions: `{}` is not a version", v.value),
+                )
+                .at(at),
+            ),
+        }
+    }
+
+    let hot = crate::policy::HotPath::build(&compiler.program, &rules, &backends, &preference);
+    Policy {
+        name: pack.name.value.clone(),
+        description: pack.description.clone(),
+        schema,
+        sources: SourceMap::default(),
+        program: compiler.program,
+        backends,
+        rules,
+        preference,
+        layers,
+        defs,
+        min_versions,
+        executor_chains,
+        executor_admits: admits,
+        warnings: Diagnostics::default(),
+        disabled_layers: 0,
+        hot,
+    }
+}
+
+/// The backends a rule declines: its own (a backend file's rule) or the one(s) a layer rule
+/// names. `None`: the rule is malformed (reported).
+fn rule_targets(
+    l: &mut Loader,
+    file: u16,
+    def: &RuleDef,
+    id_loc: Loc,
+    own_backend: Option<u16>,
+    backends: &[Backend],
+    broken_backend_files: bool,
+) -> Option<Vec<u16>> {
+    let resolve = |l: &mut Loader, name: &Spanned<String>| -> Option<u16> {
+        match backends.iter().position(|b| b.name == name.value) {
+            Some(b) => Some(b as u16),
+            None if broken_backend_files => None,
+            None => {
+                let at = l.at(file, name);
+                l.unknown(
+                    Code::Name,
+                    format!("unknown backend `{}`", name.value),
+                    at,
+                    &name.value,
+                    backends.iter().map(|b| b.name.as_str()),
+                );
+                None
+            }
+        }
+    };
+    match (own_backend, &def.backend, def.backends.is_empty()) {
+        (Some(b), None, true) => Some(vec![b]),
+        (Some(_), _, _) => {
+            let extra = def
+                .backend
+                .as_ref()
+                .or(def.backends.first())
+                .expect("given");
+            let at = l.at(file, extra);
+            l.diags.push(
+                Diagnostic::new(
+                    Code::Rule,
+                    "`backend:` belongs in layer files; a backend file's rules apply to its own backend",
+                )
+                .at(at),
+            );
+            None
+        }
+        (None, Some(name), true) => resolve(l, name).map(|b| vec![b]),
+        (None, None, false) => {
+            let mut out = Vec::new();
+            for name in &def.backends {
+                if let Some(b) = resolve(l, name)
+                    && !out.contains(&b)
+                {
+                    out.push(b);
                 }
             }
-        });
+            (out.len() == def.backends.len()).then_some(out)
+        }
+        (None, Some(name), false) => {
+            let at = l.at(file, name);
+            l.diags.push(
+                Diagnostic::new(
+                    Code::Rule,
+                    format!(
+                        "rule `{}` names both `backend:` and `backends:`",
+                        def.id.value
+                    ),
+                )
+                .at(at),
+            );
+            None
+        }
+        (None, None, true) => {
+            l.diags.push(
+                Diagnostic::new(
+                    Code::Rule,
+                    format!(
+                        "rule `{}` in a layer file must name its `backend:`",
+                        def.id.value
+                    ),
+                )
+                .at(id_loc),
+            );
+            None
+        }
+    }
+}
+
+/// The preference entries with their orders resolved.
+fn link_preference(
+    l: &mut Loader,
+    pack: &PackFile,
+    pack_file: u16,
+    typed: Vec<Option<Compiled>>,
+    backends: &[Backend],
+    broken_backend_files: bool,
+) -> Vec<Preference> {
+    let mut preference = Vec::new();
+    for (p, when) in pack.preference.iter().zip(typed) {
+        let loc = l.at(pack_file, p);
+        let def = &p.value;
         let mut order = Vec::new();
         for name in &def.order {
             match backends.iter().position(|b| b.name == name.value) {
                 Some(i) if !order.contains(&(i as u16)) => order.push(i as u16),
                 Some(_) => {
-                    let at = l.sources.node_loc(pack_file, name);
+                    let at = l.at(pack_file, name);
                     l.diags.push(
-                        Diagnostic::error(
-                            "E-PREF",
+                        Diagnostic::new(
+                            Code::Pref,
                             format!("`{}` appears twice in this order", name.value),
                         )
                         .at(at),
                     );
                 }
                 // A backend whose file failed to load already has its own error.
-                None if broken_backend_files > 0 => {}
+                None if broken_backend_files => {}
                 None => {
-                    let at = l.sources.node_loc(pack_file, name);
-                    let hint = did_you_mean(&name.value, backends.iter().map(|b| b.name.as_str()));
-                    l.diags.push(
-                        Diagnostic::error(
-                            "E-NAME",
-                            format!(
-                                "unknown backend `{}` in preference `{}`",
-                                name.value, def.id.value
-                            ),
-                        )
-                        .at(at)
-                        .help(hint.map(|h| format!("did you mean `{h}`?"))),
+                    let at = l.at(pack_file, name);
+                    l.unknown(
+                        Code::Name,
+                        format!(
+                            "unknown backend `{}` in preference `{}`",
+                            name.value, def.id.value
+                        ),
+                        at,
+                        &name.value,
+                        backends.iter().map(|b| b.name.as_str()),
                     );
                 }
             }
@@ -609,69 +895,141 @@ pub fn load_pack(source: PackSource, overlays: &[PathBuf]) -> Result<Policy, Loa
     }
     if preference.is_empty() {
         l.diags.push(
-            Diagnostic::error("E-PREF", "a pack needs at least one preference entry").at(Loc {
+            Diagnostic::new(Code::Pref, "a pack needs at least one preference entry").at(Loc {
                 file: pack_file,
                 start: 0,
                 end: 0,
             }),
         );
     }
-
-    let mut min_versions = Vec::new();
-    for (fact, v) in &pack.min_versions {
-        let at = l.sources.node_loc(pack_file, v);
-        match (schema.slot(fact), Version::parse(&v.value)) {
-            (Some(_), Some(ver)) => min_versions.push((fact.clone(), ver)),
-            (None, _) => l.diags.push(
-                Diagnostic::error("E-NAME", format!("min_versions: unknown fact `{fact}`")).at(at),
-            ),
-            (_, None) => l.diags.push(
-                Diagnostic::error(
-                    "E-TYPE",
-                    format!("min_versions: `{}` is not a version", v.value),
-                )
-                .at(at),
-            ),
-        }
-    }
-
-    if l.diags.has_errors() {
-        for d in &mut l.diags.0 {
-            d.locate(&l.sources);
-        }
-        return Err(fail(l));
-    }
-    let mut warnings = l.diags;
-    for d in &mut warnings.0 {
-        d.locate(&l.sources);
-    }
-    let hot = crate::policy::HotPath::build(&compiler.program, &rules, &backends, &preference);
-    Ok(Policy {
-        name: pack.name.value.clone(),
-        description: pack.description.clone(),
-        schema,
-        sources: l.sources,
-        program: compiler.program,
-        backends,
-        rules,
-        preference,
-        layers,
-        defs,
-        min_versions,
-        warnings,
-        disabled_layers: 0,
-        hot,
-    })
+    preference
 }
 
-impl Policy {
-    /// Loads an embedded pack by name (`te`, `native`).
-    pub fn embedded(name: &str) -> Result<Policy, LoadError> {
-        load_pack(PackSource::Embedded(name.to_string()), &[])
+/// The executor chains of `executors:`, names checked against the catalogue when one is given.
+fn link_executors(
+    l: &mut Loader,
+    defs: &[Spanned<ExecutorsDef>],
+    pack_file: u16,
+    backends: &[Backend],
+    catalogue: Option<&ExecutorCatalogue>,
+    admits: &[(String, Compiled)],
+) -> Vec<ExecutorChain> {
+    let mut chains: Vec<ExecutorChain> = Vec::new();
+    for d in defs {
+        let loc = l.at(pack_file, d);
+        let def = &d.value;
+        let Some(b) = backends.iter().position(|b| b.name == def.backend.value) else {
+            let at = l.at(pack_file, &def.backend);
+            l.unknown(
+                Code::Executor,
+                format!("executors: unknown backend `{}`", def.backend.value),
+                at,
+                &def.backend.value,
+                backends.iter().map(|b| b.name.as_str()),
+            );
+            continue;
+        };
+        let backend = &backends[b];
+        let variant = match &def.variant {
+            None => None,
+            Some(v) => match backend.variants.iter().position(|x| x.name == v.value) {
+                Some(i) => Some(i as u8),
+                None => {
+                    let at = l.at(pack_file, v);
+                    l.unknown(
+                        Code::Executor,
+                        format!(
+                            "executors: backend `{}` has no variant `{}`",
+                            backend.name, v.value
+                        ),
+                        at,
+                        &v.value,
+                        backend.variants.iter().map(|x| x.name.as_str()),
+                    );
+                    continue;
+                }
+            },
+        };
+        if chains
+            .iter()
+            .any(|c| c.backend == b as u16 && c.variant == variant)
+        {
+            l.diags.push(
+                Diagnostic::new(
+                    Code::Executor,
+                    format!(
+                        "executors: `{}`{} has two chains",
+                        backend.name,
+                        def.variant
+                            .as_ref()
+                            .map(|v| format!(" variant `{}`", v.value))
+                            .unwrap_or_default()
+                    ),
+                )
+                .at(loc),
+            );
+            continue;
+        }
+        let mut entries: Vec<ChainEntry> = Vec::new();
+        for name in &def.chain {
+            let at = l.at(pack_file, name);
+            if entries.iter().any(|e| e.executor == name.value) {
+                l.diags.push(
+                    Diagnostic::new(
+                        Code::Executor,
+                        format!("executor `{}` appears twice in this chain", name.value),
+                    )
+                    .at(at),
+                );
+                continue;
+            }
+            if let Some(cat) = catalogue
+                && cat.get(&name.value).is_none()
+            {
+                l.unknown(
+                    Code::Executor,
+                    format!(
+                        "unknown executor `{}`; the catalogue has: {}",
+                        name.value,
+                        cat.names().collect::<Vec<_>>().join(", ")
+                    ),
+                    at,
+                    &name.value,
+                    cat.names(),
+                );
+                continue;
+            }
+            entries.push(ChainEntry {
+                executor: name.value.clone(),
+                admits: admits.iter().position(|(n, _)| *n == name.value),
+                loc: at,
+            });
+        }
+        chains.push(ExecutorChain {
+            backend: b as u16,
+            variant,
+            entries,
+            loc,
+        });
     }
+    chains
+}
 
-    /// Loads a pack from a folder holding `pack.yaml`.
-    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Policy, LoadError> {
-        load_pack(PackSource::Dir(dir.as_ref().to_path_buf()), &[])
+// ---- stage 5: lint ---------------------------------------------------------------------------
+
+/// Stage 5: warnings that need no analysis.
+fn lint_pack(l: &mut Loader, parsed: &ParsedPack) {
+    for r in &parsed.rules {
+        let def = &r.def.value;
+        if def.reason.trim().is_empty() {
+            let at = l.at(r.file, &def.id);
+            l.diags.push(
+                Diagnostic::new(
+                    Code::Reason,
+                    format!("rule `{}` has an empty reason", def.id.value),
+                )
+                .at(at),
+            );
+        }
     }
 }

@@ -1,9 +1,12 @@
-//! Rule packs: YAML files with positions, loading and type-checking into a [`Policy`](crate::Policy),
-//! and the packs embedded in the binary.
+//! Rule packs: YAML files with positions, loaded and type-checked into a
+//! [`Policy`](crate::Policy) in stages (see [`load`]), the packs embedded in the binary, and
+//! [`PackSpec`], the one way every front end says which pack to load.
 
 pub mod embedded;
 pub mod load;
 pub mod source;
+pub mod spec;
 pub mod yaml;
 
-pub use load::{LoadError, PackSource, load_pack};
+pub use load::{LoadError, load_pack, load_pack_with};
+pub use spec::{PackError, PackSource, PackSpec};

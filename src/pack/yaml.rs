@@ -25,6 +25,20 @@ pub struct PackFile {
     /// Oldest versions the pack supports (`cudnn_version: 9.12.0`), for obsolete-workaround lints.
     #[serde(default)]
     pub min_versions: BTreeMap<String, Spanned<String>>,
+    /// Per backend (and variant), the executors that run its decisions, in order of preference.
+    #[serde(default)]
+    pub executors: Vec<Spanned<ExecutorsDef>>,
+}
+
+/// `executors:` entry: `{ backend: FusedAttention, chain: [cudnn, reference] }`, optionally
+/// for one `variant:` (a variant's chain overrides its backend's).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorsDef {
+    pub backend: Spanned<String>,
+    #[serde(default)]
+    pub variant: Option<Spanned<String>>,
+    pub chain: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

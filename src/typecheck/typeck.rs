@@ -17,6 +17,8 @@ pub struct TypeError {
     pub message: String,
     pub span: Span,
     pub help: Option<String>,
+    /// The expression did not parse (reported as `E-SYNTAX`, not `E-TYPE`).
+    pub syntax: bool,
 }
 
 fn terr(span: Span, message: impl Into<String>) -> TypeError {
@@ -24,6 +26,16 @@ fn terr(span: Span, message: impl Into<String>) -> TypeError {
         message: message.into(),
         span,
         help: None,
+        syntax: false,
+    }
+}
+
+impl From<crate::lang::SyntaxError> for TypeError {
+    fn from(e: crate::lang::SyntaxError) -> TypeError {
+        TypeError {
+            syntax: true,
+            ..terr(e.span, e.message)
+        }
     }
 }
 
@@ -139,11 +151,7 @@ impl Compiler {
         state.in_progress = true;
         let source = state.source.clone();
         let result = parse_expr(&source)
-            .map_err(|e| TypeError {
-                message: e.message,
-                span: e.span,
-                help: None,
-            })
+            .map_err(TypeError::from)
             .and_then(|ast| self.expr(&ast));
         if let Ok(c) = &result {
             // Each definition is computed once per decision (see Program::eval_memo).

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use attn_policy::cache::CachedPolicy;
 use attn_policy::decision::Decision;
-use attn_policy::{Explanation, Facts, PackSource, load_pack};
+use attn_policy::{Explanation, Facts, PackSpec};
 
 /// Success.
 pub const ATTN_POLICY_OK: c_int = 0;
@@ -115,26 +115,16 @@ pub unsafe extern "C" fn attn_policy_load(
                 return Err((ATTN_POLICY_INVALID_ARGUMENT, "out is NULL".into()));
             }
             *out = ptr::null_mut();
-            let source = if !dir.is_null() {
-                PackSource::Dir(str_arg(dir, "dir")?.into())
+            let spec = if !dir.is_null() {
+                PackSpec::dir(str_arg(dir, "dir")?)
             } else {
                 let name = if pack.is_null() { "te" } else { str_arg(pack, "pack")? };
-                let names = attn_policy::pack::embedded::pack_names();
-                if !names.contains(&name) {
-                    return Err((
-                        ATTN_POLICY_PACK_ERROR,
-                        format!("unknown pack `{name}`; embedded packs: {}", names.join(", ")),
-                    ));
-                }
-                PackSource::Embedded(name.into())
+                PackSpec::embedded(name)
             };
-            let mut policy = load_pack(source, &[])
+            let policy = spec
+                .with_parity(parity != 0)
+                .load()
                 .map_err(|e| (ATTN_POLICY_PACK_ERROR, e.render(false)))?;
-            if parity != 0 && policy.layers.iter().any(|l| l == "guard") {
-                policy
-                    .set_layer_enabled("guard", false)
-                    .map_err(|m| (ATTN_POLICY_PACK_ERROR, m))?;
-            }
             let names = policy
                 .backends
                 .iter()

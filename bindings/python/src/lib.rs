@@ -12,7 +12,7 @@ use attn_policy::cache::CachedPolicy;
 use attn_policy::decision::{Decision, Explanation, Status};
 use attn_policy::facts::schema::Origin;
 use attn_policy::facts::te::FIELDS;
-use attn_policy::{Facts, PackSource, Policy, load_pack};
+use attn_policy::{Facts, PackSpec, Policy};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
@@ -328,59 +328,42 @@ impl NativePolicy {
         pack: Option<String>,
         path: Option<String>,
         overlays: Vec<String>,
-        mut layers_off: Vec<String>,
+        layers_off: Vec<String>,
         parity: bool,
         cache_size: usize,
     ) -> PyResult<NativePolicy> {
-        let source = match (pack, path) {
-            (_, Some(p)) => PackSource::Dir(p.into()),
-            (Some(name), None) => {
-                let names = attn_policy::pack::embedded::pack_names();
-                if !names.contains(&name.as_str()) {
-                    let hint = attn_policy::facts::did_you_mean(&name, names.iter().copied())
-                        .map(|h| format!(" (did you mean `{h}`?)"))
-                        .unwrap_or_default();
-                    return Err(policy_error(
-                        py,
-                        format!(
-                            "unknown pack `{name}`{hint}; embedded packs: {}",
-                            names.join(", ")
-                        ),
-                        None,
-                    ));
-                }
-                PackSource::Embedded(name)
-            }
-            (None, None) => PackSource::Embedded("te".into()),
+        let spec = match (pack, path) {
+            (_, Some(p)) => PackSpec::dir(p),
+            (Some(name), None) => PackSpec::embedded(name),
+            (None, None) => PackSpec::embedded("te"),
         };
-        let overlays: Vec<std::path::PathBuf> = overlays.into_iter().map(Into::into).collect();
-        let mut policy: Policy = py.detach(|| load_pack(source, &overlays)).map_err(|e| {
-            let diags: Vec<Json> = e
-                .diagnostics
-                .0
-                .iter()
-                .map(|d| {
-                    serde_json::json!({
-                        "code": d.code,
-                        "severity": format!("{:?}", d.severity).to_lowercase(),
-                        "message": d.message,
-                        "location": d.location,
-                        "label": d.label,
-                        "help": d.help,
+        let spec = PackSpec {
+            layers_off,
+            ..spec
+                .with_overlays(overlays.into_iter().map(Into::into))
+                .with_parity(parity)
+        };
+        let policy: Policy = py.detach(|| spec.load()).map_err(|e| match e {
+            attn_policy::PackError::Load(e) => {
+                let diags: Vec<Json> = e
+                    .diagnostics
+                    .0
+                    .iter()
+                    .map(|d| {
+                        serde_json::json!({
+                            "code": d.code.name(),
+                            "severity": d.severity.word(),
+                            "message": d.message,
+                            "location": d.location,
+                            "label": d.label,
+                            "help": d.help,
+                        })
                     })
-                })
-                .collect();
-            policy_error(py, e.render(false), Some(Json::Array(diags)))
+                    .collect();
+                policy_error(py, e.render(false), Some(Json::Array(diags)))
+            }
+            other => policy_error(py, other.to_string(), None),
         })?;
-        // `--parity`: the guard layer off, where the pack has one.
-        if parity && policy.layers.iter().any(|l| l == "guard") {
-            layers_off.push("guard".into());
-        }
-        for layer in layers_off {
-            policy
-                .set_layer_enabled(&layer, false)
-                .map_err(|m| policy_error(py, m, None))?;
-        }
         Ok(NativePolicy {
             inner: Arc::new(CachedPolicy::new(policy, cache_size)),
             memo: RwLock::new(IdMap::default()),

@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use serde_json::{Map, Value as Json, json};
 
 use attn_policy::facts::{Facts, presets};
-use attn_policy::{PackSource, Policy, load_pack};
+use attn_policy::{PackSpec, Policy};
 
 /// The attention configuration: a preset, a file, then flags, each overriding the previous.
 #[derive(Args, Debug, Clone, Default)]
@@ -286,36 +286,38 @@ pub struct PackArgs {
 }
 
 impl PackArgs {
+    /// The pack these flags name, checked against this build's executor catalogue.
+    pub fn spec(&self) -> PackSpec {
+        let spec = match &self.rules {
+            Some(dir) => PackSpec::dir(dir),
+            None => PackSpec::embedded(&self.pack),
+        };
+        spec.with_overlays(self.overlay.iter().cloned())
+            .with_parity(self.parity)
+            .with_catalogue(catalogue())
+    }
+
     /// Loads the pack; on failure prints the diagnostics and returns exit code 2.
     pub fn load(&self, color: bool) -> Result<Policy, i32> {
-        let source = match &self.rules {
-            Some(dir) => PackSource::Dir(dir.clone()),
-            None => {
-                let names = attn_policy::pack::embedded::pack_names();
-                if !names.contains(&self.pack.as_str()) {
-                    let hint = attn_policy::facts::did_you_mean(&self.pack, names.iter().copied())
-                        .map(|h| format!(" (did you mean `{h}`?)"))
-                        .unwrap_or_default();
-                    return Err(super::fail(format!(
-                        "unknown pack `{}`{hint}; embedded packs: {}",
-                        self.pack,
-                        names.join(", ")
-                    )));
-                }
-                PackSource::Embedded(self.pack.clone())
-            }
-        };
-        let mut policy = load_pack(source, &self.overlay).map_err(|e| {
-            eprint!("{}", e.render(color));
-            2
-        })?;
-        if self.parity && policy.layers.iter().any(|l| l == "guard") {
-            policy
-                .set_layer_enabled("guard", false)
-                .map_err(super::fail)?;
-        }
-        Ok(policy)
+        load_spec(&self.spec(), color)
     }
+}
+
+/// This build's executor catalogue (every executor chain is checked against it).
+pub fn catalogue() -> std::sync::Arc<attn_policy::ExecutorCatalogue> {
+    static CATALOGUE: std::sync::LazyLock<std::sync::Arc<attn_policy::ExecutorCatalogue>> =
+        std::sync::LazyLock::new(|| {
+            std::sync::Arc::new(attn_policy_adapters::catalogue::catalogue())
+        });
+    CATALOGUE.clone()
+}
+
+/// Loads a pack spec; on failure prints the diagnostics (or the error) and returns exit code 2.
+pub fn load_spec(spec: &PackSpec, color: bool) -> Result<Policy, i32> {
+    spec.load().map_err(|e| {
+        eprint!("{}", e.render(color));
+        2
+    })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]

@@ -5,7 +5,6 @@ use clap::Args;
 use super::args::{ColorChoice, PackArgs};
 use attn_policy::Severity;
 use attn_policy::analysis::lint::lint;
-use attn_policy::pack::load_pack;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -43,20 +42,14 @@ pub fn run(a: CheckArgs) -> i32 {
             !a.json && std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
         }
     };
-    let source = match &a.pack.rules {
-        Some(dir) => attn_policy::PackSource::Dir(dir.clone()),
-        None => attn_policy::PackSource::Embedded(a.pack.pack.clone()),
-    };
-    let (mut diags, sources) = match load_pack(source, &a.pack.overlay) {
-        Ok(mut policy) => {
-            if a.pack.parity && policy.layers.iter().any(|l| l == "guard") {
-                let _ = policy.set_layer_enabled("guard", false);
-            }
+    let (mut diags, sources) = match a.pack.spec().load() {
+        Ok(policy) => {
             let mut d = policy.warnings.0.clone();
             d.extend(lint(&policy));
             (d, policy.sources.clone())
         }
-        Err(e) => (e.diagnostics.0, e.sources),
+        Err(attn_policy::PackError::Load(e)) => (e.diagnostics.0, e.sources),
+        Err(other) => return super::fail(other),
     };
     for d in &mut diags {
         d.locate(&sources);

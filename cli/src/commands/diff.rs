@@ -1,14 +1,12 @@
 //! `attn-policy diff OLD NEW`: where two packs decide differently.
 
-use std::path::PathBuf;
-
 use clap::Args;
 
 use attn_policy::analysis::regions::{DEFAULT_BUDGET, Restriction, diff};
 
 /// How many regions `diff` lists by default.
 pub const DEFAULT_DIFF_REGIONS: usize = 50;
-use attn_policy::{PackSource, Policy, load_pack};
+use attn_policy::{PackSpec, Policy};
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -44,21 +42,10 @@ pub struct DiffArgs {
 }
 
 fn load(spec: &str) -> Result<Policy, i32> {
-    let path = PathBuf::from(spec);
-    let source = if path.is_dir() {
-        PackSource::Dir(path)
-    } else if attn_policy::pack::embedded::pack_names().contains(&spec) {
-        PackSource::Embedded(spec.to_string())
-    } else {
-        return Err(super::fail(format!(
-            "`{spec}` is neither a folder nor an embedded pack ({})",
-            attn_policy::pack::embedded::pack_names().join(", ")
-        )));
-    };
-    load_pack(source, &[]).map_err(|e| {
-        eprint!("{}", e.render(false));
-        2
-    })
+    let spec = PackSpec::parse(spec)
+        .map_err(super::fail)?
+        .with_catalogue(super::args::catalogue());
+    super::args::load_spec(&spec, false)
 }
 
 pub fn run(a: DiffArgs) -> i32 {

@@ -7,8 +7,8 @@ use clap::Args;
 use serde_json::json;
 
 use super::args::{ConfigArgs, Format, OutputArgs};
+use attn_policy::Explanation;
 use attn_policy::facts::Value;
-use attn_policy::{Explanation, PackSource, load_pack};
 use attn_policy_adapters::run::{RunOptions, VerifyMode, run_on};
 use attn_policy_adapters::{Registry, RegistryEntry, problem_from_facts};
 
@@ -39,12 +39,10 @@ pub struct RunArgs {
 
 pub fn run(a: RunArgs) -> i32 {
     let color = a.output.stdout_color();
-    let policy = match load_pack(PackSource::Embedded(a.pack.clone()), &[]) {
+    let spec = attn_policy::PackSpec::embedded(&a.pack).with_catalogue(super::args::catalogue());
+    let policy = match super::args::load_spec(&spec, a.output.stderr_color()) {
         Ok(p) => p,
-        Err(e) => {
-            eprint!("{}", e.render(a.output.stderr_color()));
-            return 2;
-        }
+        Err(code) => return code,
     };
     let mut facts = match a.config.facts() {
         Ok(f) => f,

@@ -1,16 +1,30 @@
 //! Diagnostics for rule packs: one serialisable type for CLI text, JSON and bindings, rendered
-//! with annotate-snippets (rustc's own renderer) with the offending source underlined.
+//! with annotate-snippets (rustc's own renderer) with the offending source underlined. Codes
+//! are typed ([`Code`]); sources and locations live in [`source`].
+
+pub mod code;
+pub mod source;
 
 use annotate_snippets::{AnnotationKind, Group, Level, Renderer, Snippet};
 use serde::Serialize;
 
-use crate::pack::source::SourceMap;
+pub use code::Code;
+pub use source::{SourceFile, SourceMap};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     Warning,
     Error,
+}
+
+impl Severity {
+    pub fn word(self) -> &'static str {
+        match self {
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
 }
 
 /// Where a diagnostic points: a byte range in one source file.
@@ -24,7 +38,7 @@ pub struct Loc {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Diagnostic {
     /// Stable code, e.g. `E-TYPE` (see docs/diagnostics.md).
-    pub code: &'static str,
+    pub code: Code,
     pub severity: Severity,
     pub message: String,
     #[serde(skip)]
@@ -36,22 +50,16 @@ pub struct Diagnostic {
 }
 
 impl Diagnostic {
-    pub fn error(code: &'static str, message: impl Into<String>) -> Diagnostic {
+    /// A diagnostic of `code` (its severity comes with the code).
+    pub fn new(code: Code, message: impl Into<String>) -> Diagnostic {
         Diagnostic {
             code,
-            severity: Severity::Error,
+            severity: code.severity(),
             message: message.into(),
             loc: None,
             location: None,
             label: None,
             help: None,
-        }
-    }
-
-    pub fn warning(code: &'static str, message: impl Into<String>) -> Diagnostic {
-        Diagnostic {
-            severity: Severity::Warning,
-            ..Diagnostic::error(code, message)
         }
     }
 
@@ -83,7 +91,9 @@ impl Diagnostic {
             Severity::Error => Level::ERROR,
             Severity::Warning => Level::WARNING,
         };
-        let title = level.primary_title(self.message.as_str()).id(self.code);
+        let title = level
+            .primary_title(self.message.as_str())
+            .id(self.code.name());
         let mut group = match self.loc.and_then(|l| sources.get(l.file).map(|f| (l, f))) {
             Some((loc, file)) => {
                 let end = if loc.end > loc.start {

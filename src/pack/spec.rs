@@ -1,0 +1,151 @@
+//! [`PackSpec`]: which pack to load and how (embedded name or folder, overlays, `--parity`,
+//! layers switched off, the executor catalogue to check chains against), resolved in one place
+//! for every command and binding.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::load::{LoadError, load_pack_with};
+use crate::catalogue::ExecutorCatalogue;
+use crate::facts::did_you_mean;
+use crate::policy::Policy;
+
+/// Where a pack comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PackSource {
+    /// A pack compiled into the binary (`te`, `native`).
+    Embedded(String),
+    /// A folder holding `pack.yaml`.
+    Dir(PathBuf),
+}
+
+/// A pack to load: its source plus everything that changes what it decides.
+#[derive(Clone, Debug, Default)]
+pub struct PackSpec {
+    /// `None`: the default pack, `te`.
+    pub source: Option<PackSource>,
+    /// Site overlay files: extra rules in their own layer (`--overlay`).
+    pub overlays: Vec<PathBuf>,
+    /// Pure TransformerEngine parity: the `guard` layer off where the pack has one.
+    pub parity: bool,
+    /// Further layers to switch off by name.
+    pub layers_off: Vec<String>,
+    /// Executor names chains may use; `None`: chains are not checked against a catalogue.
+    pub catalogue: Option<Arc<ExecutorCatalogue>>,
+}
+
+/// Why a [`PackSpec`] did not give a policy.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("unknown pack `{name}`{}; embedded packs: {}", suggestion.as_ref().map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default(), known.join(", "))]
+    UnknownPack {
+        name: String,
+        known: Vec<&'static str>,
+        suggestion: Option<String>,
+    },
+    #[error("`{spec}` is neither a folder holding pack.yaml nor an embedded pack ({})", known.join(", "))]
+    NotAPack {
+        spec: String,
+        known: Vec<&'static str>,
+    },
+    /// The pack's files have errors (rendered with [`LoadError::render`]).
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("{0}")]
+    Layer(String),
+}
+
+impl PackError {
+    /// The diagnostics rendered with their source snippets (load errors), or the message.
+    pub fn render(&self, color: bool) -> String {
+        match self {
+            PackError::Load(e) => e.render(color),
+            other => format!("error: {other}\n"),
+        }
+    }
+}
+
+impl PackSpec {
+    /// An embedded pack by name.
+    pub fn embedded(name: impl Into<String>) -> PackSpec {
+        PackSpec {
+            source: Some(PackSource::Embedded(name.into())),
+            ..PackSpec::default()
+        }
+    }
+
+    /// A pack folder holding `pack.yaml`.
+    pub fn dir(path: impl AsRef<Path>) -> PackSpec {
+        PackSpec {
+            source: Some(PackSource::Dir(path.as_ref().to_path_buf())),
+            ..PackSpec::default()
+        }
+    }
+
+    /// A pack named on a command line: an existing folder, else an embedded pack's name.
+    pub fn parse(spec: &str) -> Result<PackSpec, PackError> {
+        let path = Path::new(spec);
+        if path.is_dir() {
+            return Ok(PackSpec::dir(path));
+        }
+        let known = super::embedded::pack_names();
+        if known.contains(&spec) {
+            return Ok(PackSpec::embedded(spec));
+        }
+        Err(PackError::NotAPack {
+            spec: spec.to_string(),
+            known,
+        })
+    }
+
+    pub fn with_overlays(mut self, overlays: impl IntoIterator<Item = PathBuf>) -> PackSpec {
+        self.overlays.extend(overlays);
+        self
+    }
+
+    pub fn with_parity(mut self, parity: bool) -> PackSpec {
+        self.parity = parity;
+        self
+    }
+
+    pub fn with_catalogue(mut self, catalogue: Arc<ExecutorCatalogue>) -> PackSpec {
+        self.catalogue = Some(catalogue);
+        self
+    }
+
+    /// The source, with an embedded name checked (did-you-mean on a typo).
+    pub fn resolve(&self) -> Result<PackSource, PackError> {
+        match &self.source {
+            None => Ok(PackSource::Embedded("te".into())),
+            Some(PackSource::Dir(d)) => Ok(PackSource::Dir(d.clone())),
+            Some(PackSource::Embedded(name)) => {
+                let known = super::embedded::pack_names();
+                if known.contains(&name.as_str()) {
+                    Ok(PackSource::Embedded(name.clone()))
+                } else {
+                    Err(PackError::UnknownPack {
+                        suggestion: did_you_mean(name, known.iter().copied()),
+                        name: name.clone(),
+                        known,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Loads, type-checks and links the pack, then switches off the requested layers.
+    pub fn load(&self) -> Result<Policy, PackError> {
+        let source = self.resolve()?;
+        let mut policy = load_pack_with(source, &self.overlays, self.catalogue.as_deref())?;
+        let mut off = self.layers_off.clone();
+        if self.parity && policy.layers.iter().any(|l| l == "guard") {
+            off.push("guard".into());
+        }
+        for layer in off {
+            policy
+                .set_layer_enabled(&layer, false)
+                .map_err(PackError::Layer)?;
+        }
+        Ok(policy)
+    }
+}
