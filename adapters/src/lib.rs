@@ -4,17 +4,22 @@
 //! - [`problem`]: [`AttentionProblem`], the description of one call (shapes, dtype, strides,
 //!   mask/window, scale).
 //! - [`executor`]: the [`Executor`] trait, its [`Manifest`], [`Unsupported`] and [`ExecError`].
-//! - [`registry`]: backend name -> executor ([`Registry::builtin`]).
+//! - [`registry`]: executor name -> executor, manifest and availability ([`Registry::builtin`]).
 //! - [`reference`]: CPU float64 oracle. [`chunked`]: CUDA cuBLAS + NVRTC executor (feature `cuda`).
+//!   [`cudnn`]: cuDNN graph API (feature `cudnn`). [`frost`]: cuDNN frontend FROST engines
+//!   (feature `frost`). [`host`]: manifests of the executors a Python host provides.
 //! - [`run`]: what `attn-policy run` calls: random inputs, execute, time, verify.
 //!
-//! GPU code sits behind the `cuda` feature and loads CUDA at run time (cudarc dynamic loading),
-//! so the crate builds and tests on machines without CUDA; callers need no `cfg`.
+//! GPU code sits behind features (`cuda`, `cudnn`, `frost`) and loads CUDA at run time (cudarc
+//! dynamic loading), so the crate builds and tests on machines without CUDA; callers need no
+//! `cfg`. Each GPU module has one `cfg` pair: `enabled` (the feature on) and a `disabled` twin
+//! with the same registry functions (`create`, `availability`) that say why nothing runs.
 
 pub mod chunked;
 pub mod cudnn;
 pub mod executor;
 pub mod frost;
+pub mod host;
 pub mod problem;
 pub mod reference;
 pub mod registry;
@@ -22,12 +27,12 @@ pub mod rng;
 pub mod run;
 
 pub use executor::{
-    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceKind, ExecError,
-    ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostTensor, Manifest,
-    Unsupported,
+    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceKind, Direction,
+    ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostTensor,
+    Manifest, StreamLaunch, Unsupported,
 };
 pub use problem::{
     AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Strides,
     TensorLayouts,
 };
-pub use registry::{Registry, RegistryEntry};
+pub use registry::{Availability, ExecutorInfo, Provider, Registry, RegistryEntry};

@@ -12,7 +12,6 @@ use attn_policy::{Explanation, PackSource, load_pack};
 use attn_policy_adapters::run::{RunOptions, VerifyMode, run_on};
 use attn_policy_adapters::{
     AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Registry,
-    RegistryEntry,
 };
 
 #[derive(Args, Debug)]
@@ -136,14 +135,9 @@ pub fn run(a: RunArgs) -> i32 {
     };
     let problem = problem_from(&facts).ok();
     // Live probes: is there a GPU executor, and can cuDNN build this graph here?
-    let mut registry = Registry::builtin();
-    // The cuDNN executor (its constructor reports NoDevice without the `cudnn` feature or a GPU).
-    registry.register(RegistryEntry {
-        name: attn_policy_adapters::cudnn::NAME,
-        description: "cuDNN fused attention through the backend graph API",
-        manifest: attn_policy_adapters::cudnn::manifest,
-        create: attn_policy_adapters::cudnn::create,
-    });
+    // Every executor of the adapters (cudnn included; each unavailable without its feature or
+    // a GPU).
+    let registry = Registry::builtin();
     let gpu = registry.get("chunked").is_ok();
     if facts.get("probe.cuda_device") == Some(Value::Unknown) {
         let _ = facts.set_probe("cuda_device", Some(gpu));
