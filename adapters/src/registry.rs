@@ -225,11 +225,14 @@ impl Registry {
         r
     }
 
-    /// Add (or replace) an entry; a replaced executor's created instances are dropped.
+    /// Add an entry, or replace the one of the same name in place (its position in
+    /// [`Registry::names`] is kept); a replaced executor's created instances are dropped.
     pub fn register(&mut self, entry: RegistryEntry) {
-        self.entries.retain(|e| e.name != entry.name);
         let name = entry.name.clone();
-        self.entries.push(entry);
+        match self.entries.iter_mut().find(|e| e.name == entry.name) {
+            Some(slot) => *slot = entry,
+            None => self.entries.push(entry),
+        }
         self.created
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
@@ -423,6 +426,7 @@ mod tests {
         );
         assert!(r.availability("torch_flash").unwrap().is_available());
         assert_eq!(r.names().len(), 8);
+        assert_eq!(r.names()[4], "torch_flash", "replaced in place");
         assert!(matches!(
             r.get("nope"),
             Err(ExecError::UnknownExecutor { .. })

@@ -21,6 +21,11 @@ pub fn availability() -> Availability {
     Availability::unavailable(WHY)
 }
 
+/// Nothing is loaded in this build: [`ExecError::NoDevice`].
+pub fn require_version(_ordinal: usize, _decided: (u32, u32, u32)) -> Result<(), ExecError> {
+    Err(ExecError::NoDevice { reason: WHY.into() })
+}
+
 /// Always unknown in this build.
 pub(super) fn probe_graph_here(_problem: &AttentionProblem, _dir: Direction) -> ProbeAnswer {
     ProbeAnswer::Unknown { reason: WHY.into() }

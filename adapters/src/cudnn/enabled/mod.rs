@@ -37,6 +37,12 @@ pub fn availability() -> Availability {
     }
 }
 
+/// Refuses (typed, naming both versions) when a decision's `cudnn_version` fact (major, minor,
+/// patch) differs from the libcudnn loaded in this process.
+pub fn require_version(ordinal: usize, decided: (u32, u32, u32)) -> Result<(), ExecError> {
+    Ok(shared_on(ordinal)?.require_version(decided)?)
+}
+
 /// The graph probe on device 0.
 pub(super) fn probe_graph_here(problem: &AttentionProblem, dir: Direction) -> ProbeAnswer {
     match shared() {
