@@ -18,8 +18,8 @@ use std::sync::{Arc, LazyLock, RwLock};
 
 use attn_policy_adapters::{
     AttentionProblem, Availability, DType, DeviceBackwardArgs, DeviceForwardArgs,
-    DiagonalAlignment, Direction, ExecError, Executor, MaskKind, MaskSpec, Registry,
-    StreamLaunch, Strides, TensorLayouts, reference,
+    DiagonalAlignment, Direction, ExecError, Executor, MaskKind, MaskSpec, Registry, StreamLaunch,
+    Strides, TensorLayouts, reference,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
