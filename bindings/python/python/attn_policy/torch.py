@@ -445,9 +445,17 @@ class _NativeRunner(_Runner):
         self.ws_fwd = plan.workspace_forward
         self.lse_shape = (call.b, call.hq, call.sq)
 
+    def _no_capture(self):
+        if self.host_copy and torch.cuda.is_current_stream_capturing():
+            raise PolicyError(
+                "the reference executor runs CUDA tensors through host copies, which a CUDA graph "
+                "cannot capture (it ran as a substitute for this call: see the decision)"
+            )
+
     def forward(self, q, k, v):
         dev = q.device
         if self.host_copy:
+            self._no_capture()
             q, k, v = q.cpu(), k.cpu(), v.cpu()
         o = torch.empty(_o_shape(q, v), dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
@@ -466,6 +474,7 @@ class _NativeRunner(_Runner):
     def backward(self, g, q, k, v, o, lse):
         dev = q.device
         if self.host_copy:
+            self._no_capture()
             g, q, k, v, o, lse = (t.cpu() for t in (g, q, k, v, o, lse))
         dq, dk, dv = _like(q), _like(k), _like(v)
         if q.device.type == "cuda":
@@ -532,14 +541,17 @@ class _FlashRunner(_Runner):
             qb, kb, vb, None, None, self.sq, self.skv, 0.0, self.causal, False, scale=self.scale, **self._win()
         )
         o_bshd, lse = out[0], out[1]
+        if self.layout == 1 and o_bshd.is_contiguous():
+            return o_bshd, lse.contiguous()
         o = torch.empty(_o_shape(q, v), dtype=q.dtype, device=q.device)
         _to_bshd(o, self.layout).copy_(o_bshd)
         return o, lse.contiguous()
 
     def backward(self, g, q, k, v, o, lse):
         qb, kb, vb, ob, gb = (_to_bshd(t, self.layout) for t in (q, k, v, o, g))
-        seed = torch.zeros(2, dtype=torch.int64, device=q.device)
-        off = torch.zeros((), dtype=torch.int64, device=q.device)
+        # No dropout: the RNG state is unused (uint64, as the forward returns it).
+        seed = torch.zeros(2, dtype=torch.uint64, device=q.device)
+        off = torch.zeros((), dtype=torch.uint64, device=q.device)
         dqb, dkb, dvb = torch.ops.aten._flash_attention_backward(
             gb, qb, kb, vb, ob, lse, None, None, self.sq, self.skv, 0.0, self.causal, seed, off,
             scale=self.scale, **self._win()
