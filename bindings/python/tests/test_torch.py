@@ -267,3 +267,38 @@ def test_gradients_of_strided_views_keep_their_strides():
     want = oracle(*(t.transpose(1, 2) for t in ref.unbind(2)), causal=True)
     (want * do.transpose(1, 2)).sum().backward()
     torch.testing.assert_close(qkv.grad, ref.grad, atol=1e-11, rtol=1e-11)
+
+
+def test_gradient_checkpointing_through_the_op():
+    from torch.utils.checkpoint import checkpoint
+
+    g = torch.Generator().manual_seed(17)
+    q, k, v = (torch.randn(1, 4, 6, 8, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
+    f = lambda q, k, v: apt.attention(q, k, v, is_causal=True, window=(3, 0)).square().sum()  # noqa: E731
+    def grads(loss):
+        for t in (q, k, v):
+            t.grad = None
+        loss.backward()
+        return [t.grad.clone() for t in (q, k, v)]
+
+    plain = grads(f(q, k, v))
+    for reentrant in (False, True):
+        ck = grads(checkpoint(f, q, k, v, use_reentrant=reentrant))
+        for a, b in zip(plain, ck):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_concurrent_calls_from_threads_agree():
+    import concurrent.futures
+
+    apt.clear_cache()
+    g = torch.Generator().manual_seed(19)
+    inputs = [
+        tuple(torch.randn(1, 2, 5 + i % 3, 8, dtype=torch.float64, generator=g) for _ in range(3)) for i in range(12)
+    ]
+    want = [oracle(q, k, v, causal=True) for q, k, v in inputs]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda t: apt.attention(*t, is_causal=True), inputs))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    assert apt.cache_info()["entries"] == 3
