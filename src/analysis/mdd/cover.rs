@@ -8,11 +8,11 @@
 //! invariants of `cover_within`: `rest` is the part of `f` not yet covered, intersected with
 //! the ties applied so far and with the complements of the contrary combinations removed
 //! (neither removes an input); a cube starts as the widest path of `rest` and is widened only
-//! inside `care = (rest or f) or not ties`, so it never adds an input outside `f` (it may
-//! widen over combinations no input has). A path is listed only after every relation variable
-//! it tests has its tie applied and no contrary combination is found on it, so each listed
-//! path holds an input (up to the limits of `contrary`). Disjoint covers widen inside `rest`,
-//! so their cubes do not overlap on inputs.
+//! inside `care` = (`rest` for a disjoint cover, else `f`) or not `ties`, so it never adds an
+//! input outside `f` (it may widen over combinations no input has). A path is listed only
+//! after every relation variable it tests has its tie applied and no contrary combination is
+//! found on it, so each listed path holds an input (up to the limits of `contrary`). Disjoint
+//! covers widen inside `rest`, so their cubes do not overlap on inputs.
 //!
 //! Determinism: paths pick the edge with the most classes, ties broken by the lowest class,
 //! never by node ids, so the cover depends only on the function and the order.

@@ -46,8 +46,8 @@
 //!   levels of all its children; its edges partition the variable's classes (non-empty,
 //!   disjoint, covering every class), one edge per distinct child, sorted by child id; it has at
 //!   least two edges; the unique table holds it once. Hence two ids are equal iff their
-//!   functions are equal (for this manager's order). Only `tables::mk` creates nodes and it
-//!   keeps all of this.
+//!   functions are equal (for this manager's order). Only `Mdd::mk` (in `tables`) creates
+//!   nodes, and it keeps all of this.
 //! - **Variables.** Diagram var `v < space.vars.len()` is fact var `v` of the [`Space`]; var
 //!   `space.vars.len() + k` is relation variable `rels[k]`. Facts sit at levels `k * SPREAD`;
 //!   a relation variable takes a free level just below the deepest fact it reads (or a new

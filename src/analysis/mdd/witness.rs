@@ -257,7 +257,8 @@ impl<'s> Mdd<'s> {
                     continue;
                 };
                 for &o in set {
-                    // Ordering o of (x, y): v above w when (v is y and x < y) or (v is x and x > y).
+                    // Ordering o of (x, y): v above w when (v is y and x < y) or
+                    // (v is x and x > y).
                     let above = (o == 0 && v_is_y) || (o == 2 && !v_is_y);
                     let below = (o == 2 && v_is_y) || (o == 0 && !v_is_y);
                     let m = if above {
