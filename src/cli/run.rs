@@ -7,6 +7,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::args::{ConfigArgs, Format, OutputArgs};
+use attn_policy::explain::{ExecutorAttempt, ExecutorOutcome};
 use attn_policy::facts::{Facts, Value};
 use attn_policy::{Explanation, PackSource, load_pack};
 use attn_policy_adapters::run::{RunOptions, VerifyMode, run_on};
@@ -130,7 +131,7 @@ pub fn run(a: RunArgs) -> i32 {
             return 2;
         }
     };
-    let mut facts = match a.config.facts() {
+    let (mut facts, mut sources) = match a.config.facts_with_sources() {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
@@ -147,6 +148,7 @@ pub fn run(a: RunArgs) -> i32 {
     let gpu = registry.get("chunked").is_ok();
     if facts.get("probe.cuda_device") == Some(Value::Unknown) {
         let _ = facts.set_probe("cuda_device", Some(gpu));
+        sources.push(("probe.cuda_device".into(), "live"));
     }
     if facts.get("probe.fused_attn_graph") == Some(Value::Unknown) {
         let cudnn_ok = gpu
@@ -155,10 +157,11 @@ pub fn run(a: RunArgs) -> i32 {
                 .as_ref()
                 .is_some_and(|p| registry.get("cudnn").is_ok_and(|e| e.check(p).is_ok()));
         let _ = facts.set_probe("fused_attn_graph", Some(cudnn_ok));
+        sources.push(("probe.fused_attn_graph".into(), "live"));
     }
     let decision = policy.decide(&facts);
-    let ex = Explanation::new(&policy, &facts, &decision);
-    let Some(sel) = decision.selected else {
+    let ex = Explanation::new(&policy, &facts, &decision).with_provenance(sources);
+    let Some(name) = ex.selected.clone() else {
         print!("{}", ex.to_text(color));
         eprintln!(
             "error: no executor of pack `{}` can run this configuration",
@@ -166,7 +169,6 @@ pub fn run(a: RunArgs) -> i32 {
         );
         return 1;
     };
-    let name = policy.backends[sel as usize].name.clone();
     let problem = match problem {
         Some(p) => p,
         None => {
@@ -203,6 +205,12 @@ pub fn run(a: RunArgs) -> i32 {
         }
     };
     let verified = report.verification.as_ref().map(|v| v.passed);
+    // No fallback yet: the chain is the selected executor, and it ran.
+    let ex = ex.with_executor_chain(vec![ExecutorAttempt {
+        executor: report.executor.clone(),
+        outcome: ExecutorOutcome::Ran,
+        reason: None,
+    }]);
     match a.output.format() {
         Format::Json | Format::Te => {
             println!(
