@@ -34,10 +34,7 @@ pub fn run(a: ExplainArgs) -> i32 {
     let ex = Explanation::new(&policy, &facts, &decision).with_provenance(sources);
     match a.output.format() {
         Format::Human => print!("{}", ex.to_text(a.output.stdout_color())),
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&ex.to_json()).expect("json")
-        ),
+        Format::Json => println!("{}", ex.to_json_string(true)),
         Format::Te => println!(
             "{}",
             serde_json::to_string_pretty(&ex.to_te()).expect("json")

@@ -239,7 +239,7 @@ pub unsafe extern "C" fn attn_policy_decision_render(
             // The C caller hands over JSON only: no provenance is known here.
             let ex = Explanation::new(policy, &d.facts, &d.decision);
             let s = match format {
-                AttnPolicyFormat::Json => ex.to_json().to_string(),
+                AttnPolicyFormat::Json => ex.to_json_string(false),
                 AttnPolicyFormat::Text => ex.to_text(false),
                 AttnPolicyFormat::Te => ex.to_te().to_string(),
             };

@@ -635,7 +635,7 @@ impl NativeDecision {
     }
 
     fn to_json(&self) -> String {
-        serde_json::to_string(&self.explanation().to_json()).unwrap_or_default()
+        self.explanation().to_json_string(false)
     }
 
     /// TransformerEngine's return tuple: (use_flash_attention, flash_attention_backend,
