@@ -63,7 +63,7 @@ impl Default for BackendResult {
     }
 }
 
-/// The outcome of one decision. Indices refer to the deciding [`Policy`].
+/// The outcome of one decision. Indices refer to the deciding [`Policy`](crate::policy::Policy).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Decision {
     pub selected: Option<u16>,
