@@ -110,10 +110,51 @@ fn merge(into: &mut Map<String, Json>, from: &Json) {
     }
 }
 
+/// Where each input key of a merged config came from: (dotted key, source word), one entry
+/// per leaf value (a scalar, a list, `window_size`), in the order they were last set.
+pub type Sources = Vec<(String, &'static str)>;
+
+/// Records that `value` was written at `path` by `word`. `replace`: the write replaced the
+/// whole subtree at `path` (a flag); otherwise it merged into it (a preset or a file).
+fn record(sources: &mut Sources, path: &str, value: &Json, word: &'static str, replace: bool) {
+    let under =
+        |k: &str, p: &str| k.len() > p.len() && k.starts_with(p) && k.as_bytes()[p.len()] == b'.';
+    if replace {
+        sources.retain(|(k, _)| k != path && !under(k, path));
+    }
+    match value.as_object() {
+        Some(members) if !path.ends_with("window_size") => {
+            for (k, v) in members {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                if p != "id" {
+                    record(sources, &p, v, word, false);
+                }
+            }
+        }
+        _ if path.is_empty() => {}
+        _ => {
+            // A leaf replaces what was at, under or above it (an object replaced a scalar).
+            sources.retain(|(k, _)| k != path && !under(k, path) && !under(path, k));
+            sources.push((path.to_string(), word));
+        }
+    }
+}
+
 impl ConfigArgs {
     /// The merged config object (before typing).
     pub fn to_json(&self) -> Result<Json, String> {
+        self.to_json_with_sources().map(|(json, _)| json)
+    }
+
+    /// The merged config object and where each of its keys came from: `preset`, `config` (the
+    /// file or stdin) or `flag`.
+    pub fn to_json_with_sources(&self) -> Result<(Json, Sources), String> {
         let mut obj = Map::new();
+        let mut sources = Sources::new();
         if let Some(name) = &self.preset {
             let p = presets::find(name).ok_or_else(|| {
                 let hint = attn_policy::facts::did_you_mean(name, presets::names())
@@ -121,7 +162,9 @@ impl ConfigArgs {
                     .unwrap_or_default();
                 format!("unknown preset `{name}`{hint}; see `attn-policy presets`")
             })?;
-            merge(&mut obj, &(p.config)());
+            let config = (p.config)();
+            record(&mut sources, "", &config, "preset", false);
+            merge(&mut obj, &config);
         }
         if let Some(path) = &self.config {
             let text = if path.as_os_str() == "-" {
@@ -149,9 +192,13 @@ impl ConfigArgs {
             if !value.is_object() {
                 return Err(format!("{}: expected a config object", path.display()));
             }
+            record(&mut sources, "", &value, "config", false);
             merge(&mut obj, &value);
         }
-        let mut set = |k: &str, v: Json| insert_path(&mut obj, k, v);
+        let mut set = |k: &str, v: Json| {
+            record(&mut sources, k, &v, "flag", true);
+            insert_path(&mut obj, k, v)
+        };
         if let Some(d) = self.head_dim {
             set("head_dim_qk", json!(d));
             set("head_dim_v", json!(d));
@@ -259,12 +306,14 @@ impl ConfigArgs {
             };
             set(&format!("probe.{}", k.trim()), b);
         }
-        Ok(Json::Object(obj))
+        Ok((Json::Object(obj), sources))
     }
 
-    pub fn facts(&self) -> Result<Facts, String> {
-        let json = self.to_json()?;
-        Facts::from_json(&json).map_err(|e| format!("invalid config: {e}"))
+    /// The facts and where their input keys came from (see [`ConfigArgs::to_json_with_sources`]).
+    pub fn facts_with_sources(&self) -> Result<(Facts, Sources), String> {
+        let (json, sources) = self.to_json_with_sources()?;
+        let facts = Facts::from_json(&json).map_err(|e| format!("invalid config: {e}"))?;
+        Ok((facts, sources))
     }
 }
 

@@ -26,22 +26,19 @@ pub fn run(a: ExplainArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let facts = match a.config.facts() {
+    let (facts, sources) = match a.config.facts_with_sources() {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
     let decision = policy.decide(&facts);
-    let ex = Explanation::new(&policy, &facts, &decision);
+    let ex = Explanation::new(&policy, &facts, &decision).with_provenance(sources);
     match a.output.format() {
         Format::Human => print!("{}", ex.to_text(a.output.stdout_color())),
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&ex.to_json()).expect("json")
-        ),
+        Format::Json => println!("{}", ex.to_json_string(true)),
         Format::Te => println!(
             "{}",
             serde_json::to_string_pretty(&ex.to_te()).expect("json")
         ),
     }
-    decision.exit_code()
+    ex.exit_code()
 }
