@@ -704,21 +704,22 @@ class _EfficientRunner(_Runner):
         self.sq, self.skv, self.o_shape = call.sq, call.skv, call.o_shape
         # The kernel's LSE has ceil(s_q / 32) * 32 rows.
         self.lse_rows = -(-call.sq // 32) * 32
+        # The RNG state the forward returns (not read without dropout), as the backward gets it.
+        self.rng: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
     def forward(self, q, k, v):
         qb, kb, vb = (_to_bshd(t, self.layout) for t in (q, k, v))
         out = torch.ops.aten._efficient_attention_forward(
             qb, kb, vb, None, None, None, None, None, 0.0, self.mask_type, True, scale=self.scale
         )
+        self.rng = (out[2], out[3])
         o = _into_layout(out[0], self.o_shape, self.layout, q)
         return o, out[1][:, :, : self.sq].contiguous()
 
     def backward(self, g, q, k, v, o, lse):
         qb, kb, vb, ob, gb = (_to_bshd(t, self.layout) for t in (q, k, v, o, g))
         lse_k = F.pad(lse, (0, self.lse_rows - self.sq)) if self.lse_rows != self.sq else lse
-        # No dropout: the RNG state is not read.
-        seed = torch.zeros((), dtype=torch.int64)
-        offset = torch.zeros((), dtype=torch.int64)
+        seed, offset = self.rng or (torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64))
         dqb, dkb, dvb, _ = torch.ops.aten._efficient_attention_backward(
             gb, qb, kb, vb, None, ob, None, None, self.sq, self.skv, lse_k, 0.0, seed, offset,
             self.mask_type, False, scale=self.scale,
@@ -738,6 +739,8 @@ class _CudnnSdpaRunner(_Runner):
         self.causal = call.mask != 0
         self.sq, self.skv, self.o_shape = call.sq, call.skv, call.o_shape
         self.lse_shape: Optional[Tuple[int, ...]] = None
+        # The RNG state the forward returns (not read without dropout), as the backward gets it.
+        self.rng: Optional[Tuple[Any, Any]] = None
 
     def forward(self, q, k, v):
         qh, kh, vh = (_to_bhsd(t, self.layout) for t in (q, k, v))
@@ -746,6 +749,7 @@ class _CudnnSdpaRunner(_Runner):
         )
         o_bhsd, lse = out[0], out[1]
         self.lse_shape = tuple(lse.shape)
+        self.rng = (out[6], out[7])
         o = _from_bhsd(o_bhsd, self.layout)
         if not o.is_contiguous():
             o = o.contiguous()
@@ -754,8 +758,7 @@ class _CudnnSdpaRunner(_Runner):
     def backward(self, g, q, k, v, o, lse):
         qh, kh, vh, oh, gh = (_to_bhsd(t, self.layout) for t in (q, k, v, o, g))
         lse_k = lse.reshape(self.lse_shape) if self.lse_shape is not None else lse
-        seed = torch.zeros((), dtype=torch.int64, device=q.device)
-        offset = torch.zeros((), dtype=torch.int64, device=q.device)
+        seed, offset = self.rng or (torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64))
         dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             gh, qh, kh, vh, oh, lse_k, seed, offset, None, None, None, self.sq, self.skv, 0.0,
             self.causal, scale=self.scale,
