@@ -20,10 +20,11 @@ TOTAL_S="${TOTAL_S:-520}"
 V=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
 export LD_LIBRARY_PATH=$V/cu13/lib:$V/cudnn/lib:$V/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
-PY=/opt/torch/.venv/bin/python
+PY="${PY:-/opt/torch/.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
-"$PY" -m pip install -q --no-index --no-deps --target /tmp/site "$CARRY"/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site
+SITE="${SITE:-/tmp/site}"
+"$PY" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" "$CARRY"/*.whl 2>&1 | tail -2
+export PYTHONPATH="$SITE"
 {
   date -u +"%Y-%m-%d %H:%M UTC"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -52,8 +53,9 @@ echo "overhead rc=$BENCH_RC ($SECONDS s)"
 
 echo "== 3. Gemma 4 end to end"
 G_LEFT=$(left)
+# GEMMA_ARGS: extra arguments (a local smoke test: --device cpu --tiny --steps 10)
 timeout "$((G_LEFT - 5))" "$PY" "$CARRY/bench/gemma4_train.py" --budget-s "$((G_LEFT - 45))" \
-  --json "$OUTD/gemma.json" > "$OUTD/gemma.txt" 2>&1
+  --json "$OUTD/gemma.json" ${GEMMA_ARGS:-} > "$OUTD/gemma.txt" 2>&1
 GEMMA_RC=$?
 echo "gemma rc=$GEMMA_RC ($SECONDS s)"
 

@@ -111,6 +111,20 @@ def direct_calls(plan, q, k, v, do, cuda):
     return fwd, fwd_bwd, keep
 
 
+class _Trivial(torch.autograd.Function):
+    """The least a Python-defined differentiable op costs: one output, three saved inputs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v = ctx.saved_tensors
+        return g, torch.empty_like(k), torch.empty_like(v)
+
+
 def eager_rows(case, device, dtype, calls, repeats):
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -134,6 +148,12 @@ def eager_rows(case, device, dtype, calls, repeats):
 
         args = op_args(q, grad)
 
+        def floor():
+            # Any op defined in Python pays this: a trivial autograd.Function (no kernel).
+            o = _Trivial.apply(q, k, v) if grad else torch.empty_like(q)
+            if grad:
+                torch.autograd.grad(o, inputs, do)
+
         def op():
             o, _ = torch.ops.attn_policy.attention(q, k, v, *args)
             if grad:
@@ -142,7 +162,7 @@ def eager_rows(case, device, dtype, calls, repeats):
         _, dec = apt.attention(q, k, v, is_causal=True, return_decision=True)
         plan, _ = native_plan(q, k, v, grad)
         # Interleaved, twice, so drift (clocks, other load) hits both sides alike.
-        t = {"sdpa": [], "ours": [], "op": [], "direct": []}
+        t = {"sdpa": [], "ours": [], "op": [], "direct": [], "floor": []}
         direct = None
         if plan is not None:
             f, fb, keep = direct_calls(plan, q.detach(), k.detach(), v.detach(), do, cuda)
@@ -151,12 +171,14 @@ def eager_rows(case, device, dtype, calls, repeats):
             t["sdpa"].append(host_us(sdpa, sync, calls, repeats))
             t["ours"].append(host_us(ours, sync, calls, repeats))
             t["op"].append(host_us(op, sync, calls, repeats))
+            t["floor"].append(host_us(floor, sync, calls, repeats))
             if direct is not None:
                 t["direct"].append(host_us(direct, sync, calls, repeats))
         m = {k2: (min(v2) if v2 else None) for k2, v2 in t.items()}
         rows.append({
             "case": case, "mode": mode, "executor": dec.executor, "backend": dec.backend,
             "sdpa_us": m["sdpa"], "ours_us": m["ours"], "op_us": m["op"], "direct_us": m["direct"],
+            "floor_us": m["floor"],
             "target_met": m["ours"] <= m["sdpa"] + 10.0,
         })
     return rows
@@ -249,15 +271,17 @@ def main(argv=None) -> int:
         eager += eager_rows(c, device, dtype, a.calls, a.repeats)
     print("\n## Eager host time per call (us, median; target: ours <= SDPA + 10)")
     print("(native plan: the executor called directly, no torch op; attention() - plan: what the Python")
-    print(" path adds around it: the signature lookup, allocations, pointers, the autograd node)")
-    print("| b,hq,hkv,s,d | mode | executor | SDPA | attention() | via the op | native plan | attention() - plan | ours - SDPA | met |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(" path adds around it: the signature lookup, allocations, pointers, the autograd node;")
+    print(" Python floor: a trivial torch.autograd.Function with no kernel, the least any op written")
+    print(" in Python pays; each mode's timing includes torch.autograd.grad where it has a backward)")
+    print("| b,hq,hkv,s,d | mode | executor | SDPA | attention() | via the op | native plan | attention() - plan | Python floor | ours - SDPA | met |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in eager:
         d = "-" if r["direct_us"] is None else f"{r['direct_us']:.1f}"
         add = "-" if r["direct_us"] is None else f"{r['ours_us'] - r['direct_us']:+.1f}"
         print(f"| {','.join(map(str, r['case']))} | {r['mode']} | {r['executor']} | {r['sdpa_us']:.1f} | "
-              f"{r['ours_us']:.1f} | {r['op_us']:.1f} | {d} | {add} | {r['ours_us'] - r['sdpa_us']:+.1f} | "
-              f"{'yes' if r['target_met'] else 'NO'} |")
+              f"{r['ours_us']:.1f} | {r['op_us']:.1f} | {d} | {add} | {r['floor_us']:.1f} | "
+              f"{r['ours_us'] - r['sdpa_us']:+.1f} | {'yes' if r['target_met'] else 'NO'} |")
     graphs = []
     if cuda:
         graphs = graph_rows(cases[-1], device, dtype, a.replays, max(5, a.repeats // 3))

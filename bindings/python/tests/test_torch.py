@@ -443,3 +443,10 @@ def test_concurrent_calls_from_threads_agree():
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
     assert apt.cache_info()["entries"] == 3
+
+
+def test_double_backward_is_refused_clearly():
+    q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    o = apt.attention(q, k, v, is_causal=True)
+    with pytest.raises(attn_policy.PolicyError, match="double backward"):
+        torch.autograd.grad(o.sum(), (q, k, v), create_graph=True)

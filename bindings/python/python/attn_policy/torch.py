@@ -47,7 +47,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from . import Decision, Policy, PolicyError, _native
 
@@ -1204,8 +1203,11 @@ class _Eager(torch.autograd.Function):
         return o
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, g):
+        if _grad_enabled():
+            # The executors' backward is not itself differentiable (`once_differentiable`,
+            # without its wrapper's cost on every backward).
+            raise PolicyError("attn_policy.torch.attention supports one backward: double backward (create_graph=True) is not supported")
         q, k, v, o, lse = ctx.saved_tensors
         if g.stride() != o.stride():
             # dO must have the strides of O.
@@ -1214,6 +1216,9 @@ class _Eager(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+# `Function.apply` without its Python wrapper (default-argument binding for `setup_context`,
+# functorch handling): the direct path runs only where no functorch transform is active.
+_eager_apply = super(torch.autograd.Function, _Eager).apply
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
@@ -1278,7 +1283,7 @@ def attention(
     runner, decision, copy = hit
     if copy:
         q, k, v = _usable(q), _usable(k), _usable(v)
-    o = _Eager.apply(q, k, v, runner) if grad else runner.forward(q, k, v)[0]
+    o = _eager_apply(q, k, v, runner) if grad else runner.forward(q, k, v)[0]
     return (o, decision) if return_decision else o
 
 
@@ -1341,7 +1346,7 @@ def _attention_first(q, k, v, key, grad, layout, is_causal, diagonal, window, sc
             if len(_fast) >= _CACHE_CAP:
                 _fast.clear()
             _fast[key] = (e.runner, e.decision, qu is not q or ku is not k or vu is not v)
-    o = _Eager.apply(qu, ku, vu, e.runner) if grad else e.runner.forward(qu, ku, vu)[0]
+    o = _eager_apply(qu, ku, vu, e.runner) if grad else e.runner.forward(qu, ku, vu)[0]
     return (o, e.decision) if return_decision else o
 
 
