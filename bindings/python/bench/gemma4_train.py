@@ -23,6 +23,11 @@ Also reported: step time and peak memory of each run and their ratios.
 ``--budget-s``: after the first steps the script projects the time of all runs; if it would
 exceed the budget it reduces the step count for every run and says so (the summary's `steps`).
 ``--device cpu --tiny`` runs a miniature of the same flow (a smoke test of the script).
+``--chain Backend=exec1,exec2`` (repeatable) runs attn_policy with a copy of the te pack whose
+chain for that backend is replaced, e.g. ``--chain UnfusedDotProductAttention=torch_math,chunked``
+to run the global layer on torch's own math (float32 softmax) instead of ``chunked``: a way to
+tell an executor's accuracy from a defect when the loss bound fails (the per-layer check then
+only reports).
 """
 
 from __future__ import annotations
@@ -58,6 +63,43 @@ def build_config(a):
         vocab_size_per_layer_input=a.vocab, max_position_embeddings=max(8192, a.seq + 128),
         attention_dropout=0.0,
     )
+
+
+POLICY = None  # the attn_policy Policy (None: the embedded te pack)
+
+
+def register(log: bool) -> None:
+    aptf.register(policy=POLICY, log_decisions=log)
+
+
+def te_with_chains(changes):
+    """A copy of the te pack (rules/te of this checkout) with some backends' chains replaced."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import attn_policy
+
+    roots = [Path(os.environ["ATTN_POLICY_REPO"])] if os.environ.get("ATTN_POLICY_REPO") else []
+    roots += [Path.cwd(), Path(__file__).resolve().parents[3]]
+    src = next((r / "rules" / "te" for r in roots if (r / "rules" / "te" / "pack.yaml").exists()), None)
+    if src is None:
+        raise SystemExit("--chain needs rules/te (run from the repository root or set ATTN_POLICY_REPO)")
+    te = attn_policy.Policy.load("te")
+    chains = {b: te._p.executor_chain(b) for b in te.backend_names}
+    for c in changes:
+        backend, _, names = c.partition("=")
+        if backend not in chains:
+            raise SystemExit(f"--chain {c}: no backend {backend!r} (backends: {', '.join(chains)})")
+        chains[backend] = [n.strip() for n in names.split(",") if n.strip()]
+    dst = Path(tempfile.mkdtemp()) / "te"
+    shutil.copytree(src, dst)
+    text = (dst / "pack.yaml").read_text()
+    head = text[: text.index("\nexecutors:")]
+    body = "".join(f"  - backend: {b}\n    chain: [{', '.join(c)}]\n" for b, c in chains.items() if c)
+    (dst / "pack.yaml").write_text(head + "\nexecutors:\n" + body)
+    return attn_policy.Policy.load(str(dst)), chains
 
 
 def make_model(cfg, impl, dtype, device, state=None):
@@ -100,7 +142,7 @@ def train(cfg, impl, backend, state, data, steps, a, device, dtype, log_first=Fa
     losses, times, per_layer = [], [], []
     for step in range(steps):
         if log_first and step == 0:
-            aptf.register(log_decisions=True)
+            register(True)
             aptf.decision_log.clear()
         ids = data[step % len(data)]
         sync(device)
@@ -115,7 +157,7 @@ def train(cfg, impl, backend, state, data, steps, a, device, dtype, log_first=Fa
         losses.append(loss)
         if log_first and step == 0:
             per_layer = [dict(r) for r in aptf.decision_log]
-            aptf.register(log_decisions=False)
+            register(False)
         if not (loss == loss):
             raise RuntimeError(f"{impl}/{backend}: loss is NaN at step {step}")
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
@@ -136,20 +178,28 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--chain", action="append", default=[], metavar="BACKEND=EXEC,...",
+                    help="replace a te backend's executor chain for the attn_policy run")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    global POLICY
+    chains = None
+    if a.chain:
+        POLICY, chains = te_with_chains(a.chain)
     if a.tiny:
         a.seq, a.vocab, a.prompt = min(a.seq, 64), 128, min(a.prompt, 16)
     device = torch.device(a.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cfg = build_config(a)
-    aptf.register()
+    register(False)
     t_start = time.perf_counter()
     print(f"# Gemma 4 through attn_policy: torch {torch.__version__}, device {device}"
           + (f" ({torch.cuda.get_device_name(device)}), cuDNN {torch.backends.cudnn.version()}" if device.type == "cuda" else ""))
     lt = list(cfg.layer_types)
     per = cfg.per_layer_config
     shapes = sorted({(t, per[i].head_dim, per[i].num_key_value_heads) for i, t in enumerate(lt)})
+    if chains:
+        print(f"# attn_policy runs a te pack copy with chains {chains}")
     print(f"# config: layers {lt}, hidden {cfg.hidden_size}, query heads {cfg.num_attention_heads}, "
           f"(layer type, head_dim, kv heads) {shapes}, window {cfg.sliding_window}, vocab {cfg.vocab_size}, "
           f"seq {a.seq}, {dtype}")
@@ -169,7 +219,10 @@ def main(argv=None) -> int:
             probe(input_ids=data[0][:, : min(a.seq, 256)]).logits.float().sum().backward()
         del probe
     except RuntimeError as e:
-        print(f"# SDPA efficient alone cannot run every layer ({str(e).splitlines()[0]}): using efficient, then math")
+        # On the H200 the d512 global layer has no efficient kernel: both sdpa runs then run
+        # SDPA's math kernel there, and differ on the sliding layers only.
+        print(f"# SDPA efficient alone cannot run every layer ({str(e).splitlines()[0]}): using efficient, "
+              "then math (both sdpa runs share the math kernel on the layers efficient cannot run)")
         eff = "efficient+math"
 
     steps = a.steps
@@ -210,8 +263,9 @@ def main(argv=None) -> int:
         got = seen.get(i, set())
         return len(got) == 1 and next(iter(got))[1] == executor
 
-    # On the CPU every layer runs the reference (the smoke test): nothing to check there.
-    layers_ok = device.type != "cuda" or all(layer_ok(i, ex) for i, ex in expected.items())
+    # On the CPU every layer runs the reference (the smoke test), and custom chains run other
+    # executors by design: nothing to check there.
+    layers_ok = device.type != "cuda" or bool(chains) or all(layer_ok(i, ex) for i, ex in expected.items())
 
     # Greedy generation with a KV cache, the same (trained) weights under both implementations.
     gen_ok = None

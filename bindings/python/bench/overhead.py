@@ -255,8 +255,9 @@ def main(argv=None) -> int:
     device = torch.device(a.device)
     cuda = device.type == "cuda"
     if cuda:
-        torch.cuda.set_device(device)
-        device = torch.device("cuda", torch.cuda.current_device())
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
         cases = [(1, 8, 8, 128, 64), (2, 16, 2, 1024, 128)]
         dtype = torch.bfloat16
     else:

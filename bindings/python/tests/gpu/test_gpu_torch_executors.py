@@ -121,6 +121,52 @@ def test_torch_executors_meet_the_flash_attention_criterion(tmp_path, case):
     assert all(r[3] for r in rows), rows
 
 
+@pytest.mark.parametrize("d,left", [(256, 1023), (512, -1)], ids=["sliding-d256-w1024", "global-d512"])
+def test_gemma4_shapes_meet_the_flash_attention_criterion(d, left):
+    """The reduced Gemma 4 of bench/gemma4_train.py: s 4096, 8 query heads per KV head, the
+    sliding layers' window of 1024 keys and the global layer's d512, through the te pack as
+    transformers calls it (bhsd views of bshd tensors, causal bottom-right, scale 1.0); SDPA's
+    math kernel (float32 softmax) for context."""
+    b, s, hq, hkv = 1, 4096, 8, 1
+    g = torch.Generator(device=DEV).manual_seed(d + 7)
+    q, k, v = (torch.randn(b, s, h, d, device=DEV, generator=g).to(torch.bfloat16).transpose(1, 2) for h in (hq, hkv, hkv))
+    do = torch.randn(b, hq, s, d, device=DEV, generator=g).to(torch.bfloat16)
+    qa, ka, va = (t.detach().requires_grad_(True) for t in (q, k, v))
+    window = (left, 0) if left >= 0 else None
+    o, dec = apt.attention(qa, ka, va, is_causal=True, diagonal="bottom_right", window=window, scale=1.0,
+                           return_decision=True)
+    o.backward(do)
+    allowed = torch.ones(s, s, dtype=torch.bool, device=DEV).tril()
+    if left >= 0:
+        allowed &= ~torch.ones(s, s, dtype=torch.bool, device=DEV).tril(-left - 1)
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    o64 = math_attention(q64, k64, v64, allowed, 1.0, torch.float64)
+    o64.backward(do.double())
+    qn, kn, vn = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    on = math_attention(qn, kn, vn, allowed, 1.0, torch.float32)
+    on.backward(do)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.MATH]):
+        os_ = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=allowed, scale=1.0, enable_gqa=True)
+    os_.backward(do)
+
+    def err(a, ref):
+        return (a.double() - ref.double()).abs().max().item()
+
+    rows = []
+    for n, ours, naive, sd, ref in (("o", o, on, os_, o64), ("dq", qa.grad, qn.grad, qs.grad, q64.grad),
+                                    ("dk", ka.grad, kn.grad, ks.grad, k64.grad), ("dv", va.grad, vn.grad, vs.grad, v64.grad)):
+        e, en, es = err(ours, ref), err(naive, ref), err(sd, ref)
+        rows.append((n, e, en, es, e <= 2 * en + 1e-6))
+    cells = " ".join(f"{n}:{e:.2e}/{en:.2e}{'' if ok else ' FAIL'}" for n, e, en, _, ok in rows)
+    sdc = " ".join(f"{n}:{es:.2e}" for n, _, _, es, _ in rows)
+    note(f"gemma4 shape d{d} {'window ' + str(left + 1) if left >= 0 else 'causal'} s{s} h{hq}/{hkv}: {dec.backend} "
+         f"ran on {dec.executor}; ours/naive {cells} | sdpa math {sdc}")
+    assert all(r[4] for r in rows), rows
+
+
 def test_eager_path_equals_the_op_on_the_gpu():
     torch.use_deterministic_algorithms(True)
     try:
