@@ -215,12 +215,13 @@ def main(argv=None) -> int:
     eff = "efficient"
     try:
         probe = make_model(cfg, "sdpa", dtype, device, state)
+        # The full sequence: transformers' masks (and so SDPA's kernel choice) depend on it.
         with sdpa_backend("efficient")():
-            probe(input_ids=data[0][:, : min(a.seq, 256)]).logits.float().sum().backward()
+            probe(input_ids=data[0]).logits.float().sum().backward()
         del probe
     except RuntimeError as e:
-        # On the H200 the d512 global layer has no efficient kernel: both sdpa runs then run
-        # SDPA's math kernel there, and differ on the sliding layers only.
+        # A layer without an efficient kernel (GQA without a mask: transformers passes
+        # enable_gqa, which only flash and math take) runs SDPA's math kernel in both runs.
         print(f"# SDPA efficient alone cannot run every layer ({str(e).splitlines()[0]}): using efficient, "
               "then math (both sdpa runs share the math kernel on the layers efficient cannot run)")
         eff = "efficient+math"

@@ -494,10 +494,10 @@ pub fn frost_reasons(
         &[Direction::Forward]
     };
     for &dir in dirs {
-        if let Err(u) = frost::check(&problem.p, dir, cc) {
-            if !reasons.contains(&u.reason) {
-                reasons.push(u.reason);
-            }
+        if let Err(u) = frost::check(&problem.p, dir, cc)
+            && !reasons.contains(&u.reason)
+        {
+            reasons.push(u.reason);
         }
     }
     reasons
