@@ -8,6 +8,7 @@ mod check;
 mod conformance;
 mod coverage;
 mod diff;
+mod executors;
 mod explain;
 mod gaps;
 mod run;
@@ -37,6 +38,8 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Select an executor with a pack (default `native`), run it on random inputs, verify, report.
     Run(run::RunArgs),
+    /// List every executor with its manifest and whether it can run here (and why not).
+    Executors(executors::ExecutorsArgs),
     /// Median time per decision (uncached, full explanation) over a corpus or the presets.
     Bench(bench::BenchArgs),
     /// List the named presets usable with --preset.
@@ -76,6 +79,7 @@ pub fn main() -> i32 {
         Command::Coverage(a) => coverage::run(a),
         Command::Conformance(a) => conformance::run(a),
         Command::Run(a) => run::run(a),
+        Command::Executors(a) => executors::run(a),
         Command::Presets => {
             for p in attn_policy::facts::presets::PRESETS {
                 println!("{:<30} {}", p.name, p.about);
