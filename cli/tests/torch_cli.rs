@@ -185,3 +185,23 @@ fn facts_lists_the_family_of_the_pack() {
     let te = run(&["facts"]);
     assert!(String::from_utf8_lossy(&te.stdout).contains("| `qkv_layout` |"));
 }
+
+#[test]
+fn gaps_only_lists_where_one_backend_alone_serves() {
+    let w = "sm == 90 and dtype == \"bf16\" and dtype_k == dtype and dtype_v == dtype \
+             and not nested and dim_q == 4 and dim_k == 4 and dim_v == 4 and stride_last_q == 1 \
+             and attn_mask == null and enable_gqa and heads_q == 32 and heads_kv == 8 \
+             and heads_v == 8 and head_dim_v == head_dim_qk and head_dim_k == head_dim_qk \
+             and head_dim_qk == 512 and batch_k == batch and batch_v == batch";
+    let o = run(&["gaps", "--pack", "torch", "--only", "math", "--where", w]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(text.contains("where only math serves"), "{text}");
+    assert!(text.contains("flash: declined by flash.head_dim"), "{text}");
+    let bad = run(&["gaps", "--pack", "torch", "--only", "mth"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("did you mean `math`"));
+    // te facts in --where are unknown to the torch family
+    let bad = run(&["gaps", "--pack", "torch", "--where", "num_heads == 8"]);
+    assert_eq!(bad.status.code(), Some(2));
+}

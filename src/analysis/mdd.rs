@@ -339,8 +339,8 @@ impl<'s> Mdd<'s> {
             for node in &p.program.nodes {
                 let PNode::Cmp(_, a, b) = *node else { continue };
                 let (mut xs, mut ys) = (Vec::new(), Vec::new());
-                branch_slots(&p.program, a, &mut xs);
-                branch_slots(&p.program, b, &mut ys);
+                branch_slots(space.schema, &p.program, a, &mut xs);
+                branch_slots(space.schema, &p.program, b, &mut ys);
                 for &x in &xs {
                     for &y in &ys {
                         if let (Some(vx), Some(vy)) = (var_of(x), var_of(y))
@@ -940,7 +940,7 @@ impl<'s> Mdd<'s> {
 
     /// The var holding integer fact `slot` itself (not a derived fact).
     fn plain_int_var(&self, slot: usize) -> Option<usize> {
-        if crate::facts::te::FIELDS[slot].ty != crate::facts::schema::Ty::Int {
+        if self.space.schema.fields[slot].ty != crate::facts::schema::Ty::Int {
             return None;
         }
         self.space.vars.iter().position(|v| v.slot == slot)
@@ -1115,7 +1115,7 @@ impl<'s> Mdd<'s> {
         });
         let undecided = decided.iter().any(Option::is_none);
         let r = undecided.then(|| {
-            let text = self.progs[prog].render(id, &crate::facts::te::TE);
+            let text = self.progs[prog].render(id, self.space.schema);
             let key = format!("pred {}", self.progs[prog].fingerprint(id, false));
             let rel = Rel::Pred {
                 prog,
@@ -2185,6 +2185,21 @@ impl PolicyDiagrams {
         m.minus(acc, d)
     }
 
+    /// `acc and` backend `b` is eligible and every other backend is not: only `b` serves.
+    pub fn only_within(&self, m: &mut Mdd, b: usize, acc: Id) -> Id {
+        let mut out = self.eligible_within(m, b, acc);
+        let others: Vec<u16> = (0..self.app.len() as u16)
+            .filter(|&x| x as usize != b)
+            .collect();
+        for other in self.fewest_rules_first(&others) {
+            if out == FALSE {
+                break;
+            }
+            out = self.declined_within(m, other, out);
+        }
+        out
+    }
+
     /// Where, within `acc`, the pack selects nothing.
     pub fn none_within(&self, m: &mut Mdd, p: &crate::policy::Policy, acc: Id) -> Id {
         let mut out = m.and(acc, self.no_pref);
@@ -2392,11 +2407,9 @@ fn flip(op: crate::lang::ast::CmpOp) -> crate::lang::ast::CmpOp {
 }
 
 /// The integer facts an expression can be, directly or as a branch of `if`.
-fn branch_slots(p: &Program, id: NodeId, out: &mut Vec<usize>) {
+fn branch_slots(schema: &crate::facts::Schema, p: &Program, id: NodeId, out: &mut Vec<usize>) {
     match p.nodes[id as usize] {
-        PNode::Slot(s)
-            if crate::facts::te::FIELDS[s as usize].ty == crate::facts::schema::Ty::Int =>
-        {
+        PNode::Slot(s) if schema.fields[s as usize].ty == crate::facts::schema::Ty::Int => {
             out.push(s as usize)
         }
         PNode::Call {
@@ -2405,8 +2418,8 @@ fn branch_slots(p: &Program, id: NodeId, out: &mut Vec<usize>) {
             len: 3,
         } => {
             let k = &p.children[start as usize..start as usize + 3];
-            branch_slots(p, k[1], out);
-            branch_slots(p, k[2], out);
+            branch_slots(schema, p, k[1], out);
+            branch_slots(schema, p, k[2], out);
         }
         _ => {}
     }

@@ -6,18 +6,18 @@
 //! their constants (with the open intervals in between, pre-releases included); every enum
 //! value; both booleans; null for nullable facts. Within one class every condition of the
 //! programs the space was built from has the same value, so one representative per class
-//! decides for the whole class. Derived facts are not variables: `sm` is (and sets the compute
+//! decides for the whole class. Facts are those of the space's pack family ([`Schema`]); for
+//! the `te` family derived facts are not variables: `sm` is (and sets the compute
 //! capability), `window.left/right` come from `window_size` and the mask as in
-//! [`Facts::from_json`], object members exist only when their object is present.
+//! [`crate::facts::Facts::from_json`]. Object members exist only when their object is present.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value as Json, json};
 
 use crate::eval::program::{Func, Node, NodeId, Program};
-use crate::facts::schema::{Origin, Ty};
-use crate::facts::te::{FIELDS, slot};
-use crate::facts::{Domain, Facts, Value};
+use crate::facts::schema::{FieldDef, Origin, Schema, Ty};
+use crate::facts::{Domain, Value};
 use crate::lang::Version;
 use crate::lang::ast::ArithOp;
 use crate::lang::version::PreKind;
@@ -34,8 +34,20 @@ pub fn mask_of(slots: &[u16]) -> SlotMask {
 }
 
 /// Lowest value an integer fact takes in the analysis (documented in docs/analysis.md).
-fn int_bounds(path: &str) -> (i64, i64) {
+fn int_bounds(family: &str, path: &str) -> (i64, i64) {
     const BIG: i64 = 1 << 40;
+    if family == "torch" {
+        // PyTorch SDPA (docs/packs/torch.md): head counts and head dims >= 1, other sizes,
+        // strides and lengths >= 0, a mask has at least 2 dimensions.
+        return match path {
+            "sm" => (0, 999),
+            "attn_mask.dim" => (2, BIG),
+            p if p.starts_with("heads_") || p.starts_with("head_dim_") || p.starts_with("dim_") => {
+                (1, BIG)
+            }
+            _ => (0, BIG),
+        };
+    }
     match path {
         "batch_size"
         | "num_heads"
@@ -59,7 +71,7 @@ fn int_bounds(path: &str) -> (i64, i64) {
 
 fn float_lower_bound(path: &str) -> Option<f64> {
     match path {
-        "attention_dropout" | "softcap" => Some(0.0),
+        "attention_dropout" | "softcap" | "dropout_p" => Some(0.0),
         _ => None,
     }
 }
@@ -102,11 +114,12 @@ pub struct Var {
     pub modulus: i64,
     pub bounds: (i64, i64),
     pub fixed: bool,
+    pub ty: Ty,
 }
 
 impl Var {
     pub fn domain(&self) -> Option<Domain> {
-        match FIELDS[self.slot].ty {
+        match self.ty {
             Ty::Enum(d) => Some(d),
             _ => None,
         }
@@ -373,6 +386,8 @@ pub struct Space {
     /// For each slot, the vars that determine it (in assignment order: parents first).
     pub deps: Vec<Vec<usize>>,
     base: Vec<Value>,
+    /// The pack family whose facts the vars are.
+    pub schema: &'static Schema,
     sm_var: Option<usize>,
     window: Option<WindowVars>,
     /// Facts whose classes are not exact (non-linear arithmetic, residues beyond the lcm
@@ -396,11 +411,22 @@ struct WindowVars {
 pub struct SpaceBuilder {
     c: Collect,
     extra: Vec<(usize, Value)>,
+    /// The facts' family (`None`: te).
+    schema: Option<&'static Schema>,
 }
 
 impl SpaceBuilder {
+    /// A builder over the `te` family's facts.
     pub fn new() -> SpaceBuilder {
         SpaceBuilder::default()
+    }
+
+    /// A builder over `schema`'s facts (a policy's: `policy.schema`).
+    pub fn for_schema(schema: &'static Schema) -> SpaceBuilder {
+        SpaceBuilder {
+            schema: Some(schema),
+            ..SpaceBuilder::default()
+        }
     }
 
     /// Adds a condition (or any expression) whose value must be constant on every class.
@@ -427,14 +453,31 @@ impl SpaceBuilder {
             self.c.read.insert(s);
             self.c.konst(s, v);
         }
+        let schema: &'static Schema = self.schema.unwrap_or(&crate::facts::te::TE);
+        let fields: &'static [FieldDef] = schema.fields;
+        let slot = |p: &str| schema.slot(p);
+        // The te family's derived facts (sm, window) map to the inputs that determine them.
+        let te = schema.family == "te";
         let c = &mut self.c;
         let sid = |p: &str| slot(p).expect("schema fact");
-        // Derived facts map to the inputs that determine them.
         let mut read: BTreeSet<usize> = BTreeSet::new();
         let mut need_window = false;
         let mut need_mask = false;
         for &s in &c.read.clone() {
-            let path = FIELDS[s].path;
+            let path = fields[s].path;
+            if !te {
+                if fields[s].origin != Origin::Input {
+                    continue;
+                }
+                read.insert(s);
+                if let Some((parent, _)) = path.rsplit_once('.')
+                    && let Some(ps) = slot(parent)
+                    && fields[ps].nullable
+                {
+                    read.insert(ps);
+                }
+                continue;
+            }
             match path {
                 "sm" | "device_compute_capability.major" | "device_compute_capability.minor" => {
                     if path == "device_compute_capability.major" {
@@ -465,12 +508,12 @@ impl SpaceBuilder {
                 }
                 "window_size" | "window_size.left" | "window_size.right" => need_window = true,
                 "device_compute_capability" | "flash_attn_versions" | "env" => {}
-                _ if FIELDS[s].origin == Origin::Probe => {}
+                _ if fields[s].origin == Origin::Probe => {}
                 _ => {
                     read.insert(s);
                     if let Some((parent, _)) = path.rsplit_once('.')
                         && let Some(ps) = slot(parent)
-                        && FIELDS[ps].nullable
+                        && fields[ps].nullable
                     {
                         read.insert(ps);
                     }
@@ -492,7 +535,7 @@ impl SpaceBuilder {
         // witnesses such as `num_heads % cp_size != 0` (3 % 2) exist in the abstraction.
         let inexact_slots: Vec<usize> = c.inexact.iter().copied().collect();
         for &s in &inexact_slots {
-            if FIELDS[s].ty == Ty::Int {
+            if fields[s].ty == Ty::Int {
                 let e = c.starts.entry(s).or_default();
                 for k in 0..=5 {
                     e.insert(k);
@@ -533,19 +576,21 @@ impl SpaceBuilder {
         let mut vars: Vec<Var> = Vec::new();
         let mut index: BTreeMap<usize, usize> = BTreeMap::new();
         for &s in &read {
-            let d = &FIELDS[s];
+            let d = &fields[s];
             let consts = c.consts.get(&s).cloned().unwrap_or_default();
             let parent = d
                 .path
                 .rsplit_once('.')
                 .and_then(|(p, _)| slot(p))
-                .filter(|&ps| FIELDS[ps].nullable && FIELDS[ps].ty == Ty::Object)
+                .filter(|&ps| fields[ps].nullable && fields[ps].ty == Ty::Object)
                 .and_then(|ps| index.get(&ps).copied());
             let int_list_member = d.path.starts_with("window_size.")
                 || d.path.starts_with("core_attention_bias_shape.")
                 || d.path.starts_with("alibi_slopes_shape.");
-            let nullable = d.nullable && !(parent.is_some() && int_list_member);
-            let bounds = int_bounds(d.path);
+            // Members of a present object hold values (te: the int-list members; other
+            // families fill every member in when the object is read).
+            let nullable = d.nullable && !(parent.is_some() && (int_list_member || !te));
+            let bounds = int_bounds(schema.family, d.path);
             let mut modulus = 1;
             let classes = match d.ty {
                 Ty::Object => vec![
@@ -621,10 +666,11 @@ impl SpaceBuilder {
                 modulus,
                 bounds,
                 fixed: d.fixed || d.origin == Origin::Probe,
+                ty: d.ty,
             });
         }
         let var_of = |p: &str| slot(p).and_then(|s| index.get(&s).copied());
-        let sm_var = var_of("sm");
+        let sm_var = if te { var_of("sm") } else { None };
         let window = if need_window {
             Some(WindowVars {
                 size: var_of("window_size").expect("window var"),
@@ -635,7 +681,7 @@ impl SpaceBuilder {
         } else {
             None
         };
-        let mut deps: Vec<Vec<usize>> = vec![Vec::new(); FIELDS.len()];
+        let mut deps: Vec<Vec<usize>> = vec![Vec::new(); fields.len()];
         for (i, v) in vars.iter().enumerate() {
             if let Some(p) = v.parent {
                 deps[v.slot].push(p);
@@ -657,8 +703,8 @@ impl SpaceBuilder {
                 .flatten()
                 .collect();
         }
-        let mut base = Facts::defaults().values().to_vec();
-        for (s, d) in FIELDS.iter().enumerate() {
+        let mut base = schema.defaults().values().to_vec();
+        for (s, d) in fields.iter().enumerate() {
             if d.origin == Origin::Probe {
                 base[s] = Value::Bool(true);
             }
@@ -668,6 +714,7 @@ impl SpaceBuilder {
             .map(|v| {
                 c.reads.get(&v.slot).copied().unwrap_or(0)
                     + match v.path {
+                        _ if !te => 0,
                         "sm" => [
                             "device_compute_capability.major",
                             "device_compute_capability.minor",
@@ -688,7 +735,7 @@ impl SpaceBuilder {
         let mut inexact: Vec<&'static str> = inexact_slots
             .iter()
             .filter(|s| read.contains(s))
-            .map(|&s| FIELDS[s].path)
+            .map(|&s| fields[s].path)
             .collect();
         // Residue moduli whose lcm exceeds the limit were dropped.
         for (s, ms) in &c.moduli {
@@ -699,8 +746,8 @@ impl SpaceBuilder {
                     a
                 }
             });
-            if l > 64 && read.contains(s) && !inexact.contains(&FIELDS[*s].path) {
-                inexact.push(FIELDS[*s].path);
+            if l > 64 && read.contains(s) && !inexact.contains(&fields[*s].path) {
+                inexact.push(fields[*s].path);
             }
         }
         inexact.sort_unstable();
@@ -709,6 +756,7 @@ impl SpaceBuilder {
             reads,
             deps,
             base,
+            schema,
             sm_var,
             window,
             inexact,
@@ -947,15 +995,15 @@ impl Space {
                 Value::Int(sm) => (Value::Int(sm / 10), Value::Int(sm % 10)),
                 other => (other, other),
             };
-            out[slot("device_compute_capability.major").expect("slot")] = ma;
-            out[slot("device_compute_capability.minor").expect("slot")] = mi;
+            out[self.slot("device_compute_capability.major")] = ma;
+            out[self.slot("device_compute_capability.minor")] = mi;
         }
         if let Some(w) = self.window {
             let (l, r) = match out[self.vars[w.size].slot] {
                 Value::Null => {
                     let mask = match w.mask {
                         Some(m) => out[self.vars[m].slot],
-                        None => self.base[slot("attn_mask_type").expect("slot")],
+                        None => self.base[self.slot("attn_mask_type")],
                     };
                     let right = match mask {
                         Value::Enum(i) => {
@@ -972,9 +1020,14 @@ impl Space {
                 Value::Unknown => (Value::Unknown, Value::Unknown),
                 _ => (out[self.vars[w.left].slot], out[self.vars[w.right].slot]),
             };
-            out[slot("window.left").expect("slot")] = l;
-            out[slot("window.right").expect("slot")] = r;
+            out[self.slot("window.left")] = l;
+            out[self.slot("window.right")] = r;
         }
+    }
+
+    /// Slot of a fact of the space's family that the family's own handling relies on.
+    fn slot(&self, path: &str) -> usize {
+        self.schema.slot(path).expect("fact of the space's family")
     }
 
     /// The value of a fact no var determines (its default; probes "supported").
@@ -1095,6 +1148,16 @@ impl Space {
                 continue;
             }
             let path = v.path;
+            if self.schema.family != "te" {
+                // Structured facts as objects their members fill in; the rest as values.
+                let j = match (v.ty, val) {
+                    (Ty::Object, Value::Null) => Json::Null,
+                    (Ty::Object, _) => json!({}),
+                    _ => val.to_json(v.domain()),
+                };
+                insert_path(&mut obj, path, j);
+                continue;
+            }
             match path {
                 "sm" => {
                     if let Value::Int(sm) = val {
@@ -1121,7 +1184,7 @@ impl Space {
                     if val == Value::Null {
                         obj.insert(path.into(), Json::Null);
                     } else if path == "alibi_slopes_shape" {
-                        let n = match vals[slot("alibi_slopes_shape.len").expect("slot")] {
+                        let n = match vals[self.slot("alibi_slopes_shape.len")] {
                             Value::Int(n) if (1..=8).contains(&n) => n as usize,
                             _ => 1,
                         };
@@ -1129,12 +1192,10 @@ impl Space {
                     } else {
                         let dims: Vec<i64> = ["b", "h", "s_q", "s_kv"]
                             .iter()
-                            .map(
-                                |m| match vals[slot(&format!("{path}.{m}")).expect("slot")] {
-                                    Value::Int(i) => i,
-                                    _ => 1,
-                                },
-                            )
+                            .map(|m| match vals[self.slot(&format!("{path}.{m}"))] {
+                                Value::Int(i) => i,
+                                _ => 1,
+                            })
                             .collect();
                         obj.insert(path.into(), json!(dims));
                     }
@@ -1157,7 +1218,9 @@ impl Space {
                 }
             }
         }
-        let probes: Map<String, Json> = FIELDS
+        let probes: Map<String, Json> = self
+            .schema
+            .fields
             .iter()
             .filter(|d| d.origin == Origin::Probe)
             .filter_map(|d| d.path.strip_prefix("probe."))

@@ -111,13 +111,13 @@ pub static FIELDS: &[FieldDef] = &[
         "stride_last_k",
         Ty::Int,
         D::Computed,
-        "key.stride(-1). Absent: from `layout`.",
+        "key.stride(-1). Absent: `stride_last_q`.",
     ),
     f(
         "stride_last_v",
         Ty::Int,
         D::Computed,
-        "value.stride(-1). Absent: from `layout`.",
+        "value.stride(-1). Absent: `stride_last_q`.",
     ),
     f(
         "requires_grad",
@@ -688,9 +688,14 @@ fn derive(facts: &mut Facts, given: &Map<String, Json>) {
         .iter()
         .find(|(l, _)| Some(*l) == layout)
         .map_or(1, |(_, s)| *s);
-    for fact in ["stride_last_q", "stride_last_k", "stride_last_v"] {
+    if absent("stride_last_q") {
+        facts.put("stride_last_q", Value::Int(stride));
+    }
+    // Like the dtypes, key and value follow the query unless given (one change moves all).
+    let q_stride = facts.get("stride_last_q").unwrap_or(Value::Null);
+    for fact in ["stride_last_k", "stride_last_v"] {
         if absent(fact) {
-            facts.put(fact, Value::Int(stride));
+            facts.put(fact, q_stride);
         }
     }
     facts.put("env", Value::Bool(true));
@@ -769,10 +774,13 @@ mod tests {
         assert_eq!(d.get("attn_mask"), Some(Value::Null));
         assert_eq!(d.get("stride_last_q"), Some(Value::Int(1)));
         assert_eq!(d.get("heads_v"), Some(Value::Int(16)));
-        let f = read(json!({"layout": "noncontig_lastdim", "stride_last_q": 1, "head_dim_k": 32}));
-        assert_eq!(f.get("stride_last_q"), Some(Value::Int(1)));
-        assert_eq!(f.get("stride_last_v"), Some(Value::Int(2)));
+        let f = read(json!({"layout": "noncontig_lastdim", "stride_last_v": 3, "head_dim_k": 32}));
+        assert_eq!(f.get("stride_last_q"), Some(Value::Int(2)));
+        assert_eq!(f.get("stride_last_k"), Some(Value::Int(2)));
+        assert_eq!(f.get("stride_last_v"), Some(Value::Int(3)));
         assert_eq!(f.get("head_dim_k"), Some(Value::Int(32)));
+        let f = read(json!({"layout": "noncontig_lastdim", "stride_last_q": 1}));
+        assert_eq!(f.get("stride_last_k"), Some(Value::Int(1)));
     }
 
     #[test]
