@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Value as Json, json};
 
 use crate::eval::program::Truth;
 use crate::facts::schema::Origin;
@@ -15,7 +15,7 @@ use crate::facts::{Facts, Value};
 use crate::policy::Policy;
 
 use super::regions::add_policy;
-use super::space::{ClassDesc, Space, SpaceBuilder};
+use super::space::{ClassDesc, Space, SpaceBuilder, insert_path};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Change {
@@ -82,25 +82,6 @@ fn with_probes(policy: &Policy, config: &Json) -> Json {
     c
 }
 
-fn set_path(obj: &mut Map<String, Json>, path: &str, value: Json) {
-    match path.split_once('.') {
-        Some((head, rest)) => {
-            let e = obj
-                .entry(head.to_string())
-                .or_insert_with(|| Json::Object(Map::new()));
-            if !e.is_object() {
-                *e = Json::Object(Map::new());
-            }
-            if let Some(m) = e.as_object_mut() {
-                set_path(m, rest, value);
-            }
-        }
-        None => {
-            obj.insert(path.to_string(), value);
-        }
-    }
-}
-
 /// Sets one var of the space in a config object.
 fn apply(space: &Space, facts: &Facts, config: &mut Json, var: usize, v: Value) {
     let Some(obj) = config.as_object_mut() else {
@@ -114,7 +95,7 @@ fn apply(space: &Space, facts: &Facts, config: &mut Json, var: usize, v: Value) 
             (crate::facts::Ty::Object, _) => obj.get(var.path).cloned().unwrap_or(json!({})),
             _ => v.to_json(var.domain()),
         };
-        set_path(obj, var.path, j);
+        insert_path(obj, var.path, j);
         return;
     }
     let int = |p: &str| match facts.get(p) {
@@ -190,7 +171,7 @@ fn apply(space: &Space, facts: &Facts, config: &mut Json, var: usize, v: Value) 
                 (Value::Int(i), true) => json!(i.to_string()),
                 _ => v.to_json(var.domain()),
             };
-            set_path(obj, p, j);
+            insert_path(obj, p, j);
         }
     }
 }
