@@ -375,7 +375,7 @@ def log_sdpa_decisions(
     calls: List[SdpaDecision] = []
 
     @functools.wraps(original)
-    def logged(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+    def logged(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, **kw):
         try:
             d = explain_sdpa(
                 query, key, value, attn_mask, dropout_p, is_causal, scale,
@@ -387,7 +387,8 @@ def log_sdpa_decisions(
             calls.append(d)
             why = ", ".join(f"{b}: {r}" for b, r in d.first_reasons().items())
             logger.log(level, "attn-policy: SDPA -> %s (declined %s)", d.selected, why or "none")
-        return original(query, key, value, attn_mask, dropout_p, is_causal, scale, **kw)
+        # scale and enable_gqa are keyword-only in torch's signature
+        return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kw)
 
     targets = [F, *modules]
     saved = [(m, getattr(m, "scaled_dot_product_attention")) for m in targets]
