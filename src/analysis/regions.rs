@@ -90,6 +90,7 @@ pub fn add_policy(b: &mut SpaceBuilder, p: &Policy) {
     for r in &p.rules {
         b.root(&p.program, r.when.node);
     }
+
     for bk in &p.backends {
         for v in &bk.variants {
             if let Some(c) = &v.applicable {
@@ -215,7 +216,7 @@ fn cube_constraints(m: &Mdd, cube: &Cube) -> Map<String, Json> {
 /// A region's example; None when the bounded search found no input in it (the region may be
 /// empty: conditions sharing facts, such as `b * h > 64` and `b * h > 40`, are not tied to
 /// each other, so a cube can require both to disagree).
-fn example_of(m: &mut Mdd, cube: &Cube) -> Option<Json> {
+pub(crate) fn example_of(m: &mut Mdd, cube: &Cube) -> Option<Json> {
     m.example(cube)
         .map(|(assign, values)| m.space.example_with(&assign, &values))
 }
