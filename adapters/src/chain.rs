@@ -76,7 +76,10 @@ pub enum ChainError {
         attempts: Vec<ExecutorAttempt>,
     },
     /// The first entry could not run and substitutes were not allowed.
-    #[error("substitution refused (no_substitute): {}", summarize(attempts))]
+    #[error(
+        "substitution refused: the backend's own executor cannot run ({}) and no_substitute allows no other",
+        summarize(attempts)
+    )]
     SubstitutionRefused {
         /// The first entry's outcome; the others are `not_tried`.
         attempts: Vec<ExecutorAttempt>,
@@ -105,14 +108,31 @@ impl ChainError {
     }
 }
 
-/// `name outcome: reason` for every entry that did not run or was not tried, joined by `; `.
+/// `name outcome: reason` for every entry that did not run and was tried, joined by `; `;
+/// neighbours with the same outcome and reason share one (`chunked, reference refused: ...`).
 pub fn summarize(attempts: &[ExecutorAttempt]) -> String {
-    attempts
+    let mut groups: Vec<(Vec<&str>, ExecutorOutcome, Option<&str>)> = Vec::new();
+    for a in attempts {
+        if matches!(a.outcome, ExecutorOutcome::Ran | ExecutorOutcome::NotTried) {
+            continue;
+        }
+        match groups.last_mut() {
+            Some((names, outcome, reason))
+                if *outcome == a.outcome && *reason == a.reason.as_deref() =>
+            {
+                names.push(&a.executor)
+            }
+            _ => groups.push((vec![&a.executor], a.outcome, a.reason.as_deref())),
+        }
+    }
+    groups
         .iter()
-        .filter(|a| !matches!(a.outcome, ExecutorOutcome::Ran | ExecutorOutcome::NotTried))
-        .map(|a| match &a.reason {
-            Some(r) => format!("{} {}: {r}", a.executor, a.outcome.word()),
-            None => format!("{} {}", a.executor, a.outcome.word()),
+        .map(|(names, outcome, reason)| {
+            let who = names.join(", ");
+            match reason {
+                Some(r) => format!("{who} {}: {r}", outcome.word()),
+                None => format!("{who} {}", outcome.word()),
+            }
         })
         .collect::<Vec<_>>()
         .join("; ")
@@ -268,7 +288,11 @@ pub fn walk<T, S: AsRef<str>>(
                 }
             }
             Step::Failed(error) => {
-                attempts.push(attempt(name, ExecutorOutcome::Failed, Some(error.to_string())));
+                attempts.push(attempt(
+                    name,
+                    ExecutorOutcome::Failed,
+                    Some(error.to_string()),
+                ));
                 not_tried(&mut attempts, i + 1);
                 return Err(ChainError::Failed {
                     executor: name.to_string(),
@@ -574,6 +598,11 @@ mod tests {
             );
         }
         assert!(matches!(err, ChainError::NoneRan { .. }));
+        assert_eq!(
+            err.to_string(),
+            "no executor of the chain could run: fake_gpu, torch_flash, reference refused: \
+             attention_dropout = 0.1: executors apply no dropout"
+        );
     }
 
     #[test]
@@ -595,7 +624,10 @@ mod tests {
             |_, _| Ok(()),
         )
         .expect("reference runs");
-        assert_eq!(outcomes(&w.attempts), [("nope", Unavailable), ("reference", Ran)]);
+        assert_eq!(
+            outcomes(&w.attempts),
+            [("nope", Unavailable), ("reference", Ran)]
+        );
     }
 
     #[test]
@@ -618,7 +650,10 @@ mod tests {
                 let a = e.attempts();
                 assert_eq!(a[1].outcome, Refused, "{e}");
                 assert!(
-                    a[1].reason.as_deref().unwrap_or_default().contains("score elements"),
+                    a[1].reason
+                        .as_deref()
+                        .unwrap_or_default()
+                        .contains("score elements"),
                     "{e}"
                 );
             }

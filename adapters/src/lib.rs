@@ -33,12 +33,12 @@ pub mod registry;
 pub mod rng;
 pub mod run;
 
+pub use chain::{ChainError, ChainOptions, Walked};
 pub use executor::{
     BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceKind, Direction,
     ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostTensor,
     Manifest, StreamLaunch, Unsupported,
 };
-pub use chain::{ChainError, ChainOptions, Walked};
 pub use from_facts::{NotExpressible, problem_from_facts};
 pub use live::{LiveDevice, live_device};
 pub use problem::{

@@ -174,7 +174,7 @@ impl Explanation {
                     (None, ExecutorOutcome::Ran) if i > 0 => "substitute".to_string(),
                     (None, _) => String::new(),
                 };
-                let line = format!("  {:<width$}  {} {detail}", a.executor, style(code, &word));
+                let line = format!("  {:<width$}  {}  {detail}", a.executor, style(code, &word));
                 let _ = writeln!(out, "{}", line.trim_end());
             }
         }
