@@ -392,3 +392,15 @@ fn as_configured_without_a_device_decides_as_the_config_says() {
     assert_eq!(doc["device"]["available"], false);
     assert_eq!(doc["device"]["used"], false);
 }
+
+#[test]
+fn packs_of_another_fact_family_and_their_flags_are_bad_input() {
+    // The torch pack's executors are the Python host's; its facts are not executor problems.
+    let o = run(&["run", "--pack", "torch", "--head-dim", "64"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("te fact family"), "{}", text(&o));
+    // A torch flag is not silently ignored by a te-family pack.
+    let o = run(&["run", "--causal", "--head-dim", "64"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--causal"), "{}", text(&o));
+}

@@ -38,7 +38,7 @@ executor failed), 5 verification failed.")]
 pub struct RunArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Embedded pack whose backends name executor chains: native or te.
+    /// Embedded pack of the te fact family whose backends name executor chains: native or te.
     #[arg(long, default_value = "native")]
     pub pack: String,
     /// Seed of the random inputs.
@@ -150,6 +150,19 @@ pub fn run(a: RunArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
+    // Executors take te-family facts (`problem_from_facts`); the torch pack's executors are the
+    // Python host's (`attn_policy.torch`).
+    let family = policy.schema.family;
+    if family != "te" {
+        return super::fail(format!(
+            "`run` decides with packs of the te fact family (te, native); pack `{}` is of the \
+             `{family}` family, whose executors run inside Python (attn_policy.torch)",
+            policy.name
+        ));
+    }
+    if let Err(e) = a.config.check_family(family) {
+        return super::fail(e);
+    }
     let (mut config, mut sources) = match a.config.to_json_with_sources() {
         Ok(c) => c,
         Err(e) => return super::fail(e),
