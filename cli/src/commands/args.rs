@@ -223,7 +223,7 @@ impl ConfigArgs {
 
     /// Refuses flags of another pack family than `family` (they would set facts its packs do
     /// not have).
-    fn check_family(&self, family: &str) -> Result<(), String> {
+    pub fn check_family(&self, family: &str) -> Result<(), String> {
         for flag in self.given_flags() {
             let Some((owner, _)) = FAMILY_FLAGS.iter().find(|(_, flags)| flags.contains(&flag))
             else {
@@ -552,13 +552,6 @@ impl ConfigArgs {
             set(&format!("probe.{}", k.trim()), b);
         }
         Ok((Json::Object(obj), sources))
-    }
-
-    /// The facts and where their input keys came from (see [`ConfigArgs::to_json_with_sources`]).
-    pub fn facts_with_sources(&self) -> Result<(Facts, Sources), String> {
-        let (json, sources) = self.to_json_with_sources()?;
-        let facts = Facts::from_json(&json).map_err(|e| format!("invalid config: {e}"))?;
-        Ok((facts, sources))
     }
 
     /// The facts of `policy`'s family with where each came from (the te family records
