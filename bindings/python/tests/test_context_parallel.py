@@ -8,8 +8,8 @@ no CUDA streams: the second-stream overlap of the ring runs only on GPUs (NCCL),
 `python -m attn_policy.cp_check --device cuda` and the GPU test cover."""
 
 import itertools
-import math
 import random
+import re
 
 import pytest
 
@@ -332,3 +332,33 @@ def test_world4_declines_and_mismatches_are_refused_on_every_rank(world4):
         assert members and all(m.get("raised") == want for m in members), (c["name"], members)
         if c["name"].startswith("rank 0 float32"):
             assert all("dtype differs" in m["message"] for m in members), members
+
+
+def test_bench_dry_run_with_world_size_1():
+    """The torchrun bench runs every comm type (world of one, CPU) and prints its table."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    bench = Path(__file__).with_name("bench_cp.py")
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", str(port),
+         str(bench), "--device", "cpu", "--dtype", "float32", "--seqlen", "64", "--head-dim", "16", "--heads", "2",
+         "--kv-heads", "1", "--causal", "--iters", "1", "--warmup", "0"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("context-parallel bench: world 1 (gloo, cpu)"), out.stdout
+    rows = [re.match(r"^(\S+)(?: \d+x\d+)?\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", ln) for ln in lines[2:]]
+    assert all(rows), out.stdout
+    assert {m.group(1) for m in rows} == {"p2p", "all_gather", "a2a", "a2a+p2p"}, out.stdout
+    for m in rows:
+        fwd_ms, fb_ms = float(m.group(2)), float(m.group(3))
+        assert 0 < fwd_ms and 0 < fb_ms, m.group(0)
