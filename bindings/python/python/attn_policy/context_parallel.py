@@ -153,6 +153,8 @@ def _groups(cp_group, comm: str):
         return cp_group[0], cp_group[1]
     if isinstance(cp_group, (tuple, list)):
         raise PolicyError(f'cp_comm_type="{comm}" takes one process group; a pair is for "a2a+p2p"')
+    if cp_group is None:  # torch.distributed's convention: the default group
+        cp_group = dist.group.WORLD
     return (cp_group, None) if comm == "a2a" else (None, cp_group)
 
 
@@ -917,7 +919,8 @@ def _a2a_many(bufs: Sequence[torch.Tensor], group) -> List[torch.Tensor]:
     return out
 
 
-def _seq_to_heads(ts: Sequence[torch.Tensor], group, a2a: int, li: int) -> List[torch.Tensor]:
+def _seq_to_heads(ts: Sequence[torch.Tensor], group, a2a: int, li: int,
+                  outs: Optional[Sequence[torch.Tensor]] = None) -> List[torch.Tensor]:
     """a2a: each tensor from (local shard, all heads) to (the a2a group's shards, heads /
     a2a). The shards arrive as rank a' holding chunks (c', 2n-1-c'); the result holds the first
     halves in a' order then the second halves in reverse order: two contiguous runs of the
@@ -929,21 +932,20 @@ def _seq_to_heads(ts: Sequence[torch.Tensor], group, a2a: int, li: int) -> List[
         hp = h // a2a
         sends.append(x.reshape(b, a2a, hp, s, d).transpose(0, 1).reshape(a2a, -1))
         metas.append((t, b, hp, s, d))
-    outs = []
-    for r, (t, b, hp, s, d) in zip(_a2a_many(sends, group), metas):
+    result = []
+    for i, (r, (t, b, hp, s, d)) in enumerate(zip(_a2a_many(sends, group), metas)):
         r = r.reshape(a2a, b, hp, s, d)
         c = s // 2
-        first = r[:, :, :, :c].permute(1, 2, 0, 3, 4).reshape(b, hp, a2a * c, d)
-        second = r[:, :, :, c:].flip(0).permute(1, 2, 0, 3, 4).reshape(b, hp, a2a * c, d)
         shape = list(t.shape)
         shape[_SEQ_DIM[LAYOUTS[li]]] = s * a2a
         shape[_HEAD_DIM[LAYOUTS[li]]] = hp
-        out = torch.empty(shape, dtype=t.dtype, device=t.device)
+        out = outs[i] if outs is not None else torch.empty(shape, dtype=t.dtype, device=t.device)
         ob = _apt._to_bhsd(out, li)
-        ob[:, :, : a2a * c].copy_(first)
-        ob[:, :, a2a * c:].copy_(second)
-        outs.append(out)
-    return outs
+        # Copied straight into place: [a2a, b, hp, c, d] -> [b, hp, a2a * c, d] views.
+        ob[:, :, : a2a * c].view(b, hp, a2a, c, d).copy_(r[:, :, :, :c].permute(1, 2, 0, 3, 4))
+        ob[:, :, a2a * c:].view(b, hp, a2a, c, d).copy_(r[:, :, :, c:].flip(0).permute(1, 2, 0, 3, 4))
+        result.append(out)
+    return result
 
 
 def _heads_to_seq(ts: Sequence[torch.Tensor], group, a2a: int, li: int) -> List[torch.Tensor]:
@@ -991,9 +993,7 @@ class _CP(torch.autograd.Function):
             o, lse = _ring_forward(run, q, k, v, _Peers(run.ring_group, ring, run.ring_rank), ring)
             ctx.save_for_backward(q, k, v, o, lse)
         else:
-            qh, kh, vh = bufs["qh"], bufs["kh"], bufs["vh"]
-            for dst, src in zip((qh, kh, vh), _seq_to_heads((q, k, v), run.a2a_group, a2a, li)):
-                dst.copy_(src)
+            qh, kh, vh = _seq_to_heads((q, k, v), run.a2a_group, a2a, li, outs=(bufs["qh"], bufs["kh"], bufs["vh"]))
             if spec.comm == "a2a":
                 oh, lseh = run.fwd(qh, kh, vh, None)
             else:
@@ -1064,7 +1064,8 @@ def cp_attention(
     ``1/sqrt(d)``); ``policy`` chooses the executor of every per-step call.
 
     ``cp_comm_type``: ``"p2p"`` (ring), ``"all_gather"``, ``"a2a"`` (heads divisible by the group
-    size) or ``"a2a+p2p"`` with ``cp_group=(a2a_group, p2p_group)``. Differentiable (autograd).
+    size) or ``"a2a+p2p"`` with ``cp_group=(a2a_group, p2p_group)``; otherwise ``cp_group`` is one
+    process group (None: the default one). Differentiable (autograd).
 
     Raises :class:`ContextParallelDeclined` (the ``native`` pack's pre-flight declined, or a
     per-step call has no executor, on any rank) and :class:`ShardMismatch` (the ranks' shards or
@@ -1077,13 +1078,10 @@ def cp_attention(
     a2a_group = ring_group = None
     ring_rank = a2a_rank = 0
     decision = CPDecision(cp_comm_type, 0, 0, None)
-    try:
-        if cp_comm_type not in COMM_TYPES:
-            raise PolicyError(f"cp_comm_type must be one of {', '.join(COMM_TYPES)}, found {cp_comm_type!r}")
-        a2a_group, ring_group = _groups(cp_group, cp_comm_type)
-    except PolicyError:
-        # Without a valid group there is no one to tell: this rank alone raises.
-        raise
+    # Without a valid comm type and group there is no one to tell: this rank alone raises.
+    if cp_comm_type not in COMM_TYPES:
+        raise PolicyError(f"cp_comm_type must be one of {', '.join(COMM_TYPES)}, found {cp_comm_type!r}")
+    a2a_group, ring_group = _groups(cp_group, cp_comm_type)
     groups = [g for g in (a2a_group, ring_group) if g is not None]
     if cp_comm_type == "a2a+p2p":
         groups = [a2a_group, ring_group, a2a_group]
@@ -1173,6 +1171,12 @@ def cp_attention(
     return o
 
 
+def _kv_views(k: torch.Tensor, v: torch.Tensor) -> List[torch.Tensor]:
+    """K and V as the ring holds them (views of one packed buffer), uninitialised: for deciding."""
+    buf = torch.empty(k.numel() + v.numel(), dtype=k.dtype, device=k.device)
+    return _unpack(buf, (k.shape, v.shape))
+
+
 def _decide_steps(run: _Run, q, k, v, bufs: Dict[str, torch.Tensor]) -> str:
     """Decides every distinct per-step call on tensors of its shapes and strides (allocating
     the buffers the call will fill, no communication); the first reason one cannot run."""
@@ -1183,7 +1187,7 @@ def _decide_steps(run: _Run, q, k, v, bufs: Dict[str, torch.Tensor]) -> str:
         bufs["v_full"] = vq = _full_like(v, sd, spec.cp_size)
         targets = [(q, kq, vq, blk) for s in run.work for blk in s.blocks]
     elif spec.comm == "p2p":
-        kk, vv = _unpack(_pack([k, v]), (k.shape, v.shape))
+        kk, vv = _kv_views(k, v)
         targets = [(q, kk, vv, blk) for s in run.work for blk in s.blocks]
     else:
         for name, t in (("qh", q), ("kh", k), ("vh", v)):
@@ -1195,7 +1199,7 @@ def _decide_steps(run: _Run, q, k, v, bufs: Dict[str, torch.Tensor]) -> str:
         if spec.comm == "a2a":
             targets = [(qh, kh, vh, None)]
         else:
-            kk, vv = _unpack(_pack([kh, vh]), (kh.shape, vh.shape))
+            kk, vv = _kv_views(kh, vh)
             targets = [(qh, kk, vv, blk) for s in run.work for blk in s.blocks]
     seen = set()
     for qq, kk, vv, blk in targets:
