@@ -40,6 +40,7 @@ every rank instead of leaving some waiting. See docs/context-parallel.md.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass, field
@@ -436,14 +437,15 @@ def _decline_text(d: Decision) -> str:
     return "; ".join(f"{k}: {v}" for k, v in seen.items())
 
 
+@functools.lru_cache(maxsize=1024)
 def implementation_refusal(spec: CPSpec) -> Optional[_Unplannable]:
     """What this implementation cannot run, found by planning every rank and step exactly as
     the drivers do (None: it can). The ``native`` pack's ``context_parallel`` layer states the
-    same limits as rules; the tests compare the two."""
+    same limits as rules; the tests compare the two. Cached per spec (a pure function)."""
     try:
         _plan_all(spec)
     except _Unplannable as e:
-        return e
+        return e.with_traceback(None)  # cached: keep no frames alive
     return None
 
 
@@ -471,16 +473,21 @@ def _plan_all(spec: CPSpec) -> List[List[StepWork]]:
 
 def plan_work(spec: CPSpec, rank: int) -> List[StepWork]:
     """The steps of CP rank ``rank`` (for a2a+p2p, ``p2p_rank * a2a_size + a2a_rank``)."""
+    return list(_plan_work(spec, rank))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_work(spec: CPSpec, rank: int) -> Tuple[StepWork, ...]:
     ring, a2a = spec.ring
     band = _band(spec.mask, spec.window_left, spec.window_right, spec.bottom_right, spec.seqlen_q, spec.seqlen_kv)
     if spec.comm == "a2a":
         # One ordinary call on the whole sequence with the call's own mask; the block only
         # reports its work (the admitted pairs).
-        return [StepWork(0, -1, _whole_blocks(band, spec), 0)]
+        return (StepWork(0, -1, _whole_blocks(band, spec), 0),)
     if spec.comm == "all_gather":
-        return [_gather_step(spec.cp_size, rank, spec.seqlen_q, spec.seqlen_kv, band)]
+        return (_gather_step(spec.cp_size, rank, spec.seqlen_q, spec.seqlen_kv, band),)
     r = rank // a2a
-    return [_ring_step(ring, r, i, spec.seqlen_q, spec.seqlen_kv, band) for i in range(ring)]
+    return tuple(_ring_step(ring, r, i, spec.seqlen_q, spec.seqlen_kv, band) for i in range(ring))
 
 
 def _whole_blocks(band: _Band, spec: CPSpec) -> Tuple[Block, ...]:
@@ -747,6 +754,14 @@ def _pack(ts: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None) -> to
     return torch.cat([t.reshape(-1).to(dtype) if dtype else t.reshape(-1) for t in ts])
 
 
+def _pack_into(buf: torch.Tensor, ts: Sequence[torch.Tensor]) -> torch.Tensor:
+    at = 0
+    for t in ts:
+        buf[at:at + t.numel()].view(t.shape).copy_(t)
+        at += t.numel()
+    return buf
+
+
 def _unpack(buf: torch.Tensor, shapes: Sequence[Sequence[int]]) -> List[torch.Tensor]:
     out, at = [], 0
     for s in shapes:
@@ -800,9 +815,10 @@ def _wait(reqs, stream) -> None:
         torch.cuda.current_stream(stream.device).wait_stream(stream)
 
 
-def _ring_forward(run: _Run, q, k, v, peers: _Peers, n: int):
+def _ring_forward(run: _Run, q, k, v, peers: _Peers, n: int, kv: torch.Tensor):
+    """``kv``: the packed K/V buffer the per-step calls were decided on; filled here."""
     kshape, vshape = k.shape, v.shape
-    cur = _pack([k, v])
+    cur = _pack_into(kv, [k, v])
     stream = _comm_stream(q)
     st = _RingForward(run, q, v.shape[-1], run.work)
     for i in range(n):
@@ -820,7 +836,7 @@ def _ring_forward(run: _Run, q, k, v, peers: _Peers, n: int):
 
 def _ring_backward(run: _Run, q, k, v, o, lse, do, peers: _Peers, n: int):
     kshape, vshape = k.shape, v.shape
-    cur = _pack([k, v])
+    cur = _pack([k, v])  # the ring's K/V layout, as in the forward
     stream = _comm_stream(q)
     st = _RingBackward(run, q, do, o, lse, run.work)
     out: Optional[torch.Tensor] = None  # the dK/dV accumulator finished at the previous step
@@ -990,14 +1006,15 @@ class _CP(torch.autograd.Function):
             o, lse = st.finish()
             ctx.save_for_backward(q, k, v, o, lse)
         elif spec.comm == "p2p":
-            o, lse = _ring_forward(run, q, k, v, _Peers(run.ring_group, ring, run.ring_rank), ring)
+            o, lse = _ring_forward(run, q, k, v, _Peers(run.ring_group, ring, run.ring_rank), ring, bufs["kv"])
             ctx.save_for_backward(q, k, v, o, lse)
         else:
             qh, kh, vh = _seq_to_heads((q, k, v), run.a2a_group, a2a, li, outs=(bufs["qh"], bufs["kh"], bufs["vh"]))
             if spec.comm == "a2a":
                 oh, lseh = run.fwd(qh, kh, vh, None)
             else:
-                oh, lseh = _ring_forward(run, qh, kh, vh, _Peers(run.ring_group, ring, run.ring_rank), ring)
+                oh, lseh = _ring_forward(run, qh, kh, vh, _Peers(run.ring_group, ring, run.ring_rank), ring,
+                                         bufs["kv"])
             (o,) = _heads_to_seq((oh,), run.a2a_group, a2a, li)
             ctx.save_for_backward(qh, kh, vh, oh, lseh)
         ctx.run = run
@@ -1171,9 +1188,10 @@ def cp_attention(
     return o
 
 
-def _kv_views(k: torch.Tensor, v: torch.Tensor) -> List[torch.Tensor]:
-    """K and V as the ring holds them (views of one packed buffer), uninitialised: for deciding."""
-    buf = torch.empty(k.numel() + v.numel(), dtype=k.dtype, device=k.device)
+def _kv_views(k: torch.Tensor, v: torch.Tensor, bufs: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+    """K and V as the ring holds them (views of one packed buffer, ``bufs["kv"]``, which the
+    ring's first step then fills): the per-step calls are decided on these."""
+    bufs["kv"] = buf = torch.empty(k.numel() + v.numel(), dtype=k.dtype, device=k.device)
     return _unpack(buf, (k.shape, v.shape))
 
 
@@ -1187,7 +1205,7 @@ def _decide_steps(run: _Run, q, k, v, bufs: Dict[str, torch.Tensor]) -> str:
         bufs["v_full"] = vq = _full_like(v, sd, spec.cp_size)
         targets = [(q, kq, vq, blk) for s in run.work for blk in s.blocks]
     elif spec.comm == "p2p":
-        kk, vv = _kv_views(k, v)
+        kk, vv = _kv_views(k, v, bufs)
         targets = [(q, kk, vv, blk) for s in run.work for blk in s.blocks]
     else:
         for name, t in (("qh", q), ("kh", k), ("vh", v)):
@@ -1199,7 +1217,7 @@ def _decide_steps(run: _Run, q, k, v, bufs: Dict[str, torch.Tensor]) -> str:
         if spec.comm == "a2a":
             targets = [(qh, kh, vh, None)]
         else:
-            kk, vv = _kv_views(kh, vh)
+            kk, vv = _kv_views(kh, vh, bufs)
             targets = [(qh, kk, vv, blk) for s in run.work for blk in s.blocks]
     seen = set()
     for qq, kk, vv, blk in targets:
