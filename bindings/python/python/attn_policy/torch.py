@@ -63,6 +63,13 @@ __all__ = [
     "log_sdpa_decisions",
     "SdpaDecision",
     "SdpaError",
+    "lse_dtype",
+    "cp_attention",
+    "shard_sequence",
+    "unshard_sequence",
+    "ContextParallelDeclined",
+    "ShardMismatch",
+    "CPDecision",
 ]
 
 logger = logging.getLogger("attn_policy.torch")
@@ -349,6 +356,13 @@ _DTYPE_NAMES = {
 _FACT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp32"}
 
 
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the log-sum-exp the op returns for inputs of ``dtype``: float64 for float64
+    inputs (the CPU reference keeps them exact, so a context-parallel merge of partial results
+    stays float64-accurate), float32 otherwise (every executor's convention)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _bhsd(t: torch.Tensor, layout: int) -> Tuple[Tuple[int, int, int, int], Tuple[int, int, int]]:
     """(b, h, s, d) and strides (batch, head, seq) of a tensor in layout ``layout``."""
     sz, st = t.shape, t.stride()
@@ -450,6 +464,7 @@ class _NativeRunner(_Runner):
         self.host_copy = host_copy  # CUDA tensors through the CPU reference (a last resort)
         self.ws_fwd = plan.workspace_forward
         self.lse_shape = (call.b, call.hq, call.sq)
+        self.lse_dtype = lse_dtype(call.dtype)
 
     def _no_capture(self):
         if self.host_copy and torch.cuda.is_current_stream_capturing():
@@ -464,7 +479,7 @@ class _NativeRunner(_Runner):
             self._no_capture()
             q, k, v = q.cpu(), k.cpu(), v.cpu()
         o = torch.empty(_o_shape(q, v), dtype=q.dtype, device=q.device)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        lse = torch.empty(self.lse_shape, dtype=self.lse_dtype, device=q.device)
         if q.device.type == "cuda":
             ws = torch.empty(self.ws_fwd, dtype=torch.uint8, device=q.device)
             self.plan.forward(
@@ -602,7 +617,7 @@ def _math_forward(q, k, v, layout, mask_args, scale):
     p = torch.exp(s - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
     p = torch.nan_to_num(p, nan=0.0)
     o = torch.matmul(p, vh)
-    return _from_bhsd(o.to(q.dtype), layout), lse.to(torch.float32)
+    return _from_bhsd(o.to(q.dtype), layout), lse.to(lse_dtype(q.dtype))
 
 
 class _MathRunner(_Runner):
@@ -644,6 +659,7 @@ class _SdpaFallback(_Runner):
         self.layout, self.scale, self.dropout_p = call.layout, call.scale, call.dropout_p
         self.mask_args = (call.mask, call.window_left, call.window_right, call.bottom_right)
         self.lse_shape = (call.b, call.hq, call.sq)
+        self.lse_dtype = lse_dtype(call.dtype)
 
     def _sdpa(self, q, k, v):
         qh, kh, vh = (_to_bhsd(t, self.layout) for t in (q, k, v))
@@ -656,7 +672,7 @@ class _SdpaFallback(_Runner):
 
     def forward(self, q, k, v):
         o = self._sdpa(q, k, v).contiguous()
-        return o, torch.full(self.lse_shape, float("nan"), dtype=torch.float32, device=q.device)
+        return o, torch.full(self.lse_shape, float("nan"), dtype=self.lse_dtype, device=q.device)
 
     def backward(self, g, q, k, v, o, lse):
         with torch.enable_grad():
@@ -916,7 +932,7 @@ def _fwd_fake(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid
         b, h, s = q.shape[0], q.shape[2], q.shape[1]
     else:
         b, h, s = q.shape[1], q.shape[2], q.shape[0]
-    return o, q.new_empty((b, h, s), dtype=torch.float32)
+    return o, q.new_empty((b, h, s), dtype=lse_dtype(q.dtype))
 
 
 @torch.library.register_fake("attn_policy::attention_backward")
@@ -1107,3 +1123,16 @@ class DotProductAttention(torch.nn.Module):
 
 
 _register_host_executors()
+
+# Context parallelism (the sequence sharded across a process group) on top of the op, in
+# attn_policy.context_parallel (imported on first use: it imports this module).
+_CP_NAMES = frozenset({"cp_attention", "shard_sequence", "unshard_sequence", "ContextParallelDeclined",
+                       "ShardMismatch", "CPDecision"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CP_NAMES:
+        from . import context_parallel
+
+        return getattr(context_parallel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
