@@ -156,6 +156,50 @@ fn real_explanations_match_the_schema() {
         json!([{"executor": run["run"]["executor"], "outcome": "ran", "reason": null}])
     );
     docs.push(("cli run --json".into(), run_doc));
+    // A walked chain: every outcome word this machine can produce (ran, unavailable, refused,
+    // not_tried).
+    let small = [
+        "--head-dim",
+        "64",
+        "--seqlen",
+        "32",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+    ];
+    let te_run = |extra: &[&str]| {
+        let args = [
+            &["run", "--pack", "te", "--forward-only", "--json"][..],
+            &small,
+            extra,
+        ]
+        .concat();
+        bin(&args)["decision"].clone()
+    };
+    docs.push(("cli run --pack te --json".into(), te_run(&[])));
+    docs.push((
+        "cli run --pack te --no-substitute --json".into(),
+        te_run(&["--no-substitute"]),
+    ));
+    docs.push((
+        "cli run --pack te (dropout) --json".into(),
+        te_run(&["--set", "attention_dropout=0.1"]),
+    ));
+    // Without GPU executors (a GPU build may run `chunked` instead, leaving none unavailable).
+    let words: &[&str] = if cfg!(feature = "cuda") {
+        &["ran", "refused", "not_tried"]
+    } else {
+        &["ran", "unavailable", "refused", "not_tried"]
+    };
+    for outcome in words {
+        assert!(
+            docs.iter().any(|(_, d)| d["executor_chain"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|a| a["outcome"] == *outcome))),
+            "a chain entry {outcome}"
+        );
+    }
 
     for (name, doc) in &docs {
         assert_valid(&v, name, doc);

@@ -230,17 +230,34 @@ impl Serialize for BackendExplanation {
     }
 }
 
-/// What happened to one entry of an executor chain (issue 14 fills the chain).
+/// What happened to one entry of an executor chain (`executors:` in the pack).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecutorOutcome {
     Ran,
-    /// The executor refused the problem (its typed reason in `reason`).
+    /// The executor refused the problem (its typed reason in `reason`), or the configuration
+    /// is not expressible as an executor problem.
     Refused,
-    /// Not usable here: no GPU, feature off, library missing.
+    /// Not usable here: no GPU, feature off, library missing, provided by the Python host.
     Unavailable,
-    /// An earlier entry ran.
+    /// It started and failed with an error that is not a refusal (a library call failed): the
+    /// walk stops there, no substitute replaces a failure.
+    Failed,
+    /// An earlier entry ran, or the walk stopped before this entry.
     NotTried,
+}
+
+impl ExecutorOutcome {
+    /// The word of the JSON document and the text.
+    pub fn word(self) -> &'static str {
+        match self {
+            ExecutorOutcome::Ran => "ran",
+            ExecutorOutcome::Refused => "refused",
+            ExecutorOutcome::Unavailable => "unavailable",
+            ExecutorOutcome::Failed => "failed",
+            ExecutorOutcome::NotTried => "not_tried",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -439,6 +456,14 @@ impl Explanation {
     /// A backend by name.
     pub fn backend(&self, name: &str) -> Option<&BackendExplanation> {
         self.backends.iter().find(|b| b.name == name)
+    }
+
+    /// The executor that ran is not the chain's first entry (a substitute, never silent).
+    pub fn substitute(&self) -> bool {
+        self.executor_chain
+            .iter()
+            .position(|a| a.outcome == ExecutorOutcome::Ran)
+            .is_some_and(|i| i > 0)
     }
 
     /// Exit status of `explain`: 0 selected, 1 none can serve.

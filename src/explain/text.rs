@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value as Json;
 
-use super::{BackendStatus, Explanation, VariantChoice};
+use super::{BackendStatus, ExecutorOutcome, Explanation, VariantChoice};
 
 /// ` [FA3 3.0.0]`, ` [F16_arbitrary_seqlen = 1]`, ` [name]` (no value), or nothing.
 fn variant_text(v: Option<&VariantChoice>) -> String {
@@ -147,6 +147,35 @@ impl Explanation {
                     v.name,
                     v.applicable.as_deref().unwrap_or("false")
                 );
+            }
+        }
+        if !self.executor_chain.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nexecutors of {}:",
+                self.selected.as_deref().unwrap_or("no backend")
+            );
+            let width = self
+                .executor_chain
+                .iter()
+                .map(|a| a.executor.len())
+                .max()
+                .unwrap_or(0);
+            for (i, a) in self.executor_chain.iter().enumerate() {
+                let code = match a.outcome {
+                    ExecutorOutcome::Ran => "32",
+                    ExecutorOutcome::Refused | ExecutorOutcome::Failed => "31",
+                    ExecutorOutcome::Unavailable => "33",
+                    ExecutorOutcome::NotTried => "2",
+                };
+                let word = format!("{:<11}", a.outcome.word());
+                let detail = match (&a.reason, a.outcome) {
+                    (Some(r), _) => r.clone(),
+                    (None, ExecutorOutcome::Ran) if i > 0 => "substitute".to_string(),
+                    (None, _) => String::new(),
+                };
+                let line = format!("  {:<width$}  {}  {detail}", a.executor, style(code, &word));
+                let _ = writeln!(out, "{}", line.trim_end());
             }
         }
         out

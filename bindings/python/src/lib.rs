@@ -321,8 +321,11 @@ fn read_value(
     Ok(build.then_some(j))
 }
 
-fn facts_from(config: &Json) -> Result<Facts, String> {
-    Facts::from_json(config).map_err(|e| format!("invalid config: {e}"))
+/// Facts of a config in `policy`'s pack family (te, torch, ...).
+fn facts_from(policy: &Policy, config: &Json) -> Result<Facts, String> {
+    policy
+        .read_facts(config)
+        .map_err(|e| format!("invalid config: {e}"))
 }
 
 #[pymethods]
@@ -641,10 +644,12 @@ impl NativePolicy {
         let mut key = InputKey::new();
         let (mut input, mut provenance, lacks_probes) =
             read(&mut key, true)?.expect("a building read returns the config");
-        let mut facts = facts_from(&input).map_err(|m| policy_error(py, m, None))?;
+        let mut facts =
+            facts_from(self.inner.policy(), &input).map_err(|m| policy_error(py, m, None))?;
         if lacks_probes && let Some(prober) = prober {
             provenance.extend(answer_probes(py, prober, &facts, &mut input)?);
-            facts = facts_from(&input).map_err(|m| policy_error(py, m, None))?;
+            facts =
+                facts_from(self.inner.policy(), &input).map_err(|m| policy_error(py, m, None))?;
         }
         let facts = Arc::new(facts);
         let decision = self.inner.decide(&facts);

@@ -332,14 +332,20 @@ impl NativePlan {
                 .detach(|| {
                     // SAFETY: the Python caller passes live CPU tensors matching the problem
                     // (shapes, strides, dtype) with outputs distinct from inputs.
+                    // LSE is fp64 for fp64 problems (see `lse_dtype`), fp32 otherwise.
+                    let lse = if p.dtype == DType::F64 {
+                        reference::LseOut::F64(lse as *mut f64)
+                    } else {
+                        reference::LseOut::F32(lse as *mut f32)
+                    };
                     unsafe {
-                        reference::forward_strided(
+                        reference::forward_strided_lse(
                             p,
                             q as *const u8,
                             k as *const u8,
                             v as *const u8,
                             o as *mut u8,
-                            lse as *mut f32,
+                            lse,
                         )
                     }
                 })
@@ -376,14 +382,23 @@ impl NativePlan {
             let p = &self.p;
             return py
                 .detach(|| {
+                    // From the given O and LSE, like the GPU executors: a context-parallel
+                    // step passes the merged O and LSE of the whole softmax.
+                    let lse = if p.dtype == DType::F64 {
+                        reference::LseIn::F64(lse as *const f64)
+                    } else {
+                        reference::LseIn::F32(lse as *const f32)
+                    };
                     // SAFETY: as in `forward`.
                     unsafe {
-                        reference::backward_strided(
+                        reference::backward_strided_from_stats(
                             p,
                             q as *const u8,
                             k as *const u8,
                             v as *const u8,
+                            o as *const u8,
                             d_o as *const u8,
+                            lse,
                             dq as *mut u8,
                             dk as *mut u8,
                             dv as *mut u8,

@@ -53,7 +53,19 @@ pub fn run(a: DiffArgs) -> i32 {
         (Ok(o), Ok(n)) => (o, n),
         (Err(c), _) | (_, Err(c)) => return c,
     };
-    let restrict = match a.where_.as_deref().map(Restriction::parse).transpose() {
+    if old.schema != new.schema {
+        return super::fail(format!(
+            "pack `{}` (family `{}`) and pack `{}` (family `{}`) decide over different facts; \
+             diff compares packs of one family",
+            old.name, old.schema.family, new.name, new.schema.family
+        ));
+    }
+    let restrict = match a
+        .where_
+        .as_deref()
+        .map(|w| Restriction::parse_for(old.schema, w))
+        .transpose()
+    {
         Ok(r) => r,
         Err(e) => return super::fail(e),
     };

@@ -11,7 +11,9 @@ Examples:
   attn-policy explain --preset gemma4-global-cp-p2p
   attn-policy explain --preset gemma4-global --sm 90 --format te
   attn-policy explain record.json --json --parity
-  attn-policy explain --head-dim 260 --sm 100 --mask causal --probe fused_attn_graph=true")]
+  attn-policy explain --head-dim 260 --sm 100 --mask causal --probe fused_attn_graph=true
+  attn-policy explain --pack torch --head-dim 512 --heads 32 --kv-heads 8 --enable-gqa
+  attn-policy explain --pack torch record.json --disable cudnn --json")]
 pub struct ExplainArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -26,7 +28,7 @@ pub fn run(a: ExplainArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let (facts, sources) = match a.config.facts_with_sources() {
+    let (facts, sources) = match a.config.facts_for_with_sources(&policy) {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };

@@ -49,15 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from . import Decision, Policy, PolicyError, _native
-
-# PyTorch's own SDPA choice explained by the `torch` pack (attn_policy/sdpa.py, the torch-pack
-# work): re-exported here once that module is present.
-try:
-    from .sdpa import SdpaDecision, SdpaError, explain_sdpa, log_sdpa_decisions  # noqa: F401
-
-    _SDPA_EXPORTS = ["explain_sdpa", "log_sdpa_decisions", "SdpaDecision", "SdpaError"]
-except ImportError:
-    _SDPA_EXPORTS = []
+# PyTorch's own SDPA choice explained by the `torch` pack (attn_policy/sdpa.py).
+from .sdpa import SdpaDecision, SdpaError, explain_sdpa, log_sdpa_decisions
 
 __all__ = [
     "attention",
@@ -71,7 +64,18 @@ __all__ = [
     "live_facts",
     "cache_info",
     "clear_cache",
-] + _SDPA_EXPORTS
+    "explain_sdpa",
+    "log_sdpa_decisions",
+    "SdpaDecision",
+    "SdpaError",
+    "lse_dtype",
+    "cp_attention",
+    "shard_sequence",
+    "unshard_sequence",
+    "ContextParallelDeclined",
+    "ShardMismatch",
+    "CPDecision",
+]
 
 logger = logging.getLogger("attn_policy.torch")
 
@@ -430,6 +434,13 @@ _DTYPE_NAMES = {
 _FACT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp32"}
 
 
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the log-sum-exp the op returns for inputs of ``dtype``: float64 for float64
+    inputs (the CPU reference keeps them exact, so a context-parallel merge of partial results
+    stays float64-accurate), float32 otherwise (every executor's convention)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _bhsd(t: torch.Tensor, layout: int) -> Tuple[Tuple[int, int, int, int], Tuple[int, int, int]]:
     """(b, h, s, d) and strides (batch, head, seq) of a tensor in layout ``layout``."""
     sz, st = t.shape, t.stride()
@@ -528,10 +539,6 @@ class _Runner:
         raise NotImplementedError
 
 
-def _stream_of(t: torch.Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream
-
-
 _empty = torch.empty
 _empty_strided = torch.empty_strided
 _F32 = torch.float32
@@ -554,6 +561,7 @@ class _NativeRunner(_Runner):
         self.host_copy = host_copy  # CUDA tensors through the CPU reference (a last resort)
         self.ws_fwd = plan.workspace_forward
         self.lse_shape = (call.b, call.hq, call.sq)
+        self.lse_dtype = lse_dtype(call.dtype)
         self.o_shape = call.o_shape
         self.dtype, self.device = call.dtype, call.device
         self.cuda = call.device.type == "cuda" and not host_copy
@@ -573,7 +581,7 @@ class _NativeRunner(_Runner):
             return self._forward_through_host(q, k, v)
         dev = self.device
         o = _empty(self.o_shape, dtype=self.dtype, device=dev)
-        lse = _empty(self.lse_shape, dtype=_F32, device=dev)
+        lse = _empty(self.lse_shape, dtype=self.lse_dtype, device=dev)
         n = self.ws_fwd
         ws = _empty((n,), dtype=_U8, device=dev) if n else None
         self._fwd(
@@ -604,7 +612,7 @@ class _NativeRunner(_Runner):
         dev = q.device
         q, k, v = q.cpu(), k.cpu(), v.cpu()
         o = torch.empty(_o_shape(q, v), dtype=q.dtype)
-        lse = torch.empty(self.lse_shape, dtype=_F32)
+        lse = torch.empty(self.lse_shape, dtype=self.lse_dtype)
         self._fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
         return o.to(dev), lse.to(dev)
 
@@ -805,7 +813,7 @@ def _math_forward(q, k, v, layout, mask_args, scale):
     p = torch.exp(s - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
     p = torch.nan_to_num(p, nan=0.0)
     o = torch.matmul(p, vh)
-    return _from_bhsd(o.to(q.dtype), layout), lse.to(torch.float32)
+    return _from_bhsd(o.to(q.dtype), layout), lse.to(lse_dtype(q.dtype))
 
 
 class _MathRunner(_Runner):
@@ -850,6 +858,7 @@ class _SdpaFallback(_Runner):
         self.layout, self.scale, self.dropout_p = call.layout, call.scale, call.dropout_p
         self.mask_args = (call.mask, call.window_left, call.window_right, call.bottom_right)
         self.lse_shape = (call.b, call.hq, call.sq)
+        self.lse_dtype = lse_dtype(call.dtype)
 
     def _sdpa(self, q, k, v):
         qh, kh, vh = (_to_bhsd(t, self.layout) for t in (q, k, v))
@@ -862,7 +871,7 @@ class _SdpaFallback(_Runner):
 
     def forward(self, q, k, v):
         o = self._sdpa(q, k, v).contiguous()
-        return o, torch.full(self.lse_shape, float("nan"), dtype=torch.float32, device=q.device)
+        return o, torch.full(self.lse_shape, float("nan"), dtype=self.lse_dtype, device=q.device)
 
     def backward(self, g, q, k, v, o, lse):
         with torch.enable_grad():
@@ -1144,7 +1153,7 @@ def _fwd_fake(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid
         b, h, s = q.shape[0], q.shape[2], q.shape[1]
     else:
         b, h, s = q.shape[1], q.shape[2], q.shape[0]
-    return o, q.new_empty((b, h, s), dtype=torch.float32)
+    return o, q.new_empty((b, h, s), dtype=lse_dtype(q.dtype))
 
 
 @torch.library.register_fake("attn_policy::attention_backward")
@@ -1441,3 +1450,16 @@ class DotProductAttention(torch.nn.Module):
 
 
 _register_host_executors()
+
+# Context parallelism (the sequence sharded across a process group) on top of the op, in
+# attn_policy.context_parallel (imported on first use: it imports this module).
+_CP_NAMES = frozenset({"cp_attention", "shard_sequence", "unshard_sequence", "ContextParallelDeclined",
+                       "ShardMismatch", "CPDecision"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CP_NAMES:
+        from . import context_parallel
+
+        return getattr(context_parallel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
