@@ -292,11 +292,16 @@ fn backward_impl(
     (dq, dk, dvo)
 }
 
+/// Cores available to this process, read once: `available_parallelism` reads cgroup files on
+/// Linux (tens of microseconds), which a framework's small per-call problems would pay each time.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Map `f` over `items` on all available cores, preserving order.
 fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(items.len());
+    let threads = cores().min(items.len());
     if threads <= 1 {
         return items.iter().map(f).collect();
     }

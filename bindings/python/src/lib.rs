@@ -348,11 +348,14 @@ impl NativePolicy {
             (Some(name), None) => PackSpec::embedded(name),
             (None, None) => PackSpec::embedded("te"),
         };
+        // The executor catalogue (this crate's executors and the Python host's `torch_*`):
+        // `executors:` chains are type-checked against it at load, as the CLI does.
         let spec = PackSpec {
             layers_off,
             ..spec
                 .with_overlays(overlays.into_iter().map(Into::into))
                 .with_parity(parity)
+                .with_catalogue(torch_ops::catalogue())
         };
         let policy: Policy = py.detach(|| spec.load()).map_err(|e| match e {
             attn_policy::PackError::Load(e) => {
@@ -400,6 +403,38 @@ impl NativePolicy {
     #[getter]
     fn layers(&self) -> Vec<String> {
         self.inner.policy().layers.clone()
+    }
+
+    /// The executor chain the pack declares for `backend` (and its `variant`, whose own chain
+    /// wins where the pack gives one): executor names in order, first = the backend's own.
+    /// Empty when the pack names none; a backend or variant the pack lacks is a `ValueError`.
+    #[pyo3(signature = (backend, variant=None))]
+    fn executor_chain(&self, backend: &str, variant: Option<&str>) -> PyResult<Vec<String>> {
+        let p = self.inner.policy();
+        let b = p.backend_index(backend).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "pack {} has no backend {backend:?} (backends: {})",
+                p.name,
+                p.backends
+                    .iter()
+                    .map(|b| b.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        let v = match variant {
+            None => None,
+            Some(name) => Some(
+                p.backends[b]
+                    .variants
+                    .iter()
+                    .position(|v| v.name == name)
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!("backend {backend} has no variant {name:?}"))
+                    })? as u8,
+            ),
+        };
+        Ok(chain_names(p, b as u16, v))
     }
 
     /// Decides for a config (a dict of facts by TE's names, or a JSON string).
@@ -455,22 +490,30 @@ impl NativePolicy {
     /// Decides for a TransformerEngine `AttentionParams`-like object. `environment` maps each
     /// environment fact the caller resolved to `(value, source)`; facts the object itself has
     /// win. Switches under `env` come from the object, then `environment`, then the process
-    /// environment. Probe facts the object lacks are answered "supported", as TE's own
-    /// selector would after cuDNN accepted the graph.
+    /// environment. Probe facts the object lacks stay unknown unless `prober` answers them.
     /// `arguments` (optional) are environment facts given to this call: each counts as
     /// `(value, "argument")` and wins over `environment`'s entry of the same name.
-    #[pyo3(signature = (params, environment, arguments=None))]
+    /// `prober` (optional) answers the probe facts the object lacks, live:
+    /// `prober(problem, is_training) -> {probe name: True | False | None}`, with `problem` the
+    /// executor problem the facts describe (a `NativeProblem`, or None when they describe none
+    /// the executors express). Unanswered probes stay unknown (never "supported"). Answers are
+    /// cached with the decision (see `cache_clear`).
+    #[pyo3(signature = (params, environment, arguments=None, prober=None))]
     fn te_select(
         &self,
         py: Python<'_>,
         params: &Bound<'_, PyAny>,
         environment: &Bound<'_, PyDict>,
         arguments: Option<&Bound<'_, PyDict>>,
+        prober: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<NativeDecision> {
         let arguments = arguments.filter(|a| !a.is_empty());
-        self.decide_read(py, |key, build| {
-            te_read(params, environment, arguments, key, build)
-        })
+        let prober = prober.filter(|p| !p.is_none());
+        self.decide_read_probed(
+            py,
+            |key, build| te_read(params, environment, arguments, key, build),
+            prober,
+        )
     }
 
     /// Cache counters: hits, misses, inserts, evictions, len, capacity.
@@ -494,8 +537,63 @@ impl NativePolicy {
 }
 
 /// What one read of a Python input gives when asked to build: the config as JSON, the
-/// provenance of its environment facts, and whether unanswered probes answer "supported".
+/// provenance of its environment facts, and whether the input lacks probe facts (then a live
+/// prober may answer them).
 type ReadInput = (Json, Provenance, bool);
+
+/// Probe facts of the te family, answered live by a prober.
+const PROBES: [&str; 3] = ["cuda_device", "fused_attn_graph", "frost_plan"];
+
+/// Executor names of a backend's chain (with its variant).
+fn chain_names(p: &Policy, backend: u16, variant: Option<u8>) -> Vec<String> {
+    p.executor_chain(backend, variant)
+        .iter()
+        .map(|e| e.executor.clone())
+        .collect()
+}
+
+/// Asks `prober` for the probe facts of `config` (whose facts `facts` are, probes unknown)
+/// and writes the answers into `config["probe"]`; returns the provenance of each probe.
+fn answer_probes(
+    py: Python<'_>,
+    prober: &Bound<'_, PyAny>,
+    facts: &Facts,
+    config: &mut Json,
+) -> PyResult<Provenance> {
+    let problem = match attn_policy_adapters::from_facts::problem_from_facts(facts) {
+        Ok(p) => Some(torch_ops::NativeProblem::from_problem(p)),
+        Err(_) => None,
+    };
+    let training = facts.get("is_training") == Some(attn_policy::facts::Value::Bool(true));
+    let answers = prober.call1((problem, training))?;
+    let answers = answers.cast::<PyDict>().map_err(|_| {
+        policy_error(
+            py,
+            "the prober must return a dict {probe name: True | False | None}".into(),
+            None,
+        )
+    })?;
+    let mut probe = Map::new();
+    let mut prov = Provenance::new();
+    for name in PROBES {
+        let answer = match answers.get_item(name)? {
+            Some(v) if !v.is_none() => Some(v.is_truthy()?),
+            _ => None,
+        };
+        let path = format!("probe.{name}");
+        match answer {
+            Some(b) => {
+                probe.insert(name.into(), Json::Bool(b));
+                prov.push((path, "probe"));
+            }
+            None => prov.push((path, "default")),
+        }
+    }
+    if let Json::Object(m) = config {
+        m.insert("probe".into(), Json::Object(probe));
+    }
+    Ok(prov)
+}
 
 impl NativePolicy {
     /// Facts and decision for a Python input, through the input memo and then the decision
@@ -506,6 +604,16 @@ impl NativePolicy {
         &self,
         py: Python<'_>,
         read: impl Fn(&mut InputKey, bool) -> PyResult<Option<ReadInput>>,
+    ) -> PyResult<NativeDecision> {
+        self.decide_read_probed(py, read, None)
+    }
+
+    /// [`Self::decide_read`], with `prober` answering the probe facts an input lacks.
+    fn decide_read_probed(
+        &self,
+        py: Python<'_>,
+        read: impl Fn(&mut InputKey, bool) -> PyResult<Option<ReadInput>>,
+        prober: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<NativeDecision> {
         let mut key = InputKey::new();
         read(&mut key, false)?;
@@ -534,12 +642,14 @@ impl NativePolicy {
             });
         }
         let mut key = InputKey::new();
-        let (input, provenance, answer_probes) =
+        let (mut input, mut provenance, lacks_probes) =
             read(&mut key, true)?.expect("a building read returns the config");
         let mut facts =
             facts_from(self.inner.policy(), &input).map_err(|m| policy_error(py, m, None))?;
-        if answer_probes {
-            facts.set_all_probes(true);
+        if lacks_probes && let Some(prober) = prober {
+            provenance.extend(answer_probes(py, prober, &facts, &mut input)?);
+            facts =
+                facts_from(self.inner.policy(), &input).map_err(|m| policy_error(py, m, None))?;
         }
         let facts = Arc::new(facts);
         let decision = self.inner.decide(&facts);
@@ -597,6 +707,20 @@ impl NativeDecision {
         self.decision
             .selected
             .map(|s| self.policy.policy().backends[s as usize].name.clone())
+    }
+
+    /// The executor chain the pack declares for the selected backend and its variant (empty
+    /// when nothing was selected or the pack names no chain).
+    #[getter]
+    fn executor_chain(&self) -> Vec<String> {
+        match self.decision.selected {
+            Some(b) => chain_names(
+                self.policy.policy(),
+                b,
+                self.decision.backends[b as usize].variant,
+            ),
+            None => Vec::new(),
+        }
     }
 
     /// The status word of a backend (`selected`, `outranked`, `declined`, `disabled`,
@@ -886,7 +1010,8 @@ fn inference_json(ip: &Bound<'_, PyAny>) -> PyResult<Json> {
 /// Top-level input keys of the schema (TE's `AttentionParams` names plus environment facts).
 fn input_keys() -> &'static [&'static str] {
     static KEYS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-        attn_policy::facts::te::TE.input_keys()
+        attn_policy::facts::te::TE
+            .input_keys()
             .into_iter()
             .filter(|k| *k != "id")
             .collect()
@@ -1268,7 +1393,11 @@ fn te_read(
         }
         cfg.insert("env".into(), Json::Object(env));
     }
-    Ok(build.then(|| (Json::Object(cfg), prov, !present[probe])))
+    // Probes given by the object or as a call argument are taken as they are.
+    Ok(build.then(|| {
+        let lacks_probes = !present[probe] && !cfg.contains_key("probe");
+        (Json::Object(cfg), prov, lacks_probes)
+    }))
 }
 
 /// Top-level keys a config may hold (for did-you-mean in Python and for the TE translation).

@@ -50,6 +50,14 @@ fn registry() -> std::sync::RwLockReadGuard<'static, Registry> {
     REGISTRY.read().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The executor catalogue packs are loaded with (names and manifests of every executor of the
+/// registry, the Python host's included), built once.
+pub fn catalogue() -> Arc<attn_policy::ExecutorCatalogue> {
+    static CATALOGUE: LazyLock<Arc<attn_policy::ExecutorCatalogue>> =
+        LazyLock::new(|| Arc::new(attn_policy_adapters::catalogue::of(&registry())));
+    CATALOGUE.clone()
+}
+
 fn exec_err(e: ExecError) -> PyErr {
     match e {
         ExecError::Unsupported { reason } => ExecutorRefused::new_err(reason),
@@ -146,6 +154,13 @@ pub fn make_problem(
     p.deterministic = deterministic;
     p.validate().map_err(PyValueError::new_err)?;
     Ok(NativeProblem { p })
+}
+
+impl NativeProblem {
+    /// Wraps a problem built elsewhere (from facts, for the TE drop-in's probes).
+    pub fn from_problem(p: AttentionProblem) -> NativeProblem {
+        NativeProblem { p }
+    }
 }
 
 #[pymethods]
@@ -460,6 +475,49 @@ pub fn cudnn_library() -> (bool, String) {
     }
 }
 
+/// Why FROST could not run `problem` in this process, besides the executor's absence from the
+/// wheel: the cuDNN frontend / CuTe DSL versions found (`None`: not installed) against FROST's
+/// floors, the engine switch, and the gate of the forward (and backward when `training`) for
+/// compute capability `cc` (major*10+minor; None on the host). Empty: nothing else declines.
+#[pyfunction]
+#[pyo3(signature = (problem, training, cc, frontend_version, cutlass_dsl_version, engines_enabled))]
+pub fn frost_reasons(
+    problem: &NativeProblem,
+    training: bool,
+    cc: Option<u32>,
+    frontend_version: Option<String>,
+    cutlass_dsl_version: Option<String>,
+    engines_enabled: bool,
+) -> Vec<String> {
+    use attn_policy_adapters::frost;
+    let env = frost::FrostEnv {
+        frontend: frost::VersionProbe {
+            dist: frost::FRONTEND_DIST,
+            raw: frontend_version,
+        },
+        cutlass_dsl: frost::VersionProbe {
+            dist: frost::CUTLASS_DSL_DIST,
+            raw: cutlass_dsl_version,
+        },
+        engines_enabled,
+        python: String::new(),
+    };
+    let mut reasons = env.decline_reasons();
+    let dirs: &[Direction] = if training {
+        &[Direction::Forward, Direction::Backward]
+    } else {
+        &[Direction::Forward]
+    };
+    for &dir in dirs {
+        if let Err(u) = frost::check(&problem.p, dir, cc)
+            && !reasons.contains(&u.reason)
+        {
+            reasons.push(u.reason);
+        }
+    }
+    reasons
+}
+
 /// Registers the classes and functions on the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -473,5 +531,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(executors, m)?)?;
     m.add_function(wrap_pyfunction!(set_host_availability, m)?)?;
     m.add_function(wrap_pyfunction!(cudnn_library, m)?)?;
+    m.add_function(wrap_pyfunction!(frost_reasons, m)?)?;
     Ok(())
 }
