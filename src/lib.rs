@@ -22,6 +22,7 @@ pub mod diag;
 pub mod eval;
 pub mod facts;
 pub mod lang;
+pub mod matrix;
 pub mod pack;
 pub mod policy;
 pub mod typecheck;
