@@ -1,7 +1,9 @@
-//! Differential conformance: decide every record of a TransformerEngine corpus (see
-//! ../shared/conformance/README.md) with a pack and compare with TE's own decision.
+//! Differential conformance: decide every record of a corpus with a pack and compare with the
+//! selector's own decision. The pack's family names the selector: `te` packs against a
+//! TransformerEngine corpus (../shared/conformance/README.md), `torch` packs against a PyTorch
+//! SDPA corpus (README.torch.md, [`run_torch`]).
 //!
-//! Compared per record: the selected backend, the flash-attn version TE reports
+//! TE, compared per record: the selected backend, the flash-attn version TE reports
 //! (`flash_attention_backend`, set whenever FlashAttention is eligible), the fused sub-backend
 //! (`fused_attention_backend`, set whenever FusedAttention is eligible) and
 //! `available_backends` `[flash, fused, unfused]`. A record where TE raised (`decision` null)
@@ -47,13 +49,19 @@ pub struct Class {
 /// Aggregated result of a conformance run.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
+    /// Whose decisions the records hold ("TE", "PyTorch").
+    pub reference: &'static str,
     pub total: usize,
+    /// Records on which every compared field agrees.
     pub agree: usize,
-    /// Per backend TE selected ("NoBackend", or "raised" when TE raised): (agree, total).
+    /// Per backend the reference selected ("NoBackend", or "raised" when it raised): (agree, total).
     pub per_backend: BTreeMap<String, (usize, usize)>,
     pub classes: BTreeMap<ClassKey, Class>,
     /// Records whose config could not be read (counted as disagreements).
     pub input_errors: usize,
+    /// Where the records hold each backend's eligibility on its own (PyTorch corpora): per
+    /// (record, backend), how often the pack agrees, out of how many.
+    pub eligibility: Option<(usize, usize)>,
 }
 
 impl Report {
@@ -88,7 +96,7 @@ impl Report {
             .take(top)
             .map(|(k, c)| json!({"difference": k.0, "count": c.count, "example": c.example}))
             .collect();
-        json!({
+        let mut out = json!({
             "total": self.total,
             "agree": self.agree,
             "disagree": self.disagree(),
@@ -96,7 +104,20 @@ impl Report {
             "input_errors": self.input_errors,
             "per_backend": per,
             "classes": classes,
-        })
+        });
+        if let Some((agree, total)) = self.eligibility {
+            out["eligibility_agree"] = json!(agree);
+            out["eligibility_total"] = json!(total);
+        }
+        out
+    }
+
+    fn reference(&self) -> &'static str {
+        if self.reference.is_empty() {
+            "TE"
+        } else {
+            self.reference
+        }
     }
 
     pub fn to_text(&self, top: usize) -> String {
@@ -107,7 +128,13 @@ impl Report {
             100.0 * self.rate(),
             self.disagree()
         );
-        out.push_str("per backend TE selected:\n");
+        if let Some((a, t)) = self.eligibility {
+            out.push_str(&format!(
+                "eligibility (every backend of every record): {a}/{t} ({:.2}%)\n",
+                100.0 * a as f64 / t.max(1) as f64
+            ));
+        }
+        out.push_str(&format!("per backend {} selected:\n", self.reference()));
         for (k, (a, t)) in &self.per_backend {
             out.push_str(&format!(
                 "  {k:<28} {a}/{t} ({:.2}%)\n",
@@ -116,7 +143,10 @@ impl Report {
         }
         let classes = self.largest_classes();
         if !classes.is_empty() {
-            out.push_str("largest classes of disagreement (TE -> pack):\n");
+            out.push_str(&format!(
+                "largest classes of disagreement ({} -> pack):\n",
+                self.reference()
+            ));
             for (k, c) in classes.into_iter().take(top) {
                 out.push_str(&format!("  {:>6}  {}  e.g. {}\n", c.count, k.0, c.example));
             }
@@ -220,11 +250,38 @@ pub fn differences(te: &Json, pack: &TeView) -> Vec<String> {
     diffs
 }
 
-/// Runs every record.
+/// Runs every record against the selector of the pack's family.
 pub fn run(policy: &Policy, records: &[Record]) -> Report {
-    let mut r = Report::default();
+    match policy.schema.family {
+        "torch" => run_torch(policy, records),
+        _ => run_te(policy, records),
+    }
+}
+
+/// Counts one record's comparison: agreement per group, and its class when it disagrees.
+fn tally(r: &mut Report, group: String, id: &str, diffs: Vec<String>) {
+    r.total += 1;
+    let entry = r.per_backend.entry(group).or_default();
+    entry.1 += 1;
+    if diffs.is_empty() {
+        r.agree += 1;
+        entry.0 += 1;
+    } else {
+        let c = r.classes.entry(ClassKey(diffs.join("; "))).or_default();
+        if c.count == 0 {
+            c.example = id.to_string();
+        }
+        c.count += 1;
+    }
+}
+
+/// Runs every record of a TE corpus.
+pub fn run_te(policy: &Policy, records: &[Record]) -> Report {
+    let mut r = Report {
+        reference: "TE",
+        ..Report::default()
+    };
     for rec in records {
-        r.total += 1;
         let raised = rec.decision.is_null();
         let group = if raised {
             "raised".to_string()
@@ -235,8 +292,6 @@ pub fn run(policy: &Policy, records: &[Record]) -> Report {
                 .unwrap_or("?")
                 .to_string()
         };
-        let entry = r.per_backend.entry(group).or_default();
-        entry.1 += 1;
         let diffs = match record_facts(&rec.config) {
             Err(e) => {
                 r.input_errors += 1;
@@ -255,16 +310,117 @@ pub fn run(policy: &Policy, records: &[Record]) -> Report {
                 }
             }
         };
-        if diffs.is_empty() {
-            r.agree += 1;
-            entry.0 += 1;
+        tally(&mut r, group, &rec.id, diffs);
+    }
+    r
+}
+
+// ---- PyTorch SDPA ------------------------------------------------------------------------------
+
+/// The backends of a PyTorch SDPA corpus (`choice`, `eligible`), as the `torch` pack names them.
+pub const TORCH_BACKENDS: [&str; 4] = ["flash", "efficient", "cudnn", "math"];
+
+/// Facts of a PyTorch corpus record: its `config` with the record's `torch` object (version,
+/// cudnn, sm). The corpus was made under `torch.use_deterministic_algorithms(deterministic,
+/// warn_only=True)` (README.torch.md), so `deterministic_warn_only` is true unless the config
+/// says otherwise.
+pub fn torch_record_facts(policy: &Policy, raw: &Json) -> Result<Facts, String> {
+    let mut config = raw
+        .get("config")
+        .and_then(Json::as_object)
+        .cloned()
+        .ok_or("record has no `config` object")?;
+    if let Some(torch) = raw.get("torch") {
+        config.entry("torch").or_insert_with(|| torch.clone());
+    }
+    config
+        .entry("deterministic_warn_only")
+        .or_insert(Json::Bool(true));
+    policy
+        .read_facts(&Json::Object(config))
+        .map_err(|e| e.to_string())
+}
+
+/// The pack's answer in a PyTorch corpus' terms: the selected backend (`None`: PyTorch would
+/// raise "No available kernel") and each backend's eligibility in [`TORCH_BACKENDS`] order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TorchView {
+    pub choice: Option<String>,
+    pub eligible: [bool; 4],
+}
+
+pub fn torch_view(policy: &Policy, facts: &Facts) -> TorchView {
+    let d = policy.decide(facts);
+    TorchView {
+        choice: d.selected.map(|s| policy.backends[s as usize].name.clone()),
+        eligible: TORCH_BACKENDS.map(|name| {
+            policy
+                .backend_index(name)
+                .is_some_and(|b| d.backends[b].status.eligible())
+        }),
+    }
+}
+
+/// Compares a PyTorch record (`choice`, `eligible`) with the pack: the differing fields, and
+/// how many of the record's per-backend eligibilities agree (out of those it states).
+pub fn torch_differences(raw: &Json, pack: &TorchView) -> (Vec<String>, usize, usize) {
+    let mut diffs = Vec::new();
+    let choice = raw.get("choice").and_then(Json::as_str);
+    if choice != pack.choice.as_deref() {
+        diffs.push(format!(
+            "choice {} -> {}",
+            show(choice),
+            show(pack.choice.as_deref())
+        ));
+    }
+    let (mut agree, mut total) = (0, 0);
+    for (i, name) in TORCH_BACKENDS.iter().enumerate() {
+        let Some(theirs) = raw
+            .get("eligible")
+            .and_then(|e| e.get(name))
+            .and_then(Json::as_bool)
+        else {
+            continue;
+        };
+        total += 1;
+        if theirs == pack.eligible[i] {
+            agree += 1;
         } else {
-            let c = r.classes.entry(ClassKey(diffs.join("; "))).or_default();
-            if c.count == 0 {
-                c.example = rec.id.clone();
-            }
-            c.count += 1;
+            diffs.push(format!("eligible {name} {theirs} -> {}", pack.eligible[i]));
         }
+    }
+    (diffs, agree, total)
+}
+
+/// Runs every record of a PyTorch SDPA corpus: a record agrees when the choice and every
+/// backend's eligibility agree; `eligibility` counts the per-backend agreements.
+pub fn run_torch(policy: &Policy, records: &[Record]) -> Report {
+    let mut r = Report {
+        reference: "PyTorch",
+        eligibility: Some((0, 0)),
+        ..Report::default()
+    };
+    for rec in records {
+        let group = match rec.raw.get("choice") {
+            Some(Json::String(s)) => s.clone(),
+            _ => "raised".to_string(),
+        };
+        let diffs = match torch_record_facts(policy, &rec.raw) {
+            Err(e) => {
+                r.input_errors += 1;
+                vec![format!("config not readable: {e}")]
+            }
+            Ok(facts) => {
+                let view = torch_view(policy, &facts);
+                let (diffs, agree, total) = torch_differences(&rec.raw, &view);
+                if let Some((a, t)) = r.eligibility.as_mut() {
+                    *a += agree;
+                    *t += total;
+                }
+                diffs
+            }
+        };
+        tally(&mut r, group, &rec.id, diffs);
     }
     r
 }

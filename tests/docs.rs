@@ -25,6 +25,17 @@ fn diagnostics_md_matches_the_codes() {
     );
 }
 
+#[test]
+fn torch_pack_doc_lists_the_torch_facts() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/packs/torch.md"))
+        .expect("docs/packs/torch.md");
+    let table = attn_policy::facts::torch::TORCH.markdown_table();
+    assert!(
+        doc.contains(&table),
+        "docs/packs/torch.md is stale: regenerate its facts table with `attn-policy facts --pack torch`"
+    );
+}
+
 /// docs/support-matrix.md and docs/support-matrix.html are the matrices of
 /// `attn_policy::matrix::docs::QUESTIONS` as the rules produce them today.
 #[test]

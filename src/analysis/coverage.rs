@@ -5,9 +5,8 @@ use serde::Serialize;
 
 use crate::corpus::Record;
 use crate::decision::Decision;
+use crate::facts::Value;
 use crate::facts::schema::Origin;
-use crate::facts::te::FIELDS;
-use crate::facts::{Facts, Value};
 use crate::policy::Policy;
 
 #[derive(Clone, Debug, Serialize)]
@@ -34,14 +33,19 @@ pub fn coverage(policy: &Policy, records: &[Record]) -> CoverageReport {
     let mut invalid = Vec::new();
     let mut d = Decision::default();
     for rec in records {
-        let mut facts = match Facts::from_json(&rec.config) {
+        // PyTorch corpora keep the device beside the config (`torch`).
+        let read = match policy.schema.family {
+            "torch" => crate::conformance::torch_record_facts(policy, &rec.raw),
+            _ => policy.read_facts(&rec.config).map_err(|e| e.to_string()),
+        };
+        let mut facts = match read {
             Ok(f) => f,
             Err(e) => {
                 invalid.push(format!("{} (line {}): {e}", rec.id, rec.line));
                 continue;
             }
         };
-        for (s, def) in FIELDS.iter().enumerate() {
+        for (s, def) in policy.schema.fields.iter().enumerate() {
             if def.origin == Origin::Probe && facts.values[s] == Value::Unknown {
                 facts.values[s] = Value::Bool(true);
             }

@@ -332,7 +332,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     let n = policy.rules.len();
     // Every search question is answered on the decision diagrams of the whole pack's space
     // (src/analysis/mdd/queries.rs): a rule never fires iff its diagram is false, and so on.
-    let mut sb = SpaceBuilder::new();
+    let mut sb = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut sb, policy);
     let space = sb.build();
     let mut m = Mdd::for_policies(&space, &[policy]);
@@ -344,10 +344,9 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         .rules
         .iter()
         .map(|r| {
-            r.when
-                .slots
-                .iter()
-                .any(|&x| FIELDS[x as usize].origin == crate::facts::schema::Origin::Probe)
+            r.when.slots.iter().any(|&x| {
+                policy.schema.fields[x as usize].origin == crate::facts::schema::Origin::Probe
+            })
         })
         .collect();
     for (i, r) in policy.rules.iter().enumerate() {
@@ -483,8 +482,9 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             ));
         }
     }
-    // Capability disposition.
-    for (bi, bk) in policy.backends.iter().enumerate() {
+    // Capability disposition: the capabilities are the te family's (TE's features).
+    let te_family = policy.schema.family == "te";
+    for (bi, bk) in policy.backends.iter().enumerate().filter(|_| te_family) {
         for s in &bk.supports {
             if !CAPABILITIES.iter().any(|c| c.name == s) {
                 out.push(
@@ -544,12 +544,12 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     // Obsolete workarounds: `until` holds for every input the minimum versions allow.
     for r in &policy.rules {
         let Some(until) = &r.until else { continue };
-        let mut sb = SpaceBuilder::new();
+        let mut sb = SpaceBuilder::for_schema(policy.schema);
         sb.root(p, until.node);
         let mins: Vec<(usize, Value)> = policy
             .min_versions
             .iter()
-            .filter_map(|(f, v)| slot(f).map(|s| (s, Value::Version(*v))))
+            .filter_map(|(f, v)| policy.schema.slot(f).map(|s| (s, Value::Version(*v))))
             .collect();
         for &(s, v) in &mins {
             sb.split_at(s, v);

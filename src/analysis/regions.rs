@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::{Map, Value as Json};
 
 use crate::eval::program::{Program, Truth};
-use crate::facts::Facts;
+use crate::facts::{Facts, Schema};
 use crate::lang::parse_expr;
 use crate::policy::Policy;
 use crate::typecheck::Compiler;
@@ -37,10 +37,15 @@ pub struct Restriction {
 }
 
 impl Restriction {
-    /// Compiles a condition over the fact schema (pack definitions are not available).
+    /// Compiles a condition over the te family's facts (pack definitions are not available).
     pub fn parse(text: &str) -> Result<Restriction, AnalysisError> {
+        Restriction::parse_for(&crate::facts::te::TE, text)
+    }
+
+    /// Compiles a condition over `schema`'s facts (a policy's: `policy.schema`).
+    pub fn parse_for(schema: &'static Schema, text: &str) -> Result<Restriction, AnalysisError> {
         let ast = parse_expr(text).map_err(|e| AnalysisError::Where(e.message))?;
-        let mut c = Compiler::default();
+        let mut c = Compiler::new(schema, BTreeMap::new());
         let compiled = c.condition(&ast).map_err(|e| {
             AnalysisError::Where(match e.help {
                 Some(h) => format!("{} ({h})", e.message),
@@ -137,6 +142,10 @@ pub struct GapRegion {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct GapReport {
+    /// `--only BACKEND`: the regions are where this backend is the only eligible one (and
+    /// so selected); otherwise where no backend is selected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub only: Option<String>,
     /// A cover of the gaps: their union is exactly the set of inputs where nothing is
     /// selected (regions may overlap), largest first.
     pub regions: Vec<GapRegion>,
@@ -164,6 +173,19 @@ pub fn assumptions() -> Vec<String> {
         "probe facts (probe.*) are answered \"supported\" (true)".into(),
         "unparseable version strings are not enumerated".into(),
         "integer sizes are >= 1 (token counts, shapes >= 0), dropout and softcap >= 0".into(),
+    ]
+}
+
+/// The assumptions of an analysis over `schema`'s facts.
+pub fn assumptions_for(schema: &Schema) -> Vec<String> {
+    if schema.family != "torch" {
+        return assumptions();
+    }
+    vec![
+        "unparseable version strings are not enumerated".into(),
+        "head counts, head dims and ranks are >= 1, other sizes, strides and lengths >= 0, \
+         a mask has at least 2 dimensions, dropout_p >= 0"
+            .into(),
     ]
 }
 
@@ -222,7 +244,19 @@ pub fn gaps(
     budget: u64,
     max_regions: usize,
 ) -> (GapReport, Space) {
-    let mut b = SpaceBuilder::new();
+    gaps_only(policy, restrict, budget, max_regions, None)
+}
+
+/// [`gaps`], or with `only: Some(b)` every region where backend `b` is the only eligible
+/// backend (so the pack selects it, and nothing else could serve): "only math serves: ...".
+pub fn gaps_only(
+    policy: &Policy,
+    restrict: Option<&Restriction>,
+    budget: u64,
+    max_regions: usize,
+    only: Option<usize>,
+) -> (GapReport, Space) {
+    let mut b = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut b, policy);
     if let Some(r) = restrict {
         b.root(&r.program, r.cond.node);
@@ -231,7 +265,10 @@ pub fn gaps(
     let nb = policy.backends.len();
     let (mut m, acc) = manager(&space, &[policy], restrict, budget);
     let d = PolicyDiagrams::build(&mut m, policy);
-    let none = d.none_within(&mut m, policy, acc);
+    let none = match only {
+        Some(b) => d.only_within(&mut m, b, acc),
+        None => d.none_within(&mut m, policy, acc),
+    };
     let (cubes, listed_all) = if m.exhausted {
         (Vec::new(), true)
     } else {
@@ -247,7 +284,7 @@ pub fn gaps(
             };
             let mut declined_by = BTreeMap::new();
             let mut not_applicable = BTreeMap::new();
-            for bk in 0..nb {
+            for bk in (0..nb).filter(|&bk| Some(bk) != only) {
                 let rules: Vec<usize> = (0..policy.rules.len())
                     .filter(|&r| policy.rules[r].backend as usize == bk)
                     .collect();
@@ -288,6 +325,7 @@ pub fn gaps(
         .collect();
     let gaps_exist = !m.exhausted && (!regions.is_empty() || !listed_all);
     let report = GapReport {
+        only: only.map(|b| policy.backends[b].name.clone()),
         regions,
         regions_truncated: !listed_all,
         classes_examined: m.evaluations,
@@ -298,7 +336,7 @@ pub fn gaps(
         regions_unverified: unverified,
         // A feasible path was found (listed, or cut by --max-regions).
         gaps_exist,
-        assumptions: assumptions(),
+        assumptions: assumptions_for(policy.schema),
     };
     (report, space)
 }
@@ -409,7 +447,7 @@ pub fn diff(
     budget: u64,
     max_regions: usize,
 ) -> (DiffReport, Space) {
-    let mut b = SpaceBuilder::new();
+    let mut b = SpaceBuilder::for_schema(old.schema);
     add_policy(&mut b, old);
     add_policy(&mut b, new);
     if let Some(r) = restrict {
@@ -544,7 +582,7 @@ pub fn diff(
         complete: !m.exhausted && m.unknown == 0 && unverified == 0,
         regions_unverified: unverified,
         changed_rules: changed_names,
-        assumptions: assumptions(),
+        assumptions: assumptions_for(old.schema),
     };
     (report, space)
 }

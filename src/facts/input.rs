@@ -18,6 +18,13 @@ pub struct InputError {
     pub suggestion: Option<String>,
 }
 
+impl InputError {
+    /// An error at `path` without a suggestion.
+    pub(crate) fn new(path: &str, message: impl Into<String>) -> InputError {
+        err(path, message)
+    }
+}
+
 fn err(path: &str, message: impl Into<String>) -> InputError {
     InputError {
         path: path.to_string(),
@@ -109,6 +116,7 @@ impl Facts {
         let obj = config
             .as_object()
             .ok_or_else(|| err("<config>", "expected an object of facts"))?;
+        (schema.check)(obj)?;
         let mut facts = Facts::underived_defaults(schema);
         for (key, value) in obj {
             match key.as_str() {
@@ -411,7 +419,7 @@ impl Facts {
         Ok(())
     }
 
-    fn set_member(&mut self, full: &str, v: &Json) -> Result<(), InputError> {
+    pub(crate) fn set_member(&mut self, full: &str, v: &Json) -> Result<(), InputError> {
         // Members use the same typing as top-level scalars.
         let slot = self.schema.known_slot(full);
         let d = self.schema.def(slot);

@@ -1,5 +1,5 @@
 //! Facts: the typed input of a decision. A pack family's [`Schema`] (the `te` family in
-//! [`te`]) names each fact with its type, domain and default; [`Facts`] holds one value per
+//! [`te`], the `torch` family in [`torch`]) names each fact with its type, domain and default; [`Facts`] holds one value per
 //! fact; [`presets`] are named configurations.
 
 pub mod domains;
@@ -8,6 +8,7 @@ pub mod key;
 pub mod presets;
 pub mod schema;
 pub mod te;
+pub mod torch;
 pub mod value;
 
 pub use domains::Domain;

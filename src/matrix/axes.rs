@@ -37,6 +37,8 @@ pub struct Name {
     typed_by: usize,
     /// Every fact slot a value pins.
     pub slots: Vec<usize>,
+    /// The config keys a value sets (each to the value, for the aliases that copy it).
+    targets: Vec<&'static str>,
 }
 
 /// The config keys (paths) an alias sets, and the facts they are.
@@ -44,6 +46,7 @@ const ALIASES: &[(&str, &[&str])] = &[
     ("head_dim", &["head_dim_qk", "head_dim_v"]),
     ("sm", &["device_compute_capability"]),
     ("seqlen", &["max_seqlen_q", "max_seqlen_kv"]),
+    ("seqlen", &["seqlen_q", "seqlen_kv"]),
     ("dtype", &["qkv_dtype"]),
     ("mask", &["attn_mask_type"]),
     ("layout", &["qkv_layout"]),
@@ -76,7 +79,12 @@ pub fn slots_under(schema: &Schema, path: &str) -> Vec<usize> {
 
 impl Name {
     pub fn resolve(schema: &Schema, name: &str) -> Result<Name, MatrixError> {
-        let alias_of = |n: &str| ALIASES.iter().find(|a| a.0 == n);
+        // The first alias of that name whose facts the family has.
+        let alias_of = |n: &str| {
+            ALIASES
+                .iter()
+                .find(|a| a.0 == n && a.1.iter().all(|p| schema.slot(p).is_some()))
+        };
         let (alias, targets): (Alias, Vec<&str>) = match name {
             "cp_comm_type" if schema.slot("context_parallel").is_some() => {
                 (Alias::CpCommType, vec!["cp_comm_type", "context_parallel"])
@@ -133,11 +141,16 @@ impl Name {
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
+        let targets = targets
+            .iter()
+            .map(|t| schema.fields[schema.slot(t).expect("alias target")].path)
+            .collect();
         Ok(Name {
             name: name.to_string(),
             alias,
             typed_by,
             slots,
+            targets,
         })
     }
 
@@ -145,9 +158,8 @@ impl Name {
     pub fn meaning(&self) -> Option<String> {
         Some(match self.alias {
             Alias::Fact => return None,
-            Alias::HeadDim => "head_dim_qk = head_dim_v".into(),
+            Alias::HeadDim | Alias::Seqlen => self.targets.join(" = "),
             Alias::Sm => "device_compute_capability = [sm / 10, sm % 10]".into(),
-            Alias::Seqlen => "max_seqlen_q = max_seqlen_kv".into(),
             Alias::CpCommType => "cp_comm_type with context_parallel = true (cp_size 2; \
                                   a2a+p2p: cp_size 4, cp_size_a2a 2, unless fixed)"
                 .into(),
@@ -196,14 +208,11 @@ impl Name {
     pub fn sets(&self, value: &Json, fixed: &[String]) -> Vec<(String, Json)> {
         match self.alias {
             Alias::Fact => vec![(self.name.clone(), value.clone())],
-            Alias::HeadDim => vec![
-                ("head_dim_qk".into(), value.clone()),
-                ("head_dim_v".into(), value.clone()),
-            ],
-            Alias::Seqlen => vec![
-                ("max_seqlen_q".into(), value.clone()),
-                ("max_seqlen_kv".into(), value.clone()),
-            ],
+            Alias::HeadDim | Alias::Seqlen => self
+                .targets
+                .iter()
+                .map(|t| (t.to_string(), value.clone()))
+                .collect(),
             Alias::Sm => {
                 let cc = value
                     .as_i64()
@@ -238,8 +247,12 @@ impl Name {
             {
                 Some(HEAD_DIMS.iter().map(|&d| json!(d)).collect())
             }
-            (Alias::Sm, _) => Some(ARCHITECTURES.iter().map(|&s| json!(s)).collect()),
-            (Alias::Seqlen, _) | (Alias::Fact, Ty::Int) if self.name.starts_with("max_seqlen") => {
+            (Alias::Sm, _) | (Alias::Fact, Ty::Int) if self.name == "sm" => {
+                Some(ARCHITECTURES.iter().map(|&s| json!(s)).collect())
+            }
+            (Alias::Seqlen, _) | (Alias::Fact, Ty::Int)
+                if self.name.starts_with("max_seqlen") || self.name.starts_with("seqlen") =>
+            {
                 Some(SEQLENS.iter().map(|&s| json!(s)).collect())
             }
             (_, Ty::Enum(d)) => Some(d.values().iter().map(|&v| json!(v)).collect()),

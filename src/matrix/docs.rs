@@ -61,6 +61,20 @@ pub const QUESTIONS: &[Question] = &[
         ],
     },
     Question {
+        title: "PyTorch SDPA: head dim × architecture, bf16 causal training",
+        intro: "Which backend `torch.nn.functional.scaled_dot_product_attention` (PyTorch 2.11) picks on CUDA, with key and value shaped like the query (docs/packs/torch.md).",
+        args: &[
+            "--pack torch --rows head_dim --cols sm --fix dtype=bf16 --fix is_causal=true --fix requires_grad=true",
+        ],
+    },
+    Question {
+        title: "PyTorch SDPA: dtype × architecture, head dim 128, inference without a mask",
+        intro: "The same per dtype, for inference (no gradient).",
+        args: &[
+            "--pack torch --rows dtype=fp16,bf16,fp32,fp64,fp8_e4m3fn --cols sm --fix head_dim=128 --fix requires_grad=false",
+        ],
+    },
+    Question {
         title: "native: head dim × dtype on sm90, causal",
         intro: "This project's own executors (docs/executors.md).",
         args: &[

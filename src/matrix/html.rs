@@ -112,42 +112,40 @@ fn data(m: &Matrix) -> Json {
         .enumerate()
         .map(|(i, c)| {
             let e = &c.explanation;
-            let backends: Vec<Json> = e["backends"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default()
+            let backends: Vec<Json> = e
+                .backends
                 .iter()
                 .map(|b| {
-                    let ids: Vec<usize> = b["declined_by"]
-                        .as_array()
-                        .map(Vec::as_slice)
-                        .unwrap_or_default()
+                    let ids: Vec<usize> = b
+                        .declined_by
                         .iter()
                         .map(|r| {
-                            let key = (show(&r["id"]), show(&r["location"]));
+                            let key = (r.id.clone(), r.location.clone());
                             match keys.iter().position(|k| *k == key) {
                                 Some(k) => k,
                                 None => {
                                     keys.push(key);
                                     rules.push(json!({
-                                        "id": r["id"], "kind": r["kind"],
-                                        "location": r["location"], "reason": r["reason"],
+                                        "id": r.id, "kind": r.kind,
+                                        "location": r.location, "reason": r.reason,
                                     }));
                                     rules.len() - 1
                                 }
                             }
                         })
                         .collect();
-                    let unavailable: Vec<Json> = b["unavailable_variants"]
-                        .as_array()
-                        .map(Vec::as_slice)
-                        .unwrap_or_default()
+                    let unavailable: Vec<&str> = b
+                        .unavailable_variants
                         .iter()
-                        .map(|v| v["name"].clone())
+                        .map(|v| v.name.as_str())
                         .collect();
+                    let by = match &b.status {
+                        crate::explain::BackendStatus::Outranked { by } => by.clone(),
+                        _ => None,
+                    };
                     json!({
-                        "name": b["name"], "status": b["status"],
-                        "variant": b["variant"]["name"], "by": b.get("outranked_by"),
+                        "name": b.name, "status": b.status.word(),
+                        "variant": b.variant.as_ref().map(|v| &v.name), "by": by,
                         "rules": ids, "unavailable": unavailable,
                     })
                 })
@@ -161,7 +159,7 @@ fn data(m: &Matrix) -> Json {
                 "title": format!("{} = {}, {} = {}", m.rows.name, show(&m.rows.values[i / nc]),
                                  m.cols.name, show(&m.cols.values[i % nc])),
                 "label": Matrix::label(c),
-                "pref": e["preference"]["id"],
+                "pref": e.preference.as_ref().map(|p| &p.id),
                 "dep": c.depends_on,
                 "alt": alt,
                 "backends": backends,

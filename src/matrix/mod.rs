@@ -32,7 +32,7 @@ use crate::facts::schema::{Origin, Schema, Ty};
 use crate::policy::Policy;
 
 pub use axes::Name;
-pub use diff::MatrixDiff;
+pub use diff::{Change, MatrixDiff};
 pub use html::html_page;
 
 /// Which facts the analysis lets vary (`--free`).
@@ -149,8 +149,11 @@ pub struct Cell {
     pub alternatives: Vec<Alternative>,
     /// The cell's config.
     pub config: Json,
-    /// The decision at the cell's config (`explain/v1`, docs/decision-json.md).
-    pub explanation: Json,
+    /// The analysis of this cell is exact (every non-empty outcome has a verified example
+    /// and the decision at the config agrees with the diagrams).
+    pub exact: bool,
+    /// The decision at the cell's config, explained (every backend's status and rules).
+    pub explanation: crate::Explanation,
 }
 
 /// A support matrix: the pack's decision per cell and what it depends on.
@@ -163,6 +166,8 @@ pub struct Matrix {
     /// Fixed facts as given (alias names kept); held ones (`--fix FACT`) per fact with its
     /// default.
     pub fixed: Vec<(String, Json)>,
+    /// The fixed facts as the caption states them (`--fix FACT` as "FACT at its default").
+    pub fixed_caption: Vec<String>,
     /// Free facts (the analysis covers every value of each).
     pub free: Vec<String>,
     /// The pack's backends, in pack order (the legend).
@@ -177,8 +182,10 @@ pub struct Matrix {
 
 /// The family's shape facts, free by default: the sizes every call has (a default for them
 /// is a guess, so the analysis covers every value). te: batch, heads, sequence lengths,
-/// token counts, head dims, context-parallel sizes. Other families: their non-nullable
-/// integer inputs that do not describe the machine.
+/// token counts, head dims, context-parallel sizes. torch: batch, query and key/value heads,
+/// sequence lengths, head dims (the key's and value's copies follow the query's, see
+/// [`crate::analysis::matrix::FOLLOWS`]). Other families: their non-nullable integer inputs
+/// that do not describe the machine.
 pub fn shape_facts(schema: &Schema) -> Vec<&'static str> {
     const TE: &[&str] = &[
         "batch_size",
@@ -193,15 +200,22 @@ pub fn shape_facts(schema: &Schema) -> Vec<&'static str> {
         "cp_size",
         "cp_size_a2a",
     ];
+    const TORCH: &[&str] = &[
+        "batch",
+        "heads_q",
+        "heads_kv",
+        "seqlen_q",
+        "seqlen_kv",
+        "head_dim_qk",
+        "head_dim_v",
+    ];
     schema
         .fields
         .iter()
-        .filter(|f| {
-            if schema.family == "te" {
-                TE.contains(&f.path)
-            } else {
-                f.ty == Ty::Int && !f.nullable && !f.fixed && f.origin == Origin::Input
-            }
+        .filter(|f| match schema.family {
+            "te" => TE.contains(&f.path),
+            "torch" => TORCH.contains(&f.path),
+            _ => f.ty == Ty::Int && !f.nullable && !f.fixed && f.origin == Origin::Input,
         })
         .map(|f| f.path)
         .collect()
@@ -251,6 +265,7 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
     let defaults = policy.default_facts();
     let mut base = Map::new();
     let mut fixed = Vec::new();
+    let mut fixed_caption = Vec::new();
     let mut fixed_slots = Vec::new();
     let fixed_names: Vec<String> = q.fix.iter().map(|f| f.0.clone()).collect();
     for (name, value) in &q.fix {
@@ -272,9 +287,15 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
                 for (path, x) in n.sets(&v, &fixed_names) {
                     axes::insert_path(&mut base, &path, x);
                 }
+                fixed_caption.push(format!("`{name}` = {v}"));
                 fixed.push((name.clone(), v));
             }
             None => {
+                fixed_caption.push(if n.slots.len() > 1 {
+                    format!("`{name}` (every member) at its default")
+                } else {
+                    format!("`{name}` at its default")
+                });
                 for &s in &n.slots {
                     let f = &schema.fields[s];
                     if f.origin == Origin::Input && f.ty != Ty::Object {
@@ -337,8 +358,7 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
         .map(|(c, config)| {
             let (backend, variant) = name_of(policy, c.at_defaults);
             let decision = policy.decide(&c.facts);
-            let explanation =
-                crate::decision::Explanation::new(policy, &c.facts, &decision).to_json();
+            let explanation = crate::Explanation::new(policy, &c.facts, &decision);
             Cell {
                 backend,
                 variant,
@@ -357,6 +377,7 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
                     })
                     .collect(),
                 config: config.clone(),
+                exact: c.unverified == 0,
                 explanation,
             }
         })
@@ -380,6 +401,7 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
             values: cols,
         },
         fixed,
+        fixed_caption,
         free,
         backends: policy.backends.iter().map(|b| b.name.clone()).collect(),
         cells,

@@ -98,13 +98,8 @@ impl Matrix {
             axis(&self.rows),
             axis(&self.cols)
         )];
-        if !self.fixed.is_empty() {
-            let f: Vec<String> = self
-                .fixed
-                .iter()
-                .map(|(k, v)| format!("`{k}` = {v}"))
-                .collect();
-            out.push(format!("Fixed: {}.", f.join(", ")));
+        if !self.fixed_caption.is_empty() {
+            out.push(format!("Fixed: {}.", self.fixed_caption.join(", ")));
         }
         out.push(if self.free.is_empty() {
             "Free: none.".to_string()
@@ -116,11 +111,12 @@ impl Matrix {
                 f.join(", ")
             )
         });
-        out.push(
-            "Every other fact is held at its default (docs/facts.md): features off, \
-             environment unset; probes are answered \"supported\"."
-                .to_string(),
-        );
+        out.push(format!(
+            "Every other fact is held at its default (`attn-policy facts --pack {}` lists \
+             them): no optional feature, the environment unset; probes are answered \
+             \"supported\".",
+            self.pack
+        ));
         if !self.complete {
             out.push(
                 "INCOMPLETE: some cell's dependence could not be established exactly (budget, \

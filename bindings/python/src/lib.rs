@@ -6,10 +6,11 @@
 //! a decision (it takes microseconds; releasing costs more).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use attn_policy::cache::CachedPolicy;
-use attn_policy::decision::{Decision, Explanation, Status};
+use attn_policy::decision::Decision;
+use attn_policy::explain::Explanation;
 use attn_policy::facts::schema::Origin;
 use attn_policy::facts::te::FIELDS;
 use attn_policy::{Facts, PackSpec, Policy};
@@ -91,7 +92,12 @@ struct Memo {
     facts: Arc<Facts>,
     decision: Arc<Decision>,
     provenance: Arc<Provenance>,
+    explained: Explained,
 }
+
+/// The explanation of a memo entry's decision, built on first use and shared by every
+/// `NativeDecision` of that entry (a repeated TE drop-in call renders its tuple from it).
+type Explained = Arc<OnceLock<Explanation>>;
 
 // Words of an [`InputKey`]. Each value starts with a tag word that says what follows.
 const K_NONE: u64 = 1;
@@ -315,8 +321,11 @@ fn read_value(
     Ok(build.then_some(j))
 }
 
-fn facts_from(config: &Json) -> Result<Facts, String> {
-    Facts::from_json(config).map_err(|e| format!("invalid config: {e}"))
+/// Facts of a config in `policy`'s pack family (te, torch, ...).
+fn facts_from(policy: &Policy, config: &Json) -> Result<Facts, String> {
+    policy
+        .read_facts(config)
+        .map_err(|e| format!("invalid config: {e}"))
 }
 
 #[pymethods]
@@ -504,13 +513,16 @@ impl NativePolicy {
         let hit = {
             let memo = self.memo.read().unwrap_or_else(|p| p.into_inner());
             match memo.get(&h) {
-                Some(m) if m.key.same(py, &key)? => {
-                    Some((m.facts.clone(), m.decision.clone(), m.provenance.clone()))
-                }
+                Some(m) if m.key.same(py, &key)? => Some((
+                    m.facts.clone(),
+                    m.decision.clone(),
+                    m.provenance.clone(),
+                    m.explained.clone(),
+                )),
                 _ => None,
             }
         };
-        if let Some((facts, decision, provenance)) = hit {
+        if let Some((facts, decision, provenance, explained)) = hit {
             // Count it as the cache hit it is (the decision cache was not asked).
             self.inner.cache().count_hit();
             return Ok(NativeDecision {
@@ -518,18 +530,21 @@ impl NativePolicy {
                 facts,
                 decision,
                 provenance,
+                explained,
             });
         }
         let mut key = InputKey::new();
         let (input, provenance, answer_probes) =
             read(&mut key, true)?.expect("a building read returns the config");
-        let mut facts = facts_from(&input).map_err(|m| policy_error(py, m, None))?;
+        let mut facts =
+            facts_from(self.inner.policy(), &input).map_err(|m| policy_error(py, m, None))?;
         if answer_probes {
             facts.set_all_probes(true);
         }
         let facts = Arc::new(facts);
         let decision = self.inner.decide(&facts);
         let provenance = Arc::new(provenance);
+        let explained = Explained::default();
         let h = key.hash();
         let mut memo = self.memo.write().unwrap_or_else(|p| p.into_inner());
         if memo.len() >= self.memo_cap {
@@ -542,6 +557,7 @@ impl NativePolicy {
                 facts: facts.clone(),
                 decision: decision.clone(),
                 provenance: provenance.clone(),
+                explained: explained.clone(),
             },
         );
         Ok(NativeDecision {
@@ -549,35 +565,28 @@ impl NativePolicy {
             facts,
             decision,
             provenance,
+            explained,
         })
     }
 }
 
-/// One decision, with the facts and policy that produced it.
+/// One decision, with the facts and policy that produced it. Everything it renders (text,
+/// dict, JSON, TE tuple, declines) reads the explanation model, built once per decision.
 #[pyclass(frozen, module = "attn_policy._native")]
 struct NativeDecision {
     policy: Arc<CachedPolicy>,
     facts: Arc<Facts>,
     decision: Arc<Decision>,
     provenance: Arc<Provenance>,
+    explained: Explained,
 }
 
 impl NativeDecision {
-    fn explanation(&self) -> Explanation<'_> {
-        Explanation::new(self.policy.policy(), &self.facts, &self.decision)
-    }
-
-    fn json(&self) -> Json {
-        let mut j = self.explanation().to_json();
-        if !self.provenance.is_empty() {
-            let prov: Map<String, Json> = self
-                .provenance
-                .iter()
-                .map(|(k, s)| (k.clone(), Json::String((*s).into())))
-                .collect();
-            j["provenance"] = Json::Object(prov);
-        }
-        j
+    fn explanation(&self) -> &Explanation {
+        self.explained.get_or_init(|| {
+            Explanation::new(self.policy.policy(), &self.facts, &self.decision)
+                .with_provenance(self.provenance.iter().map(|(k, s)| (k.as_str(), *s)))
+        })
     }
 }
 
@@ -606,72 +615,17 @@ impl NativeDecision {
     /// The CLI's human text; provenance of environment facts follows when known.
     #[pyo3(signature = (color=false))]
     fn explain(&self, color: bool) -> String {
-        let mut text = self.explanation().to_text(color);
-        if !self.provenance.is_empty() {
-            text.push_str("\nfacts from the environment:\n");
-            let width = self
-                .provenance
-                .iter()
-                .map(|(k, _)| k.len())
-                .max()
-                .unwrap_or(0);
-            for (k, s) in self.provenance.iter() {
-                let children: Vec<String> = FIELDS
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, f)| {
-                        f.path.len() > k.len() + 1
-                            && f.path.starts_with(k.as_str())
-                            && f.path.as_bytes()[k.len()] == b'.'
-                    })
-                    .map(|(slot, f)| {
-                        let dom = match f.ty {
-                            attn_policy::facts::Ty::Enum(d) => Some(d),
-                            _ => None,
-                        };
-                        format!(
-                            "{}={}",
-                            &f.path[k.len() + 1..],
-                            self.facts.values()[slot].display(dom)
-                        )
-                    })
-                    .collect();
-                let value = if !children.is_empty() {
-                    Some(children.join(", "))
-                } else {
-                    None
-                };
-                let value = value
-                    .or_else(|| {
-                        self.facts.get(k).map(|v| {
-                            let dom =
-                                attn_policy::facts::te::slot(k).and_then(|s| {
-                                    match FIELDS[s].ty {
-                                        attn_policy::facts::Ty::Enum(d) => Some(d),
-                                        _ => None,
-                                    }
-                                });
-                            v.display(dom).to_string()
-                        })
-                    })
-                    .unwrap_or_default();
-                if value.is_empty() {
-                    text.push_str(&format!("  {k:<width$}  from {s}\n"));
-                } else {
-                    text.push_str(&format!("  {k:<width$}  = {value}  from {s}\n"));
-                }
-            }
-        }
-        text
+        let ex = self.explanation();
+        ex.to_text(color) + &ex.provenance_text()
     }
 
-    /// The `explain/v1` document as a dict (the CLI's `--json`), plus `provenance` when known.
+    /// The `explain/v1` document as a dict (the CLI's `--json`), with `provenance`.
     fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.json())
+        to_py(py, &self.explanation().to_json())
     }
 
     fn to_json(&self) -> String {
-        serde_json::to_string(&self.json()).unwrap_or_default()
+        self.explanation().to_json_string(false)
     }
 
     /// TransformerEngine's return tuple: (use_flash_attention, flash_attention_backend,
@@ -679,61 +633,31 @@ impl NativeDecision {
     /// available_backends[, use_frost_attention]).
     #[pyo3(signature = (frost=false))]
     fn te_tuple<'py>(&self, py: Python<'py>, frost: bool) -> PyResult<Bound<'py, PyTuple>> {
-        let p = self.policy.policy();
-        let d = &self.decision;
-        let ex = self.explanation();
-        let find = |name: &str| p.backend_index(name);
-        let selected = |b: Option<usize>| b.is_some_and(|b| d.selected == Some(b as u16));
-        let eligible = |b: Option<usize>| b.is_some_and(|b| d.backends[b].status.eligible());
-        let value = |b: Option<usize>| -> PyResult<Py<PyAny>> {
-            match b {
-                Some(b) if d.backends[b].status.eligible() => to_py(py, &ex.reported_value(b)),
-                _ => Ok(py.None()),
-            }
-        };
-        let (flash, fused, unfused) = (
-            find("FlashAttention"),
-            find("FusedAttention"),
-            find("UnfusedDotProductAttention"),
-        );
-        let available = PyList::new(py, [eligible(flash), eligible(fused), eligible(unfused)])?;
+        let te = self.explanation().te();
+        let flag = |b: bool| PyBool::new(py, b).to_owned().into_any().unbind();
+        let available = PyList::new(py, te.available_backends)?;
         let mut items: Vec<Py<PyAny>> = vec![
-            PyBool::new(py, selected(flash))
-                .to_owned()
-                .into_any()
-                .unbind(),
-            value(flash)?,
-            PyBool::new(py, selected(fused))
-                .to_owned()
-                .into_any()
-                .unbind(),
-            value(fused)?,
-            PyBool::new(py, selected(unfused))
-                .to_owned()
-                .into_any()
-                .unbind(),
+            flag(te.use_flash_attention),
+            to_py(py, &te.flash_attention_backend.to_json())?,
+            flag(te.use_fused_attention),
+            to_py(py, &te.fused_attention_backend.to_json())?,
+            flag(te.use_unfused_attention),
             available.into_any().unbind(),
         ];
         if frost {
-            items.push(
-                PyBool::new(py, selected(find("FrostAttention")))
-                    .to_owned()
-                    .into_any()
-                    .unbind(),
-            );
+            items.push(flag(te.use_frost_attention));
         }
         PyTuple::new(py, items)
     }
 
     /// The rules that declined `backend` here, as `explain/v1` rule objects.
     fn declined_by(&self, py: Python<'_>, backend: &str) -> PyResult<Py<PyAny>> {
-        let j = self.explanation().to_json();
-        let found = j["backends"]
-            .as_array()
-            .and_then(|a| a.iter().find(|b| b["name"] == backend))
-            .map(|b| b["declined_by"].clone())
-            .unwrap_or(Json::Array(Vec::new()));
-        to_py(py, &found)
+        let rules = match self.explanation().backend(backend) {
+            Some(b) => serde_json::to_value(&b.declined_by)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            None => Json::Array(Vec::new()),
+        };
+        to_py(py, &rules)
     }
 
     /// `(fact, source)` pairs for the environment facts of a TE drop-in call.
@@ -753,17 +677,15 @@ impl NativeDecision {
     }
 
     fn __repr__(&self) -> String {
-        let status = |s: Status| s.word();
-        let p = self.policy.policy();
-        let parts: Vec<String> = p
+        let ex = self.explanation();
+        let parts: Vec<String> = ex
             .backends
             .iter()
-            .enumerate()
-            .map(|(i, b)| format!("{}={}", b.name, status(self.decision.backends[i].status)))
+            .map(|b| format!("{}={}", b.name, b.status.word()))
             .collect();
         format!(
             "<Decision selected={:?} {}>",
-            self.selected().unwrap_or_else(|| "none".into()),
+            ex.selected.as_deref().unwrap_or("none"),
             parts.join(" ")
         )
     }

@@ -78,7 +78,61 @@ pub struct ConfigArgs {
     /// Answer a probe fact: NAME=true|false, e.g. --probe fused_attn_graph=true.
     #[arg(long = "probe", value_name = "NAME=BOOL")]
     pub probes: Vec<String>,
+    // ---- flags of the torch family (PyTorch SDPA)
+    /// torch: the attn_mask, as a kind: none, bool ([b, hq, sq, skv]), bool_bcast
+    /// ([1, 1, sq, skv]) or float ([b, 1, sq, skv] in the query dtype).
+    #[arg(long, value_name = "KIND")]
+    pub attn_mask: Option<String>,
+    /// torch: is_causal=True.
+    #[arg(long)]
+    pub causal: bool,
+    /// torch: dropout_p.
+    #[arg(long, value_name = "P")]
+    pub dropout: Option<f64>,
+    /// torch: enable_gqa=True.
+    #[arg(long)]
+    pub enable_gqa: bool,
+    /// torch: query, key and value require grad.
+    #[arg(long)]
+    pub requires_grad: bool,
+    /// torch: memory layout of q, k, v: bhsd, bshd_view (a transposed view) or
+    /// noncontig_lastdim (last-dimension stride 2).
+    #[arg(long, value_name = "LAYOUT")]
+    pub tensor_layout: Option<String>,
+    /// torch: switch a backend off as torch.backends.cuda.enable_*_sdp(False) does:
+    /// flash, efficient, math or cudnn (repeatable).
+    #[arg(long = "disable", value_name = "BACKEND")]
+    pub disable: Vec<String>,
 }
+
+/// Flags that set facts of one pack family only, by family.
+const FAMILY_FLAGS: &[(&str, &[&str])] = &[
+    (
+        "te",
+        &[
+            "--preset",
+            "--layout",
+            "--mask",
+            "--window",
+            "--cp-comm-type",
+            "--cp-size",
+            "--inference",
+            "--probe",
+        ],
+    ),
+    (
+        "torch",
+        &[
+            "--attn-mask",
+            "--causal",
+            "--dropout",
+            "--enable-gqa",
+            "--requires-grad",
+            "--tensor-layout",
+            "--disable",
+        ],
+    ),
+];
 
 fn insert_path(obj: &mut Map<String, Json>, path: &str, value: Json) {
     match path.split_once('.') {
@@ -110,10 +164,242 @@ fn merge(into: &mut Map<String, Json>, from: &Json) {
     }
 }
 
+/// Where each input key of a merged config came from: (dotted key, source word), one entry
+/// per leaf value (a scalar, a list, `window_size`), in the order they were last set.
+pub type Sources = Vec<(String, &'static str)>;
+
+/// Records that `value` was written at `path` by `word`. `replace`: the write replaced the
+/// whole subtree at `path` (a flag); otherwise it merged into it (a preset or a file).
+fn record(sources: &mut Sources, path: &str, value: &Json, word: &'static str, replace: bool) {
+    let under =
+        |k: &str, p: &str| k.len() > p.len() && k.starts_with(p) && k.as_bytes()[p.len()] == b'.';
+    if replace {
+        sources.retain(|(k, _)| k != path && !under(k, path));
+    }
+    match value.as_object() {
+        Some(members) if !path.ends_with("window_size") => {
+            for (k, v) in members {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                if p != "id" {
+                    record(sources, &p, v, word, false);
+                }
+            }
+        }
+        _ if path.is_empty() => {}
+        _ => {
+            // A leaf replaces what was at, under or above it (an object replaced a scalar).
+            sources.retain(|(k, _)| k != path && !under(k, path) && !under(path, k));
+            sources.push((path.to_string(), word));
+        }
+    }
+}
+
 impl ConfigArgs {
+    /// The family-specific flags given on the command line.
+    fn given_flags(&self) -> Vec<&'static str> {
+        let given = [
+            ("--preset", self.preset.is_some()),
+            ("--layout", self.layout.is_some()),
+            ("--mask", self.mask.is_some()),
+            ("--window", self.window.is_some()),
+            ("--cp-comm-type", self.cp_comm_type.is_some()),
+            ("--cp-size", self.cp_size.is_some()),
+            ("--inference", self.inference),
+            ("--probe", !self.probes.is_empty()),
+            ("--attn-mask", self.attn_mask.is_some()),
+            ("--causal", self.causal),
+            ("--dropout", self.dropout.is_some()),
+            ("--enable-gqa", self.enable_gqa),
+            ("--requires-grad", self.requires_grad),
+            ("--tensor-layout", self.tensor_layout.is_some()),
+            ("--disable", !self.disable.is_empty()),
+        ];
+        given.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect()
+    }
+
+    /// Refuses flags of another pack family than `family` (they would set facts its packs do
+    /// not have).
+    fn check_family(&self, family: &str) -> Result<(), String> {
+        for flag in self.given_flags() {
+            let Some((owner, _)) = FAMILY_FLAGS.iter().find(|(_, flags)| flags.contains(&flag))
+            else {
+                continue;
+            };
+            if *owner != family {
+                let whose = match *owner {
+                    "te" => "a TransformerEngine flag",
+                    _ => "a PyTorch SDPA flag",
+                };
+                return Err(format!(
+                    "{flag} is {whose} (pack family `{owner}`); this pack's family is \
+                     `{family}`, whose facts it does not set. Set {family} facts with \
+                     --set PATH=JSON or a config file (list them with `attn-policy facts --pack \
+                     PACK`)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The merged config object for a pack of `family`, its flags mapped onto that family's
+    /// facts; flags of another family are refused.
+    pub fn to_json_for(&self, family: &str) -> Result<Json, String> {
+        self.check_family(family)?;
+        if family != "torch" {
+            return self.to_json();
+        }
+        let mut obj = Map::new();
+        self.merge_file(&mut obj)?;
+        let mut set = |k: &str, v: Json| insert_path(&mut obj, k, v);
+        if let Some(d) = self.head_dim {
+            set("head_dim_qk", json!(d));
+            set("head_dim_v", json!(d));
+        }
+        if let Some(d) = self.head_dim_qk {
+            set("head_dim_qk", json!(d));
+        }
+        if let Some(d) = self.head_dim_v {
+            set("head_dim_v", json!(d));
+        }
+        if let Some(sm) = self.sm {
+            set("sm", json!(sm));
+        }
+        if let Some(v) = &self.cudnn {
+            set("cudnn_version", json!(v));
+        }
+        if let Some(v) = &self.dtype {
+            set("dtype", json!(v));
+        }
+        for (flag, key) in [
+            (self.batch, "batch"),
+            (self.heads, "heads_q"),
+            (self.kv_heads, "heads_kv"),
+        ] {
+            if let Some(v) = flag {
+                set(key, json!(v));
+            }
+        }
+        if let Some(s) = self.seqlen {
+            set("seqlen_q", json!(s));
+            set("seqlen_kv", json!(s));
+        }
+        if let Some(s) = self.seqlen_q {
+            set("seqlen_q", json!(s));
+        }
+        if let Some(s) = self.seqlen_kv {
+            set("seqlen_kv", json!(s));
+        }
+        if self.deterministic {
+            set("deterministic", json!(true));
+        }
+        if let Some(m) = &self.attn_mask {
+            let kind = if m == "none" { Json::Null } else { json!(m) };
+            set("attn_mask", kind);
+        }
+        if self.causal {
+            set("is_causal", json!(true));
+        }
+        if let Some(p) = self.dropout {
+            set("dropout_p", json!(p));
+        }
+        if self.enable_gqa {
+            set("enable_gqa", json!(true));
+        }
+        if self.requires_grad {
+            set("requires_grad", json!(true));
+        }
+        if let Some(l) = &self.tensor_layout {
+            set("layout", json!(l));
+        }
+        for b in &self.disable {
+            let fact = match b.as_str() {
+                "flash" => "flash_sdp_enabled",
+                "efficient" | "mem_efficient" => "mem_efficient_sdp_enabled",
+                "math" => "math_sdp_enabled",
+                "cudnn" => "cudnn_sdp_enabled",
+                other => {
+                    return Err(format!(
+                        "--disable {other}: expected flash, efficient, math or cudnn"
+                    ));
+                }
+            };
+            set(fact, json!(false));
+        }
+        self.apply_sets_and_envs(&mut obj)?;
+        Ok(Json::Object(obj))
+    }
+
+    /// The config file (or stdin), merged into `obj`.
+    fn merge_file(&self, obj: &mut Map<String, Json>) -> Result<(), String> {
+        if let Some(path) = &self.config {
+            let text = if path.as_os_str() == "-" {
+                let mut s = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut s)
+                    .map_err(|e| format!("cannot read stdin: {e}"))?;
+                s
+            } else {
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+            };
+            let value: Json = match serde_json::from_str(&text) {
+                Ok(v) => v,
+                Err(json_err) => serde_saphyr::from_str(&text).map_err(|e| {
+                    format!(
+                        "{}: neither JSON ({json_err}) nor YAML ({})",
+                        path.display(),
+                        e.without_snippet()
+                    )
+                })?,
+            };
+            // Accept a whole conformance record too (a PyTorch record's `torch` object with it).
+            let device = value.get("torch").cloned();
+            let mut value = value.get("config").cloned().unwrap_or(value);
+            if let (Some(torch), Some(cfg)) = (device, value.as_object_mut()) {
+                cfg.entry("torch").or_insert(torch);
+            }
+            if !value.is_object() {
+                return Err(format!("{}: expected a config object", path.display()));
+            }
+            merge(obj, &value);
+        }
+        Ok(())
+    }
+
+    /// `--set`, `--env` (and, for the te family, `--probe`) into `obj`.
+    fn apply_sets_and_envs(&self, obj: &mut Map<String, Json>) -> Result<(), String> {
+        let mut set = |k: &str, v: Json| insert_path(obj, k, v);
+        for s in &self.sets {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--set expects PATH=JSON, got `{s}`"))?;
+            let value: Json =
+                serde_json::from_str(v).unwrap_or_else(|_| Json::String(v.to_string()));
+            set(k.trim(), value);
+        }
+        for s in &self.envs {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--env expects NAME=VALUE, got `{s}`"))?;
+            set(&format!("env.{}", k.trim()), json!(v.trim()));
+        }
+        Ok(())
+    }
+
     /// The merged config object (before typing).
     pub fn to_json(&self) -> Result<Json, String> {
+        self.to_json_with_sources().map(|(json, _)| json)
+    }
+
+    /// The merged config object and where each of its keys came from: `preset`, `config` (the
+    /// file or stdin) or `flag`.
+    pub fn to_json_with_sources(&self) -> Result<(Json, Sources), String> {
         let mut obj = Map::new();
+        let mut sources = Sources::new();
         if let Some(name) = &self.preset {
             let p = presets::find(name).ok_or_else(|| {
                 let hint = attn_policy::facts::did_you_mean(name, presets::names())
@@ -121,7 +407,9 @@ impl ConfigArgs {
                     .unwrap_or_default();
                 format!("unknown preset `{name}`{hint}; see `attn-policy presets`")
             })?;
-            merge(&mut obj, &(p.config)());
+            let config = (p.config)();
+            record(&mut sources, "", &config, "preset", false);
+            merge(&mut obj, &config);
         }
         if let Some(path) = &self.config {
             let text = if path.as_os_str() == "-" {
@@ -149,9 +437,13 @@ impl ConfigArgs {
             if !value.is_object() {
                 return Err(format!("{}: expected a config object", path.display()));
             }
+            record(&mut sources, "", &value, "config", false);
             merge(&mut obj, &value);
         }
-        let mut set = |k: &str, v: Json| insert_path(&mut obj, k, v);
+        let mut set = |k: &str, v: Json| {
+            record(&mut sources, k, &v, "flag", true);
+            insert_path(&mut obj, k, v)
+        };
         if let Some(d) = self.head_dim {
             set("head_dim_qk", json!(d));
             set("head_dim_v", json!(d));
@@ -259,19 +551,38 @@ impl ConfigArgs {
             };
             set(&format!("probe.{}", k.trim()), b);
         }
-        Ok(Json::Object(obj))
+        Ok((Json::Object(obj), sources))
     }
 
-    pub fn facts(&self) -> Result<Facts, String> {
-        let json = self.to_json()?;
-        Facts::from_json(&json).map_err(|e| format!("invalid config: {e}"))
+    /// The facts and where their input keys came from (see [`ConfigArgs::to_json_with_sources`]).
+    pub fn facts_with_sources(&self) -> Result<(Facts, Sources), String> {
+        let (json, sources) = self.to_json_with_sources()?;
+        let facts = Facts::from_json(&json).map_err(|e| format!("invalid config: {e}"))?;
+        Ok((facts, sources))
+    }
+
+    /// The facts of `policy`'s family with where each came from (the te family records
+    /// `preset`, `config` and `flag`; other families record nothing yet).
+    pub fn facts_for_with_sources(&self, policy: &Policy) -> Result<(Facts, Sources), String> {
+        let family = policy.schema.family;
+        let (json, sources) = if family == "te" {
+            self.check_family(family)?;
+            self.to_json_with_sources()?
+        } else {
+            (self.to_json_for(family)?, Sources::new())
+        };
+        let facts = policy
+            .read_facts(&json)
+            .map_err(|e| format!("invalid config: {e}"))?;
+        Ok((facts, sources))
     }
 }
 
 /// Which rule pack to use.
 #[derive(Args, Debug, Clone)]
 pub struct PackArgs {
-    /// Embedded pack: te (TransformerEngine 2.20.2 + FROST) or native (this project's executors).
+    /// Embedded pack: te (TransformerEngine 2.20.2 + FROST), native (this project's executors) or
+    /// torch (PyTorch 2.11 SDPA on CUDA).
     #[arg(long, default_value = "te", value_name = "NAME")]
     pub pack: String,
     /// Load the pack from a folder holding pack.yaml instead of an embedded one.

@@ -63,12 +63,6 @@ pub enum DiffFormat {
 
 /// `--format matrix`: both matrices of one query, side by side.
 fn run_matrix(a: &DiffArgs, old: &Policy, new: &Policy) -> i32 {
-    if old.schema != new.schema {
-        return super::fail(format!(
-            "`{}` and `{}` read different fact families ({} and {}): no common matrix",
-            a.old, a.new, old.schema.family, new.schema.family
-        ));
-    }
     let query = match a.matrix.query() {
         Ok(q) => q,
         Err(e) => return super::fail(e),
@@ -110,13 +104,25 @@ pub fn run(a: DiffArgs) -> i32 {
         (Ok(o), Ok(n)) => (o, n),
         (Err(c), _) | (_, Err(c)) => return c,
     };
+    if old.schema != new.schema {
+        return super::fail(format!(
+            "pack `{}` (family `{}`) and pack `{}` (family `{}`) decide over different facts; \
+             diff compares packs of one family",
+            old.name, old.schema.family, new.name, new.schema.family
+        ));
+    }
     if a.format == DiffFormat::Matrix {
         return run_matrix(&a, &old, &new);
     }
     if a.matrix.rows.is_some() || a.matrix.cols.is_some() || !a.matrix.fix.is_empty() {
         return super::fail("--rows, --cols and --fix go with --format matrix");
     }
-    let restrict = match a.where_.as_deref().map(Restriction::parse).transpose() {
+    let restrict = match a
+        .where_
+        .as_deref()
+        .map(|w| Restriction::parse_for(old.schema, w))
+        .transpose()
+    {
         Ok(r) => r,
         Err(e) => return super::fail(e),
     };

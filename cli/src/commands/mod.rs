@@ -45,8 +45,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// List the named presets usable with --preset.
     Presets,
-    /// List every fact (input field) with its type and default.
-    Facts,
+    /// List every fact (input field) of a pack's family with its type and default.
+    Facts(FactsArgs),
     /// Load, type-check and lint a pack (never/always-firing, subsumed, capabilities, ...).
     Check(check::CheckArgs),
     /// Every region of the configuration space where no backend is selected (exact).
@@ -90,11 +90,21 @@ pub fn main() -> i32 {
             }
             0
         }
-        Command::Facts => {
-            print!("{}", attn_policy::facts::te::TE.markdown_table());
-            0
-        }
+        Command::Facts(a) => match a.pack.load(false) {
+            Ok(policy) => {
+                print!("{}", policy.schema.markdown_table());
+                0
+            }
+            Err(code) => code,
+        },
     }
+}
+
+/// `attn-policy facts`: the facts of a pack's family (`--pack torch`: PyTorch SDPA's).
+#[derive(clap::Args, Debug)]
+pub struct FactsArgs {
+    #[command(flatten)]
+    pub pack: args::PackArgs,
 }
 
 /// Prints an error to stderr and returns exit code 2.

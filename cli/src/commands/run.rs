@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::args::{ConfigArgs, Format, OutputArgs};
 use attn_policy::Explanation;
+use attn_policy::explain::{ExecutorAttempt, ExecutorOutcome};
 use attn_policy::facts::Value;
 use attn_policy_adapters::run::{RunOptions, VerifyMode, run_on};
 use attn_policy_adapters::{Registry, problem_from_facts};
@@ -44,7 +45,7 @@ pub fn run(a: RunArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let mut facts = match a.config.facts() {
+    let (mut facts, mut sources) = match a.config.facts_with_sources() {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
@@ -56,6 +57,7 @@ pub fn run(a: RunArgs) -> i32 {
     let gpu = registry.get("chunked").is_ok();
     if facts.get("probe.cuda_device") == Some(Value::Unknown) {
         let _ = facts.set_probe("cuda_device", Some(gpu));
+        sources.push(("probe.cuda_device".into(), "live"));
     }
     if facts.get("probe.fused_attn_graph") == Some(Value::Unknown) {
         let cudnn_ok = gpu
@@ -64,10 +66,11 @@ pub fn run(a: RunArgs) -> i32 {
                 .as_ref()
                 .is_ok_and(|p| registry.get("cudnn").is_ok_and(|e| e.check(p).is_ok()));
         let _ = facts.set_probe("fused_attn_graph", Some(cudnn_ok));
+        sources.push(("probe.fused_attn_graph".into(), "live"));
     }
     let decision = policy.decide(&facts);
-    let ex = Explanation::new(&policy, &facts, &decision);
-    let Some(sel) = decision.selected else {
+    let ex = Explanation::new(&policy, &facts, &decision).with_provenance(sources);
+    let Some(name) = ex.selected.clone() else {
         print!("{}", ex.to_text(color));
         eprintln!(
             "error: no executor of pack `{}` can run this configuration",
@@ -75,7 +78,6 @@ pub fn run(a: RunArgs) -> i32 {
         );
         return 1;
     };
-    let name = policy.backends[sel as usize].name.clone();
     let problem = match problem {
         Ok(p) => p,
         Err(e) => {
@@ -111,6 +113,12 @@ pub fn run(a: RunArgs) -> i32 {
         }
     };
     let verified = report.verification.as_ref().map(|v| v.passed);
+    // No fallback yet: the chain is the selected executor, and it ran.
+    let ex = ex.with_executor_chain(vec![ExecutorAttempt {
+        executor: report.executor.clone(),
+        outcome: ExecutorOutcome::Ran,
+        reason: None,
+    }]);
     match a.output.format() {
         Format::Json | Format::Te => {
             println!(

@@ -14,6 +14,7 @@ Examples:
   attn-policy why-not FrostAttention --head-dim 260 --sm 100
   attn-policy why-not FrostAttention --preset gemma4-global-cp-p2p --window 128,0
   attn-policy why-not FlashAttention config.json --json
+  attn-policy why-not flash --pack torch --head-dim 512 --heads 32 --kv-heads 8 --enable-gqa
 
 Exit codes: 0 eligible already or hints found, 1 no verified hint, 2 bad input.")]
 pub struct WhyNotArgs {
@@ -33,7 +34,7 @@ pub fn run(a: WhyNotArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let config = match a.config.to_json() {
+    let config = match a.config.to_json_for(policy.schema.family) {
         Ok(c) => c,
         Err(e) => return super::fail(e),
     };

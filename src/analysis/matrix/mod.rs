@@ -44,7 +44,7 @@ use super::regions::add_policy;
 use super::space::{Space, SpaceBuilder};
 
 mod specialize;
-pub use specialize::specialize;
+pub use specialize::{Subst, specialize};
 
 /// What a pack selects: a backend and its variant (`None` for a backend without variants);
 /// `None`: no backend.
@@ -143,7 +143,7 @@ pub fn analyse(policy: &Policy, q: &GridQuery, budget: u64) -> Result<GridAnalys
         .collect::<Result<_, _>>()?;
     let plan = Plan::of(policy, q, &facts);
     let spec = specialize(policy, &plan.substitute);
-    let mut b = SpaceBuilder::new();
+    let mut b = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut b, &spec);
     let mut splits = BTreeSet::new();
     for f in &facts {
@@ -200,11 +200,26 @@ pub fn analyse(policy: &Policy, q: &GridQuery, budget: u64) -> Result<GridAnalys
     })
 }
 
+/// Facts that follow another fact when their config key is absent: (family, follower,
+/// source), as the family's reader derives them (`src/facts/torch.rs`, `derive`; a test
+/// checks each). Held, they are replaced by their source, so they move with it.
+pub const FOLLOWS: &[(&str, &str, &str)] = &[
+    ("torch", "dtype_k", "dtype"),
+    ("torch", "dtype_v", "dtype"),
+    ("torch", "batch_k", "batch"),
+    ("torch", "batch_v", "batch"),
+    ("torch", "heads_v", "heads_kv"),
+    ("torch", "head_dim_k", "head_dim_qk"),
+    ("torch", "stride_last_k", "stride_last_q"),
+    ("torch", "stride_last_v", "stride_last_q"),
+];
+
 /// Which pinned facts become constants of the specialised pack and which stay vars of the
 /// space, pinned per cell by cofactors.
 struct Plan {
-    /// Per slot, the constant it is replaced by (held facts with one value in every cell).
-    substitute: Vec<Option<Value>>,
+    /// Per slot, what it is replaced by: held facts with one value in every cell by that
+    /// constant, facts that follow another ([`FOLLOWS`]) by it.
+    substitute: Vec<Subst>,
     /// Pinned slots that stay vars: the axes, facts an axis alias sets, and the inputs of
     /// derived facts that cannot all be replaced.
     cofactor: Vec<usize>,
@@ -251,10 +266,34 @@ impl Plan {
                 sub[m] = false;
             }
         }
-        let substitute = (0..n)
-            .map(|s| sub[s].then(|| facts[0].values()[s]))
+        let mut substitute: Vec<Subst> = (0..n)
+            .map(|s| {
+                if sub[s] {
+                    Subst::Const(facts[0].values()[s])
+                } else {
+                    Subst::Keep
+                }
+            })
             .collect();
-        let cofactor = (0..n).filter(|&s| pinned(s) && !sub[s]).collect();
+        // A held fact that follows another (its key given in no cell) moves with it.
+        let mut follows = vec![false; n];
+        for &(family, follower, source) in FOLLOWS {
+            let (Some(f), Some(src)) = (schema.slot(follower), schema.slot(source)) else {
+                continue;
+            };
+            let given = q.configs.iter().any(|c| c.get(follower).is_some());
+            if family != schema.family || given || !pinned(f) || on_axis(f) {
+                continue;
+            }
+            follows[f] = true;
+            substitute[f] = match substitute[src] {
+                Subst::Const(v) => Subst::Const(v),
+                _ => Subst::Slot(src as u16),
+            };
+        }
+        let cofactor = (0..n)
+            .filter(|&s| pinned(s) && substitute[s] == Subst::Keep && !follows[s])
+            .collect();
         Plan { substitute, cofactor }
     }
 }

@@ -2,18 +2,32 @@
 //! conditions folded: what the analysis of a matrix compiles, so that its space has vars only
 //! for the facts that vary (the axes and the free facts).
 //!
-//! Invariant: for every input whose substituted facts have the substituted values, every
-//! condition of the specialised pack has the value the original has (substitution, then
-//! evaluation of nodes whose operands are all constants, and `and` / `or` / `if` simplified
-//! by their constant operands, all with the evaluator's own semantics).
+//! A fact can also be replaced by another fact: a fact that *follows* another when its key is
+//! absent (torch's `batch_k` follows `batch`) then moves with it.
+//!
+//! Invariant: for every input whose substituted facts have the substituted values (or equal
+//! the facts they follow), every condition of the specialised pack has the value the original
+//! has (substitution, then evaluation of nodes whose operands are all constants, and `and` /
+//! `or` / `if` simplified by their constant operands, all with the evaluator's own semantics).
 
 use crate::eval::program::{Func, Node, NodeId, Program, Truth};
 use crate::facts::Value;
 use crate::policy::Policy;
 use crate::typecheck::Compiled;
 
-/// `policy` with each slot `s` where `values[s]` is `Some(v)` replaced by the constant `v`.
-pub fn specialize(policy: &Policy, values: &[Option<Value>]) -> Policy {
+/// What a slot becomes in the specialised pack.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Subst {
+    /// It stays a fact.
+    Keep,
+    /// A constant.
+    Const(Value),
+    /// Another fact (the one it follows).
+    Slot(u16),
+}
+
+/// `policy` with each slot replaced as `values` says (slots past its end are kept).
+pub fn specialize(policy: &Policy, values: &[Subst]) -> Policy {
     let mut p = policy.clone();
     let mut s = Specializer {
         prog: &mut p.program,
@@ -41,7 +55,7 @@ pub fn specialize(policy: &Policy, values: &[Option<Value>]) -> Policy {
 
 struct Specializer<'a> {
     prog: &'a mut Program,
-    values: &'a [Option<Value>],
+    values: &'a [Subst],
     memo: std::collections::HashMap<NodeId, NodeId>,
 }
 
@@ -74,9 +88,10 @@ impl Specializer<'_> {
         };
         let r = match node {
             Node::Const(_) => id,
-            Node::Slot(s) => match self.values.get(s as usize).copied().flatten() {
-                Some(v) => self.value(v),
-                None => id,
+            Node::Slot(s) => match self.values.get(s as usize).copied() {
+                Some(Subst::Const(v)) => self.value(v),
+                Some(Subst::Slot(t)) => self.prog.push(Node::Slot(t)),
+                Some(Subst::Keep) | None => id,
             },
             Node::Not(a) => self.unary(id, a, Node::Not),
             Node::IsNull(a) => self.unary(id, a, Node::IsNull),

@@ -173,14 +173,15 @@ impl<'s> Mdd<'s> {
     /// An input of `f` (none when `f` holds none): a cube of `f`'s cover (relation
     /// variables tied to the facts on the way), each fact it constrains at the class of
     /// `near` when that class is allowed and no relation in the cube reads the fact, then a
-    /// bounded search for members (see `witness`). None also when that search gives up.
+    /// bounded search for members (see `witness`); the cube as it is when that finds none.
+    /// None when neither search finds an input.
     pub fn example_near(
         &mut self,
         f: Id,
         near: &Pins,
     ) -> Option<(crate::analysis::space::Assign, Vec<(usize, Value)>)> {
         let (cubes, _) = self.cover(f, 1);
-        let mut cube = cubes.into_iter().next()?;
+        let cube = cubes.into_iter().next()?;
         let nv = self.space.vars.len();
         let mut literal_reads: Vec<usize> = Vec::new();
         for r in nv..self.nvars() {
@@ -188,6 +189,7 @@ impl<'s> Mdd<'s> {
                 literal_reads.extend(self.relation_facts(r));
             }
         }
+        let mut narrowed = cube.clone();
         for v in 0..nv {
             let (Some(set), Some(c)) = (&cube[v], near.get(v).copied().flatten()) else {
                 continue;
@@ -195,9 +197,9 @@ impl<'s> Mdd<'s> {
             if set.classes().contains(&c) && set.len() > 1 && !literal_reads.contains(&v) {
                 let mut b = super::Bits::empty(self.ncls[v]);
                 b.insert(c);
-                cube[v] = Some(b);
+                narrowed[v] = Some(b);
             }
         }
-        self.example(&cube)
+        self.example(&narrowed).or_else(|| self.example(&cube))
     }
 }

@@ -4,7 +4,8 @@
 //! Where the cube constrains relation variables (*literals*), a depth-first search chooses
 //! classes and members of the facts they read, in diagram order, checking each literal as soon
 //! as all its facts are chosen (`due`), and trying values near those already chosen first
-//! (equal, off by one, doubled, halved: what relations between facts need).
+//! (equal, off by one, doubled, halved: what relations between facts need), numbers with many
+//! divisors last (what several remainders need together).
 //!
 //! Invariants: an answer satisfies every literal of the cube (each is evaluated on the
 //! concrete input); no answer means the search gave up after `WITNESS_TRIES` literal checks
@@ -19,6 +20,10 @@ use super::{Bits, Mdd, Rel};
 
 /// Candidate assignments tried when looking for a region's example.
 const WITNESS_TRIES: usize = 200_000;
+
+/// Integer candidates tried after all others: numbers divisible by every small number up to
+/// 10 and beyond (the highly composite numbers up to 5040).
+const HIGHLY_COMPOSITE: [i64; 12] = [12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 2520, 5040];
 
 /// The fixed inputs of one region's example search (`Mdd::example`).
 struct Witness<'a> {
@@ -222,6 +227,11 @@ impl<'s> Mdd<'s> {
                 }
                 None => out.push((c, None)),
             }
+        }
+        // Last, members with many divisors: remainders by several facts (`h % g == 0` and
+        // `h % cp == 0` together) need a common multiple, which the members above rarely are.
+        for x in HIGHLY_COMPOSITE {
+            self.push_member(v, &allowed, x, &mut out);
         }
         out
     }

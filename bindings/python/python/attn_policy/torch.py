@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from . import Decision, Policy, PolicyError, _native
+# PyTorch's own SDPA choice explained by the `torch` pack (attn_policy/sdpa.py).
+from .sdpa import SdpaDecision, SdpaError, explain_sdpa, log_sdpa_decisions
 
 __all__ = [
     "attention",
@@ -57,6 +59,10 @@ __all__ = [
     "live_facts",
     "cache_info",
     "clear_cache",
+    "explain_sdpa",
+    "log_sdpa_decisions",
+    "SdpaDecision",
+    "SdpaError",
 ]
 
 logger = logging.getLogger("attn_policy.torch")
