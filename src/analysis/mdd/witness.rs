@@ -4,8 +4,9 @@
 //! Where the cube constrains relation variables (*literals*), a depth-first search chooses
 //! classes and members of the facts they read, in diagram order, checking each literal as soon
 //! as all its facts are chosen (`due`), and trying values near those already chosen first
-//! (equal, off by one, doubled, halved: what relations between facts need), numbers with many
-//! divisors last (what several remainders need together).
+//! (equal, off by one, doubled, halved: what relations between facts need); when that finds
+//! nothing, once more with numbers of many divisors last (what several remainders need
+//! together).
 //!
 //! Invariants: an answer satisfies every literal of the cube (each is evaluated on the
 //! concrete input); no answer means the search gave up after `WITNESS_TRIES` literal checks
@@ -35,6 +36,8 @@ struct Witness<'a> {
     involved: &'a [usize],
     cube: &'a [Option<Bits>],
     tries: &'a mut usize,
+    /// Also try members with many divisors ([`HIGHLY_COMPOSITE`]).
+    composite: bool,
 }
 
 impl<'s> Mdd<'s> {
@@ -71,17 +74,25 @@ impl<'s> Mdd<'s> {
                 .map_or(0, |i| i + 1);
             due[last].push(l);
         }
-        let mut values = Vec::new();
-        let mut tries = 0;
-        let mut search = Witness {
-            lits: &lits,
-            due: &due,
-            involved: &involved,
-            cube,
-            tries: &mut tries,
-        };
-        let ok = self.witness(&mut search, 0, &mut assign, &mut values);
-        ok.then_some((assign, values))
+        // A second search, with members of many divisors among the candidates, only when the
+        // first finds nothing (the first's answers stay what they were).
+        for composite in [false, true] {
+            let mut values = Vec::new();
+            let mut tries = 0;
+            let mut search = Witness {
+                lits: &lits,
+                due: &due,
+                involved: &involved,
+                cube,
+                tries: &mut tries,
+                composite,
+            };
+            let mut trial = assign.clone();
+            if self.witness(&mut search, 0, &mut trial, &mut values) {
+                return Some((trial, values));
+            }
+        }
+        None
     }
 
     /// Depth-first search for classes and members of `involved[i..]` satisfying the literals.
@@ -106,7 +117,7 @@ impl<'s> Mdd<'s> {
         }
         let v = involved[i];
         let before = assign[v];
-        for (c, x) in self.candidates(v, cube, lits, values) {
+        for (c, x) in self.candidates(v, cube, lits, values, w.composite) {
             if *w.tries >= WITNESS_TRIES {
                 break;
             }
@@ -169,6 +180,7 @@ impl<'s> Mdd<'s> {
         cube: &[Option<Bits>],
         lits: &[(usize, Vec<u32>)],
         values: &[(usize, Value)],
+        composite: bool,
     ) -> Vec<(u32, Option<i64>)> {
         let var = &self.space.vars[v];
         let allowed: Vec<u32> = match &cube[v] {
@@ -228,10 +240,13 @@ impl<'s> Mdd<'s> {
                 None => out.push((c, None)),
             }
         }
-        // Last, members with many divisors: remainders by several facts (`h % g == 0` and
-        // `h % cp == 0` together) need a common multiple, which the members above rarely are.
-        for x in HIGHLY_COMPOSITE {
-            self.push_member(v, &allowed, x, &mut out);
+        // Last (in the second search), members with many divisors: remainders by several
+        // facts (`h % g == 0` and `h % cp == 0` together) need a common multiple, which the
+        // members above rarely are.
+        if composite {
+            for x in HIGHLY_COMPOSITE {
+                self.push_member(v, &allowed, x, &mut out);
+            }
         }
         out
     }
