@@ -16,12 +16,12 @@ use super::{Matrix, outcome_label};
 const STYLE: &str = r#"
 body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1a1a1a; }
 main { display: flex; gap: 1.5rem; align-items: flex-start; }
-#matrices { flex: 1 1 auto; min-width: 0; }
+#matrices { flex: 1 1 auto; min-width: 0; overflow-x: auto; }
 section.matrix { margin-bottom: 2.5rem; }
 p.caption { font-size: 0.85rem; max-width: 70rem; margin: 0.2rem 0; }
 table.grid { border-collapse: collapse; font-size: 0.8rem; margin: 0.6rem 0; }
 table.grid th { padding: 0.3rem 0.5rem; background: #fafafa; }
-table.grid td { padding: 0.25rem 0.45rem; border: 2px solid #ffffff; text-align: center; cursor: pointer; min-width: 6rem; }
+table.grid td { padding: 0.2rem 0.35rem; border: 2px solid #ffffff; text-align: center; cursor: pointer; min-width: 5rem; }
 table.grid td:hover, table.grid td:focus, table.grid td.pinned { outline: 2px solid #333333; }
 td small { color: #444444; }
 td.none { color: #b00020; }
@@ -29,7 +29,7 @@ sup.dep { font-weight: bold; }
 ul.legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 0.9rem; font-size: 0.8rem; }
 ul.legend span { display: inline-block; width: 0.9rem; height: 0.9rem; vertical-align: middle; margin-right: 0.3rem; border: 1px solid #999999; }
 ol.notes { font-size: 0.8rem; }
-#detail { flex: 0 0 28rem; position: sticky; top: 1rem; max-height: 92vh; overflow: auto; font-size: 0.8rem; border: 1px solid #cccccc; padding: 0.8rem; background: #fcfcfc; }
+#detail { flex: 0 0 24rem; position: sticky; top: 1rem; max-height: 92vh; overflow: auto; font-size: 0.8rem; border: 1px solid #cccccc; padding: 0.8rem; background: #fcfcfc; }
 #detail h3 { margin: 0 0 0.4rem 0; font-size: 0.95rem; }
 #detail .backend { margin: 0.5rem 0; }
 #detail .status { font-weight: bold; }
@@ -38,7 +38,8 @@ ol.notes { font-size: 0.8rem; }
 "#;
 
 /// Shows a cell's explanation in the side panel on hover or focus (click pins it: the
-/// panel then follows clicks only, until the pinned cell is clicked again).
+/// panel then follows clicks only, until the pinned cell is clicked again; the address then
+/// links to the cell, `#cell=M-I`, and opening such a link pins it).
 const SCRIPT: &str = r#"
 (function () {
   var data = JSON.parse(document.getElementById('matrix-data').textContent);
@@ -87,16 +88,26 @@ const SCRIPT: &str = r#"
     panel.appendChild(el('div', 'Config:'));
     panel.appendChild(el('pre', JSON.stringify(c.config)));
   }
+  function address(id) {
+    // Some browsers refuse to change a local file's address: the link is a convenience.
+    try { history.replaceState(null, '', '#' + id); } catch (e) { return; }
+  }
+  function pin(td) {
+    if (pinned) { pinned.classList.remove('pinned'); }
+    if (pinned === td) { pinned = null; address(''); return; }
+    pinned = td; td.classList.add('pinned'); show(td);
+    address('cell=' + td.id.slice(5));
+  }
   var cells = document.querySelectorAll('td[data-i]');
   Array.prototype.forEach.call(cells, function (td) {
     td.addEventListener('mouseenter', function () { if (!pinned) { show(td); } });
     td.addEventListener('focus', function () { if (!pinned) { show(td); } });
-    td.addEventListener('click', function () {
-      if (pinned) { pinned.classList.remove('pinned'); }
-      if (pinned === td) { pinned = null; return; }
-      pinned = td; td.classList.add('pinned'); show(td);
-    });
+    td.addEventListener('click', function () { pin(td); });
   });
+  // A link to a cell (#cell=M-I, what a click puts in the address) opens its explanation.
+  var link = /^#cell=(\d+)-(\d+)$/.exec(location.hash);
+  var linked = link ? document.getElementById('cell-' + link[1] + '-' + link[2]) : null;
+  if (linked) { pin(linked); linked.scrollIntoView({block: 'nearest'}); }
 })();
 "#;
 
@@ -205,11 +216,14 @@ fn section(m: &Matrix, k: usize, heading: &str, intro: &str) -> String {
                 .as_ref()
                 .map(|v| format!("<br/><small>{}</small>", esc(v)))
                 .unwrap_or_default();
-            let mark = notes.of_cell[i]
+            let mut mark = notes.of_cell[i]
                 .map(|n| format!(" <sup class=\"dep\">◆{n}</sup>"))
                 .unwrap_or_default();
+            if !cell.exact {
+                mark.push_str(" <sup>(?)</sup>");
+            }
             s.push_str(&format!(
-                "<td tabindex=\"0\" data-m=\"{k}\" data-i=\"{i}\" style=\"background:{}\"{} title=\"{}\">{}{variant}{mark}</td>",
+                "<td id=\"cell-{k}-{i}\" tabindex=\"0\" data-m=\"{k}\" data-i=\"{i}\" style=\"background:{}\"{} title=\"{}\">{}{variant}{mark}</td>",
                 fill(m, &cell.backend),
                 if cell.backend.is_none() { " class=\"none\"" } else { "" },
                 esc(&Matrix::label(cell)),

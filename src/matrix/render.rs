@@ -119,8 +119,9 @@ impl Matrix {
         ));
         if !self.complete {
             out.push(
-                "INCOMPLETE: some cell's dependence could not be established exactly (budget, \
-                 or an outcome without a verified example); its marks are no claim."
+                "INCOMPLETE: the dependence of the cells marked (?) (of every cell, when the \
+                 diagram budget ran out) could not be established exactly (an outcome without \
+                 a verified example); their marks are no claim."
                     .to_string(),
             );
         }
@@ -156,9 +157,12 @@ impl Matrix {
             out.push_str(&format!("| {} |", esc(show(rv))));
             for c in 0..nc {
                 let i = r * nc + c;
-                let mark = notes.of_cell[i]
+                let mut mark = notes.of_cell[i]
                     .map(|n| format!(" ◆{n}"))
                     .unwrap_or_default();
+                if !self.cells[i].exact {
+                    mark.push_str(" (?)");
+                }
                 out.push_str(&format!(
                     " {}{mark} |",
                     esc(Matrix::label(&self.cells[i]))

@@ -154,9 +154,13 @@ impl Matrix {
                         esc(&name)
                     )),
                 }
-                if let Some(n) = notes.of_cell[i] {
+                let mut mark = notes.of_cell[i].map(|n| format!("◆{n}")).unwrap_or_default();
+                if !cell.exact {
+                    mark.push_str(" (?)");
+                }
+                if !mark.is_empty() {
                     body.push_str(&format!(
-                        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">◆{n}</text>\n",
+                        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\">{mark}</text>\n",
                         x + cell_w - 4.0,
                         y + 11.0
                     ));

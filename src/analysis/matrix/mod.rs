@@ -1,18 +1,22 @@
 //! The cells of a support matrix (`attn-policy matrix`, [`crate::matrix`]): per cell, every
 //! outcome the pack can reach there and the facts that decide between them, exactly.
 //!
-//! A cell is the set of inputs whose *pinned* facts (the row's and the column's axis facts and
-//! the fixed facts) have the cell's values; every other fact is *free*. The cell's shown
-//! outcome is the decision at the cell's config (free facts at their defaults); the analysis
-//! says whether another value of the free facts changes it, and which free facts can.
+//! A cell is the set of inputs whose *pinned* facts (the row's and the column's axis facts,
+//! and every fact not free: fixed or held at its default) have the cell's values; the *free*
+//! facts take any value. The cell's shown outcome is the decision at the cell's config (free
+//! facts at their config values, usually the defaults); the analysis says whether another
+//! value of the free facts changes it, and which free facts can.
 //!
-//! How: one space for the pack with every pinned value split into a class of its own (so a
-//! pinned fact's class holds exactly that value); the pack's diagrams (per backend variant
-//! where it is out, per preference entry where it applies) restricted to the fixed facts once,
-//! to each row's values once, then to each cell's (cofactors: [`Mdd::restrict_all`]); the
-//! outcomes within the cell are then small diagrams over the free facts. A relation variable
-//! (an ordering of two facts, a predicate on several) is pinned too when every fact it reads
-//! is pinned (evaluated at their values), or when its tie allows one value under the pins.
+//! How: the pack specialised (`specialize`) to the pinned facts that have one value in every
+//! cell (they become constants and their conditions fold; a torch fact that follows another,
+//! [`FOLLOWS`], becomes its source); one space for the specialised pack with every value of
+//! the remaining pinned facts (the axes) split into a class of its own, so a pinned fact's
+//! class holds exactly that value; the pack's diagrams (per backend variant where it is out,
+//! per preference entry where it applies) restricted to each row's values once, then to each
+//! cell's (cofactors: [`Mdd::restrict_all`]); the outcomes within the cell are then small
+//! diagrams over the free facts. A relation variable (an ordering of two facts, a predicate on
+//! several) is pinned too when every fact it reads is pinned (evaluated at their values), or
+//! when its tie allows one value under the pins.
 //!
 //! - **Reachable outcomes.** The outcome at the cell's defaults is decided by
 //!   [`Policy::decide`] (probes answered "supported", as in the analysis); it must be one of

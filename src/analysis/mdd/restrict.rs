@@ -17,6 +17,9 @@ use crate::facts::Value;
 
 use super::{FALSE, HashMap, Id, Mdd, Rel, TRUE};
 
+/// Cubes of an outcome's cover tried for an example before it is reported unverified.
+const EXAMPLE_CUBES: usize = 16;
+
 /// Per diagram var, the class it is fixed to (`None`: free). Indexed like a [`super::Cube`].
 pub type Pins = [Option<u32>];
 
@@ -170,36 +173,42 @@ impl<'s> Mdd<'s> {
         self.cube(&cube)
     }
 
-    /// An input of `f` (none when `f` holds none): a cube of `f`'s cover (relation
-    /// variables tied to the facts on the way), each fact it constrains at the class of
-    /// `near` when that class is allowed and no relation in the cube reads the fact, then a
-    /// bounded search for members (see `witness`); the cube as it is when that finds none.
-    /// None when neither search finds an input.
+    /// An input of `f` (none when `f` holds none): per cube of `f`'s cover in turn (relation
+    /// variables tied to the facts on the way; at most `EXAMPLE_CUBES`), each fact it
+    /// constrains at the class of `near` when that class is allowed and no relation in the
+    /// cube reads the fact, then a bounded search for members (see `witness`); the cube as it
+    /// is when that finds none. A cube may hold no input (two predicates over the same facts
+    /// that only the members tell apart); another cube of the cover may. None when no cube
+    /// gave an input.
     pub fn example_near(
         &mut self,
         f: Id,
         near: &Pins,
     ) -> Option<(crate::analysis::space::Assign, Vec<(usize, Value)>)> {
-        let (cubes, _) = self.cover(f, 1);
-        let cube = cubes.into_iter().next()?;
+        let (cubes, _) = self.cover(f, EXAMPLE_CUBES);
         let nv = self.space.vars.len();
-        let mut literal_reads: Vec<usize> = Vec::new();
-        for r in nv..self.nvars() {
-            if cube[r].as_ref().is_some_and(|s| s.len() < self.ncls[r]) {
-                literal_reads.extend(self.relation_facts(r));
+        for cube in cubes {
+            let mut literal_reads: Vec<usize> = Vec::new();
+            for r in nv..self.nvars() {
+                if cube[r].as_ref().is_some_and(|s| s.len() < self.ncls[r]) {
+                    literal_reads.extend(self.relation_facts(r));
+                }
+            }
+            let mut narrowed = cube.clone();
+            for v in 0..nv {
+                let (Some(set), Some(c)) = (&cube[v], near.get(v).copied().flatten()) else {
+                    continue;
+                };
+                if set.classes().contains(&c) && set.len() > 1 && !literal_reads.contains(&v) {
+                    let mut b = super::Bits::empty(self.ncls[v]);
+                    b.insert(c);
+                    narrowed[v] = Some(b);
+                }
+            }
+            if let Some(found) = self.example(&narrowed).or_else(|| self.example(&cube)) {
+                return Some(found);
             }
         }
-        let mut narrowed = cube.clone();
-        for v in 0..nv {
-            let (Some(set), Some(c)) = (&cube[v], near.get(v).copied().flatten()) else {
-                continue;
-            };
-            if set.classes().contains(&c) && set.len() > 1 && !literal_reads.contains(&v) {
-                let mut b = super::Bits::empty(self.ncls[v]);
-                b.insert(c);
-                narrowed[v] = Some(b);
-            }
-        }
-        self.example(&narrowed).or_else(|| self.example(&cube))
+        None
     }
 }

@@ -48,7 +48,7 @@ impl<'s> Mdd<'s> {
     /// cube may hold none: relation variables of atoms sharing facts are not tied together).
     pub fn example(&mut self, cube: &[Option<Bits>]) -> Option<(Assign, Vec<(usize, Value)>)> {
         let nv = self.space.vars.len();
-        let mut assign: Assign = (0..nv)
+        let assign: Assign = (0..nv)
             .map(|v| cube[v].as_ref().map(|s| s.classes()[0]))
             .collect();
         let lits: Vec<(usize, Vec<u32>)> = (0..self.rels.len())
