@@ -24,6 +24,7 @@ pub mod eval;
 pub mod explain;
 pub mod facts;
 pub mod lang;
+pub mod matrix;
 pub mod pack;
 pub mod policy;
 pub mod typecheck;

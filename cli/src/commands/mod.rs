@@ -11,6 +11,7 @@ mod diff;
 mod executors;
 mod explain;
 mod gaps;
+mod matrix;
 mod run;
 mod why_not;
 
@@ -52,6 +53,8 @@ pub enum Command {
     Gaps(gaps::GapsArgs),
     /// Regions where two packs select different backends (exact).
     Diff(diff::DiffArgs),
+    /// A support matrix: the backend per combination of two facts (Markdown, HTML, SVG, JSON).
+    Matrix(matrix::MatrixArgs),
     /// Smallest verified input changes that would make BACKEND eligible.
     WhyNot(why_not::WhyNotArgs),
     /// How often each rule fired on a corpus; rules never exercised.
@@ -75,6 +78,7 @@ pub fn main() -> i32 {
         Command::Check(a) => check::run(a),
         Command::Gaps(a) => gaps::run(a),
         Command::Diff(a) => diff::run(a),
+        Command::Matrix(a) => matrix::run(a),
         Command::WhyNot(a) => why_not::run(a),
         Command::Coverage(a) => coverage::run(a),
         Command::Conformance(a) => conformance::run(a),
