@@ -135,6 +135,8 @@ def train(cfg, impl, backend, state, data, steps, a, device, dtype, log_first=Fa
     model.train()
     model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    # Linear warm-up, then constant (--warmup 0: none).
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / a.warmup) if a.warmup > 0 else 1.0)
     ctx = sdpa_backend(backend)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -150,7 +152,10 @@ def train(cfg, impl, backend, state, data, steps, a, device, dtype, log_first=Fa
         with ctx():
             out = model(input_ids=ids, labels=ids)
         out.loss.backward()
+        if a.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
         loss = out.loss.item()  # synchronises
         times.append(time.perf_counter() - t0)
@@ -175,6 +180,11 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--batches", type=int, default=4, help="distinct fixed batches, cycled")
     ap.add_argument("--lr", type=float, default=1e-3)
+    # The usual recipe of language-model training. Without them (--clip 0 --warmup 0) this
+    # memorising run has Adam loss spikes late in training (an H200 run: one at step 148 in
+    # the attn_policy run, 0.011 -> 0.54), and a spike in any one run decides the loss bound.
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping (0: none)")
+    ap.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps (0: none)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--budget-s", type=float, default=300.0)
@@ -203,6 +213,8 @@ def main(argv=None) -> int:
     print(f"# config: layers {lt}, hidden {cfg.hidden_size}, query heads {cfg.num_attention_heads}, "
           f"(layer type, head_dim, kv heads) {shapes}, window {cfg.sliding_window}, vocab {cfg.vocab_size}, "
           f"seq {a.seq}, {dtype}")
+    print(f"# optimiser: AdamW lr {a.lr}, betas (0.9, 0.95), warm-up {a.warmup} steps, gradient clipping {a.clip or 'none'}, "
+          f"{a.batches} fixed batches cycled")
 
     torch.manual_seed(0)
     init = make_model(cfg, "sdpa", dtype, device)

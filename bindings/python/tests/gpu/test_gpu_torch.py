@@ -4,6 +4,7 @@ side streams, the loaded cuDNN, and torch.compile(fullgraph=True) of a model usi
 
 Run with ``-s`` to see the tables; ``GPU_SUMMARY=path`` also writes them to a file."""
 
+import gc
 import math
 import os
 
@@ -171,16 +172,24 @@ def _graph_case(d, deterministic):
         eager = _step(q, k, v, do, **kw)
         again = _step(q, k, v, do, **kw)
         eager_repeatable = all(torch.equal(a, c) for a, c in zip(eager, again))
+        # Fresh leaves for the capture, first used on the side stream: an autograd graph of the
+        # eager steps that Python has not collected yet (a reference cycle lives until the cyclic
+        # GC runs) keeps the leaves' AccumulateGrad nodes, made on the legacy default stream,
+        # alive, and a captured backward must not wait on that stream. Seen on the H200: which
+        # capture of the run failed moved between runs (d128 in one, d512 in the next).
+        gc.collect()
+        qc, kc, vc = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):  # warm-up on the capture stream
-                _step(q, k, v, do, **kw)
+                _step(qc, kc, vc, do, **kw)
         torch.cuda.current_stream().wait_stream(side)
+        gc.collect()
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
-                captured = _step(q, k, v, do, **kw)
+                captured = _step(qc, kc, vc, do, **kw)
         except Exception as e:
             note(f"  capture failed: {type(e).__name__}: {str(e).splitlines()[0]}")
             raise
