@@ -7,6 +7,11 @@
 //! `available_backends` `[flash, fused, unfused]`. A record where TE raised (`decision` null)
 //! agrees only if the pack selects nothing. Probe facts are answered "supported", as the
 //! corpus' emulated cuDNN accepted every graph (fidelity limit 1).
+//!
+//! A record whose config is structurally invalid (docs/facts.md: a domain or a constraint of
+//! the family, such as KV heads that do not divide the query heads) is an *input error*: it is
+//! not decided, it is reported with its line, and the agreement rate is over the valid records.
+//! `--parity` changes nothing about them (validation precedes every rule and layer).
 
 use std::collections::BTreeMap;
 
@@ -44,29 +49,69 @@ pub struct Class {
     pub example: String,
 }
 
+/// A record that was not decided: its config is structurally invalid.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RecordError {
+    pub line: usize,
+    pub id: String,
+    pub error: crate::facts::InputError,
+}
+
 /// Aggregated result of a conformance run.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
+    /// Every record of the corpus.
     pub total: usize,
+    /// Valid records where the pack agrees with TE.
     pub agree: usize,
-    /// Per backend TE selected ("NoBackend", or "raised" when TE raised): (agree, total).
+    /// Per backend TE selected ("NoBackend", or "raised" when TE raised), over valid records:
+    /// (agree, total).
     pub per_backend: BTreeMap<String, (usize, usize)>,
     pub classes: BTreeMap<ClassKey, Class>,
-    /// Records whose config could not be read (counted as disagreements).
-    pub input_errors: usize,
+    /// Records whose config is structurally invalid (not decided, not in the rate), in order.
+    pub input_errors: Vec<RecordError>,
 }
 
 impl Report {
-    pub fn disagree(&self) -> usize {
-        self.total - self.agree
+    /// Records that were decided.
+    pub fn valid(&self) -> usize {
+        self.total - self.input_errors.len()
     }
 
+    pub fn disagree(&self) -> usize {
+        self.valid() - self.agree
+    }
+
+    /// Agreement over the valid records (1.0 when there are none: then nothing disagreed; the
+    /// report says how many were input errors).
     pub fn rate(&self) -> f64 {
-        if self.total == 0 {
+        if self.valid() == 0 {
             1.0
         } else {
-            self.agree as f64 / self.total as f64
+            self.agree as f64 / self.valid() as f64
         }
+    }
+
+    /// Input errors grouped by what is wrong (the error without its values), largest first:
+    /// (kind and path, count, first line).
+    pub fn input_error_classes(&self) -> Vec<(String, usize, usize)> {
+        let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for e in &self.input_errors {
+            let key = format!(
+                "{}: {}",
+                serde_json::to_value(e.error.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                e.error.path
+            );
+            let entry = by.entry(key).or_insert((0, e.line));
+            entry.0 += 1;
+        }
+        let mut v: Vec<(String, usize, usize)> =
+            by.into_iter().map(|(k, (n, line))| (k, n, line)).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
     }
 
     /// Disagreement classes, largest first (ties by key).
@@ -88,12 +133,26 @@ impl Report {
             .take(top)
             .map(|(k, c)| json!({"difference": k.0, "count": c.count, "example": c.example}))
             .collect();
+        let errors: Vec<Json> = self
+            .input_errors
+            .iter()
+            .take(top)
+            .map(|e| json!({"line": e.line, "id": e.id, "error": e.error, "message": e.error.to_string()}))
+            .collect();
+        let error_classes: Vec<Json> = self
+            .input_error_classes()
+            .into_iter()
+            .map(|(k, n, line)| json!({"error": k, "count": n, "first_line": line}))
+            .collect();
         json!({
             "total": self.total,
+            "valid": self.valid(),
             "agree": self.agree,
             "disagree": self.disagree(),
             "rate": self.rate(),
-            "input_errors": self.input_errors,
+            "input_errors": self.input_errors.len(),
+            "input_error_classes": error_classes,
+            "input_error_records": errors,
             "per_backend": per,
             "classes": classes,
         })
@@ -101,12 +160,25 @@ impl Report {
 
     pub fn to_text(&self, top: usize) -> String {
         let mut out = format!(
-            "agreement: {}/{} ({:.2}%), {} disagree\n",
+            "agreement: {}/{} valid records ({:.2}%), {} disagree\n",
             self.agree,
-            self.total,
+            self.valid(),
             100.0 * self.rate(),
             self.disagree()
         );
+        if !self.input_errors.is_empty() {
+            out.push_str(&format!(
+                "input errors: {} of {} records are structurally invalid (not decided; docs/facts.md):\n",
+                self.input_errors.len(),
+                self.total
+            ));
+            for (k, n, line) in self.input_error_classes().into_iter().take(top) {
+                out.push_str(&format!("  {n:>6}  {k}  first at line {line}\n"));
+            }
+            if let Some(e) = self.input_errors.first() {
+                out.push_str(&format!("  e.g. line {} ({}): {}\n", e.line, e.id, e.error));
+            }
+        }
         out.push_str("per backend TE selected:\n");
         for (k, (a, t)) in &self.per_backend {
             out.push_str(&format!(
@@ -126,17 +198,15 @@ impl Report {
 }
 
 /// Facts of a record's config, with every probe answered "supported".
-pub fn record_facts(config: &Json) -> Result<Facts, String> {
-    let mut facts = Facts::from_json(config).map_err(|e| e.to_string())?;
+pub fn record_facts(config: &Json) -> Result<Facts, crate::facts::InputError> {
+    let mut facts = Facts::from_json(config)?;
     for probe in crate::facts::te::FIELDS
         .iter()
         .filter(|d| d.origin == crate::facts::schema::Origin::Probe)
     {
         let name = probe.path.trim_start_matches("probe.");
         if facts.get(probe.path) == Some(Value::Unknown) {
-            facts
-                .set_probe(name, Some(true))
-                .map_err(|e| e.to_string())?;
+            facts.set_probe(name, Some(true))?;
         }
     }
     Ok(facts)
@@ -225,6 +295,21 @@ pub fn run(policy: &Policy, records: &[Record]) -> Report {
     let mut r = Report::default();
     for rec in records {
         r.total += 1;
+        let facts = match rec
+            .error
+            .clone()
+            .map_or_else(|| record_facts(&rec.config), Err)
+        {
+            Ok(f) => f,
+            Err(error) => {
+                r.input_errors.push(RecordError {
+                    line: rec.line,
+                    id: rec.id.clone(),
+                    error: error.at(rec.locate_config_error()),
+                });
+                continue;
+            }
+        };
         let raised = rec.decision.is_null();
         let group = if raised {
             "raised".to_string()
@@ -237,23 +322,15 @@ pub fn run(policy: &Policy, records: &[Record]) -> Report {
         };
         let entry = r.per_backend.entry(group).or_default();
         entry.1 += 1;
-        let diffs = match record_facts(&rec.config) {
-            Err(e) => {
-                r.input_errors += 1;
-                vec![format!("config not readable: {e}")]
+        let view = te_view(policy, &facts);
+        let diffs = if raised {
+            if view.selected == "NoBackend" {
+                Vec::new()
+            } else {
+                vec![format!("TE raised -> selected {}", view.selected)]
             }
-            Ok(facts) => {
-                let view = te_view(policy, &facts);
-                if raised {
-                    if view.selected == "NoBackend" {
-                        Vec::new()
-                    } else {
-                        vec![format!("TE raised -> selected {}", view.selected)]
-                    }
-                } else {
-                    differences(&rec.decision, &view)
-                }
-            }
+        } else {
+            differences(&rec.decision, &view)
         };
         if diffs.is_empty() {
             r.agree += 1;

@@ -2,15 +2,19 @@
 //! [`te`]) names each fact with its type, domain and default; [`Facts`] holds one value per
 //! fact; [`presets`] are named configurations.
 
+pub mod constraint;
 pub mod domains;
 pub mod input;
 pub mod key;
 pub mod presets;
 pub mod schema;
 pub mod te;
+pub mod text;
 pub mod value;
 
+pub use constraint::{Bound, Check, Constraint};
 pub use domains::Domain;
-pub use input::{Facts, InputError, did_you_mean};
+pub use input::{Facts, InputError, InputErrorKind, did_you_mean};
 pub use schema::{FieldDef, Origin, Schema, Ty, families, family};
+pub use text::ConfigText;
 pub use value::Value;

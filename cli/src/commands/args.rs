@@ -2,11 +2,12 @@
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Map, Value as Json, json};
 
-use attn_policy::facts::{Facts, presets};
+use attn_policy::facts::{ConfigText, Facts, InputError, InputErrorKind, presets};
 use attn_policy::{PackSpec, Policy};
 
 /// The attention configuration: a preset, a file, then flags, each overriding the previous.
@@ -24,7 +25,8 @@ pub struct ConfigArgs {
     pub head_dim_qk: Option<i64>,
     #[arg(long, value_name = "N")]
     pub head_dim_v: Option<i64>,
-    /// GPU architecture as sm number: 80, 89, 90, 100, 103, 120.
+    /// GPU architecture as sm number: 80, 86, 89, 90, 100, 103, 120, ... (docs/facts.md lists
+    /// every compute capability; others are refused).
     #[arg(long, value_name = "SM")]
     pub sm: Option<u32>,
     /// cuDNN runtime version, e.g. 9.19.0.
@@ -72,12 +74,16 @@ pub struct ConfigArgs {
     /// Set any fact: PATH=JSON, e.g. --set softcap=30 --set 'flash_attn_versions.v3="3.0.0"'.
     #[arg(long = "set", value_name = "PATH=JSON")]
     pub sets: Vec<String>,
-    /// Set an environment switch: NAME=VALUE, e.g. --env NVTE_FLASH_ATTN=0.
+    /// Set an environment switch: NAME=VALUE, e.g. --env NVTE_FLASH_ATTN=0 (overrides the
+    /// shell's value).
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub envs: Vec<String>,
     /// Answer a probe fact: NAME=true|false, e.g. --probe fused_attn_graph=true.
     #[arg(long = "probe", value_name = "NAME=BOOL")]
     pub probes: Vec<String>,
+    /// Ignore NVTE_* variables of the shell environment (read by default, as TE reads them).
+    #[arg(long)]
+    pub no_env: bool,
 }
 
 fn insert_path(obj: &mut Map<String, Json>, path: &str, value: Json) {
@@ -110,161 +116,350 @@ fn merge(into: &mut Map<String, Json>, from: &Json) {
     }
 }
 
+/// Where an input key's value came from (the decision's provenance, and an error's location).
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// The shell environment (`NVTE_*` as TE reads it), by variable name.
+    Shell(String),
+    Preset(String),
+    /// The config file or stdin, with the position of every key.
+    File(Arc<ConfigText>),
+    /// A command-line flag as written (`--kv-heads`, `--set softcap`, `--env NVTE_FLASH_ATTN`).
+    Flag(String),
+}
+
+impl Source {
+    /// The provenance word (`shell`, `preset`, `config`, `flag`).
+    pub fn word(&self) -> &'static str {
+        match self {
+            Source::Shell(_) => "shell",
+            Source::Preset(_) => "preset",
+            Source::File(_) => "config",
+            Source::Flag(_) => "flag",
+        }
+    }
+
+    /// Where the value at `path` was given: `file:line:col`, the flag, the preset, `$VAR`.
+    pub fn locate(&self, path: &str) -> String {
+        match self {
+            Source::Shell(var) => format!("${var} (shell environment; --no-env ignores it)"),
+            Source::Preset(name) => format!("preset `{name}`"),
+            Source::File(text) => text.locate(path).unwrap_or_else(|| text.name.clone()),
+            Source::Flag(flag) => flag.clone(),
+        }
+    }
+}
+
+/// A merged config object and where each of its keys came from.
+#[derive(Clone, Debug, Default)]
+pub struct Input {
+    pub json: Json,
+    /// (dotted key, source), one per leaf value, in the order they were last set.
+    pub sources: Vec<(String, Source)>,
+}
+
+impl Input {
+    /// Records that `value` was written at `path` by `source`. `replace`: the write replaced the
+    /// whole subtree at `path` (a flag); otherwise it merged into it (a preset or a file).
+    fn record(&mut self, path: &str, value: &Json, source: &Source, replace: bool) {
+        let under = |k: &str, p: &str| {
+            k.len() > p.len() && k.starts_with(p) && k.as_bytes()[p.len()] == b'.'
+        };
+        if replace {
+            self.sources.retain(|(k, _)| k != path && !under(k, path));
+        }
+        match value.as_object() {
+            Some(members) if !path.ends_with("window_size") => {
+                for (k, v) in members {
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    if p != "id" {
+                        self.record(&p, v, source, false);
+                    }
+                }
+            }
+            _ if path.is_empty() => {}
+            _ => {
+                // A leaf replaces what was at, under or above it.
+                self.sources
+                    .retain(|(k, _)| k != path && !under(k, path) && !under(path, k));
+                self.sources.push((path.to_string(), source.clone()));
+            }
+        }
+    }
+
+    /// Where the value at `path` (`num_gqa_groups`, `window_size.left`, `window_size[1]`) was
+    /// given: its own source, else its closest ancestor's, else a member's.
+    pub fn locate(&self, path: &str) -> Option<String> {
+        let top = path.split('[').next().unwrap_or(path);
+        let mut p = top;
+        loop {
+            if let Some((_, s)) = self.sources.iter().rev().find(|(k, _)| k == p) {
+                return Some(s.locate(path));
+            }
+            match p.rfind('.') {
+                Some(i) => p = &p[..i],
+                None => break,
+            }
+        }
+        self.sources
+            .iter()
+            .rev()
+            .find(|(k, _)| k.starts_with(top) && k.as_bytes().get(top.len()) == Some(&b'.'))
+            .map(|(_, s)| s.locate(path))
+    }
+
+    /// The facts of the te family; an error says where the offending value was given.
+    pub fn facts(&self) -> Result<Facts, InputError> {
+        attn_policy::facts::te::TE.read(&self.json).map_err(|e| {
+            let at = self.locate(&e.path);
+            e.at(at)
+        })
+    }
+
+    /// Provenance as (input key, source word) pairs (the explanation's `provenance`).
+    pub fn provenance(&self) -> Vec<(String, &'static str)> {
+        self.sources
+            .iter()
+            .map(|(k, s)| (k.clone(), s.word()))
+            .collect()
+    }
+
+    /// The environment variables that came from the shell, with their values.
+    pub fn shell_values(&self) -> Vec<(String, String)> {
+        self.sources
+            .iter()
+            .filter_map(|(k, s)| match s {
+                Source::Shell(var) => Some((
+                    var.clone(),
+                    self.json
+                        .pointer(&format!("/{}", k.replace('.', "/")))
+                        .and_then(Json::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// The environment variables a family's selector reads (its `env.*` facts).
+pub fn env_variables() -> impl Iterator<Item = &'static str> {
+    attn_policy::facts::te::TE
+        .fields
+        .iter()
+        .filter_map(|d| d.path.strip_prefix("env."))
+}
+
+fn flag_error(flag: &str, path: &str, message: impl Into<String>) -> InputError {
+    InputError::new(path, message).at(Some(flag.to_string()))
+}
+
 impl ConfigArgs {
-    /// The merged config object (before typing).
-    pub fn to_json(&self) -> Result<Json, String> {
+    /// The merged input (before typing): the shell environment (unless --no-env), a preset, a
+    /// file, then flags, each overriding the previous.
+    pub fn input(&self) -> Result<Input, InputError> {
+        let mut input = Input::default();
         let mut obj = Map::new();
+        if !self.no_env {
+            for var in env_variables() {
+                if let Some(value) = std::env::var_os(var) {
+                    let value = Json::String(value.to_string_lossy().into_owned());
+                    let path = format!("env.{var}");
+                    input.record(&path, &value, &Source::Shell(var.to_string()), true);
+                    insert_path(&mut obj, &path, value);
+                }
+            }
+        }
         if let Some(name) = &self.preset {
             let p = presets::find(name).ok_or_else(|| {
-                let hint = attn_policy::facts::did_you_mean(name, presets::names())
-                    .map(|h| format!(" (did you mean `{h}`?)"))
-                    .unwrap_or_default();
-                format!("unknown preset `{name}`{hint}; see `attn-policy presets`")
+                flag_error(
+                    "--preset",
+                    "",
+                    format!("unknown preset `{name}`; see `attn-policy presets`"),
+                )
+                .suggest(attn_policy::facts::did_you_mean(name, presets::names()))
             })?;
-            merge(&mut obj, &(p.config)());
+            let config = (p.config)();
+            input.record("", &config, &Source::Preset(name.clone()), false);
+            merge(&mut obj, &config);
         }
         if let Some(path) = &self.config {
-            let text = if path.as_os_str() == "-" {
+            let (name, text) = if path.as_os_str() == "-" {
                 let mut s = String::new();
                 std::io::stdin()
                     .read_to_string(&mut s)
-                    .map_err(|e| format!("cannot read stdin: {e}"))?;
-                s
+                    .map_err(|e| flag_error("<stdin>", "", format!("cannot read stdin: {e}")))?;
+                ("<stdin>".to_string(), s)
             } else {
-                std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+                let name = path.display().to_string();
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| flag_error(&name, "", format!("cannot read it: {e}")))?;
+                (name, text)
             };
-            let value: Json = match serde_json::from_str(&text) {
-                Ok(v) => v,
-                Err(json_err) => serde_saphyr::from_str(&text).map_err(|e| {
-                    format!(
-                        "{}: neither JSON ({json_err}) nor YAML ({})",
-                        path.display(),
-                        e.without_snippet()
-                    )
-                })?,
-            };
-            // Accept a whole conformance record too.
-            let value = value.get("config").cloned().unwrap_or(value);
-            if !value.is_object() {
-                return Err(format!("{}: expected a config object", path.display()));
+            // A whole conformance record is accepted too: its `config` is the input.
+            let text = ConfigText::parse(&name, &text)?.into_config();
+            if !text.value.is_object() {
+                return Err(InputError::new(
+                    "",
+                    format!("expected a config object, found {}", kind(&text.value)),
+                )
+                .kind(InputErrorKind::Syntax)
+                .at(Some(name)));
             }
+            let value = text.value.clone();
+            input.record("", &value, &Source::File(Arc::new(text)), false);
             merge(&mut obj, &value);
         }
-        let mut set = |k: &str, v: Json| insert_path(&mut obj, k, v);
+        let mut set = |flag: &str, k: &str, v: Json| {
+            input.record(k, &v, &Source::Flag(flag.to_string()), true);
+            insert_path(&mut obj, k, v)
+        };
         if let Some(d) = self.head_dim {
-            set("head_dim_qk", json!(d));
-            set("head_dim_v", json!(d));
+            set("--head-dim", "head_dim_qk", json!(d));
+            set("--head-dim", "head_dim_v", json!(d));
         }
         if let Some(d) = self.head_dim_qk {
-            set("head_dim_qk", json!(d));
+            set("--head-dim-qk", "head_dim_qk", json!(d));
         }
         if let Some(d) = self.head_dim_v {
-            set("head_dim_v", json!(d));
+            set("--head-dim-v", "head_dim_v", json!(d));
         }
         if let Some(sm) = self.sm {
-            set("device_compute_capability", json!([sm / 10, sm % 10]));
+            set(
+                "--sm",
+                "device_compute_capability",
+                json!([sm / 10, sm % 10]),
+            );
         }
         if let Some(v) = &self.cudnn {
-            set("cudnn_version", json!(v));
+            set("--cudnn", "cudnn_version", json!(v));
         }
         if let Some(v) = &self.dtype {
-            set("qkv_dtype", json!(v));
+            set("--dtype", "qkv_dtype", json!(v));
         }
         if let Some(v) = &self.layout {
-            set("qkv_layout", json!(v));
+            set("--layout", "qkv_layout", json!(v));
         }
         if let Some(v) = &self.mask {
-            set("attn_mask_type", json!(v));
+            set("--mask", "attn_mask_type", json!(v));
         }
         if let Some(w) = &self.window {
             let parts: Vec<&str> = w.split(',').map(str::trim).collect();
             let parsed: Option<Vec<i64>> = parts.iter().map(|p| p.parse().ok()).collect();
             match parsed {
-                Some(v) if v.len() == 2 => set("window_size", json!(v)),
-                _ if w == "none" || w == "null" => set("window_size", Json::Null),
+                Some(v) if v.len() == 2 => set("--window", "window_size", json!(v)),
+                _ if w == "none" || w == "null" => set("--window", "window_size", Json::Null),
                 _ => {
-                    return Err(format!(
-                        "--window expects LEFT,RIGHT (e.g. 128,0 or -1,-1), got `{w}`"
+                    return Err(flag_error(
+                        "--window",
+                        "window_size",
+                        format!("expects LEFT,RIGHT (e.g. 128,0 or -1,-1) or none, got `{w}`"),
                     ));
                 }
             }
         }
-        for (flag, key) in [
-            (self.batch, "batch_size"),
-            (self.heads, "num_heads"),
-            (self.kv_heads, "num_gqa_groups"),
+        for (flag, name, value) in [
+            ("--batch", "batch_size", self.batch),
+            ("--heads", "num_heads", self.heads),
+            ("--kv-heads", "num_gqa_groups", self.kv_heads),
         ] {
-            if let Some(v) = flag {
-                set(key, json!(v));
+            if let Some(v) = value {
+                set(flag, name, json!(v));
             }
         }
         if let Some(s) = self.seqlen {
-            set("max_seqlen_q", json!(s));
-            set("max_seqlen_kv", json!(s));
+            set("--seqlen", "max_seqlen_q", json!(s));
+            set("--seqlen", "max_seqlen_kv", json!(s));
         }
         if let Some(s) = self.seqlen_q {
-            set("max_seqlen_q", json!(s));
+            set("--seqlen-q", "max_seqlen_q", json!(s));
         }
         if let Some(s) = self.seqlen_kv {
-            set("max_seqlen_kv", json!(s));
+            set("--seqlen-kv", "max_seqlen_kv", json!(s));
         }
         if let Some(t) = &self.cp_comm_type {
-            set("context_parallel", json!(true));
-            set("cp_comm_type", json!(t));
+            set("--cp-comm-type", "context_parallel", json!(true));
+            set("--cp-comm-type", "cp_comm_type", json!(t));
             if self.cp_size.is_none() {
-                set("cp_size", json!(if t == "a2a+p2p" { 4 } else { 2 }));
+                let size = if t == "a2a+p2p" { 4 } else { 2 };
+                set("--cp-comm-type", "cp_size", json!(size));
                 if t == "a2a+p2p" {
-                    set("cp_size_a2a", json!(2));
+                    set("--cp-comm-type", "cp_size_a2a", json!(2));
                 }
             }
         }
         if let Some(n) = self.cp_size {
-            set("cp_size", json!(n));
-            set("context_parallel", json!(n > 1));
+            set("--cp-size", "cp_size", json!(n));
+            set("--cp-size", "context_parallel", json!(n > 1));
         }
         if self.inference {
-            set("is_training", json!(false));
+            set("--inference", "is_training", json!(false));
         }
         if self.deterministic {
-            set("deterministic", json!(true));
+            set("--deterministic", "deterministic", json!(true));
         }
         for s in &self.sets {
             let (k, v) = s
                 .split_once('=')
-                .ok_or_else(|| format!("--set expects PATH=JSON, got `{s}`"))?;
+                .ok_or_else(|| flag_error("--set", "", format!("expects PATH=JSON, got `{s}`")))?;
             let value: Json =
                 serde_json::from_str(v).unwrap_or_else(|_| Json::String(v.to_string()));
-            set(k.trim(), value);
+            set(&format!("--set {}", k.trim()), k.trim(), value);
         }
         for s in &self.envs {
             let (k, v) = s
                 .split_once('=')
-                .ok_or_else(|| format!("--env expects NAME=VALUE, got `{s}`"))?;
-            set(&format!("env.{}", k.trim()), json!(v.trim()));
+                .ok_or_else(|| flag_error("--env", "", format!("expects NAME=VALUE, got `{s}`")))?;
+            set(
+                &format!("--env {}", k.trim()),
+                &format!("env.{}", k.trim()),
+                json!(v.trim()),
+            );
         }
         for s in &self.probes {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| format!("--probe expects NAME=true|false, got `{s}`"))?;
+            let (k, v) = s.split_once('=').ok_or_else(|| {
+                flag_error("--probe", "", format!("expects NAME=true|false, got `{s}`"))
+            })?;
+            let flag = format!("--probe {}", k.trim());
             let b = match v.trim() {
                 "true" | "yes" | "1" => Json::Bool(true),
                 "false" | "no" | "0" => Json::Bool(false),
                 "unknown" | "null" => Json::Null,
                 other => {
-                    return Err(format!(
-                        "--probe {k}: expected true, false or unknown, got `{other}`"
+                    return Err(flag_error(
+                        &flag,
+                        &format!("probe.{}", k.trim()),
+                        format!("expected true, false or unknown, got `{other}`"),
                     ));
                 }
             };
-            set(&format!("probe.{}", k.trim()), b);
+            set(&flag, &format!("probe.{}", k.trim()), b);
         }
-        Ok(Json::Object(obj))
+        input.json = Json::Object(obj);
+        Ok(input)
     }
 
-    pub fn facts(&self) -> Result<Facts, String> {
-        let json = self.to_json()?;
-        Facts::from_json(&json).map_err(|e| format!("invalid config: {e}"))
+    /// The typed facts, and the input they were read from.
+    pub fn facts(&self) -> Result<(Facts, Input), InputError> {
+        let input = self.input()?;
+        let facts = input.facts()?;
+        Ok((facts, input))
+    }
+}
+
+fn kind(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "an object",
     }
 }
 

@@ -17,7 +17,11 @@ use attn_policy_adapters::{Registry, RegistryEntry, problem_from_facts};
 Examples:
   attn-policy run --pack native --head-dim 64 --seqlen 128          # anywhere: CPU reference
   attn-policy run --preset gemma4-global --seqlen 16384             # on a GPU: chunked executor
-  attn-policy run --head-dim 128 --seqlen 4096 --mask causal --heads 8 --kv-heads 4 --json")]
+  attn-policy run --head-dim 128 --seqlen 4096 --mask causal --heads 8 --kv-heads 4 --json
+
+Exit codes: 0 ran (and verified where verification applies), 1 no backend selected, 2 bad input
+or bad rules, 4 the selected executor could not run (unavailable or refused), 5 verification
+failed.")]
 pub struct RunArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -44,7 +48,7 @@ pub fn run(a: RunArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let mut facts = match a.config.facts() {
+    let (mut facts, input) = match a.config.facts() {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
@@ -84,9 +88,10 @@ pub fn run(a: RunArgs) -> i32 {
     let problem = match problem {
         Ok(p) => p,
         Err(e) => {
-            return super::fail(format!(
-                "`{name}` was selected but the config cannot be expressed as an executor problem: {e}"
-            ));
+            eprintln!(
+                "error: `{name}` was selected but the config cannot be expressed as an executor problem: {e}"
+            );
+            return super::EXIT_NOT_RUN;
         }
     };
     let opts = RunOptions {
@@ -101,10 +106,11 @@ pub fn run(a: RunArgs) -> i32 {
     let executor = match registry.get(&name) {
         Ok(e) => e,
         Err(e) => {
-            return super::fail(format!(
-                "pack `{}` selected `{name}`, but the executor is unavailable: {e}",
+            eprintln!(
+                "error: pack `{}` selected `{name}`, but the executor is unavailable: {e}",
                 policy.name
-            ));
+            );
+            return super::EXIT_NOT_RUN;
         }
     };
     let report = match run_on(executor.as_ref(), &problem, a.seed, &opts) {
@@ -112,20 +118,22 @@ pub fn run(a: RunArgs) -> i32 {
         Err(e) => {
             // No silent fallback: the selected executor refused or failed.
             eprintln!("error: the selected executor `{name}` did not run: {e}");
-            return 2;
+            return super::EXIT_NOT_RUN;
         }
     };
     let verified = report.verification.as_ref().map(|v| v.passed);
     match a.output.format() {
         Format::Json | Format::Te => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&json!({"decision": ex.to_json(), "run": report}))
+            println!("{}", {
+                let mut decision = ex.to_json();
+                super::explain::add_input(&mut decision, &facts, &input);
+                serde_json::to_string_pretty(&json!({"decision": decision, "run": report}))
                     .expect("json")
-            );
+            });
         }
         Format::Human => {
             print!("{}", ex.to_text(color));
+            print!("{}", super::explain::shell_note(&input));
             println!();
             println!(
                 "ran:       {} on {} (seed {})",
@@ -193,5 +201,9 @@ pub fn run(a: RunArgs) -> i32 {
             }
         }
     }
-    if verified == Some(false) { 1 } else { 0 }
+    if verified == Some(false) {
+        super::EXIT_VERIFY_FAILED
+    } else {
+        0
+    }
 }

@@ -33,10 +33,12 @@ pub fn run(a: WhyNotArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let config = match a.config.to_json() {
-        Ok(c) => c,
+    // Read (and validate) the input first, so that a bad value is reported where it was given.
+    let (_, input) = match a.config.facts() {
+        Ok(f) => f,
         Err(e) => return super::fail(e),
     };
+    let config = input.json.clone();
     let r = match why_not(&policy, &a.backend, &config) {
         Ok(r) => r,
         Err(e) => return super::fail(e),
