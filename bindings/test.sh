@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds and tests the Python and C bindings (called by .ci/run). Needs Rust, gcc and
-# CPython >= 3.9; installs maturin and pytest from PyPI into a throwaway venv.
+# CPython >= 3.9; installs maturin and pytest from PyPI into a throwaway venv, and a pinned
+# torch (PyPI's wheel, with its CUDA libraries: it runs on CPU-only machines too) into a venv
+# cached under ~/.cache/attn-policy (about 4.7 GB, 3-4 minutes the first time).
 #   bash bindings/test.sh            # build wheel, pip install into a fresh venv, pytest, C test
 #   BENCH=1 bash bindings/test.sh    # also print the Python speed table
+#   TORCH_TESTS=0 bash bindings/test.sh   # skip the attn_policy.torch suite
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -23,6 +26,20 @@ echo "== fresh venv: pip install the wheel, pytest"
 "$WORK/venv/bin/pip" install -q --disable-pip-version-check "$WORK"/wheels/*.whl pytest
 (cd "$WORK" && "$WORK/venv/bin/python" -c 'import attn_policy; print("installed:", attn_policy.__file__)')
 (cd "$WORK" && "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/bindings/python/tests")
+if [[ "${TORCH_TESTS:-1}" == 1 ]]; then
+  echo "== attn_policy.torch: pinned torch in a cached venv, CPU test suite"
+  TORCH_VERSION=2.11.0
+  PYV="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
+  TV="${ATTN_POLICY_TORCH_VENV:-$HOME/.cache/attn-policy/torch-$TORCH_VERSION-py$PYV}"
+  if ! "$TV/bin/python" -c "import torch, pytest; import transformers; assert torch.__version__.split('+')[0] == '$TORCH_VERSION'" 2>/dev/null; then
+    rm -rf "$TV"
+    "$PY" -m venv "$TV"
+    "$TV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" "transformers==5.17.0" pytest numpy
+  fi
+  "$TV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$WORK"/wheels/*.whl
+  (cd "$WORK" && "$TV/bin/python" -m pytest -q -p no:cacheprovider \
+    "$ROOT/bindings/python/tests/test_torch.py" "$ROOT/bindings/python/tests/test_transformers.py")
+fi
 if [[ "${BENCH:-0}" == 1 ]]; then
   "$WORK/venv/bin/python" "$ROOT/bindings/python/tests/bench_bindings.py" "$ATTN_POLICY_CORPUS"
 fi

@@ -37,3 +37,35 @@ fixture!(
     unknown_variant,
     not_bool,
 );
+
+/// Executor chains are checked against the catalogue the loader is given: an unknown executor
+/// (with a did-you-mean) and an unknown variant are errors with their location.
+#[test]
+fn unknown_executor() {
+    use attn_policy::{CatalogueEntry, ExecutorCatalogue, PackError, PackSpec, Provider};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid/unknown_executor");
+    let mut catalogue = ExecutorCatalogue::new();
+    for name in ["cudnn", "chunked", "reference"] {
+        catalogue.add(CatalogueEntry {
+            name: name.into(),
+            description: String::new(),
+            provider: Provider::Builtin,
+            admits: Vec::new(),
+        });
+    }
+    let err = PackSpec::dir(&dir)
+        .with_catalogue(std::sync::Arc::new(catalogue))
+        .load()
+        .expect_err("unknown executor");
+    let PackError::Load(err) = err else {
+        panic!("expected load diagnostics, got {err}")
+    };
+    let text = err
+        .render(false)
+        .replace(&format!("{}/", dir.display()), "");
+    insta::assert_snapshot!(text);
+    // Without a catalogue the names are not checked, but the unknown variant still is.
+    let err = Policy::from_dir(&dir).expect_err("unknown variant");
+    assert_eq!(err.diagnostics.0.len(), 1, "{}", err.render(false));
+    assert_eq!(err.diagnostics.0[0].code, "E-EXECUTOR");
+}

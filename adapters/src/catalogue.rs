@@ -1,68 +1,34 @@
-//! The executor catalogue this crate gives the pack loader: every executor a chain may name,
-//! as data (see `attn_policy::catalogue`). Executors the Python host provides (`torch_*`) are
-//! listed too, so a pack naming them loads everywhere; outside Python they are unavailable.
+//! The executor catalogue this crate gives the pack loader: every executor of
+//! [`Registry::builtin`] (this crate's and the Python host's `torch_*`) as data, with each
+//! manifest's te-family `admits` condition ([`crate::from_facts::te_admits`]). A pack naming a
+//! host executor loads everywhere; outside Python that executor is unavailable.
 
 use attn_policy::{CatalogueEntry, ExecutorCatalogue, Provider};
 
-/// Executors provided by the Python package (torch's own SDPA kernels), by name.
-pub const HOST_EXECUTORS: &[(&str, &str)] = &[
-    (
-        "torch_flash",
-        "PyTorch's FlashAttention-2 kernel (inside Python only)",
-    ),
-    (
-        "torch_efficient",
-        "PyTorch's memory-efficient (xFormers) kernel (inside Python only)",
-    ),
-    (
-        "torch_cudnn",
-        "PyTorch's cuDNN attention kernel (inside Python only)",
-    ),
-    (
-        "torch_math",
-        "PyTorch's math reference path (inside Python only)",
-    ),
-];
+use crate::registry::{self, Registry};
 
-/// This crate's executors (each behind its cargo feature and a run-time probe: listed in every
-/// build, available where they can run).
-pub const BUILTIN_EXECUTORS: &[(&str, &str)] = &[
-    (
-        crate::reference::NAME,
-        "CPU float64 reference (oracle), every shape/mask/window/GQA",
-    ),
-    (
-        crate::chunked::NAME,
-        "CUDA chunked cuBLAS GEMMs + NVRTC softmax, any head_dim (multiple of 8)",
-    ),
-    (
-        crate::cudnn::NAME,
-        "cuDNN fused attention through the backend graph API",
-    ),
-    (
-        crate::frost::NAME,
-        "cuDNN FROST kernels (head_dim 256 < d <= 512 on SM100/SM103) via cuDNN frontend",
-    ),
-];
-
-/// The catalogue of this build: the crate's executors and the Python host's.
-pub fn catalogue() -> ExecutorCatalogue {
+/// The catalogue of a registry.
+pub fn of(registry: &Registry) -> ExecutorCatalogue {
     let mut c = ExecutorCatalogue::new();
-    for (name, description) in BUILTIN_EXECUTORS {
+    // Manifests only: no availability probe (that may open a device) is needed to load a pack.
+    for name in registry.names() {
+        let Ok(e) = registry.entry(name) else {
+            continue;
+        };
         c.add(CatalogueEntry {
-            name: name.to_string(),
-            description: description.to_string(),
-            provider: Provider::Builtin,
-            admits: Vec::new(),
-        });
-    }
-    for (name, description) in HOST_EXECUTORS {
-        c.add(CatalogueEntry {
-            name: name.to_string(),
-            description: description.to_string(),
-            provider: Provider::Host("python".into()),
-            admits: Vec::new(),
+            admits: vec![("te".into(), crate::from_facts::te_admits(&e.manifest))],
+            name: e.name.clone(),
+            description: e.description.clone(),
+            provider: match e.provider {
+                registry::Provider::PythonHost => Provider::Host("python".into()),
+                registry::Provider::Builtin => Provider::Builtin,
+            },
         });
     }
     c
+}
+
+/// The catalogue of this build ([`Registry::builtin`]).
+pub fn catalogue() -> ExecutorCatalogue {
+    of(&Registry::builtin())
 }

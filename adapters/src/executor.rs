@@ -11,13 +11,21 @@
 //!    path used by `attn-policy run` and the tests). They call `check` first, then validate every
 //!    tensor (dtype, length) before any device work, and return
 //!    [`ExecError::Unsupported`] / [`ExecError::InvalidInput`] without computing on a mismatch.
-//! 4. GPU executors may also implement the device fast path ([`Executor::forward_device`],
-//!    [`Executor::backward_device`]) on raw device pointers, used by the benches. The default
-//!    implementation refuses with `Unsupported`.
+//! 4. GPU executors implement the stream path for frameworks: [`Executor::workspace_bytes`]
+//!    tells the caller how much workspace to allocate (its allocator, not ours), and
+//!    [`Executor::enqueue_forward`] / [`Executor::enqueue_backward`] enqueue on the caller's
+//!    `CUstream` with the caller's output and workspace pointers, and return without
+//!    synchronising. The first call for a shape (a `workspace_bytes` query counts) builds and
+//!    caches what the shape needs; later calls make no device allocation, module load, plan
+//!    build or handle creation, so they can be captured in a CUDA graph.
+//! 5. The synchronous device path ([`Executor::forward_device`], [`Executor::backward_device`])
+//!    runs on the executor's own stream with its own workspace and times the call (benches).
+//!    Both device paths refuse with `Unsupported` by default.
 //!
 //! Errors: [`ExecError::Unsupported`] means "this executor does not do that" (a policy matter:
 //! the caller may pick another backend, and must say so); every other variant is a real error.
 
+pub use crate::cudnn::spec::Direction;
 use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -87,6 +95,15 @@ pub enum ExecError {
         name: String,
         /// Comma-separated registered names.
         known: String,
+    },
+    /// The executor exists but cannot run in this process (for example one the Python host
+    /// provides, asked for outside Python).
+    #[error("executor '{name}' is unavailable: {reason}")]
+    Unavailable {
+        /// Executor name.
+        name: String,
+        /// Why.
+        reason: String,
     },
     /// Verification against the reference failed (used by [`crate::run`]).
     #[error("verification failed: {reason}")]
@@ -287,7 +304,7 @@ impl Manifest {
     }
 }
 
-/// A tensor in host memory: 16-bit patterns of `dtype`, laid out with some [`crate::Strides`].
+/// A tensor in host memory: 16-bit patterns of `dtype` (fp16 or bf16), laid out with some [`crate::Strides`].
 ///
 /// `data.len()` must be at least the span the problem's strides give for this tensor; elements
 /// between rows (padding) are ignored on input and left untouched on output.
@@ -419,6 +436,20 @@ pub struct DeviceBackwardArgs {
     pub dv: u64,
 }
 
+/// Where a stream-ordered call runs and the workspace the caller allocated for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamLaunch {
+    /// CUDA device ordinal of every pointer (must be the executor's device).
+    pub device: usize,
+    /// The caller's `CUstream` (`cudaStream_t`), as an integer; 0 is the legacy default stream.
+    pub stream: u64,
+    /// Device pointer of the workspace (0 when `workspace_bytes` is 0); at least 256-byte
+    /// aligned, live until the work enqueued on `stream` completes.
+    pub workspace: u64,
+    /// Size of the workspace in bytes: at least what [`Executor::workspace_bytes`] said.
+    pub workspace_bytes: u64,
+}
+
 /// An attention executor. Object safe; shared across threads.
 pub trait Executor: Send + Sync {
     /// Registry name, as rule packs write it (`reference`, `chunked`, `cudnn`).
@@ -446,6 +477,61 @@ pub trait Executor: Send + Sync {
         problem: &AttentionProblem,
         inputs: &BackwardInputs<'_>,
     ) -> Result<BackwardOutput, ExecError>;
+
+    /// CUDA device ordinal the executor runs on (None for host executors).
+    fn device_ordinal(&self) -> Option<usize> {
+        None
+    }
+
+    /// Bytes of workspace [`Executor::enqueue_forward`] (`Direction::Forward`) or
+    /// [`Executor::enqueue_backward`] needs for `problem`. Builds and caches the plan for this
+    /// shape (the warm-up), so the enqueue that follows does no host-side setup.
+    fn workspace_bytes(
+        &self,
+        problem: &AttentionProblem,
+        direction: Direction,
+    ) -> Result<u64, ExecError> {
+        let _ = (problem, direction);
+        Err(ExecError::Unsupported {
+            reason: format!("{}: no stream path", self.name()),
+        })
+    }
+
+    /// Enqueues a forward on the caller's stream with the caller's outputs and workspace and
+    /// returns without synchronising.
+    ///
+    /// # Safety
+    /// Every pointer must be a live allocation on `launch.device` covering the span the
+    /// problem's strides give (LSE: `lse_len()` floats, contiguous), outputs must not alias
+    /// inputs, and all of them (and the workspace) must stay live until the enqueued work
+    /// completes on `launch.stream`.
+    unsafe fn enqueue_forward(
+        &self,
+        problem: &AttentionProblem,
+        args: &DeviceForwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        let _ = (problem, args, launch);
+        Err(ExecError::Unsupported {
+            reason: format!("{}: no stream path", self.name()),
+        })
+    }
+
+    /// Enqueues a backward on the caller's stream; see [`Executor::enqueue_forward`].
+    ///
+    /// # Safety
+    /// As for [`Executor::enqueue_forward`].
+    unsafe fn enqueue_backward(
+        &self,
+        problem: &AttentionProblem,
+        args: &DeviceBackwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        let _ = (problem, args, launch);
+        Err(ExecError::Unsupported {
+            reason: format!("{}: no stream path", self.name()),
+        })
+    }
 
     /// Forward on device memory (fast path for benches). Synchronous on return.
     ///
@@ -513,6 +599,11 @@ pub fn validate_backward_inputs(
 }
 
 fn check_tensor(name: &str, dtype: DType, span: usize, t: &HostTensor) -> Result<(), ExecError> {
+    if !dtype.is_16bit() {
+        return Err(ExecError::invalid(format!(
+            "{name}: host tensors hold fp16/bf16; {dtype} inputs go through the strided-pointer API (reference::forward_strided)"
+        )));
+    }
     if t.dtype != dtype {
         return Err(ExecError::invalid(format!(
             "{name} has dtype {}, problem says {dtype}",

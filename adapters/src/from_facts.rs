@@ -31,6 +31,96 @@ fn refuse(fact: &str, value: impl ToString, why: &str) -> NotExpressible {
     }
 }
 
+type FeatureCheck = fn(&Facts, Value) -> bool;
+
+/// Facts whose other values change the result (bias, dropout, soft-capping, sink softmax, FP8,
+/// a KV cache, context parallelism, THD padding, score_mod, extra outputs): the executors
+/// compute plain softmax attention, so these must hold.
+const FEATURES: &[(&str, FeatureCheck, &str)] = &[
+    (
+        "core_attention_bias_type",
+        |f, _| f.text("core_attention_bias_type") == Some("no_bias"),
+        "executors add no bias",
+    ),
+    (
+        "alibi_slopes_shape",
+        |_, v| v == Value::Null,
+        "executors add no ALiBi bias",
+    ),
+    (
+        "attention_dropout",
+        |f, v| {
+            v == Value::Float(0.0)
+                || v == Value::Int(0)
+                || f.get("is_training") == Some(Value::Bool(false))
+        },
+        "executors apply no dropout",
+    ),
+    (
+        "softcap",
+        |_, v| v == Value::Float(0.0) || v == Value::Int(0),
+        "executors apply no soft-capping",
+    ),
+    (
+        "softmax_type",
+        |f, _| f.text("softmax_type") == Some("vanilla"),
+        "executors compute the vanilla softmax (no sink)",
+    ),
+    (
+        "fp8",
+        |_, v| v == Value::Bool(false),
+        "executors do not run FP8",
+    ),
+    (
+        "fp8_output",
+        |_, v| v != Value::Bool(true),
+        "executors write no FP8 output",
+    ),
+    (
+        "qkv_type",
+        |f, _| f.text("qkv_type") == Some("Tensor"),
+        "executors take plain tensors (no quantized tensor classes)",
+    ),
+    (
+        "inference",
+        |_, v| v == Value::Null,
+        "executors have no KV cache",
+    ),
+    (
+        "context_parallel",
+        |_, v| v == Value::Bool(false),
+        "executors run one device's whole sequence (context parallelism is attn_policy.torch's cp_attention)",
+    ),
+    (
+        "pad_between_seqs",
+        |_, v| v != Value::Bool(true),
+        "executors take no THD padding",
+    ),
+    (
+        "has_score_mod",
+        |_, v| v != Value::Bool(true),
+        "executors apply no score_mod",
+    ),
+    (
+        "return_max_logit",
+        |_, v| v != Value::Bool(true),
+        "executors do not return the max logit",
+    ),
+];
+
+fn value_text(facts: &Facts, fact: &str, v: Value) -> String {
+    match facts.text(fact) {
+        Some(t) => t.to_string(),
+        None => match v {
+            Value::Null => "null".into(),
+            Value::Bool(b) => b.to_string(),
+            Value::Int(i) => i.to_string(),
+            Value::Float(x) => x.to_string(),
+            other => format!("{other:?}"),
+        },
+    }
+}
+
 /// Builds the executor problem of a te-family configuration (`qkv_layout`, `attn_mask_type`,
 /// `window`, `bottom_right_diagonal`, `softmax_scale`, `deterministic`, sizes and head dims).
 pub fn problem_from_facts(facts: &Facts) -> Result<AttentionProblem, NotExpressible> {
@@ -98,16 +188,123 @@ pub fn problem_from_facts(facts: &Facts) -> Result<AttentionProblem, NotExpressi
             ));
         }
     };
-    if let Some(Value::Float(s)) = facts.get("softmax_scale") {
-        // TE's schema default is 1.0; a config that leaves it unset means the usual 1/sqrt(d).
-        if s > 0.0 && s != 1.0 {
-            p.softmax_scale = s;
+    // Features that change what is computed: an executor ignoring one would return a silently
+    // different result, so the problem is not expressible with them.
+    for (fact, ok, what) in FEATURES {
+        if let Some(v) = facts.get(fact)
+            && !ok(facts, v)
+        {
+            return Err(refuse(fact, value_text(facts, fact, v), what));
         }
+    }
+    // Null (not given): the problem keeps its default 1/sqrt(d); a given scale is taken as it
+    // is, and one that is not finite and positive fails validation below.
+    if let Some(Value::Float(s)) = facts.get("softmax_scale") {
+        p.softmax_scale = s;
     }
     p.deterministic = facts.get("deterministic") == Some(Value::Bool(true));
     p.validate()
         .map_err(|e| refuse("problem", "invalid", e.as_str()))?;
     Ok(p)
+}
+
+/// What [`problem_from_facts`] accepts, as a condition of the te family's rule language: the
+/// layouts, dtypes and masks it expresses and the features it refuses.
+const TE_EXPRESSIBLE: &str = r#"qkv_layout in ["bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd"]
+    and attn_mask_type in ["no_mask", "causal", "causal_bottom_right"]
+    and batch_size > 0 and num_heads > 0 and num_gqa_groups > 0 and num_heads % num_gqa_groups == 0
+    and max_seqlen_q > 0 and max_seqlen_kv > 0 and head_dim_qk > 0 and head_dim_v > 0
+    and window.left >= -1 and (attn_mask_type != "no_mask" or window.right >= -1)
+    and (softmax_scale == null or softmax_scale > 0)
+    and core_attention_bias_type == "no_bias" and alibi_slopes_shape == null
+    and (attention_dropout == 0 or not is_training) and softcap == 0
+    and softmax_type == "vanilla" and not fp8 and not fp8_output and qkv_type == "Tensor"
+    and inference == null and not context_parallel and not pad_between_seqs
+    and not has_score_mod and not return_max_logit"#;
+
+/// The condition (te family) under which an executor with this manifest runs the problem a
+/// configuration describes: [`problem_from_facts`] succeeds and [`Manifest::admits`] accepts.
+/// The catalogue gives it to the pack loader, and `check` uses it to prove executor-chain
+/// entries dead or backends without a runnable entry. A test checks it against the two
+/// functions on a grid of configurations.
+pub fn te_admits(m: &crate::executor::Manifest) -> String {
+    use crate::problem::{LayoutKind, MaskKind};
+    let quoted = |xs: Vec<&str>| {
+        xs.iter()
+            .map(|x| format!("{x:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut parts = vec![format!("({TE_EXPRESSIBLE})")];
+    let dtypes: Vec<&str> = [DType::F16, DType::BF16]
+        .into_iter()
+        .filter(|d| m.dtypes.contains(d))
+        .map(DType::rule_name)
+        .collect();
+    parts.push(format!("qkv_dtype in [{}]", quoted(dtypes)));
+    if let Some(cc) = m.min_compute_capability {
+        parts.push(format!("sm >= {cc}"));
+    }
+    for (fact, r) in [("head_dim_qk", m.head_dim_qk), ("head_dim_v", m.head_dim_v)] {
+        parts.push(format!("{fact} >= {} and {fact} <= {}", r.min, r.max));
+        if r.multiple_of > 1 {
+            parts.push(format!("{fact} % {} == 0", r.multiple_of));
+        }
+    }
+    if !m.head_dim_v_may_differ {
+        parts.push("head_dim_qk == head_dim_v".into());
+    }
+    let masks: Vec<&str> = [
+        MaskKind::NoMask,
+        MaskKind::CausalTopLeft,
+        MaskKind::CausalBottomRight,
+    ]
+    .into_iter()
+    .filter(|k| m.masks.contains(k))
+    .map(MaskKind::rule_name)
+    .collect();
+    parts.push(format!("attn_mask_type in [{}]", quoted(masks)));
+    if !m.windows {
+        parts.push(
+            r#"window.left < 0 and (attn_mask_type != "no_mask" or window.right < 0)"#.into(),
+        );
+    }
+    if !m.rectangular {
+        parts.push("max_seqlen_q == max_seqlen_kv".into());
+    }
+    if !m.arbitrary_strides {
+        let layouts: Vec<&str> = [
+            (LayoutKind::Bshd, "bshd_bshd_bshd"),
+            (LayoutKind::Sbhd, "sbhd_sbhd_sbhd"),
+            (LayoutKind::Bhsd, "bhsd_bhsd_bhsd"),
+        ]
+        .into_iter()
+        .filter(|(k, _)| m.layouts.contains(k))
+        .map(|(_, name)| name)
+        .collect();
+        parts.push(format!("qkv_layout in [{}]", quoted(layouts)));
+    }
+    if m.stride_multiple_of > 1 {
+        // Contiguous named layouts: every stride is a multiple of the head dims (and of
+        // num_heads * head_dim), so the head dims' alignment decides.
+        let k = m.stride_multiple_of;
+        parts.push(format!("head_dim_qk % {k} == 0 and head_dim_v % {k} == 0"));
+    }
+    if !m.gqa {
+        parts.push("num_gqa_groups == num_heads".into());
+    }
+    if let Some(s) = m.max_seqlen {
+        parts.push(format!("max_seqlen_q <= {s} and max_seqlen_kv <= {s}"));
+    }
+    if let Some(n) = m.max_score_elements {
+        parts.push(format!(
+            "batch_size * num_heads * max_seqlen_q * max_seqlen_kv <= {n}"
+        ));
+    }
+    if !m.deterministic {
+        parts.push("not deterministic".into());
+    }
+    parts.join("\n    and ")
 }
 
 #[cfg(test)]
@@ -140,6 +337,87 @@ mod tests {
         assert_eq!(p.mask.window_left, 32);
     }
 
+    /// The te condition of each manifest is exactly "expressible and admitted", on a grid that
+    /// crosses every limit the manifests state.
+    #[test]
+    fn te_admits_agrees_with_the_conversion_and_the_manifest() {
+        use attn_policy::eval::program::Truth;
+        let manifests = [
+            crate::reference::manifest(),
+            crate::chunked::manifest(),
+            crate::cudnn::manifest(),
+            crate::frost::manifest(),
+        ];
+        let mut compiled = Vec::new();
+        let mut compiler = attn_policy::typecheck::Compiler::default();
+        for m in &manifests {
+            let src = te_admits(m);
+            let ast = attn_policy::lang::parse_expr(&src)
+                .unwrap_or_else(|e| panic!("{}: {e:?}\n{src}", m.name));
+            let c = compiler
+                .condition(&ast)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{src}", m.name));
+            compiled.push(c.node);
+        }
+        let (mut admitted, mut total) = (0, 0);
+        for d in [64, 72, 128, 256, 260, 264, 512, 1024, 4096] {
+            for dv in [d, 128] {
+                for dtype in ["fp16", "bf16", "fp32"] {
+                    for layout in ["bshd_bshd_bshd", "bhsd_bhsd_bhsd", "thd_thd_thd"] {
+                        for (mask, window) in [
+                            ("no_mask", json!(null)),
+                            ("causal", json!(null)),
+                            ("causal_bottom_right", json!([64, 0])),
+                            ("no_mask", json!([32, 32])),
+                            ("padding", json!(null)),
+                        ] {
+                            for (sq, skv, hkv, sm, det, extra) in [
+                                (64, 64, 2, [9, 0], false, json!({})),
+                                (32, 96, 4, [8, 0], true, json!({})),
+                                (8192, 8192, 1, [10, 0], false, json!({})),
+                                (64, 64, 2, [9, 0], false, json!({"attention_dropout": 0.1})),
+                                (64, 64, 2, [7, 5], false, json!({"softmax_scale": 0.5})),
+                            ] {
+                                let mut c = json!({"qkv_dtype": dtype, "qkv_layout": layout,
+                                    "attn_mask_type": mask, "window_size": window,
+                                    "batch_size": 2, "num_heads": 4, "num_gqa_groups": hkv,
+                                    "max_seqlen_q": sq, "max_seqlen_kv": skv,
+                                    "head_dim_qk": d, "head_dim_v": dv,
+                                    "device_compute_capability": sm, "deterministic": det});
+                                for (k, v) in extra.as_object().unwrap() {
+                                    c[k] = v.clone();
+                                }
+                                let f = facts(c.clone());
+                                let problem = problem_from_facts(&f);
+                                for (m, &node) in manifests.iter().zip(&compiled) {
+                                    // The device's compute capability is the one manifest limit
+                                    // a problem does not carry.
+                                    let cc = (sm[0] * 10 + sm[1]) as u32;
+                                    let expected =
+                                        problem.as_ref().is_ok_and(|p| m.admits(p).is_ok())
+                                            && m.min_compute_capability.is_none_or(|min| cc >= min);
+                                    let got = Truth::of(compiler.program.eval(node, f.values()));
+                                    assert_eq!(
+                                        got,
+                                        if expected { Truth::True } else { Truth::False },
+                                        "{} on {c}: problem {problem:?}",
+                                        m.name
+                                    );
+                                    admitted += usize::from(expected);
+                                    total += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            admitted > 200 && admitted < total - 200,
+            "{admitted} of {total}"
+        );
+    }
+
     #[test]
     fn inexpressible_facts_are_named() {
         let e = problem_from_facts(&facts(json!({"qkv_layout": "thd_thd_thd"}))).unwrap_err();
@@ -153,5 +431,23 @@ mod tests {
             "qkv_layout": "bshd_bshd_bshd", "attn_mask_type": "padding"})))
         .unwrap_err();
         assert_eq!(e.fact, "attn_mask_type");
+        for (fact, value) in [
+            ("attention_dropout", json!(0.1)),
+            ("softcap", json!(30.0)),
+            ("core_attention_bias_type", json!("post_scale_bias")),
+            ("softmax_type", json!("learnable")),
+            ("fp8", json!(true)),
+            ("context_parallel", json!(true)),
+            ("return_max_logit", json!(true)),
+        ] {
+            let mut c = json!({"qkv_layout": "bshd_bshd_bshd"});
+            c[fact] = value;
+            let e = problem_from_facts(&facts(c)).unwrap_err();
+            assert_eq!(e.fact, fact, "{e}");
+        }
+        // Dropout does nothing at inference, so it does not stop execution there.
+        let p = problem_from_facts(&facts(json!({
+            "qkv_layout": "bshd_bshd_bshd", "attention_dropout": 0.1, "is_training": false})));
+        assert!(p.is_ok(), "{p:?}");
     }
 }

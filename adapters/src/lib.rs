@@ -4,13 +4,17 @@
 //! - [`problem`]: [`AttentionProblem`], the description of one call (shapes, dtype, strides,
 //!   mask/window, scale).
 //! - [`executor`]: the [`Executor`] trait, its [`Manifest`], [`Unsupported`] and [`ExecError`].
-//! - [`registry`]: backend name -> executor ([`Registry::builtin`]).
+//! - [`registry`]: executor name -> executor, manifest and availability ([`Registry::builtin`]).
 //! - [`reference`]: CPU float64 oracle. [`chunked`]: CUDA cuBLAS + NVRTC executor (feature `cuda`).
 //! - [`from_facts`]: the policy's facts -> an [`AttentionProblem`] (the one conversion).
+//!   [`cudnn`]: cuDNN graph API (feature `cudnn`). [`frost`]: cuDNN frontend FROST engines
+//!   (feature `frost`). [`host`]: manifests of the executors a Python host provides.
 //! - [`run`]: what `attn-policy run` calls: random inputs, execute, time, verify.
 //!
-//! GPU code sits behind the `cuda` feature and loads CUDA at run time (cudarc dynamic loading),
-//! so the crate builds and tests on machines without CUDA; callers need no `cfg`.
+//! GPU code sits behind features (`cuda`, `cudnn`, `frost`) and loads CUDA at run time (cudarc
+//! dynamic loading), so the crate builds and tests on machines without CUDA; callers need no
+//! `cfg`. Each GPU module has one `cfg` pair: `enabled` (the feature on) and a `disabled` twin
+//! with the same registry functions (`create`, `availability`) that say why nothing runs.
 
 pub mod catalogue;
 pub mod chunked;
@@ -18,6 +22,7 @@ pub mod cudnn;
 pub mod executor;
 pub mod from_facts;
 pub mod frost;
+pub mod host;
 pub mod problem;
 pub mod reference;
 pub mod registry;
@@ -25,13 +30,13 @@ pub mod rng;
 pub mod run;
 
 pub use executor::{
-    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceKind, ExecError,
-    ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostTensor, Manifest,
-    Unsupported,
+    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceKind, Direction,
+    ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostTensor,
+    Manifest, StreamLaunch, Unsupported,
 };
 pub use from_facts::{NotExpressible, problem_from_facts};
 pub use problem::{
     AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Strides,
     TensorLayouts,
 };
-pub use registry::{Registry, RegistryEntry};
+pub use registry::{Availability, ExecutorInfo, Provider, Registry, RegistryEntry};

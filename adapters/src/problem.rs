@@ -18,6 +18,10 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Element type of Q, K, V, O, dO, dQ, dK, dV. Accumulation is always fp32 or wider.
+///
+/// The GPU executors take the 16-bit types; the CPU reference also takes `F32` and `F64`
+/// (through [`crate::reference::forward_strided`], so CPU tests and gradient checks can run in
+/// float64). [`crate::HostTensor`] holds 16-bit patterns only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
@@ -25,18 +29,32 @@ pub enum DType {
     F16,
     /// bfloat16.
     BF16,
+    /// IEEE single precision (CPU reference only).
+    F32,
+    /// IEEE double precision (CPU reference only).
+    F64,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn size_bytes(self) -> usize {
-        2
+        match self {
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 => 4,
+            DType::F64 => 8,
+        }
     }
-    /// Name as used in rule packs (`fp16`, `bf16`).
+    /// Whether values of this type fit a [`crate::HostTensor`] (16-bit patterns).
+    pub fn is_16bit(self) -> bool {
+        self.size_bytes() == 2
+    }
+    /// Name as used in rule packs (`fp16`, `bf16`, `fp32`, `fp64`).
     pub fn rule_name(self) -> &'static str {
         match self {
             DType::F16 => "fp16",
             DType::BF16 => "bf16",
+            DType::F32 => "fp32",
+            DType::F64 => "fp64",
         }
     }
     /// Round an f64 to this dtype and back (what storing a value in this dtype does).
@@ -44,20 +62,35 @@ impl DType {
         match self {
             DType::F16 => half::f16::from_f64(x).to_f64(),
             DType::BF16 => half::bf16::from_f64(x).to_f64(),
+            DType::F32 => x as f32 as f64,
+            DType::F64 => x,
+        }
+    }
+    /// Encode an f64 as this dtype's 16-bit pattern (round to nearest even). `None` for the
+    /// wide types, which have no 16-bit pattern.
+    pub fn try_to_bits(self, x: f64) -> Option<u16> {
+        match self {
+            DType::F16 => Some(half::f16::from_f64(x).to_bits()),
+            DType::BF16 => Some(half::bf16::from_f64(x).to_bits()),
+            DType::F32 | DType::F64 => None,
         }
     }
     /// Encode an f64 as this dtype's 16-bit pattern (round to nearest even).
+    ///
+    /// Only for 16-bit dtypes: every host-tensor path checks [`DType::is_16bit`] first (a wide
+    /// dtype is refused there with a typed error), so a wide dtype here is a programming error
+    /// and encodes as `0`.
     pub fn to_bits(self, x: f64) -> u16 {
-        match self {
-            DType::F16 => half::f16::from_f64(x).to_bits(),
-            DType::BF16 => half::bf16::from_f64(x).to_bits(),
-        }
+        debug_assert!(self.is_16bit(), "{self} has no 16-bit pattern");
+        self.try_to_bits(x).unwrap_or(0)
     }
-    /// Decode this dtype's 16-bit pattern.
+    /// Decode this dtype's 16-bit pattern (16-bit dtypes only, see [`DType::to_bits`]; a wide
+    /// dtype decodes as NaN).
     pub fn from_bits(self, b: u16) -> f64 {
         match self {
             DType::F16 => half::f16::from_bits(b).to_f64(),
             DType::BF16 => half::bf16::from_bits(b).to_f64(),
+            DType::F32 | DType::F64 => f64::NAN,
         }
     }
 }

@@ -28,7 +28,7 @@ pub fn manifest() -> Manifest {
         name: NAME.into(),
         device: DeviceKind::Cpu,
         min_compute_capability: None,
-        dtypes: vec![DType::F16, DType::BF16],
+        dtypes: vec![DType::F16, DType::BF16, DType::F32, DType::F64],
         head_dim_qk: HeadDimRange {
             min: 1,
             max: 65536,
@@ -56,15 +56,16 @@ pub fn manifest() -> Manifest {
         backward: true,
         deterministic: true,
         notes: vec![
-            "float64 arithmetic on the host; inputs decoded from fp16/bf16 exactly".into(),
+            "float64 arithmetic on the host; inputs decoded from fp16/bf16/fp32/fp64 exactly".into(),
             "outputs rounded once to the problem dtype (LSE to fp32)".into(),
+            "fp32/fp64 through the strided-pointer API (forward_strided/backward_strided); host tensors are fp16/bf16".into(),
             format!("refuses b*h_q*s_q*s_kv > {MAX_SCORE_ELEMENTS} (CPU time)"),
         ],
     }
 }
 
-/// Registry constructor.
-pub fn create() -> Result<Arc<dyn Executor>, ExecError> {
+/// Registry constructor (the device ordinal does not matter on the host).
+pub fn create(_ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
     Ok(Arc::new(Reference))
 }
 
@@ -375,6 +376,184 @@ pub fn encode(dtype: DType, x: &[f64]) -> HostTensor {
         dtype,
         data: x.iter().map(|&v| dtype.to_bits(v)).collect(),
     }
+}
+
+/// Reads element `i` (in elements) of `dtype` at `base`.
+///
+/// # Safety
+/// `base + i * size` must be readable for one element (alignment not required).
+unsafe fn read_elem(base: *const u8, dtype: DType, i: usize) -> f64 {
+    // SAFETY: per the contract; unaligned reads.
+    unsafe {
+        let at = base.add(i * dtype.size_bytes());
+        match dtype {
+            DType::F16 => half::f16::from_bits(at.cast::<u16>().read_unaligned()).to_f64(),
+            DType::BF16 => half::bf16::from_bits(at.cast::<u16>().read_unaligned()).to_f64(),
+            DType::F32 => at.cast::<f32>().read_unaligned() as f64,
+            DType::F64 => at.cast::<f64>().read_unaligned(),
+        }
+    }
+}
+
+/// Writes `x` rounded to `dtype` as element `i` at `base`.
+///
+/// # Safety
+/// `base + i * size` must be writable for one element (alignment not required).
+unsafe fn write_elem(base: *mut u8, dtype: DType, i: usize, x: f64) {
+    // SAFETY: per the contract; unaligned writes.
+    unsafe {
+        let at = base.add(i * dtype.size_bytes());
+        match dtype {
+            DType::F16 => at
+                .cast::<u16>()
+                .write_unaligned(half::f16::from_f64(x).to_bits()),
+            DType::BF16 => at
+                .cast::<u16>()
+                .write_unaligned(half::bf16::from_f64(x).to_bits()),
+            DType::F32 => at.cast::<f32>().write_unaligned(x as f32),
+            DType::F64 => at.cast::<f64>().write_unaligned(x),
+        }
+    }
+}
+
+/// Gathers a strided `[b, h, s, d]` tensor into a contiguous `bhsd` f64 buffer.
+///
+/// # Safety
+/// Every element the strides address must be readable.
+unsafe fn gather_raw(
+    base: *const u8,
+    dtype: DType,
+    st: &Strides,
+    (b, h, s, d): (usize, usize, usize, usize),
+) -> Vec<f64> {
+    let mut out = Vec::with_capacity(b * h * s * d);
+    for bi in 0..b {
+        for hi in 0..h {
+            for si in 0..s {
+                let o = st.offset(bi, hi, si, 0);
+                // SAFETY: per the contract.
+                out.extend((0..d).map(|di| unsafe { read_elem(base, dtype, o + di) }));
+            }
+        }
+    }
+    out
+}
+
+/// Scatters a contiguous `bhsd` f64 buffer into a strided tensor, rounding to `dtype`.
+///
+/// # Safety
+/// Every element the strides address must be writable.
+unsafe fn scatter_raw(
+    base: *mut u8,
+    dtype: DType,
+    st: &Strides,
+    (b, h, s, d): (usize, usize, usize, usize),
+    src: &[f64],
+) {
+    let mut it = src.iter();
+    for bi in 0..b {
+        for hi in 0..h {
+            for si in 0..s {
+                let o = st.offset(bi, hi, si, 0);
+                for di in 0..d {
+                    let x = *it.next().unwrap_or(&f64::NAN);
+                    // SAFETY: per the contract.
+                    unsafe { write_elem(base, dtype, o + di, x) };
+                }
+            }
+        }
+    }
+}
+
+/// `p` with every tensor contiguous `bhsd` (the compact buffers of the strided API).
+fn compact(p: &AttentionProblem) -> AttentionProblem {
+    p.clone().with_layout(LayoutKind::Bhsd)
+}
+
+/// Forward on host memory of any strides (in elements, head dim contiguous) and any dtype of
+/// the manifest (fp16, bf16, fp32, fp64), float64 inside: writes O (strides `p.layout.o`,
+/// rounded once to `p.dtype`) and LSE (`[b, h_q, s_q]` contiguous fp32, natural log, `-inf`
+/// for rows with no admissible key). This is how framework CPU tensors reach the reference.
+///
+/// # Safety
+/// `q`, `k`, `v` must be readable and `o` writable at every element their strides address,
+/// `lse` writable for `p.lse_len()` floats, and outputs must not alias inputs.
+pub unsafe fn forward_strided(
+    p: &AttentionProblem,
+    q: *const u8,
+    k: *const u8,
+    v: *const u8,
+    o: *mut u8,
+    lse: *mut f32,
+) -> Result<(), ExecError> {
+    manifest().admits(p)?;
+    if [q, k, v].iter().any(|x| x.is_null()) || o.is_null() || lse.is_null() {
+        return Err(ExecError::invalid("null pointer"));
+    }
+    let (b, hq, hkv) = (p.batch, p.heads_q, p.heads_kv);
+    let (sq, skv, dqk, dv) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    // SAFETY: per the contract.
+    let (qc, kc, vc) = unsafe {
+        (
+            gather_raw(q, p.dtype, &p.layout.q, (b, hq, sq, dqk)),
+            gather_raw(k, p.dtype, &p.layout.k, (b, hkv, skv, dqk)),
+            gather_raw(v, p.dtype, &p.layout.v, (b, hkv, skv, dv)),
+        )
+    };
+    let c = compact(p);
+    let (oc, lc) = forward_f64(&c, &qc, &kc, &vc);
+    // SAFETY: per the contract.
+    unsafe {
+        scatter_raw(o, p.dtype, &p.layout.o, (b, hq, sq, dv), &oc);
+        for (i, x) in lc.iter().enumerate() {
+            lse.add(i).write_unaligned(*x as f32);
+        }
+    }
+    Ok(())
+}
+
+/// Backward on host memory of any strides and dtype (see [`forward_strided`]): writes dQ, dK,
+/// dV (strides of Q, K, V) for the upstream gradient `d_o` (strides of O), recomputing the
+/// forward in float64 from Q, K, V.
+///
+/// # Safety
+/// Inputs readable and outputs writable at every element their strides address; outputs must
+/// not alias inputs or each other.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn backward_strided(
+    p: &AttentionProblem,
+    q: *const u8,
+    k: *const u8,
+    v: *const u8,
+    d_o: *const u8,
+    dq: *mut u8,
+    dk: *mut u8,
+    dv: *mut u8,
+) -> Result<(), ExecError> {
+    manifest().admits(p)?;
+    if [q, k, v, d_o].iter().any(|x| x.is_null()) || [dq, dk, dv].iter().any(|x| x.is_null()) {
+        return Err(ExecError::invalid("null pointer"));
+    }
+    let (b, hq, hkv) = (p.batch, p.heads_q, p.heads_kv);
+    let (sq, skv, dqk, dvd) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    // SAFETY: per the contract.
+    let (qc, kc, vc, doc) = unsafe {
+        (
+            gather_raw(q, p.dtype, &p.layout.q, (b, hq, sq, dqk)),
+            gather_raw(k, p.dtype, &p.layout.k, (b, hkv, skv, dqk)),
+            gather_raw(v, p.dtype, &p.layout.v, (b, hkv, skv, dvd)),
+            gather_raw(d_o, p.dtype, &p.layout.o, (b, hq, sq, dvd)),
+        )
+    };
+    let c = compact(p);
+    let (gq, gk, gv) = backward_f64(&c, &qc, &kc, &vc, &doc);
+    // SAFETY: per the contract.
+    unsafe {
+        scatter_raw(dq, p.dtype, &p.layout.q, (b, hq, sq, dqk), &gq);
+        scatter_raw(dk, p.dtype, &p.layout.k, (b, hkv, skv, dqk), &gk);
+        scatter_raw(dv, p.dtype, &p.layout.v, (b, hkv, skv, dvd), &gv);
+    }
+    Ok(())
 }
 
 impl Executor for Reference {

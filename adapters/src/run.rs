@@ -218,6 +218,12 @@ pub fn run_on(
     opts: &RunOptions,
 ) -> Result<RunReport, ExecError> {
     ex.check(p)?;
+    if !p.dtype.is_16bit() {
+        return Err(ExecError::invalid(format!(
+            "run draws fp16/bf16 host tensors; {} problems run through reference::forward_strided",
+            p.dtype
+        )));
+    }
     let inputs = random_inputs(p, seed);
     let cpu = ex.manifest().device == DeviceKind::Cpu;
     let (warmup, iters) = if cpu {

@@ -223,3 +223,175 @@ fn manifests_serialize_for_pack_cross_checks() {
     let back: Vec<attn_policy_adapters::Manifest> = serde_json::from_str(&json).unwrap();
     assert_eq!(back, ms);
 }
+
+/// Strides of a tensor `[b, h, s, d]` stored inside a larger, padded buffer (rows longer than
+/// `d`, heads farther apart): what a framework view of a packed QKV tensor looks like.
+fn padded(h: usize, s: usize, d: usize) -> Strides {
+    let seq = h * (d + 3);
+    Strides {
+        batch: s * seq + 5,
+        head: d + 3,
+        seq,
+    }
+}
+
+#[test]
+fn strided_reference_runs_every_dtype_on_padded_views_and_matches_float64() {
+    for dtype in [DType::F64, DType::F32, DType::BF16, DType::F16] {
+        for mask in [
+            MaskSpec::CAUSAL_BOTTOM_RIGHT,
+            MaskSpec::window(3, 0, DiagonalAlignment::TopLeft),
+        ] {
+            let (b, hq, hkv, sq, skv, dqk, dv) = (2, 4, 2, 5, 9, 6, 4);
+            let mut p = AttentionProblem::new(b, hq, hkv, sq, skv, dqk, dv, dtype).with_mask(mask);
+            p.layout.q = padded(hq, sq, dqk);
+            p.layout.k = padded(hkv, skv, dqk);
+            p.layout.v = padded(hkv, skv, dv);
+            p.layout.o = padded(hq, sq, dv);
+            p.validate().unwrap();
+            // Values exactly representable in every dtype (multiples of 1/64, |x| < 4), so the
+            // strided call and the float64 oracle see the same inputs.
+            let quant = |n: usize, seed: u64| -> Vec<f64> {
+                randn(n, seed)
+                    .iter()
+                    .map(|x| (x.clamp(-3.9, 3.9) * 64.0).round() / 64.0)
+                    .collect()
+            };
+            let enc = |x: &[f64]| -> Vec<u8> {
+                x.iter()
+                    .flat_map(|&v| match dtype {
+                        DType::F64 => v.to_le_bytes().to_vec(),
+                        DType::F32 => (v as f32).to_le_bytes().to_vec(),
+                        _ => dtype.to_bits(v).to_le_bytes().to_vec(),
+                    })
+                    .collect()
+            };
+            let dec = |x: &[u8]| -> Vec<f64> {
+                x.chunks(dtype.size_bytes())
+                    .map(|c| match dtype {
+                        DType::F64 => f64::from_le_bytes(c.try_into().unwrap()),
+                        DType::F32 => f32::from_le_bytes(c.try_into().unwrap()) as f64,
+                        _ => dtype.from_bits(u16::from_le_bytes(c.try_into().unwrap())),
+                    })
+                    .collect()
+            };
+            let (q, k, v, d_o) = (
+                quant(p.q_span(), 1),
+                quant(p.k_span(), 2),
+                quant(p.v_span(), 3),
+                quant(p.o_span(), 4),
+            );
+            let (qb, kb, vb, dob) = (enc(&q), enc(&k), enc(&v), enc(&d_o));
+            // Outputs start as a sentinel: padding must stay untouched.
+            let sentinel = 7.0;
+            let mut ob = enc(&vec![sentinel; p.o_span()]);
+            let mut lse = vec![0f32; p.lse_len()];
+            unsafe {
+                reference::forward_strided(
+                    &p,
+                    qb.as_ptr(),
+                    kb.as_ptr(),
+                    vb.as_ptr(),
+                    ob.as_mut_ptr(),
+                    lse.as_mut_ptr(),
+                )
+            }
+            .unwrap();
+            let (o_ref, lse_ref) = forward_f64(&p, &q, &k, &v);
+            let o = dec(&ob);
+            let tol = match dtype {
+                DType::F64 => 1e-12,
+                DType::F32 => 1e-6,
+                _ => 1e-2,
+            };
+            for bi in 0..b {
+                for h in 0..hq {
+                    for s in 0..sq {
+                        for d in 0..dv {
+                            let i = p.layout.o.offset(bi, h, s, d);
+                            assert!((o[i] - o_ref[i]).abs() <= tol, "{dtype} o[{i}]");
+                        }
+                    }
+                }
+            }
+            let written: std::collections::HashSet<usize> = (0..b)
+                .flat_map(|bi| {
+                    (0..hq).flat_map(move |h| {
+                        (0..sq).flat_map(move |s| (0..dv).map(move |d| (bi, h, s, d)))
+                    })
+                })
+                .map(|(bi, h, s, d)| p.layout.o.offset(bi, h, s, d))
+                .collect();
+            for (i, x) in o.iter().enumerate() {
+                if !written.contains(&i) {
+                    assert_eq!(*x, sentinel, "{dtype}: padding element {i} written");
+                }
+            }
+            for (g, w) in lse.iter().zip(&lse_ref) {
+                assert!(
+                    (*g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{dtype} lse"
+                );
+            }
+            let (mut dqb, mut dkb, mut dvb) = (
+                enc(&vec![0.0; p.q_span()]),
+                enc(&vec![0.0; p.k_span()]),
+                enc(&vec![0.0; p.v_span()]),
+            );
+            unsafe {
+                reference::backward_strided(
+                    &p,
+                    qb.as_ptr(),
+                    kb.as_ptr(),
+                    vb.as_ptr(),
+                    dob.as_ptr(),
+                    dqb.as_mut_ptr(),
+                    dkb.as_mut_ptr(),
+                    dvb.as_mut_ptr(),
+                )
+            }
+            .unwrap();
+            let (gq, gk, gv) = backward_f64(&p, &q, &k, &v, &d_o);
+            for (name, got, want, st, dims) in [
+                ("dq", dec(&dqb), gq, p.layout.q, (b, hq, sq, dqk)),
+                ("dk", dec(&dkb), gk, p.layout.k, (b, hkv, skv, dqk)),
+                ("dv", dec(&dvb), gv, p.layout.v, (b, hkv, skv, dv)),
+            ] {
+                for bi in 0..dims.0 {
+                    for h in 0..dims.1 {
+                        for s in 0..dims.2 {
+                            for d in 0..dims.3 {
+                                let i = st.offset(bi, h, s, d);
+                                let tol = tol * want[i].abs().max(1.0) * 4.0;
+                                assert!(
+                                    (got[i] - want[i]).abs() <= tol,
+                                    "{dtype} {name}[{i}]: {} vs {}",
+                                    got[i],
+                                    want[i]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn wide_dtypes_are_refused_on_the_host_tensor_path_not_approximated() {
+    let p = AttentionProblem::new(1, 2, 2, 4, 4, 8, 8, DType::F32);
+    let err = run_random("reference", &p, 0, &RunOptions::default()).unwrap_err();
+    assert!(
+        matches!(&err, ExecError::InvalidInput { reason } if reason.contains("forward_strided")),
+        "{err}"
+    );
+    // GPU executors' manifests take 16-bit types only.
+    let r = Registry::builtin();
+    for name in ["chunked", "cudnn", "frost", "torch_flash"] {
+        let m = r.manifest(name).unwrap();
+        assert!(m.admits(&p).is_err(), "{name} admits fp32");
+    }
+    assert!(r.manifest("reference").unwrap().admits(&p).is_ok());
+    assert!(r.manifest("torch_math").unwrap().admits(&p).is_ok());
+}

@@ -381,3 +381,125 @@ fn mismatched_inputs_are_refused_before_launch() {
     assert!(e.is_unsupported(), "{e}");
     println!("refusals: dtype (q, dO), length, alignment, head_dim all refused with typed errors");
 }
+
+/// The stream path: a foreign stream (not the executor's), the caller's workspace, no
+/// synchronisation inside; results bitwise equal to the synchronous path, and a wrong device or
+/// a short workspace refused before any launch.
+#[cfg(feature = "cuda")]
+#[test]
+fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
+    use attn_policy_adapters::{DeviceBackwardArgs, DeviceForwardArgs, Direction, StreamLaunch};
+    let Some(ex) = gpu(ChunkedConfig::default()) else {
+        return;
+    };
+    let seed = fresh_seed();
+    let p = AttentionProblem::new(2, 8, 2, 200, 300, 128, 128, DType::BF16)
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+    let q = ex.random(p.dtype, p.q_span(), seed).unwrap();
+    let k = ex.random(p.dtype, p.k_span(), seed + 1).unwrap();
+    let v = ex.random(p.dtype, p.v_span(), seed + 2).unwrap();
+    let d_o = ex.random(p.dtype, p.o_span(), seed + 3).unwrap();
+    let outs = || {
+        let o = ex.alloc(2 * p.o_span()).unwrap();
+        let lse = ex.alloc(4 * p.lse_len()).unwrap();
+        ex.poison(&o, 0).unwrap();
+        (o, lse)
+    };
+    let (o1, l1) = outs();
+    let (o2, l2) = outs();
+    let fa = |o: &attn_policy_adapters::chunked::DeviceBuffer,
+              l: &attn_policy_adapters::chunked::DeviceBuffer| {
+        DeviceForwardArgs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            o: o.ptr(),
+            lse: l.ptr(),
+        }
+    };
+    unsafe { ex.forward_device(&p, &fa(&o1, &l1)) }.unwrap();
+    // A stream the executor does not own, as a framework's would be.
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let side = ctx.new_stream().unwrap();
+    let ws_bytes = ex.workspace_bytes(&p, Direction::Forward).unwrap();
+    let ws = ex.alloc(ws_bytes as usize).unwrap();
+    let launch = StreamLaunch {
+        device: 0,
+        stream: side.cu_stream() as u64,
+        workspace: ws.ptr(),
+        workspace_bytes: ws_bytes,
+    };
+    // Refusals first: another device, a short workspace.
+    let other = StreamLaunch {
+        device: 7,
+        ..launch
+    };
+    assert!(matches!(
+        unsafe { ex.enqueue_forward(&p, &fa(&o2, &l2), &other) },
+        Err(ExecError::InvalidInput { .. })
+    ));
+    let short = StreamLaunch {
+        workspace_bytes: ws_bytes - 256,
+        ..launch
+    };
+    assert!(matches!(
+        unsafe { ex.enqueue_forward(&p, &fa(&o2, &l2), &short) },
+        Err(ExecError::InvalidInput { .. })
+    ));
+    unsafe { ex.enqueue_forward(&p, &fa(&o2, &l2), &launch) }.unwrap();
+    side.synchronize().unwrap();
+    assert_eq!(
+        ex.download_u16(&o1, p.o_span()).unwrap(),
+        ex.download_u16(&o2, p.o_span()).unwrap(),
+        "O differs between the stream path and the synchronous path"
+    );
+    assert_eq!(
+        ex.download_f32(&l1, p.lse_len())
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>(),
+        ex.download_f32(&l2, p.lse_len())
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>()
+    );
+    let grads = || {
+        [p.q_span(), p.k_span(), p.v_span()].map(|n| {
+            let b = ex.alloc(2 * n).unwrap();
+            ex.poison(&b, 0).unwrap();
+            b
+        })
+    };
+    let (g1, g2) = (grads(), grads());
+    let ba = |g: &[attn_policy_adapters::chunked::DeviceBuffer; 3]| DeviceBackwardArgs {
+        q: q.ptr(),
+        k: k.ptr(),
+        v: v.ptr(),
+        o: o1.ptr(),
+        d_o: d_o.ptr(),
+        lse: l1.ptr(),
+        dq: g[0].ptr(),
+        dk: g[1].ptr(),
+        dv: g[2].ptr(),
+    };
+    unsafe { ex.backward_device(&p, &ba(&g1)) }.unwrap();
+    let bws_bytes = ex.workspace_bytes(&p, Direction::Backward).unwrap();
+    let bws = ex.alloc(bws_bytes as usize).unwrap();
+    let blaunch = StreamLaunch {
+        workspace: bws.ptr(),
+        workspace_bytes: bws_bytes,
+        ..launch
+    };
+    unsafe { ex.enqueue_backward(&p, &ba(&g2), &blaunch) }.unwrap();
+    side.synchronize().unwrap();
+    for (i, n) in [p.q_span(), p.k_span(), p.v_span()].into_iter().enumerate() {
+        assert_eq!(
+            ex.download_u16(&g1[i], n).unwrap(),
+            ex.download_u16(&g2[i], n).unwrap(),
+            "gradient {i} differs between the stream path and the synchronous path"
+        );
+    }
+    println!("stream path: forward and backward bitwise equal to the synchronous path");
+}

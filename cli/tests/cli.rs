@@ -135,3 +135,44 @@ fn incomplete_searches_exit_3_not_0() {
     let same = run(&["diff", "te", "te"]);
     assert_eq!(same.status.code(), Some(0), "{}", stdout(&same));
 }
+
+#[test]
+fn executors_lists_every_executor_with_availability() {
+    let o = run(&["executors", "--json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let list: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "reference",
+            "chunked",
+            "cudnn",
+            "frost",
+            "torch_flash",
+            "torch_efficient",
+            "torch_cudnn",
+            "torch_math"
+        ]
+    );
+    for e in list.as_array().unwrap() {
+        match e["availability"].as_str().unwrap() {
+            "available" => assert!(e["detail"].is_string()),
+            "unavailable" => assert!(!e["reason"].as_str().unwrap().is_empty()),
+            other => panic!("{other}"),
+        }
+        assert_eq!(e["manifest"]["name"], e["name"]);
+    }
+    assert_eq!(list[0]["availability"], "available");
+    assert_eq!(list[4]["reason"], "provided by the Python host");
+    let human = stdout(&run(&["executors"]));
+    assert!(
+        human.contains("torch_flash      unavailable provided by the Python host"),
+        "{human}"
+    );
+}

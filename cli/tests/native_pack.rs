@@ -84,3 +84,32 @@ fn without_gpu_small_problems_go_to_the_reference() {
     );
     assert_eq!(big.get("probe.cuda_device"), Some(Value::Bool(false)));
 }
+
+/// Every backend of every embedded pack has an executor chain of catalogued executors, and
+/// every te chain ends in the CPU reference (which runs small problems anywhere).
+#[test]
+fn embedded_packs_chain_every_backend_to_catalogued_executors() {
+    let catalogue = std::sync::Arc::new(attn_policy_adapters::catalogue::catalogue());
+    for pack in attn_policy::pack::embedded::pack_names() {
+        let policy = attn_policy::PackSpec::embedded(pack)
+            .with_catalogue(catalogue.clone())
+            .load()
+            .unwrap_or_else(|e| panic!("{pack} loads with the catalogue: {}", e.render(false)));
+        for (b, backend) in policy.backends.iter().enumerate() {
+            let chain = policy.executor_chain(b as u16, None);
+            assert!(
+                !chain.is_empty(),
+                "{pack}: backend {} has no executor chain",
+                backend.name
+            );
+            if pack == "te" {
+                assert_eq!(
+                    chain.last().map(|e| e.executor.as_str()),
+                    Some("reference"),
+                    "te: {}'s chain ends in reference",
+                    backend.name
+                );
+            }
+        }
+    }
+}

@@ -4,7 +4,7 @@
 //! the constants they are compared with). A condition relating two facts, or using non-linear
 //! arithmetic (`num_heads % cp_size`), is not: the decision diagrams ask this module, cell by
 //! cell, whether it is provably constant there; where it is not, the diagram tests a relation
-//! variable instead of guessing (see `mdd.rs`). Two sound answers:
+//! variable instead of guessing (see `mdd/relations.rs`). Two sound answers:
 //!
 //! - small cells are decided by evaluating every concrete member (a "mixed" answer is then
 //!   proved by two witnesses);

@@ -331,7 +331,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     let eval = |node: NodeId, vals: &[Value]| Truth::of(p.eval(node, vals));
     let n = policy.rules.len();
     // Every search question is answered on the decision diagrams of the whole pack's space
-    // (src/analysis/mdd.rs): a rule never fires iff its diagram is false, and so on.
+    // (src/analysis/mdd/queries.rs): a rule never fires iff its diagram is false, and so on.
     let mut sb = SpaceBuilder::new();
     add_policy(&mut sb, policy);
     let space = sb.build();

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Value as Json, json};
 
 use crate::eval::program::Truth;
 use crate::facts::schema::Origin;
@@ -16,7 +16,7 @@ use crate::facts::{Facts, Value};
 use crate::policy::Policy;
 
 use super::regions::add_policy;
-use super::space::{ClassDesc, Space, SpaceBuilder};
+use super::space::{ClassDesc, Space, SpaceBuilder, insert_path};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Change {
@@ -73,25 +73,6 @@ fn with_probes(config: &Json) -> Json {
         }
     }
     c
-}
-
-fn set_path(obj: &mut Map<String, Json>, path: &str, value: Json) {
-    match path.split_once('.') {
-        Some((head, rest)) => {
-            let e = obj
-                .entry(head.to_string())
-                .or_insert_with(|| Json::Object(Map::new()));
-            if !e.is_object() {
-                *e = Json::Object(Map::new());
-            }
-            if let Some(m) = e.as_object_mut() {
-                set_path(m, rest, value);
-            }
-        }
-        None => {
-            obj.insert(path.to_string(), value);
-        }
-    }
 }
 
 /// Sets one var of the space in a config object.
@@ -173,7 +154,7 @@ fn apply(space: &Space, facts: &Facts, config: &mut Json, var: usize, v: Value) 
                 (Value::Int(i), true) => json!(i.to_string()),
                 _ => v.to_json(var.domain()),
             };
-            set_path(obj, p, j);
+            insert_path(obj, p, j);
         }
     }
 }

@@ -393,8 +393,8 @@ pub static FIELDS: &[FieldDef] = &[
         f(
             "softmax_scale",
             Ty::Float,
-            D::Float(1.0),
-            "Scale applied before softmax.",
+            D::Null,
+            "Scale applied before softmax; null = 1/sqrt(head_dim_qk) (what TE's DotProductAttention uses when none is given).",
         ),
         Bound::Positive,
     ),

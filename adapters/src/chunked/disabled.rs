@@ -6,6 +6,7 @@ use crate::executor::{
     Unsupported,
 };
 use crate::problem::AttentionProblem;
+use crate::registry::Availability;
 
 const WHY: &str = "attn-policy-adapters was built without the `cuda` feature";
 
@@ -20,6 +21,20 @@ impl Chunked {
     pub fn new(_config: ChunkedConfig) -> Result<Chunked, ExecError> {
         Err(ExecError::NoDevice { reason: WHY.into() })
     }
+    /// Always fails with [`ExecError::NoDevice`] in this build.
+    pub fn on_device(_config: ChunkedConfig, _ordinal: usize) -> Result<Chunked, ExecError> {
+        Err(ExecError::NoDevice { reason: WHY.into() })
+    }
+}
+
+/// Number of CUDA devices: none can be used in this build.
+pub fn cuda_devices() -> Result<usize, String> {
+    Err(WHY.into())
+}
+
+/// Always unavailable in this build.
+pub fn availability() -> Availability {
+    Availability::unavailable(WHY)
 }
 
 impl Executor for Chunked {

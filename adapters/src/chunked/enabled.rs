@@ -6,20 +6,28 @@ use super::plan::{
 };
 use super::{ChunkedConfig, NAME};
 use crate::executor::{
-    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, ExecError, ExecStats,
-    Executor, ForwardInputs, ForwardOutput, HostTensor, Manifest, Unsupported,
-    validate_backward_inputs, validate_forward_inputs,
+    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, Direction, ExecError,
+    ExecStats, Executor, ForwardInputs, ForwardOutput, HostTensor, Manifest, StreamLaunch,
+    Unsupported, validate_backward_inputs, validate_forward_inputs,
 };
 use crate::problem::{AttentionProblem, DType, EffectiveMask};
-use cudarc::cublas::{CudaBlas, result as blas_result, sys as blas_sys};
+use cudarc::cublas::{result as blas_result, sys as blas_sys};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
-    PushKernelArg, sys as drv_sys,
+    result as drv_result, sys as drv_sys,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 const SRC: &str = include_str!("kernels.cu");
+
+/// Kernel parameters as the driver wants them: pointers to each argument's value.
+macro_rules! params {
+    ($($x:expr),* $(,)?) => {
+        [$((&$x) as *const _ as *mut c_void),*]
+    };
+}
 
 fn drv(e: DriverError) -> ExecError {
     ExecError::Backend {
@@ -71,6 +79,47 @@ impl Kernels {
     }
 }
 
+/// Number of CUDA devices, or why none can be used (driver library missing, `cuInit` failed,
+/// no device). Cached: the answer does not change within a process.
+pub fn cuda_devices() -> Result<usize, String> {
+    static N: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
+    N.get_or_init(|| {
+        // SAFETY: dlopen probe only.
+        if !unsafe { drv_sys::is_culib_present() } {
+            return Err("no GPU: the CUDA driver library (libcuda) is not present".into());
+        }
+        drv_result::init().map_err(|e| format!("no GPU: cuInit failed: {e:?}"))?;
+        let n = drv_result::device::get_count().map_err(|e| format!("no GPU: {e:?}"))?;
+        if n <= 0 {
+            return Err("no GPU: the CUDA driver reports no device".into());
+        }
+        Ok(n as usize)
+    })
+    .clone()
+}
+
+/// Run-time probe: a CUDA device, cuBLAS and NVRTC loadable.
+pub fn availability() -> crate::registry::Availability {
+    use crate::registry::Availability;
+    let n = match cuda_devices() {
+        Ok(n) => n,
+        Err(why) => return Availability::unavailable(why),
+    };
+    // SAFETY: dlopen probes only.
+    let libs = unsafe {
+        [
+            ("cuBLAS", blas_sys::is_culib_present()),
+            ("NVRTC", cudarc::nvrtc::sys::is_culib_present()),
+        ]
+    };
+    if let Some((lib, _)) = libs.iter().find(|(_, ok)| !ok) {
+        return Availability::unavailable(format!("library missing: {lib}"));
+    }
+    Availability::Available {
+        detail: format!("{n} CUDA device(s); cuBLAS and NVRTC found"),
+    }
+}
+
 /// Compile the kernels for a compute capability (used by a CPU-side compile test too).
 pub fn nvrtc_arch(cc: (i32, i32)) -> &'static str {
     match cc {
@@ -85,18 +134,42 @@ pub fn nvrtc_arch(cc: (i32, i32)) -> &'static str {
     }
 }
 
-/// The chunked CUDA executor (device 0).
+/// cuBLAS workspace each call hands to its handle (`cublasSetWorkspace`), inside the call's
+/// workspace: without one cuBLAS allocates its own per stream, which a CUDA graph capture
+/// cannot do. 32 MiB is what cuBLAS recommends for Hopper; 4 MiB before it.
+fn cublas_workspace_bytes(cc: (i32, i32)) -> u64 {
+    if cc.0 >= 9 { 32 << 20 } else { 4 << 20 }
+}
+
+/// A cuBLAS handle, destroyed on drop.
+struct BlasHandle(blas_sys::cublasHandle_t);
+
+// SAFETY: a cuBLAS handle may be used from any thread as long as one thread uses it at a time;
+// the pool hands each handle to one call at a time.
+unsafe impl Send for BlasHandle {}
+
+impl Drop for BlasHandle {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasCreate, destroyed once.
+        let _ = unsafe { blas_result::destroy_handle(self.0) };
+    }
+}
+
+/// The chunked CUDA executor on one device.
 pub struct Chunked {
     config: ChunkedConfig,
+    ordinal: usize,
+    cc: (i32, i32),
     ctx: Arc<CudaContext>,
+    /// The executor's own stream (host path and the synchronous device path).
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    /// cuBLAS handles, one per concurrent call: a call takes one (creating it only when every
+    /// handle is in use), binds its stream and workspace, and gives it back.
+    handles: Mutex<Vec<BlasHandle>>,
     bf16: Kernels,
     f16: Kernels,
     desc: String,
     sm_count: u32,
-    // One call at a time: the stream and cuBLAS handle are shared.
-    lock: Mutex<()>,
 }
 
 /// A device buffer owned by the executor's context (bench and test helper).
@@ -117,10 +190,16 @@ impl DeviceBuffer {
 }
 
 impl Chunked {
-    /// Open device 0, compile the kernels, create the cuBLAS handle. Fails with
-    /// [`ExecError::NoDevice`] when the driver, cuBLAS or NVRTC cannot be loaded or no GPU of
-    /// compute capability >= 8.0 is present.
+    /// Open device 0; see [`Chunked::on_device`].
     pub fn new(config: ChunkedConfig) -> Result<Chunked, ExecError> {
+        Chunked::on_device(config, 0)
+    }
+
+    /// Open CUDA device `ordinal` (its primary context, the one frameworks use), compile the
+    /// kernels, create a cuBLAS handle. Fails with [`ExecError::NoDevice`] when the driver,
+    /// cuBLAS or NVRTC cannot be loaded or the device is missing or older than compute
+    /// capability 8.0.
+    pub fn on_device(config: ChunkedConfig, ordinal: usize) -> Result<Chunked, ExecError> {
         // SAFETY: only probes whether the shared libraries can be loaded.
         let present = unsafe {
             [
@@ -134,8 +213,8 @@ impl Chunked {
                 reason: format!("{lib} library not found"),
             });
         }
-        let ctx = CudaContext::new(0).map_err(|e| ExecError::NoDevice {
-            reason: format!("no CUDA device 0: {e:?}"),
+        let ctx = CudaContext::new(ordinal).map_err(|e| ExecError::NoDevice {
+            reason: format!("no CUDA device {ordinal}: {e:?}"),
         })?;
         let cc = ctx.compute_capability().map_err(drv)?;
         if cc.0 < 8 {
@@ -147,10 +226,12 @@ impl Chunked {
         let sm_count = ctx
             .attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv)? as u32;
-        // SAFETY: one stream is used for everything, so cross-stream tracking is not needed.
+        // SAFETY: the executor's own buffers live on its own stream only, so cross-stream
+        // tracking is not needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv)?;
-        let blas = CudaBlas::new(stream.clone()).map_err(blas_err)?;
+        ctx.bind_to_thread().map_err(drv)?;
+        let first = BlasHandle(blas_result::create_handle().map_err(blas_err)?);
         let arch = nvrtc_arch(cc);
         let bf16 = Kernels::load(&ctx, arch, true)?;
         let f16 = Kernels::load(&ctx, arch, false)?;
@@ -163,15 +244,105 @@ impl Chunked {
         );
         Ok(Chunked {
             config,
+            ordinal,
+            cc,
             ctx,
             stream,
-            blas,
+            handles: Mutex::new(vec![first]),
             bf16,
             f16,
             desc,
             sm_count,
-            lock: Mutex::new(()),
         })
+    }
+
+    /// A cuBLAS handle for one call (from the pool, or a new one when all are in use).
+    fn take_handle(&self) -> Result<BlasHandle, ExecError> {
+        let pooled = self.handles.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match pooled {
+            Some(h) => Ok(h),
+            None => {
+                self.ctx.bind_to_thread().map_err(drv)?;
+                Ok(BlasHandle(blas_result::create_handle().map_err(blas_err)?))
+            }
+        }
+    }
+
+    fn give_handle(&self, h: BlasHandle) {
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(h);
+    }
+
+    /// Runs `f` with device operations bound to `stream` and a cuBLAS handle whose workspace is
+    /// `[blas_ws, blas_ws + blas_ws_bytes)`.
+    fn with_ops<R>(
+        &self,
+        dtype: DType,
+        stream: drv_sys::CUstream,
+        blas_ws: u64,
+        blas_ws_bytes: u64,
+        f: impl FnOnce(&mut CudaOps<'_>) -> Result<R, ExecError>,
+    ) -> Result<R, ExecError> {
+        let k = self.kernels(dtype)?;
+        self.ctx.bind_to_thread().map_err(drv)?;
+        let h = self.take_handle()?;
+        // SAFETY: the handle is ours for this call; setting the stream resets the workspace to
+        // cuBLAS's default, so the caller's workspace is set after it.
+        let bound = unsafe {
+            blas_result::set_stream(h.0, stream as _)
+                .and_then(|_| {
+                    blas_sys::cublasSetWorkspace_v2(
+                        h.0,
+                        blas_ws as *mut c_void,
+                        blas_ws_bytes as usize,
+                    )
+                    .result()
+                })
+                .map_err(blas_err)
+        };
+        let r = bound.and_then(|_| {
+            let mut ops = CudaOps {
+                ex: self,
+                k,
+                dtype,
+                stream,
+                blas: h.0,
+            };
+            f(&mut ops)
+        });
+        self.give_handle(h);
+        r
+    }
+
+    /// Bytes of the call's workspace: the plan's buffers, then cuBLAS's workspace.
+    fn split_workspace(&self, plan_bytes: u64) -> (u64, u64) {
+        let blas_off = plan_bytes.div_ceil(256) * 256;
+        (blas_off, blas_off + cublas_workspace_bytes(self.cc))
+    }
+
+    fn check_launch(&self, launch: &StreamLaunch, plan_bytes: u64) -> Result<u64, ExecError> {
+        if launch.device != self.ordinal {
+            return Err(ExecError::invalid(format!(
+                "the call is on CUDA device {}, this executor on device {}",
+                launch.device, self.ordinal
+            )));
+        }
+        let (blas_off, total) = self.split_workspace(plan_bytes);
+        if launch.workspace_bytes < total || (launch.workspace == 0 && total > 0) {
+            return Err(ExecError::invalid(format!(
+                "workspace of {} bytes at {:#x}; this call needs {total}",
+                launch.workspace_bytes, launch.workspace
+            )));
+        }
+        if !launch.workspace.is_multiple_of(256) {
+            return Err(ExecError::invalid(format!(
+                "workspace {:#x} is not 256-byte aligned",
+                launch.workspace
+            )));
+        }
+        Ok(blas_off)
     }
 
     /// The configuration in use.
@@ -179,8 +350,10 @@ impl Chunked {
         &self.config
     }
 
-    /// Workspace bytes a forward (`backward = false`) or backward call of `p` allocates.
-    pub fn workspace_bytes(&self, p: &AttentionProblem, backward: bool) -> Result<u64, ExecError> {
+    /// Workspace bytes of the chunked plan alone for a forward (`backward = false`) or
+    /// backward call of `p` (the stream path adds cuBLAS's workspace, see
+    /// [`Executor::workspace_bytes`]).
+    pub fn plan_bytes(&self, p: &AttentionProblem, backward: bool) -> Result<u64, ExecError> {
         Ok(plan::make_plan(p, &self.config, backward)?.bytes)
     }
 
@@ -200,13 +373,18 @@ impl Chunked {
     /// from `seed` (counter-based: reproducible).
     pub fn random(&self, dtype: DType, len: usize, seed: u64) -> Result<DeviceBuffer, ExecError> {
         let buf = self.alloc(2 * len)?;
-        let k = self.kernels(dtype);
+        let k = self.kernels(dtype)?;
         let n = len as i64;
         let cfg = self.grid_stride(len);
-        let mut b = self.stream.launch_builder(&k.normal);
-        b.arg(&buf.ptr).arg(&n).arg(&seed);
         // SAFETY: kernel writes len u16 into a buffer of 2*len bytes.
-        unsafe { b.launch(cfg) }.map_err(drv)?;
+        unsafe {
+            launch(
+                &k.normal,
+                cfg,
+                self.stream.cu_stream(),
+                &mut params![buf.ptr, n, seed],
+            )
+        }?;
         self.stream.synchronize().map_err(drv)?;
         Ok(buf)
     }
@@ -296,23 +474,24 @@ impl Chunked {
             beta: 0.0,
             batch: 1,
         };
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut ops = CudaOps {
-            ex: self,
-            k: self.kernels(dtype),
-            dtype,
-        };
-        for _ in 0..3 {
-            ops.gemm(&g)?;
-        }
-        let ms = self.timed(|| (0..10).try_for_each(|_| ops.gemm(&g)))?;
+        let ws = self.alloc(cublas_workspace_bytes(self.cc) as usize)?;
+        let cu = self.stream.cu_stream();
+        let ms = self.with_ops(dtype, cu, ws.ptr, ws.bytes() as u64, |ops| {
+            for _ in 0..3 {
+                ops.gemm(&g)?;
+            }
+            self.timed(|| (0..10).try_for_each(|_| ops.gemm(&g)))
+        })?;
         Ok(2.0 * (n as f64).powi(3) / (ms / 10.0 * 1e-3) / 1e12)
     }
 
-    fn kernels(&self, dtype: DType) -> &Kernels {
+    fn kernels(&self, dtype: DType) -> Result<&Kernels, ExecError> {
         match dtype {
-            DType::BF16 => &self.bf16,
-            DType::F16 => &self.f16,
+            DType::BF16 => Ok(&self.bf16),
+            DType::F16 => Ok(&self.f16),
+            DType::F32 | DType::F64 => Err(ExecError::Unsupported {
+                reason: format!("dtype {dtype} not supported"),
+            }),
         }
     }
 
@@ -348,11 +527,13 @@ impl Chunked {
         Ok(start.elapsed_ms(&end).map_err(drv)? as f64)
     }
 
-    fn fwd_impl(
+    /// The stream path's forward: checks, then enqueues on `launch.stream`.
+    fn enqueue_fwd(
         &self,
         p: &AttentionProblem,
         a: &DeviceForwardArgs,
-    ) -> Result<ExecStats, ExecError> {
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
         super::check_problem(p)?;
         Self::check_ptrs(&[
             ("q", a.q),
@@ -361,28 +542,26 @@ impl Chunked {
             ("o", a.o),
             ("lse", a.lse),
         ])?;
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let pl = plan::make_plan(p, &self.config, false)?;
-        let ws = self.alloc(pl.bytes as usize)?;
-        let mut ops = CudaOps {
-            ex: self,
-            k: self.kernels(p.dtype),
-            dtype: p.dtype,
-        };
-        let ms = self.timed(|| plan::forward(&mut ops, p, &pl, a, ws.ptr))?;
-        let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
-        Ok(ExecStats {
-            compute_ms: ms,
-            workspace_bytes: pl.bytes,
-            peak_bytes: Some(out_bytes + pl.bytes),
-        })
+        let blas_off = self.check_launch(launch, pl.bytes)?;
+        let ws = launch.workspace;
+        let blas_bytes = launch.workspace_bytes - blas_off;
+        self.with_ops(
+            p.dtype,
+            launch.stream as drv_sys::CUstream,
+            ws + blas_off,
+            blas_bytes,
+            |ops| plan::forward(ops, p, &pl, a, ws),
+        )
     }
 
-    fn bwd_impl(
+    /// The stream path's backward.
+    fn enqueue_bwd(
         &self,
         p: &AttentionProblem,
         a: &DeviceBackwardArgs,
-    ) -> Result<ExecStats, ExecError> {
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
         super::check_problem(p)?;
         Self::check_ptrs(&[
             ("q", a.q),
@@ -395,29 +574,100 @@ impl Chunked {
             ("dk", a.dk),
             ("dv", a.dv),
         ])?;
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let pl = plan::make_plan(p, &self.config, true)?;
-        let ws = self.alloc(pl.bytes as usize)?;
-        let mut ops = CudaOps {
-            ex: self,
-            k: self.kernels(p.dtype),
-            dtype: p.dtype,
+        let blas_off = self.check_launch(launch, pl.bytes)?;
+        let ws = launch.workspace;
+        let blas_bytes = launch.workspace_bytes - blas_off;
+        self.with_ops(
+            p.dtype,
+            launch.stream as drv_sys::CUstream,
+            ws + blas_off,
+            blas_bytes,
+            |ops| plan::backward(ops, p, &pl, a, ws),
+        )
+    }
+
+    /// A launch on the executor's own stream with a workspace allocated for `dir`.
+    fn own_launch(
+        &self,
+        p: &AttentionProblem,
+        dir: Direction,
+    ) -> Result<(DeviceBuffer, StreamLaunch), ExecError> {
+        let bytes = Executor::workspace_bytes(self, p, dir)?;
+        let ws = self.alloc(bytes as usize)?;
+        let launch = StreamLaunch {
+            device: self.ordinal,
+            stream: self.stream.cu_stream() as u64,
+            workspace: ws.ptr,
+            workspace_bytes: ws.bytes() as u64,
         };
-        let ms = self.timed(|| plan::backward(&mut ops, p, &pl, a, ws.ptr))?;
+        Ok((ws, launch))
+    }
+
+    fn fwd_impl(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceForwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        super::check_problem(p)?;
+        let (_ws, launch) = self.own_launch(p, Direction::Forward)?;
+        let ms = self.timed(|| self.enqueue_fwd(p, a, &launch))?;
+        let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
+        Ok(ExecStats {
+            compute_ms: ms,
+            workspace_bytes: launch.workspace_bytes,
+            peak_bytes: Some(out_bytes + launch.workspace_bytes),
+        })
+    }
+
+    fn bwd_impl(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        super::check_problem(p)?;
+        let (_ws, launch) = self.own_launch(p, Direction::Backward)?;
+        let ms = self.timed(|| self.enqueue_bwd(p, a, &launch))?;
         let out_bytes = 2 * (p.q_span() + p.k_span() + p.v_span()) as u64;
         Ok(ExecStats {
             compute_ms: ms,
-            workspace_bytes: pl.bytes,
-            peak_bytes: Some(out_bytes + pl.bytes),
+            workspace_bytes: launch.workspace_bytes,
+            peak_bytes: Some(out_bytes + launch.workspace_bytes),
         })
     }
 }
 
-/// The device operations on CUDA.
+/// Launches `f` on a raw stream.
+///
+/// # Safety
+/// `params` must match the kernel's signature, and every buffer it names must be live.
+unsafe fn launch(
+    f: &CudaFunction,
+    cfg: LaunchConfig,
+    stream: drv_sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), ExecError> {
+    // SAFETY: per the contract.
+    unsafe {
+        drv_result::launch_kernel(
+            f.cu_function(),
+            cfg.grid_dim,
+            cfg.block_dim,
+            cfg.shared_mem_bytes,
+            stream,
+            params,
+        )
+    }
+    .map_err(drv)
+}
+
+/// The device operations on CUDA, bound to one stream and one cuBLAS handle.
 struct CudaOps<'a> {
     ex: &'a Chunked,
     k: &'a Kernels,
     dtype: DType,
+    stream: drv_sys::CUstream,
+    blas: blas_sys::cublasHandle_t,
 }
 
 fn mask_args(m: &EffectiveMask) -> (i64, i64, i64, i64) {
@@ -440,6 +690,11 @@ impl Ops for CudaOps<'_> {
         let low = match self.dtype {
             DType::BF16 => blas_sys::cudaDataType::CUDA_R_16BF,
             DType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
+            DType::F32 | DType::F64 => {
+                return Err(ExecError::Unsupported {
+                    reason: format!("dtype {} not supported", self.dtype),
+                });
+            }
         };
         let c_type = match g.c_elem {
             Elem::Low => low,
@@ -457,7 +712,7 @@ impl Ops for CudaOps<'_> {
         // (default host pointer mode) matching CUBLAS_COMPUTE_32F.
         unsafe {
             blas_result::gemm_strided_batched_ex(
-                *self.ex.blas.handle(),
+                self.blas,
                 op(g.trans_a),
                 op(g.trans_b),
                 i32_of(g.m, "gemm m")?,
@@ -495,23 +750,11 @@ impl Ops for CudaOps<'_> {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.ex.stream.launch_builder(&self.k.softmax);
-        b.arg(&a.s)
-            .arg(&a.p)
-            .arg(&lds)
-            .arg(&rows)
-            .arg(&n)
-            .arg(&i0)
-            .arg(&kv_lo)
-            .arg(&a.lse);
-        b.arg(&lhs)
-            .arg(&off)
-            .arg(&left)
-            .arg(&right)
-            .arg(&skv)
-            .arg(&scale_log2);
+        let mut args = params![
+            a.s, a.p, lds, rows, n, i0, kv_lo, a.lse, lhs, off, left, right, skv, scale_log2
+        ];
         // SAFETY: argument list matches the kernel signature; buffers sized by the plan.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(drv)
+        unsafe { launch(&self.k.softmax, cfg, self.stream, &mut args) }
     }
 
     fn bwd_elementwise(&mut self, a: &BwdArgs) -> Result<(), ExecError> {
@@ -524,25 +767,12 @@ impl Ops for CudaOps<'_> {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.ex.stream.launch_builder(&self.k.bwd);
-        b.arg(&a.s)
-            .arg(&a.dp)
-            .arg(&a.p)
-            .arg(&a.ds)
-            .arg(&lds)
-            .arg(&rows)
-            .arg(&n)
-            .arg(&i0);
-        b.arg(&kv_lo)
-            .arg(&a.lse)
-            .arg(&a.dvec)
-            .arg(&hs)
-            .arg(&off)
-            .arg(&left)
-            .arg(&right);
-        b.arg(&skv).arg(&scale_log2);
+        let mut args = params![
+            a.s, a.dp, a.p, a.ds, lds, rows, n, i0, kv_lo, a.lse, a.dvec, hs, off, left, right,
+            skv, scale_log2
+        ];
         // SAFETY: as above.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(drv)
+        unsafe { launch(&self.k.bwd, cfg, self.stream, &mut args) }
     }
 
     fn row_dot(&mut self, a: &RowDotArgs) -> Result<(), ExecError> {
@@ -560,50 +790,34 @@ impl Ops for CudaOps<'_> {
             a.dim as i32,
         );
         let (sb, sh, ss) = (a.stride_b as i64, a.stride_h as i64, a.stride_s as i64);
-        let mut b = self.ex.stream.launch_builder(&self.k.row_dot);
-        b.arg(&a.o)
-            .arg(&a.d_o)
-            .arg(&a.out)
-            .arg(&bt)
-            .arg(&h)
-            .arg(&s)
-            .arg(&d);
-        b.arg(&sb).arg(&sh).arg(&ss);
+        let mut args = params![a.o, a.d_o, a.out, bt, h, s, d, sb, sh, ss];
         // SAFETY: as above.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(drv)
+        unsafe { launch(&self.k.row_dot, cfg, self.stream, &mut args) }
     }
 
     fn cast_rows(&mut self, a: &CastArgs) -> Result<(), ExecError> {
         let cfg = self.ex.grid_stride(a.rows * a.cols);
         let (ld, rows, cols) = (a.dst_ld as i64, a.rows as i32, a.cols as i32);
-        let mut b = self.ex.stream.launch_builder(&self.k.cast);
-        b.arg(&a.src).arg(&a.dst).arg(&ld).arg(&rows).arg(&cols);
+        let mut args = params![a.src, a.dst, ld, rows, cols];
         // SAFETY: as above.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(drv)
+        unsafe { launch(&self.k.cast, cfg, self.stream, &mut args) }
     }
 
     fn zero_rows(&mut self, a: &ZeroRowsArgs) -> Result<(), ExecError> {
         let cfg = self.ex.grid_stride(a.rows * a.cols * a.heads);
         let (rs, hs) = (a.row_stride as i64, a.head_stride as i64);
         let (rows, heads, cols) = (a.rows as i32, a.heads as i32, a.cols as i32);
-        let mut b = self.ex.stream.launch_builder(&self.k.zero);
-        b.arg(&a.dst)
-            .arg(&rs)
-            .arg(&hs)
-            .arg(&rows)
-            .arg(&heads)
-            .arg(&cols);
+        let mut args = params![a.dst, rs, hs, rows, heads, cols];
         // SAFETY: as above.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(drv)
+        unsafe { launch(&self.k.zero, cfg, self.stream, &mut args) }
     }
 
     fn fill_f32(&mut self, a: &FillF32Args) -> Result<(), ExecError> {
         let cfg = self.ex.grid_stride(a.rows * a.cols);
         let (ld, rows, cols) = (a.ld as i64, a.rows as i32, a.cols as i64);
-        let mut b = self.ex.stream.launch_builder(&self.k.fill);
-        b.arg(&a.dst).arg(&ld).arg(&rows).arg(&cols).arg(&a.value);
+        let mut args = params![a.dst, ld, rows, cols, a.value];
         // SAFETY: as above.
-        unsafe { b.launch(cfg) }.map(|_| ()).map_err(drv)
+        unsafe { launch(&self.k.fill, cfg, self.stream, &mut args) }
     }
 }
 
@@ -707,6 +921,34 @@ impl Executor for Chunked {
             },
             stats,
         })
+    }
+
+    fn device_ordinal(&self) -> Option<usize> {
+        Some(self.ordinal)
+    }
+
+    fn workspace_bytes(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
+        super::check_problem(p)?;
+        let pl = plan::make_plan(p, &self.config, dir == Direction::Backward)?;
+        Ok(self.split_workspace(pl.bytes).1)
+    }
+
+    unsafe fn enqueue_forward(
+        &self,
+        p: &AttentionProblem,
+        args: &DeviceForwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        self.enqueue_fwd(p, args, launch)
+    }
+
+    unsafe fn enqueue_backward(
+        &self,
+        p: &AttentionProblem,
+        args: &DeviceBackwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        self.enqueue_bwd(p, args, launch)
     }
 
     unsafe fn forward_device(

@@ -28,12 +28,16 @@ mod mock;
 #[cfg(feature = "cuda")]
 mod enabled;
 #[cfg(feature = "cuda")]
-pub use enabled::{Chunked, DeviceBuffer, compile_kernels_only, nvrtc_arch};
+use enabled as runtime;
+#[cfg(feature = "cuda")]
+pub use enabled::{DeviceBuffer, compile_kernels_only, nvrtc_arch};
 
 #[cfg(not(feature = "cuda"))]
 mod disabled;
 #[cfg(not(feature = "cuda"))]
-pub use disabled::Chunked;
+use disabled as runtime;
+
+pub use runtime::{Chunked, availability, cuda_devices};
 
 use crate::executor::{DeviceKind, ExecError, Executor, HeadDimRange, Manifest, Unsupported};
 use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
@@ -125,8 +129,11 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
     Ok(())
 }
 
-/// Registry constructor: opens device 0 (fails with [`ExecError::NoDevice`] without the `cuda`
-/// feature, a driver or a GPU).
-pub fn create() -> Result<Arc<dyn Executor>, ExecError> {
-    Ok(Arc::new(Chunked::new(ChunkedConfig::default())?))
+/// Registry constructor: opens CUDA device `ordinal` (fails with [`ExecError::NoDevice`]
+/// without the `cuda` feature, a driver or that GPU).
+pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
+    Ok(Arc::new(Chunked::on_device(
+        ChunkedConfig::default(),
+        ordinal,
+    )?))
 }

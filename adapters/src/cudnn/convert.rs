@@ -65,7 +65,8 @@ fn strides4(s: crate::problem::Strides) -> [i64; 4] {
     [s.batch as i64, s.head as i64, s.seq as i64, 1]
 }
 
-/// The graph spec of a problem (structure only; see [`check`] for what cuDNN accepts).
+/// The graph spec of a problem (structure only; see [`check`] for what cuDNN accepts). Only for
+/// problems [`check`] admits (fp16/bf16).
 pub fn spec_of(p: &AttentionProblem, dir: Direction) -> SdpaSpec {
     let l = &p.layout;
     let layouts = Layouts {
@@ -88,9 +89,10 @@ pub fn spec_of(p: &AttentionProblem, dir: Direction) -> SdpaSpec {
         s_kv: p.seqlen_kv as i64,
         d_qk: p.head_dim_qk as i64,
         d_v: p.head_dim_v as i64,
+        // Wide dtypes never reach a graph: `check` (the manifest) refuses them first.
         dtype: match p.dtype {
-            DType::BF16 => IoDtype::Bf16,
             DType::F16 => IoDtype::F16,
+            DType::BF16 | DType::F32 | DType::F64 => IoDtype::Bf16,
         },
         mask: mask_of(p),
         layouts,

@@ -1,42 +1,37 @@
 //! The `cudnn` executor (FusedAttention through the cuDNN backend graph API) and its probe.
 //!
 //! Pure parts (graph IR, plan-cache key, version gates, plan-JSON parsing, problem conversion)
-//! build and are tested everywhere; the parts that call cuDNN need the `cudnn` feature.
-//! See `docs/cudnn.md`.
+//! build and are tested everywhere; the parts that call cuDNN (`enabled/`) need the `cudnn`
+//! feature, and `disabled.rs` stands in for them without it. See `docs/cudnn.md`.
 
 pub mod cache;
 pub mod convert;
 pub mod engine;
 pub mod graph;
+pub mod libpath;
 pub mod spec;
 pub mod version;
 
 #[cfg(feature = "cudnn")]
-pub mod backend;
+mod enabled;
 #[cfg(feature = "cudnn")]
-pub mod exec;
+use enabled as runtime;
+#[cfg(feature = "cudnn")]
+pub use enabled::{
+    CudnnError, CudnnExecutor, IoPtrs, RunReport, backend, dl, exec, loaded_library,
+    runtime_version, shared, shared_on,
+};
+
+#[cfg(not(feature = "cudnn"))]
+mod disabled;
+#[cfg(not(feature = "cudnn"))]
+use disabled as runtime;
 
 pub use convert::{MAX_HEAD_DIM, NAME, ProbeAnswer, check, manifest};
-#[cfg(feature = "cudnn")]
-pub use exec::{CudnnError, CudnnExecutor, IoPtrs, RunReport, runtime_version, shared};
+pub use runtime::{availability, create, require_version};
 pub use spec::Direction;
 
 use crate::problem::AttentionProblem;
-
-/// Registry constructor: the shared executor on device 0.
-pub fn create() -> Result<std::sync::Arc<dyn crate::executor::Executor>, crate::executor::ExecError>
-{
-    #[cfg(feature = "cudnn")]
-    {
-        Ok(shared()? as std::sync::Arc<dyn crate::executor::Executor>)
-    }
-    #[cfg(not(feature = "cudnn"))]
-    {
-        Err(crate::executor::ExecError::NoDevice {
-            reason: "built without the `cudnn` feature".into(),
-        })
-    }
-}
 
 /// Can cuDNN build a fused-attention graph for `problem` in direction `dir` on this machine
 /// (device 0)? `Unknown` without a GPU, without libcudnn, or without the `cudnn` feature.
@@ -45,22 +40,7 @@ pub fn probe_graph(problem: &AttentionProblem, dir: Direction) -> ProbeAnswer {
     if let Err(u) = check(problem, None) {
         return ProbeAnswer::No { reason: u.reason };
     }
-    #[cfg(feature = "cudnn")]
-    {
-        match shared() {
-            Ok(ex) => ex.probe(problem, dir),
-            Err(e) => ProbeAnswer::Unknown {
-                reason: e.to_string(),
-            },
-        }
-    }
-    #[cfg(not(feature = "cudnn"))]
-    {
-        let _ = dir;
-        ProbeAnswer::Unknown {
-            reason: "built without the `cudnn` feature".into(),
-        }
-    }
+    runtime::probe_graph_here(problem, dir)
 }
 
 /// The training probe: forward and backward graphs both build. `No` if either is refused,

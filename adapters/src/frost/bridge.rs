@@ -66,6 +66,40 @@ fn cuda_err(e: drv::DriverError) -> FrostError {
     FrostError::Cuda(format!("{e:?}"))
 }
 
+/// Registry constructor: the FROST executor on CUDA device `ordinal` (imports the cuDNN
+/// frontend; fails with [`ExecError::NoDevice`] when it cannot be loaded).
+pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
+    match FrostExecutor::new(ordinal) {
+        Ok(e) => Ok(Arc::new(e)),
+        Err(e) => Err(ExecError::NoDevice {
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// Run-time probe: a CUDA device of compute capability 9.0 or 10.x (the frontend's Python
+/// package and its versions are checked when the executor is created).
+pub fn availability() -> crate::registry::Availability {
+    use crate::registry::Availability;
+    if let Err(why) = crate::chunked::cuda_devices() {
+        return Availability::unavailable(why);
+    }
+    let cc = CudaContext::new(0).and_then(|c| c.compute_capability());
+    match cc {
+        Ok((major, minor)) if matches!(major * 10 + minor, 90 | 100 | 103) => {
+            Availability::Available {
+                detail: format!(
+                    "sm_{major}{minor}; the cuDNN frontend package is checked on first use"
+                ),
+            }
+        }
+        Ok((major, minor)) => {
+            Availability::unavailable(format!("no FROST SDPA engine for sm_{major}{minor}"))
+        }
+        Err(e) => Availability::unavailable(format!("CUDA device 0: {e:?}")),
+    }
+}
+
 /// A selected FROST plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FrostPlan {

@@ -21,6 +21,15 @@ use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
 
 #[cfg(feature = "frost")]
 pub mod bridge;
+#[cfg(feature = "frost")]
+use bridge as runtime;
+
+#[cfg(not(feature = "frost"))]
+mod disabled;
+#[cfg(not(feature = "frost"))]
+use disabled as runtime;
+
+pub use runtime::{availability, create};
 
 /// Registry name.
 pub const NAME: &str = "frost";

@@ -21,6 +21,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use serde_json::{Map, Value as Json};
 
+mod torch_ops;
+
 create_exception!(
     _native,
     PolicyError,
@@ -1366,5 +1368,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PolicyError", m.py().get_type::<PolicyError>())?;
     m.add_function(wrap_pyfunction!(config_keys, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_packs, m)?)?;
+    torch_ops::register(m)?;
     Ok(())
 }

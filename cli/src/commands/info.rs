@@ -1,4 +1,4 @@
-//! Commands that describe the tool itself: `presets`, `facts`, `executors`, `explain-code`,
+//! Commands that describe the tool itself: `presets`, `facts`, `explain-code`,
 //! `completions`, `man`, and the `--version` text.
 
 use clap::{Args, CommandFactory};
@@ -162,32 +162,6 @@ pub fn facts(a: FactsArgs) -> i32 {
         )
         .expect("json")
     );
-    super::EXIT_OK
-}
-
-#[derive(Args, Debug)]
-pub struct ExecutorsArgs {
-    /// Print as JSON.
-    #[arg(long)]
-    pub json: bool,
-}
-
-pub fn executors(a: ExecutorsArgs) -> i32 {
-    let catalogue = super::args::catalogue();
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(catalogue.entries()).expect("json")
-        );
-        return super::EXIT_OK;
-    }
-    for e in catalogue.entries() {
-        let provider = match &e.provider {
-            attn_policy::Provider::Builtin => "built in".to_string(),
-            attn_policy::Provider::Host(h) => format!("host: {h}"),
-        };
-        println!("{:<14} {:<14} {}", e.name, provider, e.description);
-    }
     super::EXIT_OK
 }
 

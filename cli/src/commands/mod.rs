@@ -7,6 +7,7 @@ mod check;
 mod conformance;
 mod coverage;
 mod diff;
+mod executors;
 mod explain;
 mod gaps;
 mod info;
@@ -71,14 +72,14 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Select an executor with a pack (default `native`), run it on random inputs, verify, report.
     Run(run::RunArgs),
+    /// List every executor with its manifest and whether it can run here (and why not).
+    Executors(executors::ExecutorsArgs),
     /// Median time per decision (uncached, full explanation) over a corpus or the presets.
     Bench(bench::BenchArgs),
     /// List the named presets usable with --preset; --show NAME prints one resolved.
     Presets(info::PresetsArgs),
     /// List every fact (input field) with its type, domain and default.
     Facts(info::FactsArgs),
-    /// List the executors this build knows (the names executor chains may use).
-    Executors(info::ExecutorsArgs),
     /// Load, type-check and lint a pack (never/always-firing, subsumed, capabilities, ...).
     Check(check::CheckArgs),
     /// Every region of the configuration space where no backend is selected (exact).
@@ -123,9 +124,9 @@ pub fn main() -> i32 {
         Command::Coverage(a) => coverage::run(a),
         Command::Conformance(a) => conformance::run(a),
         Command::Run(a) => run::run(a),
+        Command::Executors(a) => executors::run(a),
         Command::Presets(a) => info::presets(a),
         Command::Facts(a) => info::facts(a),
-        Command::Executors(a) => info::executors(a),
         Command::ExplainCode(a) => info::explain_code(a),
         Command::Completions(a) => info::completions(a),
         Command::Man => info::man(),

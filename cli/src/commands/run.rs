@@ -10,7 +10,7 @@ use super::args::{ConfigArgs, Format, OutputArgs};
 use attn_policy::Explanation;
 use attn_policy::facts::Value;
 use attn_policy_adapters::run::{RunOptions, VerifyMode, run_on};
-use attn_policy_adapters::{Registry, RegistryEntry, problem_from_facts};
+use attn_policy_adapters::{Registry, problem_from_facts};
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -54,14 +54,9 @@ pub fn run(a: RunArgs) -> i32 {
     };
     let problem = problem_from_facts(&facts);
     // Live probes: is there a GPU executor, and can cuDNN build this graph here?
-    let mut registry = Registry::builtin();
-    // The cuDNN executor (its constructor reports NoDevice without the `cudnn` feature or a GPU).
-    registry.register(RegistryEntry {
-        name: attn_policy_adapters::cudnn::NAME,
-        description: "cuDNN fused attention through the backend graph API",
-        manifest: attn_policy_adapters::cudnn::manifest,
-        create: attn_policy_adapters::cudnn::create,
-    });
+    // Every executor of the adapters (cudnn included; each unavailable without its feature or
+    // a GPU).
+    let registry = Registry::builtin();
     let gpu = registry.get("chunked").is_ok();
     if facts.get("probe.cuda_device") == Some(Value::Unknown) {
         let _ = facts.set_probe("cuda_device", Some(gpu));

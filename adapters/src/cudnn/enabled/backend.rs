@@ -11,8 +11,8 @@ use cudarc::cudnn::sys::{
     cudnnBackendDescriptorType_t as D,
 };
 
-use super::engine::EngineInfo;
-use super::graph::{BandMaskOp, DType, GraphIr, NativeStats, Op, PwMode, RedOp};
+use crate::cudnn::engine::EngineInfo;
+use crate::cudnn::graph::{BandMaskOp, DType, GraphIr, NativeStats, Op, PwMode, RedOp};
 
 /// A failed cuDNN call: which call, the status, and cuDNN's last error string.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,10 +26,22 @@ pub struct CallError {
     pub message: String,
 }
 
+/// The process's libcudnn (see [`super::dl`]).
+pub(crate) fn api() -> Result<&'static super::dl::Api, CallError> {
+    super::dl::api().map_err(|e| CallError {
+        call: "load libcudnn".into(),
+        status: "NOT_LOADED".into(),
+        message: e,
+    })
+}
+
 fn last_error() -> String {
+    let Ok(api) = api() else {
+        return String::new();
+    };
     let mut buf = vec![0u8; 1024];
     // SAFETY: the buffer is writable for its full length, which is passed as max_size.
-    unsafe { sys::cudnnGetLastErrorString(buf.as_mut_ptr().cast(), buf.len()) };
+    unsafe { (api.last_error)(buf.as_mut_ptr().cast(), buf.len()) };
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end])
         .trim()
@@ -53,19 +65,22 @@ pub(crate) struct Desc(sys::cudnnBackendDescriptor_t);
 
 impl Drop for Desc {
     fn drop(&mut self) {
-        if !self.0.is_null() {
+        if !self.0.is_null()
+            && let Ok(api) = api()
+        {
             // SAFETY: created by cudnnBackendCreateDescriptor and destroyed once.
-            unsafe { sys::cudnnBackendDestroyDescriptor(self.0) };
+            unsafe { (api.destroy_desc)(self.0) };
         }
     }
 }
 
 impl Desc {
     pub(crate) fn new(ty: D) -> Result<Desc, CallError> {
+        let api = api()?;
         let mut raw: sys::cudnnBackendDescriptor_t = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         check(
-            unsafe { sys::cudnnBackendCreateDescriptor(ty, &mut raw) },
+            unsafe { (api.create_desc)(ty, &mut raw) },
             format_args!("create {ty:?}"),
         )?;
         Ok(Desc(raw))
@@ -82,9 +97,10 @@ impl Desc {
     /// `cudnnBackendDescriptor_t` for BACKEND_DESCRIPTOR, a `#[repr(u32)]` enum for enum types).
     unsafe fn set<E>(&self, name: A, ty: T, vals: &[E]) -> Result<(), CallError> {
         // SAFETY: forwarded to the caller's contract; the slice outlives the call.
-        let st = unsafe {
-            sys::cudnnBackendSetAttribute(self.0, name, ty, vals.len() as i64, vals.as_ptr().cast())
-        };
+        let api = api()?;
+        // SAFETY: forwarded to the caller's contract; the slice outlives the call.
+        let st =
+            unsafe { (api.set_attr)(self.0, name, ty, vals.len() as i64, vals.as_ptr().cast()) };
         check(st, format_args!("set {name:?}"))
     }
 
@@ -127,9 +143,10 @@ impl Desc {
     }
 
     pub(crate) fn finalize(&self, what: impl fmt::Display) -> Result<(), CallError> {
+        let api = api()?;
         // SAFETY: a live descriptor.
         check(
-            unsafe { sys::cudnnBackendFinalize(self.0) },
+            unsafe { (api.finalize)(self.0) },
             format_args!("finalize {what}"),
         )
     }
@@ -139,10 +156,11 @@ impl Desc {
     /// # Safety
     /// As for `set`: `E` must match `ty`.
     unsafe fn get<E>(&self, name: A, ty: T, out: &mut [E]) -> Result<usize, CallError> {
+        let api = api()?;
         let mut n: i64 = 0;
         // SAFETY: `out` is writable for out.len() elements.
         let st = unsafe {
-            sys::cudnnBackendGetAttribute(
+            (api.get_attr)(
                 self.0,
                 name,
                 ty,
@@ -164,11 +182,10 @@ impl Desc {
 
     /// Number of elements of an attribute (a get with zero capacity).
     fn count(&self, name: A, ty: T) -> Result<usize, CallError> {
+        let api = api()?;
         let mut n: i64 = 0;
         // SAFETY: zero-capacity query with a null array.
-        let st = unsafe {
-            sys::cudnnBackendGetAttribute(self.0, name, ty, 0, &mut n, std::ptr::null_mut())
-        };
+        let st = unsafe { (api.get_attr)(self.0, name, ty, 0, &mut n, std::ptr::null_mut()) };
         check(st, format_args!("count {name:?}"))?;
         Ok(n.max(0) as usize)
     }
@@ -677,9 +694,10 @@ pub(crate) unsafe fn execute(
     vp.set_ptrs(A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, ptrs)?;
     vp.set_ptrs(A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, &[workspace])?;
     vp.finalize("variant pack")?;
+    let api = api()?;
     // SAFETY: the caller guarantees the pointers; plan and pack are finalized.
     check(
-        unsafe { sys::cudnnBackendExecute(handle, plan.plan.raw(), vp.raw()) },
+        unsafe { (api.execute)(handle, plan.plan.raw(), vp.raw()) },
         "cudnnBackendExecute",
     )
 }

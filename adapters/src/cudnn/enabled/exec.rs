@@ -4,8 +4,11 @@
 //!   caller's stream is bound with `cudnnSetStream` on every call.
 //! - A thread-local plan cache (cuDNN handles are not to be shared between threads, and cudarc's
 //!   handle is neither Send nor Sync) holding plans and refusals, never buffers.
-//! - Workspace (the backward's fp32 scratch plus cuDNN's own) is allocated per call,
-//!   stream-ordered (`cuMemAllocAsync`/`cuMemFreeAsync` on the call's stream).
+//! - Workspace (the backward's fp32 scratch plus cuDNN's own): the stream path
+//!   ([`Executor::enqueue_forward`]) takes the caller's, sized by [`Executor::workspace_bytes`];
+//!   the bench path allocates it per call, stream-ordered (`cuMemAllocAsync`/`cuMemFreeAsync`).
+//! - The library is the process's libcudnn ([`super::dl`]): inside PyTorch, the one torch
+//!   loaded.
 //! - Every plan is checked to be a fused-attention engine before it is cached or run.
 
 use std::cell::RefCell;
@@ -15,25 +18,25 @@ use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use cudarc::cudnn::{result as cudnn_result, sys as cudnn_sys};
+use cudarc::cudnn::sys as cudnn_sys;
 use cudarc::driver::{
     CudaContext, CudaStream, DevicePtr, DevicePtrMut, result as drv, sys as drv_sys,
 };
 
 use crate::executor::{
     BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, ExecError, ExecStats,
-    Executor, ForwardInputs, ForwardOutput, HostTensor, Manifest, Unsupported,
+    Executor, ForwardInputs, ForwardOutput, HostTensor, Manifest, StreamLaunch, Unsupported,
     validate_backward_inputs, validate_forward_inputs,
 };
 use crate::problem::AttentionProblem;
 
 use super::backend::{self, BuiltPlan, CallError, PlanRefusal};
-use super::cache::{CacheStats, PlanCache, PlanKey};
-use super::convert::{self, ProbeAnswer};
-use super::engine::EngineInfo;
-use super::graph::{self, Binding, GraphKind, IoRole};
-use super::spec::{Direction, SdpaSpec};
-use super::version::CudnnVersion;
+use crate::cudnn::cache::{CacheStats, PlanCache, PlanKey};
+use crate::cudnn::convert::{self, ProbeAnswer};
+use crate::cudnn::engine::EngineInfo;
+use crate::cudnn::graph::{self, Binding, GraphKind, IoRole};
+use crate::cudnn::spec::{Direction, SdpaSpec};
+use crate::cudnn::version::CudnnVersion;
 
 /// Typed errors of the cuDNN executor.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -93,6 +96,18 @@ pub enum CudnnError {
     /// No usable GPU or cuDNN library.
     #[error("no device: {0}")]
     NoDevice(String),
+    /// The decision was made for another cuDNN than the one loaded in this process.
+    #[error(
+        "refused: the decision assumed cuDNN {decided}, but this process has cuDNN {loaded} loaded ({path})"
+    )]
+    VersionMismatch {
+        /// The decision's `cudnn_version` fact.
+        decided: String,
+        /// `cudnnGetVersion()` of the loaded library.
+        loaded: CudnnVersion,
+        /// The loaded library.
+        path: String,
+    },
 }
 
 impl CudnnError {
@@ -101,6 +116,7 @@ impl CudnnError {
         matches!(
             self,
             CudnnError::Unsupported(_)
+                | CudnnError::VersionMismatch { .. }
                 | CudnnError::NoEngine { .. }
                 | CudnnError::NoDeterministicPlan { .. }
                 | CudnnError::NotFusedAttention { .. }
@@ -181,8 +197,10 @@ struct DeviceState {
 
 impl Drop for DeviceState {
     fn drop(&mut self) {
-        // SAFETY: created by cudnnCreate on this thread, destroyed once.
-        let _ = unsafe { cudnn_result::destroy_handle(self.handle) };
+        if let Ok(api) = backend::api() {
+            // SAFETY: created by cudnnCreate on this thread, destroyed once.
+            let _ = unsafe { (api.destroy)(self.handle) };
+        }
     }
 }
 
@@ -269,19 +287,18 @@ pub struct CudnnExecutor {
     native_allowed: bool,
 }
 
-fn cudnn_loadable() -> bool {
-    // SAFETY: tries to dlopen the candidate library names; no symbols are called.
-    unsafe { cudnn_sys::is_culib_present() }
+/// The runtime cuDNN version of the process's libcudnn (see [`super::dl`]), or why it cannot
+/// be read (library missing).
+pub fn runtime_version() -> Result<CudnnVersion, CudnnError> {
+    let api = super::dl::api().map_err(CudnnError::NoDevice)?;
+    // SAFETY: no preconditions.
+    Ok(CudnnVersion(unsafe { (api.get_version)() } as u32))
 }
 
-/// The runtime cuDNN version, or why it cannot be read (library missing).
-pub fn runtime_version() -> Result<CudnnVersion, CudnnError> {
-    if !cudnn_loadable() {
-        return Err(CudnnError::NoDevice(
-            "libcudnn not found (LD_LIBRARY_PATH)".into(),
-        ));
-    }
-    Ok(CudnnVersion(cudnn_result::get_version() as u32))
+/// The loaded libcudnn's path and how it was chosen.
+pub fn loaded_library() -> Result<(String, super::dl::Origin), CudnnError> {
+    let api = super::dl::api().map_err(CudnnError::NoDevice)?;
+    Ok((api.path.clone(), api.origin))
 }
 
 fn manifest_cached() -> &'static Manifest {
@@ -339,6 +356,25 @@ impl CudnnExecutor {
     pub fn version(&self) -> CudnnVersion {
         self.version
     }
+
+    /// Refuses (naming both) when a decision's `cudnn_version` fact (major, minor, patch) is
+    /// not the loaded library's version.
+    pub fn require_version(&self, decided: (u32, u32, u32)) -> Result<(), CudnnError> {
+        let v = self.version;
+        if (v.major(), v.minor(), v.patch()) == decided {
+            return Ok(());
+        }
+        Err(CudnnError::VersionMismatch {
+            decided: format!("{}.{}.{}", decided.0, decided.1, decided.2),
+            loaded: v,
+            path: loaded_library().map(|(p, _)| p).unwrap_or_default(),
+        })
+    }
+
+    /// CUDA device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
     /// The CUDA context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -386,13 +422,17 @@ impl CudnnExecutor {
             let st = match states.entry(self.ordinal) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    let handle = cudnn_result::create_handle().map_err(|e| {
-                        CudnnError::Call(CallError {
+                    let api = backend::api()?;
+                    let mut handle: cudnn_sys::cudnnHandle_t = std::ptr::null_mut();
+                    // SAFETY: out-pointer to a local; the device's context is current.
+                    let st = unsafe { (api.create)(&mut handle) };
+                    if st != cudnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+                        return Err(CudnnError::Call(CallError {
                             call: "cudnnCreate".into(),
-                            status: format!("{e:?}"),
+                            status: format!("{st:?}"),
                             message: String::new(),
-                        })
-                    })?;
+                        }));
+                    }
                     v.insert(DeviceState {
                         handle,
                         cache: PlanCache::default(),
@@ -554,7 +594,18 @@ impl CudnnExecutor {
         }
     }
 
-    /// Enqueues one call on `stream` without synchronizing: the fast path (benches, stream tests).
+    /// Bytes of workspace a call of `p` in direction `dir` needs (the graph's scratch plus
+    /// cuDNN's own). Builds and caches the plan on this thread (the warm-up).
+    pub fn workspace_for(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, CudnnError> {
+        let spec = self.spec_checked(p, dir)?;
+        self.with_state(|st| {
+            let (plan, _) = self.plan(st, dir, &spec)?;
+            Ok(((plan.scratch + plan.built.workspace).max(256)) as u64)
+        })
+    }
+
+    /// Enqueues one call on `stream` without synchronizing, with a stream-ordered workspace of
+    /// its own (benches, stream tests).
     ///
     /// # Safety
     /// The pointers in `io` must be live device allocations on this executor's device covering
@@ -567,23 +618,54 @@ impl CudnnExecutor {
         io: &IoPtrs,
         stream: &CudaStream,
     ) -> Result<RunReport, CudnnError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.enqueue_raw(p, dir, io, stream.cu_stream() as u64, None) }
+    }
+
+    /// Enqueues one call on a raw `CUstream` (a framework's) without synchronizing. With
+    /// `workspace = Some((ptr, bytes))` the caller's workspace is used and nothing is
+    /// allocated; with `None` a stream-ordered one is allocated and freed on `stream`.
+    ///
+    /// # Safety
+    /// As for [`CudnnExecutor::enqueue`]; the caller's workspace must hold at least
+    /// [`CudnnExecutor::workspace_for`] bytes and stay live until the work completes.
+    pub unsafe fn enqueue_raw(
+        &self,
+        p: &AttentionProblem,
+        dir: Direction,
+        io: &IoPtrs,
+        stream: u64,
+        workspace: Option<(u64, u64)>,
+    ) -> Result<RunReport, CudnnError> {
         let t0 = Instant::now();
         let spec = self.spec_checked(p, dir)?;
         let scale = p.softmax_scale as f32;
-        let cu_stream = stream.cu_stream();
+        let cu_stream = stream as drv_sys::CUstream;
         self.with_state(|st| {
             let (plan, hit) = self.plan(st, dir, &spec)?;
+            let api = backend::api()?;
             // SAFETY: the handle belongs to this thread; the stream to this context.
-            unsafe { cudnn_result::set_stream(st.handle, cu_stream as *mut _) }.map_err(|e| {
-                CudnnError::Call(CallError {
+            let status = unsafe { (api.set_stream)(st.handle, cu_stream as _) };
+            if status != cudnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+                return Err(CudnnError::Call(CallError {
                     call: "cudnnSetStream".into(),
-                    status: format!("{e:?}"),
+                    status: format!("{status:?}"),
                     message: String::new(),
-                })
-            })?;
+                }));
+            }
             let total = (plan.scratch + plan.built.workspace).max(256);
-            // SAFETY: stream-ordered allocation on the call's stream, freed on it below.
-            let ws = unsafe { drv::malloc_async(cu_stream, total) }?;
+            let (ws, owned) = match workspace {
+                Some((ptr, bytes)) => {
+                    if (bytes as usize) < total || !ptr.is_multiple_of(256) {
+                        return Err(CudnnError::Cuda(format!(
+                            "workspace of {bytes} bytes at {ptr:#x}: this call needs {total} bytes, 256-byte aligned"
+                        )));
+                    }
+                    (ptr, false)
+                }
+                // SAFETY: stream-ordered allocation on the call's stream, freed on it below.
+                None => (unsafe { drv::malloc_async(cu_stream, total) }?, true),
+            };
             let mut scalars = plan.scalars.clone();
             if let Some(i) = plan.scale_slot {
                 scalars[i] = scale.to_bits();
@@ -601,10 +683,11 @@ impl CudnnExecutor {
             // SAFETY: caller's pointers per the contract; scalars live until execute returns.
             let run =
                 unsafe { backend::execute(st.handle, &plan.built, &plan.uids, &ptrs, cudnn_ws) };
-            // SAFETY: freed in stream order after the work that uses it.
-            let freed = unsafe { drv::free_async(ws, cu_stream) };
+            if owned {
+                // SAFETY: freed in stream order after the work that uses it.
+                unsafe { drv::free_async(ws, cu_stream) }?;
+            }
             run?;
-            freed?;
             Ok(RunReport {
                 graph: plan.kind,
                 engine: plan.engine.clone(),
@@ -742,8 +825,11 @@ impl Executor for CudnnExecutor {
     }
 
     fn device_description(&self) -> String {
+        let lib = loaded_library()
+            .map(|(p, o)| format!(" ({p}, {})", o.describe()))
+            .unwrap_or_default();
         format!(
-            "{} (sm_{}{}), cuDNN {}",
+            "{} (sm_{}{}), cuDNN {}{lib}",
             self.gpu, self.cc.0, self.cc.1, self.version
         )
     }
@@ -776,6 +862,60 @@ impl Executor for CudnnExecutor {
         Ok(self.host_backward(problem, inputs)?)
     }
 
+    fn device_ordinal(&self) -> Option<usize> {
+        Some(self.ordinal)
+    }
+
+    fn workspace_bytes(
+        &self,
+        problem: &AttentionProblem,
+        dir: Direction,
+    ) -> Result<u64, ExecError> {
+        Ok(self.workspace_for(problem, dir)?)
+    }
+
+    unsafe fn enqueue_forward(
+        &self,
+        problem: &AttentionProblem,
+        args: &DeviceForwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        self.check_launch(launch)?;
+        let ws = Some((launch.workspace, launch.workspace_bytes));
+        // SAFETY: forwarded contract (trait docs).
+        unsafe {
+            self.enqueue_raw(
+                problem,
+                Direction::Forward,
+                &IoPtrs::from(args),
+                launch.stream,
+                ws,
+            )
+        }?;
+        Ok(())
+    }
+
+    unsafe fn enqueue_backward(
+        &self,
+        problem: &AttentionProblem,
+        args: &DeviceBackwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        self.check_launch(launch)?;
+        let ws = Some((launch.workspace, launch.workspace_bytes));
+        // SAFETY: forwarded contract (trait docs).
+        unsafe {
+            self.enqueue_raw(
+                problem,
+                Direction::Backward,
+                &IoPtrs::from(args),
+                launch.stream,
+                ws,
+            )
+        }?;
+        Ok(())
+    }
+
     unsafe fn forward_device(
         &self,
         problem: &AttentionProblem,
@@ -805,10 +945,31 @@ impl Executor for CudnnExecutor {
     }
 }
 
+impl CudnnExecutor {
+    fn check_launch(&self, launch: &StreamLaunch) -> Result<(), ExecError> {
+        if launch.device != self.ordinal {
+            return Err(ExecError::invalid(format!(
+                "the call is on CUDA device {}, this executor on device {}",
+                launch.device, self.ordinal
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The process-wide executor on device 0 (created on first use).
 pub fn shared() -> Result<Arc<CudnnExecutor>, CudnnError> {
-    static SHARED: OnceLock<Result<Arc<CudnnExecutor>, CudnnError>> = OnceLock::new();
-    SHARED
-        .get_or_init(|| CudnnExecutor::new(0).map(Arc::new))
+    shared_on(0)
+}
+
+/// The process-wide executor on CUDA device `ordinal` (created on first use; a failure is
+/// remembered too, so a missing device is not probed on every call).
+pub fn shared_on(ordinal: usize) -> Result<Arc<CudnnExecutor>, CudnnError> {
+    type Slot = Result<Arc<CudnnExecutor>, CudnnError>;
+    static SHARED: OnceLock<std::sync::Mutex<HashMap<usize, Slot>>> = OnceLock::new();
+    let map = SHARED.get_or_init(Default::default);
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(ordinal)
+        .or_insert_with(|| CudnnExecutor::new(ordinal).map(Arc::new))
         .clone()
 }

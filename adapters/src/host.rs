@@ -1,0 +1,179 @@
+//! Manifests of the executors a Python host provides: PyTorch's own scaled-dot-product
+//! attention kernels, called by the `attn_policy.torch` package through torch's aten ops with
+//! an explicit log-sum-exp. Their limits are PyTorch 2.11's (aten `sdp_utils`, the kernels'
+//! own checks); the Python side checks each call exactly before it runs one.
+//!
+//! These are data only: nothing here runs them. The registry lists them as unavailable outside
+//! Python ([`crate::registry::HOST_ONLY`]).
+
+use crate::executor::{DeviceKind, HeadDimRange, Manifest};
+use crate::problem::{DType, LayoutKind, MaskKind};
+
+/// FlashAttention-2 inside PyTorch (`aten::_flash_attention_forward`).
+pub const TORCH_FLASH: &str = "torch_flash";
+/// The memory-efficient (CUTLASS) kernel (`aten::_efficient_attention_forward`).
+pub const TORCH_EFFICIENT: &str = "torch_efficient";
+/// PyTorch's cuDNN SDPA (`aten::_scaled_dot_product_cudnn_attention`).
+pub const TORCH_CUDNN: &str = "torch_cudnn";
+/// Attention written with torch tensor ops (matmul, softmax), any device torch runs on.
+pub const TORCH_MATH: &str = "torch_math";
+
+const ALL_LAYOUTS: [LayoutKind; 3] = [LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd];
+
+fn dims(min: usize, max: usize, multiple_of: usize) -> HeadDimRange {
+    HeadDimRange {
+        min,
+        max,
+        multiple_of,
+    }
+}
+
+/// `torch_flash`: FlashAttention-2 as built into PyTorch.
+pub fn torch_flash() -> Manifest {
+    Manifest {
+        name: TORCH_FLASH.into(),
+        device: DeviceKind::Cuda,
+        min_compute_capability: Some(80),
+        dtypes: vec![DType::F16, DType::BF16],
+        head_dim_qk: dims(8, 256, 8),
+        head_dim_v: dims(8, 256, 8),
+        head_dim_v_may_differ: false,
+        masks: vec![
+            MaskKind::NoMask,
+            MaskKind::CausalTopLeft,
+            MaskKind::CausalBottomRight,
+        ],
+        windows: true,
+        rectangular: true,
+        layouts: ALL_LAYOUTS.to_vec(),
+        arbitrary_strides: true,
+        stride_multiple_of: 1,
+        gqa: true,
+        max_seqlen: None,
+        max_score_elements: None,
+        backward: true,
+        deterministic: false,
+        notes: vec![
+            "aten::_flash_attention_forward/backward (FlashAttention-2 in PyTorch), LSE returned by the kernel".into(),
+            "its diagonal is bottom-right: a top-left causal mask or window runs only when s_q == s_kv".into(),
+            "backward accumulates dQ with atomics: not deterministic".into(),
+        ],
+    }
+}
+
+/// `torch_efficient`: the memory-efficient attention kernel in PyTorch.
+pub fn torch_efficient() -> Manifest {
+    Manifest {
+        name: TORCH_EFFICIENT.into(),
+        device: DeviceKind::Cuda,
+        min_compute_capability: Some(50),
+        dtypes: vec![DType::F16, DType::BF16, DType::F32],
+        head_dim_qk: dims(8, 512, 8),
+        head_dim_v: dims(8, 512, 8),
+        head_dim_v_may_differ: true,
+        masks: vec![
+            MaskKind::NoMask,
+            MaskKind::CausalTopLeft,
+            MaskKind::CausalBottomRight,
+        ],
+        windows: false,
+        rectangular: true,
+        layouts: ALL_LAYOUTS.to_vec(),
+        arbitrary_strides: true,
+        stride_multiple_of: 1,
+        gqa: false,
+        max_seqlen: None,
+        max_score_elements: None,
+        backward: true,
+        deterministic: false,
+        notes: vec![
+            "aten::_efficient_attention_forward/backward (CUTLASS), custom_mask_type 0/1/2 for no mask / top-left / bottom-right causal".into(),
+            "no GQA (equal head counts) and no sliding window in this executor".into(),
+        ],
+    }
+}
+
+/// `torch_cudnn`: PyTorch's own cuDNN SDPA path.
+pub fn torch_cudnn() -> Manifest {
+    Manifest {
+        name: TORCH_CUDNN.into(),
+        device: DeviceKind::Cuda,
+        min_compute_capability: Some(80),
+        dtypes: vec![DType::F16, DType::BF16],
+        head_dim_qk: dims(8, 128, 8),
+        head_dim_v: dims(8, 128, 8),
+        head_dim_v_may_differ: false,
+        masks: vec![MaskKind::NoMask, MaskKind::CausalTopLeft],
+        windows: false,
+        rectangular: true,
+        layouts: ALL_LAYOUTS.to_vec(),
+        arbitrary_strides: true,
+        stride_multiple_of: 8,
+        gqa: false,
+        max_seqlen: None,
+        max_score_elements: None,
+        backward: true,
+        deterministic: false,
+        notes: vec![
+            "aten::_scaled_dot_product_cudnn_attention/backward; top-left causal only, no window, no GQA".into(),
+        ],
+    }
+}
+
+/// `torch_math`: attention from torch tensor ops, float32 accumulation at least.
+pub fn torch_math() -> Manifest {
+    Manifest {
+        name: TORCH_MATH.into(),
+        device: DeviceKind::Cuda,
+        min_compute_capability: None,
+        dtypes: vec![DType::F16, DType::BF16, DType::F32, DType::F64],
+        head_dim_qk: dims(1, 65536, 1),
+        head_dim_v: dims(1, 65536, 1),
+        head_dim_v_may_differ: true,
+        masks: vec![
+            MaskKind::NoMask,
+            MaskKind::CausalTopLeft,
+            MaskKind::CausalBottomRight,
+        ],
+        windows: true,
+        rectangular: true,
+        layouts: ALL_LAYOUTS.to_vec(),
+        arbitrary_strides: true,
+        stride_multiple_of: 1,
+        gqa: true,
+        max_seqlen: None,
+        max_score_elements: None,
+        backward: true,
+        deterministic: true,
+        notes: vec![
+            "matmul + masked softmax in float32 (float64 for fp64 inputs); O(s_q * s_kv) memory"
+                .into(),
+        ],
+    }
+}
+
+/// `(name, description, manifest)` of every host-provided executor.
+pub fn torch_executors() -> Vec<(&'static str, &'static str, Manifest)> {
+    vec![
+        (
+            TORCH_FLASH,
+            "PyTorch's FlashAttention-2 kernel (Python host only)",
+            torch_flash(),
+        ),
+        (
+            TORCH_EFFICIENT,
+            "PyTorch's memory-efficient attention kernel (Python host only)",
+            torch_efficient(),
+        ),
+        (
+            TORCH_CUDNN,
+            "PyTorch's cuDNN attention (Python host only)",
+            torch_cudnn(),
+        ),
+        (
+            TORCH_MATH,
+            "attention from torch tensor ops (Python host only)",
+            torch_math(),
+        ),
+    ]
+}

@@ -1,0 +1,1103 @@
+"""Attention as a PyTorch op whose backend a policy chooses and whose executor says what ran.
+
+    import attn_policy.torch as apt
+    o = apt.attention(q, k, v, layout="bshd", is_causal=True)          # O, like SDPA
+    o, d = apt.attention(q, k, v, return_decision=True)                # and the decision
+
+``attention`` is a real ``torch.library`` op (``torch.ops.attn_policy.attention``): it has a fake
+implementation for shapes and a registered autograd formula (the forward saves O and the
+log-sum-exp, the backward calls the executor's backward), so ``torch.compile(fullgraph=True)``
+traces it without graph breaks and ``torch.library.opcheck`` passes.
+
+What happens on a call (once per input signature; later calls with the same shapes, strides,
+dtype, device and options reuse the result, see :func:`cache_info`):
+
+1. The policy (default: the embedded ``te`` pack) decides with the call's facts and the live
+   facts of this process (compute capability of the tensors' device, the cuDNN torch loaded,
+   installed flash-attn / TE / cuDNN-frontend versions, the deterministic flag, ``NVTE_*``).
+   A probe that cannot be answered stays unknown.
+2. The selected backend's executor chain is walked (:func:`executor_chain`): the first entry
+   that is available and accepts the problem runs; every entry's outcome (``ran``,
+   ``refused`` with the executor's reason, ``unavailable`` with why) is recorded in the
+   decision. Running any entry but the first is a substitution, logged and reported, never
+   silent; ``no_substitute=True`` makes it an error.
+3. CPU tensors run the float64 reference on their memory (fp16, bf16, fp32, fp64). CUDA
+   tensors run the GPU executors on ``torch.cuda.current_stream()`` with outputs and
+   workspace from torch's allocator: no synchronisation, no host round trip, so a warmed-up
+   call can be captured in a ``torch.cuda.CUDAGraph``.
+
+A call no executor serves (dropout today) is declined with the reasons:
+``on_decline="raise"`` raises :class:`AttentionDeclined`; ``"fallback"`` runs
+``torch.nn.functional.scaled_dot_product_attention`` instead and logs why.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from . import Decision, Policy, PolicyError, _native
+
+__all__ = [
+    "attention",
+    "DotProductAttention",
+    "AttentionDeclined",
+    "SubstitutionRefused",
+    "CallDecision",
+    "ChainEntry",
+    "executor_chain",
+    "executors",
+    "live_facts",
+    "cache_info",
+    "clear_cache",
+]
+
+logger = logging.getLogger("attn_policy.torch")
+
+LAYOUTS = ("bhsd", "bshd", "sbhd")
+DIAGONALS = ("top_left", "bottom_right")
+_ON_DECLINE = ("raise", "fallback")
+
+
+class AttentionDeclined(PolicyError):
+    """No executor can run this call (the policy selected no backend, or every entry of the
+    chain refused or is unavailable). ``.decision`` holds the :class:`CallDecision`."""
+
+    def __init__(self, message: str, decision: "CallDecision"):
+        super().__init__(message)
+        self.decision = decision
+        self.diagnostics: list = []
+
+
+class SubstitutionRefused(PolicyError):
+    """``no_substitute=True`` and the backend's first executor could not run."""
+
+    def __init__(self, message: str, decision: "CallDecision"):
+        super().__init__(message)
+        self.decision = decision
+        self.diagnostics: list = []
+
+
+# ---------------------------------------------------------------------------------------------
+# Executor chains.
+#
+# >>> STAND-IN, TO BE REPLACED AT MERGE by the pack's `executors:` data (issue 14, section 1):
+# >>> the chains below are issue 14's te chains, written here once, and nowhere else.
+
+
+def executor_chain(pack: str, backend: str) -> Tuple[str, ...]:
+    """The ordered executors that may run ``backend`` of ``pack`` (first = the backend's own
+    executor; the rest are substitutes). Empty: nothing can run it."""
+    if pack == "te":
+        return {
+            "FusedAttention": ("cudnn", "reference"),
+            "FrostAttention": ("frost", "reference"),
+            "UnfusedDotProductAttention": ("chunked", "reference"),
+            "FlashAttention": ("torch_flash", "cudnn", "chunked", "reference"),
+        }.get(backend, ())
+    if pack == "native":
+        # The native pack's backends are named after its executors.
+        return (backend,) if backend == "reference" else (backend, "reference")
+    return ()
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision of one call.
+
+
+@dataclass(frozen=True)
+class ChainEntry:
+    """One executor of the chain and what happened to it: ``ran``, ``refused`` (the executor
+    does not do this problem), ``unavailable`` (it cannot run in this process) or
+    ``not_tried`` (an earlier entry ran)."""
+
+    executor: str
+    outcome: str
+    reason: str = ""
+
+
+@dataclass
+class CallDecision:
+    """What :func:`attention` decided for one input signature."""
+
+    pack: str
+    backend: Optional[str]
+    executor: Optional[str]
+    chain: List[ChainEntry]
+    decision: Optional[Decision]
+    substitute: bool = False
+    fallback: Optional[str] = None
+    provenance: Dict[str, str] = field(default_factory=dict)
+    problem: str = ""
+
+    def summary(self) -> str:
+        """``selected FlashAttention; ran on chunked (substitute: torch_flash: ...)``."""
+        if self.backend is None:
+            head = f"pack {self.pack} selected no backend"
+        else:
+            head = f"pack {self.pack} selected {self.backend}"
+        if self.executor is None:
+            tail = "no executor ran"
+            if self.fallback:
+                tail += f"; fell back to torch SDPA ({self.fallback})"
+            return f"{head}; {tail}"
+        if not self.substitute:
+            return f"{head}; ran on {self.executor}"
+        why = "; ".join(f"{e.executor}: {e.reason}" for e in self.chain if e.outcome in ("refused", "unavailable"))
+        return f"{head}; ran on {self.executor} (substitute: {why})"
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {
+            "pack": self.pack,
+            "backend": self.backend,
+            "executor": self.executor,
+            "substitute": self.substitute,
+            "executor_chain": [{"executor": e.executor, "outcome": e.outcome, "reason": e.reason} for e in self.chain],
+            "provenance": dict(self.provenance),
+        }
+        if self.fallback:
+            d["fallback"] = self.fallback
+        if self.decision is not None:
+            d["decision"] = self.decision.to_dict()
+        return d
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+# ---------------------------------------------------------------------------------------------
+# Live facts.
+
+_facts_lock = threading.Lock()
+_device_facts: Dict[Tuple[str, int], Dict[str, Tuple[Any, str]]] = {}
+
+
+def live_facts(device: Union[str, torch.device, None] = None) -> Dict[str, Tuple[Any, str]]:
+    """``fact -> (value, source)`` read from this process for ``device`` (default: the current
+    CUDA device, else the CPU): the compute capability of that device, the cuDNN version torch
+    loaded, installed flash-attn / cuDNN-frontend / CuTe-DSL versions (the TE drop-in's probes),
+    and whether deterministic algorithms are requested. What cannot be answered is ``(None,
+    "default")``; ``NVTE_*`` switches are read per decision from ``os.environ``."""
+    from . import te as _te
+
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    )
+    key = (dev.type, dev.index or 0)
+    with _facts_lock:
+        cached = _device_facts.get(key)
+    if cached is None:
+        base = dict(_te._base())
+        if dev.type == "cuda":
+            try:
+                base["device_compute_capability"] = (list(torch.cuda.get_device_capability(dev)), "probe")
+            except Exception:  # pragma: no cover - a broken driver
+                base["device_compute_capability"] = (None, "default")
+        else:
+            # The call runs on the host: no GPU architecture applies to it.
+            base["device_compute_capability"] = (None, "default")
+        cached = base
+        with _facts_lock:
+            _device_facts[key] = cached
+    out = dict(cached)
+    out["deterministic"] = (torch.are_deterministic_algorithms_enabled(), "probe")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Executors provided by torch (registered with the native registry as the Python host's).
+
+
+def _aten(name: str) -> Optional[Any]:
+    return getattr(torch.ops.aten, name, None)
+
+
+class _TorchExecutor:
+    """An executor torch provides. ``check`` returns the reason it refuses a call, or None."""
+
+    name = ""
+    description = ""
+
+    def available(self, device: torch.device) -> Tuple[bool, str]:
+        raise NotImplementedError
+
+    def check(self, call: "_Call") -> Optional[str]:
+        return call.problem.refusal_by_manifest(self.name)
+
+    def runner(self, call: "_Call") -> "_Runner":
+        raise NotImplementedError
+
+
+class _TorchFlash(_TorchExecutor):
+    """``aten::_flash_attention_forward/backward``: FlashAttention-2 built into PyTorch, on
+    ``bshd`` views (zero-copy for every layout: only the logical order changes), with the
+    kernel's own log-sum-exp."""
+
+    name = "torch_flash"
+    description = "PyTorch's FlashAttention-2 kernel"
+
+    def available(self, device: torch.device) -> Tuple[bool, str]:
+        if device.type != "cuda":
+            return False, "runs on a CUDA device; the tensors are on the CPU"
+        if _aten("_flash_attention_forward") is None:
+            return False, "this torch has no aten::_flash_attention_forward"
+        if not torch.backends.cuda.is_flash_attention_available():
+            return False, "this torch build has no FlashAttention kernels"
+        cc = torch.cuda.get_device_capability(device)
+        if cc < (8, 0):
+            return False, f"compute capability {cc[0]}.{cc[1]} < 8.0"
+        return True, f"torch {torch.__version__}, sm_{cc[0]}{cc[1]}"
+
+    def check(self, call: "_Call") -> Optional[str]:
+        r = super().check(call)
+        if r:
+            return r
+        if call.dropout_p > 0.0:
+            return "dropout is not wired into this executor"
+        # FlashAttention's diagonal is bottom-right: top-left only coincides when s_q == s_kv.
+        if not call.bottom_right and call.sq != call.skv and (call.mask != 0 or call.window_left >= 0 or call.window_right >= 0):
+            return "FlashAttention aligns masks bottom-right; a top-left mask with s_q != s_kv differs"
+        if call.mask != 0 and call.window_right > 0:
+            return "causal with a right window > 0"
+        return None
+
+    def runner(self, call: "_Call") -> "_Runner":
+        return _FlashRunner(call)
+
+
+class _TorchMath(_TorchExecutor):
+    """Attention from torch tensor ops in float32 (float64 for fp64 inputs)."""
+
+    name = "torch_math"
+    description = "attention from torch tensor ops"
+
+    def available(self, device: torch.device) -> Tuple[bool, str]:
+        return True, f"torch {torch.__version__}"
+
+    def check(self, call: "_Call") -> Optional[str]:
+        r = super().check(call)
+        if r:
+            return r
+        if call.dropout_p > 0.0:
+            return "dropout is not wired into this executor"
+        return None
+
+    def runner(self, call: "_Call") -> "_Runner":
+        return _MathRunner(call)
+
+
+class _TorchNotWired(_TorchExecutor):
+    """A torch kernel whose manifest is known but which this package does not call yet."""
+
+    def __init__(self, name: str, description: str):
+        self.name = name
+        self.description = description
+
+    def available(self, device: torch.device) -> Tuple[bool, str]:
+        return False, f"{self.name} is not wired into attn_policy.torch yet"
+
+
+_TORCH_EXECUTORS: Dict[str, _TorchExecutor] = {
+    e.name: e
+    for e in (
+        _TorchFlash(),
+        _TorchMath(),
+        _TorchNotWired("torch_efficient", "PyTorch's memory-efficient attention kernel"),
+        _TorchNotWired("torch_cudnn", "PyTorch's cuDNN attention"),
+    )
+}
+
+
+def _register_host_executors() -> None:
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    for e in _TORCH_EXECUTORS.values():
+        ok, detail = e.available(dev)
+        _native.set_host_availability(e.name, ok, detail)
+
+
+def executors() -> List[Dict[str, Any]]:
+    """Every executor with its availability here (``available`` / ``unavailable`` and why) and
+    its manifest; the torch executors answer for the current device."""
+    return list(_native.executors())
+
+
+# ---------------------------------------------------------------------------------------------
+# One call's parameters, read from the tensors.
+
+_LAYOUT_TE = {"bhsd": "bhsd_bhsd_bhsd", "bshd": "bshd_bshd_bshd", "sbhd": "sbhd_sbhd_sbhd"}
+_DTYPE_NAMES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
+# The TE schema has no fp64: a float64 call is decided as fp32 (the widest dtype it knows) and
+# says so in the decision's provenance; the reference then runs it in float64.
+_FACT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp32"}
+
+
+def _bhsd(t: torch.Tensor, layout: int) -> Tuple[Tuple[int, int, int, int], Tuple[int, int, int]]:
+    """(b, h, s, d) and strides (batch, head, seq) of a tensor in layout ``layout``."""
+    sz, st = t.shape, t.stride()
+    if layout == 0:  # bhsd
+        return (sz[0], sz[1], sz[2], sz[3]), (st[0], st[1], st[2])
+    if layout == 1:  # bshd
+        return (sz[0], sz[2], sz[1], sz[3]), (st[0], st[2], st[1])
+    return (sz[1], sz[2], sz[0], sz[3]), (st[1], st[2], st[0])  # sbhd
+
+
+class _Call:
+    """The parameters of one call and its problem for the executors."""
+
+    __slots__ = (
+        "layout", "mask", "window_left", "window_right", "bottom_right", "scale", "dropout_p",
+        "training", "device", "dtype", "b", "hq", "hkv", "sq", "skv", "dqk", "dv", "problem",
+    )
+
+    def __init__(self, q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training):
+        self.layout, self.mask, self.window_left, self.window_right = layout, mask, wl, wr
+        self.bottom_right, self.scale, self.dropout_p, self.training = br, scale, dropout_p, training
+        self.device, self.dtype = q.device, q.dtype
+        (b, hq, sq, dqk), qs = _bhsd(q, layout)
+        (_, hkv, skv, _), ks = _bhsd(k, layout)
+        (_, _, _, dv), vs = _bhsd(v, layout)
+        self.b, self.hq, self.hkv, self.sq, self.skv, self.dqk, self.dv = b, hq, hkv, sq, skv, dqk, dv
+        # O is allocated contiguous in the call's layout.
+        o_shape = _o_shape(q, v)
+        os_ = _contiguous_strides(o_shape)
+        ostr = {0: (os_[0], os_[1], os_[2]), 1: (os_[0], os_[2], os_[1]), 2: (os_[1], os_[2], os_[0])}[layout]
+        self.problem = _native.make_problem(
+            _DTYPE_NAMES[q.dtype], (b, hq, hkv, sq, skv, dqk, dv), (qs, ks, vs, ostr),
+            mask, wl, wr, br, scale, torch.are_deterministic_algorithms_enabled(),
+        )
+
+    def config(self) -> Dict[str, Any]:
+        """The call's facts by TransformerEngine's names."""
+        mask = ("no_mask", "causal", "causal_bottom_right")[self.mask]
+        window = None
+        if self.window_left >= 0 or (self.mask == 0 and self.window_right >= 0):
+            window = [self.window_left, self.window_right if self.mask == 0 else 0]
+        return {
+            "qkv_type": "Tensor",
+            "qkv_dtype": _FACT_DTYPES[self.dtype],
+            "qkv_layout": _LAYOUT_TE[LAYOUTS[self.layout]],
+            "batch_size": self.b,
+            "num_heads": self.hq,
+            "num_gqa_groups": self.hkv,
+            "max_seqlen_q": self.sq,
+            "max_seqlen_kv": self.skv,
+            "head_dim_qk": self.dqk,
+            "head_dim_v": self.dv,
+            "attn_mask_type": mask,
+            "window_size": window,
+            "bottom_right_diagonal": bool(self.bottom_right),
+            "attention_dropout": float(self.dropout_p),
+            "is_training": bool(self.training),
+            "softmax_scale": float(self.scale),
+            "fp8": False,
+            "core_attention_bias_type": "no_bias",
+        }
+
+
+def _o_shape(q: torch.Tensor, v: torch.Tensor) -> List[int]:
+    return [*q.shape[:-1], v.shape[-1]]
+
+
+def _contiguous_strides(shape: Sequence[int]) -> List[int]:
+    st, acc = [0] * len(shape), 1
+    for i in range(len(shape) - 1, -1, -1):
+        st[i] = acc
+        acc *= max(int(shape[i]), 1)
+    return st
+
+
+# ---------------------------------------------------------------------------------------------
+# Runners: what a chosen executor does with tensors.
+
+
+class _Runner:
+    executor = ""
+
+    def forward(self, q, k, v) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def backward(self, g, q, k, v, o, lse) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+def _stream_of(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
+class _NativeRunner(_Runner):
+    """A built-in executor through a native plan (pointers in, nothing allocated natively)."""
+
+    def __init__(self, plan, call: _Call, host_copy: bool):
+        self.plan, self.executor = plan, plan.executor
+        self.host_copy = host_copy  # CUDA tensors through the CPU reference (a last resort)
+        self.ws_fwd = plan.workspace_forward
+        self.lse_shape = (call.b, call.hq, call.sq)
+
+    def _no_capture(self):
+        if self.host_copy and torch.cuda.is_current_stream_capturing():
+            raise PolicyError(
+                "the reference executor runs CUDA tensors through host copies, which a CUDA graph "
+                "cannot capture (it ran as a substitute for this call: see the decision)"
+            )
+
+    def forward(self, q, k, v):
+        dev = q.device
+        if self.host_copy:
+            self._no_capture()
+            q, k, v = q.cpu(), k.cpu(), v.cpu()
+        o = torch.empty(_o_shape(q, v), dtype=q.dtype, device=q.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        if q.device.type == "cuda":
+            ws = torch.empty(self.ws_fwd, dtype=torch.uint8, device=q.device)
+            self.plan.forward(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                ws.data_ptr(), self.ws_fwd, _stream_of(q),
+            )
+        else:
+            self.plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        if self.host_copy:
+            o, lse = o.to(dev), lse.to(dev)
+        return o, lse
+
+    def backward(self, g, q, k, v, o, lse):
+        dev = q.device
+        if self.host_copy:
+            self._no_capture()
+            g, q, k, v, o, lse = (t.cpu() for t in (g, q, k, v, o, lse))
+        dq, dk, dv = _like(q), _like(k), _like(v)
+        if q.device.type == "cuda":
+            wsb = self.plan.workspace_backward()
+            ws = torch.empty(wsb, dtype=torch.uint8, device=q.device)
+            self.plan.backward(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
+                dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ws.data_ptr(), wsb, _stream_of(q),
+            )
+        else:
+            self.plan.backward(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
+                dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+            )
+        if self.host_copy:
+            dq, dk, dv = dq.to(dev), dk.to(dev), dv.to(dev)
+        return dq, dk, dv
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor with ``t``'s shape and strides (gradients use the strides of
+    their inputs; ``empty_like`` would not keep the strides of a view with gaps)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+
+def _to_bhsd(t: torch.Tensor, layout: int) -> torch.Tensor:
+    return t if layout == 0 else (t.transpose(1, 2) if layout == 1 else t.permute(1, 2, 0, 3))
+
+
+def _from_bhsd(t: torch.Tensor, layout: int) -> torch.Tensor:
+    return t if layout == 0 else (t.transpose(1, 2) if layout == 1 else t.permute(2, 0, 1, 3))
+
+
+def _to_bshd(t: torch.Tensor, layout: int) -> torch.Tensor:
+    return t.transpose(1, 2) if layout == 0 else (t if layout == 1 else t.transpose(0, 1))
+
+
+def _from_bshd(t: torch.Tensor, layout: int) -> torch.Tensor:
+    return t.transpose(1, 2) if layout == 0 else (t if layout == 1 else t.transpose(0, 1))
+
+
+class _FlashRunner(_Runner):
+    executor = "torch_flash"
+
+    def __init__(self, call: _Call):
+        self.layout, self.scale = call.layout, call.scale
+        causal = call.mask != 0
+        wl, wr = call.window_left, call.window_right
+        if causal:
+            wr = 0
+        self.causal = causal and wl < 0
+        # FlashAttention takes a window around the bottom-right diagonal; -1 = unbounded.
+        self.wl, self.wr = (wl, wr) if (wl >= 0 or (not causal and wr >= 0)) else (-1, -1)
+        self.sq, self.skv = call.sq, call.skv
+
+    def _win(self):
+        if self.wl < 0 and self.wr < 0:
+            return {}
+        return {"window_size_left": self.wl, "window_size_right": self.wr}
+
+    def forward(self, q, k, v):
+        qb, kb, vb = (_to_bshd(t, self.layout) for t in (q, k, v))
+        out = torch.ops.aten._flash_attention_forward(
+            qb, kb, vb, None, None, self.sq, self.skv, 0.0, self.causal, False, scale=self.scale, **self._win()
+        )
+        o_bshd, lse = out[0], out[1]
+        if self.layout == 1 and o_bshd.is_contiguous():
+            return o_bshd, lse.contiguous()
+        o = torch.empty(_o_shape(q, v), dtype=q.dtype, device=q.device)
+        _to_bshd(o, self.layout).copy_(o_bshd)
+        return o, lse.contiguous()
+
+    def backward(self, g, q, k, v, o, lse):
+        qb, kb, vb, ob, gb = (_to_bshd(t, self.layout) for t in (q, k, v, o, g))
+        # No dropout: the RNG state is unused (uint64, as the forward returns it).
+        seed = torch.zeros(2, dtype=torch.uint64, device=q.device)
+        off = torch.zeros((), dtype=torch.uint64, device=q.device)
+        dqb, dkb, dvb = torch.ops.aten._flash_attention_backward(
+            gb, qb, kb, vb, ob, lse, None, None, self.sq, self.skv, 0.0, self.causal, seed, off,
+            scale=self.scale, **self._win()
+        )
+        dq, dk, dv = _like(q), _like(k), _like(v)
+        for dst, src in ((dq, dqb), (dk, dkb), (dv, dvb)):
+            _to_bshd(dst, self.layout).copy_(src)
+        return dq, dk, dv
+
+
+def _mask_bool(call_like, sq: int, skv: int, device) -> Optional[torch.Tensor]:
+    """Allowed (query, key) pairs, ``[s_q, s_kv]``, or None when everything is allowed."""
+    mask, wl, wr, br = call_like
+    off = (skv - sq) if br else 0
+    if mask != 0:
+        wr = 0 if wr < 0 else min(wr, 0)
+    if wl < 0 and wr < 0:
+        return None
+    i = torch.arange(sq, device=device).unsqueeze(1) + off
+    j = torch.arange(skv, device=device).unsqueeze(0)
+    ok = torch.ones(sq, skv, dtype=torch.bool, device=device)
+    if wl >= 0:
+        ok &= j >= i - wl
+    if wr >= 0:
+        ok &= j <= i + wr
+    return ok
+
+
+def _math_forward(q, k, v, layout, mask_args, scale):
+    """O and LSE from tensor ops (float32 at least); rows with no key: O = 0, LSE = -inf."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qh, kh, vh = (_to_bhsd(t, layout).to(acc) for t in (q, k, v))
+    hq, hkv = qh.shape[1], kh.shape[1]
+    if hq != hkv:
+        kh = kh.repeat_interleave(hq // hkv, dim=1)
+        vh = vh.repeat_interleave(hq // hkv, dim=1)
+    s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
+    allowed = _mask_bool(mask_args, qh.shape[2], kh.shape[2], q.device)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
+    p = torch.nan_to_num(p, nan=0.0)
+    o = torch.matmul(p, vh)
+    return _from_bhsd(o.to(q.dtype), layout), lse.to(torch.float32)
+
+
+class _MathRunner(_Runner):
+    executor = "torch_math"
+
+    def __init__(self, call: _Call):
+        self.layout, self.scale = call.layout, call.scale
+        self.mask_args = (call.mask, call.window_left, call.window_right, call.bottom_right)
+
+    def forward(self, q, k, v):
+        o, lse = _math_forward(q, k, v, self.layout, self.mask_args, self.scale)
+        return o.contiguous(), lse.contiguous()
+
+    def backward(self, g, q, k, v, o, lse):
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+            out, _ = _math_forward(qq, kk, vv, self.layout, self.mask_args, self.scale)
+            grads = torch.autograd.grad(out, (qq, kk, vv), g)
+        return _restrided(grads, (q, k, v))
+
+
+def _restrided(grads, like) -> Tuple[torch.Tensor, ...]:
+    """Gradients copied into tensors with the strides of ``like`` (what the fake says)."""
+    out = []
+    for gr, t in zip(grads, like):
+        dst = _like(t)
+        dst.copy_(gr)
+        out.append(dst)
+    return tuple(out)
+
+
+class _SdpaFallback(_Runner):
+    """``on_decline="fallback"``: torch SDPA (math-equivalent masks), recomputed for the
+    backward. Its log-sum-exp is not computed (NaN)."""
+
+    executor = "torch_sdpa_fallback"
+
+    def __init__(self, call: _Call):
+        self.layout, self.scale, self.dropout_p = call.layout, call.scale, call.dropout_p
+        self.mask_args = (call.mask, call.window_left, call.window_right, call.bottom_right)
+        self.lse_shape = (call.b, call.hq, call.sq)
+
+    def _sdpa(self, q, k, v):
+        qh, kh, vh = (_to_bhsd(t, self.layout) for t in (q, k, v))
+        allowed = _mask_bool(self.mask_args, qh.shape[2], kh.shape[2], q.device)
+        o = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=allowed, dropout_p=self.dropout_p, scale=self.scale,
+            enable_gqa=qh.shape[1] != kh.shape[1],
+        )
+        return _from_bhsd(o, self.layout)
+
+    def forward(self, q, k, v):
+        o = self._sdpa(q, k, v).contiguous()
+        return o, torch.full(self.lse_shape, float("nan"), dtype=torch.float32, device=q.device)
+
+    def backward(self, g, q, k, v, o, lse):
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+            grads = torch.autograd.grad(self._sdpa(qq, kk, vv), (qq, kk, vv), g)
+        return _restrided(grads, (q, k, v))
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies by id (the op takes an int), the per-signature cache.
+
+_policies: List[Policy] = []
+_policy_ids: Dict[int, int] = {}
+_policies_lock = threading.Lock()
+
+
+def _policy_id(policy: Optional[Policy]) -> int:
+    if policy is None:
+        return 0
+    key = id(policy)
+    pid = _policy_ids.get(key)
+    if pid is None:
+        with _policies_lock:
+            if key not in _policy_ids:
+                _policies.append(policy)
+                _policy_ids[key] = len(_policies)
+            pid = _policy_ids[key]
+    return pid
+
+
+def _policy_of(pid: int) -> Policy:
+    if pid == 0:
+        from . import te as _te
+
+        return _te.get_policy()
+    return _policies[pid - 1]
+
+
+class _Entry:
+    __slots__ = ("runner", "decision")
+
+    def __init__(self, runner: Optional[_Runner], decision: CallDecision):
+        self.runner, self.decision = runner, decision
+
+
+_cache: Dict[tuple, _Entry] = {}
+_cache_lock = threading.Lock()
+_CACHE_CAP = 4096
+_stats = {"hits": 0, "misses": 0}
+
+
+def cache_info() -> Dict[str, int]:
+    """Per-signature cache counters (hits, misses, entries)."""
+    return {"hits": _stats["hits"], "misses": _stats["misses"], "entries": len(_cache)}
+
+
+def clear_cache() -> None:
+    """Forgets every cached decision and plan (after changing ``NVTE_*`` or installing a
+    package, say)."""
+    from . import te as _te
+
+    with _cache_lock:
+        _cache.clear()
+        _device_facts.clear()
+        _stats["hits"] = _stats["misses"] = 0
+    _te.reprobe()
+
+
+def _key(q, k, v, args) -> tuple:
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+            torch.are_deterministic_algorithms_enabled(), args)
+
+
+def _entry(q, k, v, args) -> _Entry:
+    key = _key(q, k, v, args)
+    e = _cache.get(key)
+    if e is not None:
+        _stats["hits"] += 1
+        return e
+    e = _decide(q, k, v, *args)
+    with _cache_lock:
+        if len(_cache) >= _CACHE_CAP:
+            _cache.clear()
+        _cache[key] = e
+        _stats["misses"] += 1
+    return e
+
+
+def _cudnn_fact(env: Dict[str, Tuple[Any, str]]) -> Optional[Tuple[int, int, int]]:
+    v = env.get("cudnn_version", (None, ""))[0]
+    if isinstance(v, (list, tuple)) and len(v) == 3:
+        return (int(v[0]), int(v[1]), int(v[2]))
+    return None
+
+
+def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute) -> _Entry:
+    call = _Call(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training)
+    policy = _policy_of(pid)
+    env = live_facts(q.device)
+    config = call.config()
+    on_gpu = q.device.type == "cuda"
+    device = q.device.index if on_gpu else None
+    if on_gpu and device is None:
+        device = torch.cuda.current_device()
+    # Probes: answered where this process can answer them, unknown otherwise.
+    probe: Dict[str, Optional[bool]] = {"cuda_device": on_gpu, "fused_attn_graph": None, "frost_plan": None}
+    # The cuDNN plan answers probe.fused_attn_graph (forward, and backward when training) and
+    # is the `cudnn` entry's plan when the chain reaches it.
+    cudnn: Any = None
+    if on_gpu:
+        try:
+            cudnn = _native.make_plan("cudnn", device, call.problem, _cudnn_fact(env))
+            if training:
+                cudnn.workspace_backward()
+            probe["fused_attn_graph"] = True
+        except _native.ExecutorRefused as e:
+            probe["fused_attn_graph"] = False
+            cudnn = e
+        except _native.ExecutorUnavailable as e:
+            cudnn = e
+    config["probe"] = probe
+    nd = policy._p.te_select(config, env, None)
+    decision = Decision(nd)
+    backend = decision.selected
+    chain = executor_chain(policy.name, backend) if backend else ()
+    outcomes: List[ChainEntry] = []
+    runner: Optional[_Runner] = None
+    for i, name in enumerate(chain):
+        if runner is not None:
+            outcomes.append(ChainEntry(name, "not_tried", ""))
+            continue
+        try:
+            runner = _runner_for(name, call, device, cudnn, env)
+            outcomes.append(ChainEntry(name, "ran", ""))
+        except _native.ExecutorRefused as e:
+            outcomes.append(ChainEntry(name, "refused", str(e)))
+        except _native.ExecutorUnavailable as e:
+            outcomes.append(ChainEntry(name, "unavailable", str(e)))
+    ran = next((e.executor for e in outcomes if e.outcome == "ran"), None)
+    cd = CallDecision(
+        pack=policy.name,
+        backend=backend,
+        executor=ran,
+        chain=outcomes,
+        decision=decision,
+        substitute=ran is not None and bool(chain) and ran != chain[0],
+        provenance=dict(
+            {k: s for k, (_, s) in env.items()},
+            **({"qkv_dtype": "call (float64 decided as fp32: the schema has no fp64)"} if q.dtype == torch.float64 else {}),
+        ),
+        problem=repr(call.problem),
+    )
+    if ran is None:
+        if backend is None:
+            reasons = "; ".join(
+                f"{b.name}: " + ", ".join(f"{r.id} {r.reason}" for r in b.declined_by)
+                for b in decision.backends
+                if b.declined_by
+            )
+            why = f"pack {policy.name} selected no backend ({reasons})"
+        elif not chain:
+            why = f"pack {policy.name} selected {backend}, which has no executor chain"
+        else:
+            why = f"pack {policy.name} selected {backend}; no executor of its chain could run: " + "; ".join(
+                f"{e.executor} {e.outcome}: {e.reason}" for e in outcomes
+            )
+        if on_decline == 1:
+            cd.fallback = why
+            logger.warning("attn_policy: %s; falling back to torch SDPA", why)
+            return _Entry(_SdpaFallback(call), cd)
+        return _Entry(None, cd)
+    if cd.substitute:
+        if no_substitute:
+            return _Entry(None, cd)
+        logger.info("attn_policy: %s", cd.summary())
+    return _Entry(runner, cd)
+
+
+def _runner_for(name, call: _Call, device, cudnn, env) -> _Runner:
+    te = _TORCH_EXECUTORS.get(name)
+    if te is not None:
+        ok, detail = te.available(call.device)
+        if not ok:
+            raise _native.ExecutorUnavailable(detail)
+        why = te.check(call)
+        if why:
+            raise _native.ExecutorRefused(why)
+        return te.runner(call)
+    if call.dropout_p > 0.0:
+        raise _native.ExecutorRefused("dropout is not supported by this executor")
+    if name == "cudnn" and cudnn is not None:
+        if isinstance(cudnn, Exception):
+            raise cudnn
+        return _NativeRunner(cudnn, call, host_copy=False)
+    if name == "reference" and call.device.type == "cuda":
+        plan = _native.make_plan(name, None, call.problem, None)
+        return _NativeRunner(plan, call, host_copy=True)
+    plan = _native.make_plan(name, device, call.problem, _cudnn_fact(env))
+    if call.training and call.device.type == "cuda":
+        plan.workspace_backward()
+    return _NativeRunner(plan, call, host_copy=False)
+
+
+def _raise_for(e: _Entry, no_substitute: bool) -> None:
+    d = e.decision
+    if d.executor is not None and d.substitute and no_substitute:
+        raise SubstitutionRefused(f"substitution refused (no_substitute=True): {d.summary()}", d)
+    if d.executor is None and d.fallback is None:
+        raise AttentionDeclined(d.summary() + "\n" + "\n".join(
+            f"  {c.executor}: {c.outcome}: {c.reason}" for c in d.chain
+        ), d)
+
+
+# ---------------------------------------------------------------------------------------------
+# The op.
+
+_lib = torch.library.Library("attn_policy", "DEF")
+_ARGS = ("int layout, int mask, int window_left, int window_right, bool bottom_right, float scale, "
+         "float dropout_p, bool training, int policy, int on_decline, bool no_substitute")
+_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ARGS}) -> (Tensor, Tensor)")
+_lib.define(
+    f"attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_ARGS}) "
+    "-> (Tensor, Tensor, Tensor)"
+)
+
+
+def _fwd_impl(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute):
+    args = (layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute)
+    e = _entry(q, k, v, args)
+    if e.runner is None or (no_substitute and e.decision.substitute):
+        _raise_for(e, no_substitute)
+    return e.runner.forward(q, k, v)
+
+
+def _bwd_impl(g, q, k, v, o, lse, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute):
+    args = (layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute)
+    e = _entry(q, k, v, args)
+    if e.runner is None or (no_substitute and e.decision.substitute):
+        _raise_for(e, no_substitute)
+    if g.stride() != o.stride():
+        # dO must have the strides of O.
+        g = g.contiguous() if o.is_contiguous() else torch.empty_like(o).copy_(g)
+    return e.runner.backward(g, q, k, v, o, lse)
+
+
+for _dk in ("CPU", "CUDA"):
+    _lib.impl("attention", _fwd_impl, _dk)
+    _lib.impl("attention_backward", _bwd_impl, _dk)
+
+
+@torch.library.register_fake("attn_policy::attention")
+def _fwd_fake(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute):
+    o = q.new_empty(_o_shape(q, v))
+    if layout == 0:
+        b, h, s = q.shape[0], q.shape[1], q.shape[2]
+    elif layout == 1:
+        b, h, s = q.shape[0], q.shape[2], q.shape[1]
+    else:
+        b, h, s = q.shape[1], q.shape[2], q.shape[0]
+    return o, q.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.register_fake("attn_policy::attention_backward")
+def _bwd_fake(g, q, k, v, o, lse, *args):
+    return _like(q), _like(k), _like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = tuple(inputs[3:])
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    if grad_o is None:
+        return (None,) * (3 + len(ctx.args))
+    dq, dk, dv = torch.ops.attn_policy.attention_backward(grad_o, q, k, v, o, lse, *ctx.args)
+    return (dq, dk, dv) + (None,) * len(ctx.args)
+
+
+torch.library.register_autograd("attn_policy::attention", _backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Python entry points.
+
+
+def _window_args(window, is_causal: bool) -> Tuple[int, int]:
+    if window is None:
+        return -1, (0 if is_causal else -1)
+    if isinstance(window, int):
+        return int(window), (0 if is_causal else -1)
+    left, right = window
+    left = -1 if left is None else int(left)
+    right = -1 if right is None else int(right)
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    layout: str = "bhsd",
+    is_causal: bool = False,
+    diagonal: str = "top_left",
+    window: Optional[Union[int, Tuple[Optional[int], Optional[int]]]] = None,
+    scale: Optional[float] = None,
+    dropout_p: float = 0.0,
+    policy: Optional[Policy] = None,
+    on_decline: str = "raise",
+    no_substitute: bool = False,
+    return_decision: bool = False,
+):
+    """Scaled dot-product attention whose backend ``policy`` selects (default: the embedded
+    ``te`` pack with live facts) and whose executor chain runs it.
+
+    ``layout`` is stated, never inferred: ``"bhsd"`` (SDPA's order, the default), ``"bshd"`` or
+    ``"sbhd"``; any strides with a contiguous head dim are read in place. GQA/MQA by head counts
+    (``h_q`` a multiple of ``h_kv``). ``is_causal`` with ``diagonal`` ``"top_left"`` (SDPA's) or
+    ``"bottom_right"`` (FlashAttention's, for KV-cache decoding); ``window=(left, right)``
+    keys around that diagonal (-1 or None: unbounded; an int is ``(left, -1)``). ``scale``
+    defaults to ``1/sqrt(d)``. Returns O in ``layout`` (and the :class:`CallDecision` when
+    ``return_decision``). Raises :class:`AttentionDeclined` when nothing can run the call
+    (``on_decline="fallback"``: torch SDPA instead, logged) and :class:`SubstitutionRefused`
+    for a substitute executor with ``no_substitute=True``."""
+    try:
+        li = LAYOUTS.index(layout)
+    except ValueError:
+        raise PolicyError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}") from None
+    if diagonal not in DIAGONALS:
+        raise PolicyError(f"diagonal must be one of {', '.join(DIAGONALS)}, found {diagonal!r}")
+    if on_decline not in _ON_DECLINE:
+        raise PolicyError(f"on_decline must be one of {', '.join(_ON_DECLINE)}, found {on_decline!r}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise PolicyError(f"q, k, v must be 4-D ({layout}); found {q.dim()}, {k.dim()}, {v.dim()} dims")
+    br = diagonal == "bottom_right"
+    mask = (2 if br else 1) if is_causal else 0
+    wl, wr = _window_args(window, is_causal)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    q, k, v = (_usable(t) for t in (q, k, v))
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    pid = _policy_id(policy)
+    od = 1 if on_decline == "fallback" else 0
+    o, _ = torch.ops.attn_policy.attention(
+        q, k, v, li, mask, wl, wr, br, float(scale), float(dropout_p), training, pid, od, bool(no_substitute)
+    )
+    if not return_decision:
+        return o
+    args = (li, mask, wl, wr, br, float(scale), float(dropout_p), training, pid, od, bool(no_substitute))
+    return o, _entry(q, k, v, args).decision
+
+
+def _usable(t: torch.Tensor) -> torch.Tensor:
+    """The tensor itself when its head dim is contiguous and no stride is zero or negative
+    across more than one element; else a contiguous copy (an executor reads rows in place)."""
+    st = t.stride()
+    if st[-1] == 1 and all(s > 0 or n <= 1 for s, n in zip(st, t.shape)):
+        return t
+    return t.contiguous()
+
+
+class DotProductAttention(torch.nn.Module):
+    """Mirrors TransformerEngine's ``DotProductAttention``: constructor ``(num_attention_heads,
+    kv_channels, num_gqa_groups=None, attention_dropout=0.0, qkv_format="sbhd",
+    attn_mask_type="causal", window_size=None, softmax_scale=None, ...)`` and ``forward(query,
+    key, value, attn_mask_type=None, window_size=None)`` returning ``[s, b, h*d]`` for
+    ``sbhd`` (``[b, s, h*d]`` for ``bshd``), like TE. Dense masks are not taken (TE's
+    ``attention_mask``): mask kinds only."""
+
+    def __init__(
+        self,
+        num_attention_heads: int,
+        kv_channels: Union[int, Tuple[int, int]],
+        num_gqa_groups: Optional[int] = None,
+        attention_dropout: float = 0.0,
+        qkv_format: str = "sbhd",
+        attn_mask_type: str = "causal",
+        window_size: Optional[Tuple[int, int]] = None,
+        softmax_scale: Optional[float] = None,
+        policy: Optional[Policy] = None,
+        on_decline: str = "raise",
+        no_substitute: bool = False,
+        **unsupported: Any,
+    ):
+        super().__init__()
+        known_noops = {"layer_number", "attention_type", "tp_size", "tp_group", "get_rng_state_tracker", "sequence_parallel"}
+        bad = sorted(k for k in unsupported if k not in known_noops)
+        if bad:
+            raise PolicyError(f"DotProductAttention: arguments not supported here: {', '.join(bad)}")
+        if qkv_format not in ("sbhd", "bshd", "bhsd"):
+            raise PolicyError(f"qkv_format {qkv_format!r}: sbhd, bshd or bhsd (thd is not supported)")
+        self.num_attention_heads = num_attention_heads
+        self.kv_channels = kv_channels
+        self.num_gqa_groups = num_gqa_groups or num_attention_heads
+        self.attention_dropout = attention_dropout
+        self.qkv_format = qkv_format
+        self.attn_mask_type = attn_mask_type
+        self.window_size = window_size
+        self.softmax_scale = softmax_scale
+        self.policy = policy
+        self.on_decline = on_decline
+        self.no_substitute = no_substitute
+
+    @staticmethod
+    def _mask(kind: str) -> Tuple[bool, str]:
+        table = {
+            "no_mask": (False, "top_left"),
+            "causal": (True, "top_left"),
+            "causal_bottom_right": (True, "bottom_right"),
+        }
+        if kind not in table:
+            raise PolicyError(
+                f"attn_mask_type {kind!r} is not supported (no_mask, causal, causal_bottom_right; padding masks need per-sequence lengths)"
+            )
+        return table[kind]
+
+    def forward(
+        self,
+        query_layer: torch.Tensor,
+        key_layer: torch.Tensor,
+        value_layer: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        qkv_format: Optional[str] = None,
+        attn_mask_type: Optional[str] = None,
+        window_size: Optional[Tuple[int, int]] = None,
+    ) -> torch.Tensor:
+        if attention_mask is not None:
+            raise PolicyError("dense attention masks are not supported: pass attn_mask_type")
+        fmt = qkv_format or self.qkv_format
+        causal, diagonal = self._mask(attn_mask_type or self.attn_mask_type)
+        window = window_size if window_size is not None else self.window_size
+        o = attention(
+            query_layer, key_layer, value_layer, layout=fmt, is_causal=causal, diagonal=diagonal,
+            window=window, scale=self.softmax_scale,
+            dropout_p=self.attention_dropout if self.training else 0.0,
+            policy=self.policy, on_decline=self.on_decline, no_substitute=self.no_substitute,
+        )
+        if fmt == "bhsd":
+            return o
+        return o.reshape(*o.shape[:2], -1)
+
+
+_register_host_executors()

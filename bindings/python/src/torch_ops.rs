@@ -1,0 +1,462 @@
+//! The executors' side of `attn_policy.torch`: problems built from a tensor's shapes and
+//! strides, plans (executor + problem + workspace size, made once per input signature), and
+//! calls that pass raw pointers.
+//!
+//! - CPU tensors run the float64 reference on their memory in place (any strides, fp16, bf16,
+//!   fp32, fp64), with the GIL released.
+//! - CUDA tensors run the GPU executors on the caller's stream (`torch.cuda.current_stream()`)
+//!   with outputs and workspace the caller allocated (torch's caching allocator): the call
+//!   enqueues and returns, with no synchronisation and no device allocation after the plan was
+//!   made, so a captured CUDA graph replays it.
+//!
+//! Errors are typed: `ExecutorRefused` (the executor does not do this problem: a capability
+//! gap, with the executor's reason), `ExecutorUnavailable` (it cannot run in this process: no
+//! GPU, feature off, library missing), `ExecutorFailed` (a library call failed), `ValueError`
+//! (the tensors do not describe a valid problem).
+
+use std::sync::{Arc, LazyLock, RwLock};
+
+use attn_policy_adapters::{
+    AttentionProblem, Availability, DType, DeviceBackwardArgs, DeviceForwardArgs,
+    DiagonalAlignment, Direction, ExecError, Executor, MaskKind, MaskSpec, Registry, StreamLaunch,
+    Strides, TensorLayouts, reference,
+};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+create_exception!(
+    _native,
+    ExecutorRefused,
+    PyRuntimeError,
+    "The executor does not run this problem (a capability gap); the message is its reason."
+);
+create_exception!(
+    _native,
+    ExecutorUnavailable,
+    PyRuntimeError,
+    "The executor cannot run in this process (no GPU, feature off, library missing)."
+);
+create_exception!(
+    _native,
+    ExecutorFailed,
+    PyRuntimeError,
+    "A library call of the executor failed."
+);
+
+static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(|| RwLock::new(Registry::builtin()));
+
+fn registry() -> std::sync::RwLockReadGuard<'static, Registry> {
+    REGISTRY.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exec_err(e: ExecError) -> PyErr {
+    match e {
+        ExecError::Unsupported { reason } => ExecutorRefused::new_err(reason),
+        ExecError::NoDevice { reason } => ExecutorUnavailable::new_err(reason),
+        ExecError::Unavailable { reason, .. } => ExecutorUnavailable::new_err(reason),
+        ExecError::InvalidInput { reason } => PyValueError::new_err(reason),
+        ExecError::UnknownExecutor { name, known } => {
+            PyValueError::new_err(format!("unknown executor '{name}' (known: {known})"))
+        }
+        other => ExecutorFailed::new_err(other.to_string()),
+    }
+}
+
+fn to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    pythonize::pythonize(py, v)
+        .map(|o| o.unbind())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+fn dtype_of(name: &str) -> PyResult<DType> {
+    Ok(match name {
+        "float16" | "fp16" => DType::F16,
+        "bfloat16" | "bf16" => DType::BF16,
+        "float32" | "fp32" => DType::F32,
+        "float64" | "fp64" => DType::F64,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "dtype {other} cannot be executed (float16, bfloat16, float32, float64)"
+            )));
+        }
+    })
+}
+
+/// One attention call without its data, built from tensor shapes and element strides.
+#[pyclass(frozen, module = "attn_policy._native")]
+pub struct NativeProblem {
+    p: AttentionProblem,
+}
+
+/// Strides `(batch, head, seq)` in elements.
+type S3 = (usize, usize, usize);
+
+/// Builds a problem. `dims` = (b, h_q, h_kv, s_q, s_kv, d_qk, d_v); `strides` = Q, K, V, O
+/// strides `(batch, head, seq)` in elements (head dim contiguous); `mask` 0 no mask, 1 causal
+/// top-left, 2 causal bottom-right; a window `(left, right)` with -1 unbounded, around the
+/// top-left or bottom-right diagonal.
+#[pyfunction]
+#[pyo3(signature = (dtype, dims, strides, mask, window_left, window_right, bottom_right, scale, deterministic))]
+#[allow(clippy::too_many_arguments)]
+pub fn make_problem(
+    dtype: &str,
+    dims: (usize, usize, usize, usize, usize, usize, usize),
+    strides: (S3, S3, S3, S3),
+    mask: u8,
+    window_left: i64,
+    window_right: i64,
+    bottom_right: bool,
+    scale: f64,
+    deterministic: bool,
+) -> PyResult<NativeProblem> {
+    let (b, hq, hkv, sq, skv, dqk, dv) = dims;
+    let mut p = AttentionProblem::new(b, hq, hkv, sq, skv, dqk, dv, dtype_of(dtype)?);
+    let st = |(batch, head, seq): S3| Strides { batch, head, seq };
+    p.layout = TensorLayouts {
+        q: st(strides.0),
+        k: st(strides.1),
+        v: st(strides.2),
+        o: st(strides.3),
+    };
+    let alignment = if bottom_right {
+        DiagonalAlignment::BottomRight
+    } else {
+        DiagonalAlignment::TopLeft
+    };
+    p.mask = match mask {
+        0 => MaskSpec::window(window_left, window_right, alignment),
+        1 | 2 => MaskSpec {
+            kind: if mask == 1 {
+                MaskKind::CausalTopLeft
+            } else {
+                MaskKind::CausalBottomRight
+            },
+            window_left,
+            window_right: if window_right < 0 { 0 } else { window_right },
+            alignment,
+        },
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "mask {other}: 0 (none), 1 (causal top-left) or 2 (causal bottom-right)"
+            )));
+        }
+    };
+    p.softmax_scale = scale;
+    p.deterministic = deterministic;
+    p.validate().map_err(PyValueError::new_err)?;
+    Ok(NativeProblem { p })
+}
+
+#[pymethods]
+impl NativeProblem {
+    /// Why the manifest of executor `name` does not admit this problem, or None.
+    fn refusal_by_manifest(&self, name: &str) -> PyResult<Option<String>> {
+        let m = registry().manifest(name).map_err(exec_err)?;
+        Ok(m.admits(&self.p).err().map(|u| u.reason))
+    }
+
+    /// The problem as JSON (shapes, strides, mask, scale).
+    fn to_json(&self) -> String {
+        serde_json::to_string(&self.p).unwrap_or_default()
+    }
+
+    fn __repr__(&self) -> String {
+        let p = &self.p;
+        format!(
+            "<Problem b={} h_q={} h_kv={} s_q={} s_kv={} d={}/{} {} mask={}>",
+            p.batch,
+            p.heads_q,
+            p.heads_kv,
+            p.seqlen_q,
+            p.seqlen_kv,
+            p.head_dim_qk,
+            p.head_dim_v,
+            p.dtype,
+            p.mask.kind.rule_name()
+        )
+    }
+}
+
+/// An executor chosen for one problem on one device, with the workspace it needs.
+#[pyclass(frozen, module = "attn_policy._native")]
+pub struct NativePlan {
+    ex: Arc<dyn Executor>,
+    p: AttentionProblem,
+    /// CUDA ordinal, None on the host.
+    device: Option<usize>,
+    ws_forward: u64,
+    name: String,
+}
+
+/// Makes a plan: executor `name` on CUDA device `device` (None: the tensors are on the CPU)
+/// for `problem`, its refusal checked, the forward plan built (the warm-up). `cudnn_version`:
+/// the decision's fact, checked against the loaded libcudnn for the `cudnn` executor.
+#[pyfunction]
+#[pyo3(signature = (name, device, problem, cudnn_version=None))]
+pub fn make_plan(
+    py: Python<'_>,
+    name: &str,
+    device: Option<usize>,
+    problem: &NativeProblem,
+    cudnn_version: Option<(u32, u32, u32)>,
+) -> PyResult<NativePlan> {
+    let p = problem.p.clone();
+    let name_owned = name.to_string();
+    py.detach(move || -> Result<NativePlan, ExecError> {
+        let reg = registry();
+        let manifest = reg.manifest(&name_owned)?;
+        let on_host = manifest.device == attn_policy_adapters::DeviceKind::Cpu;
+        match (on_host, device) {
+            (true, Some(d)) => {
+                return Err(ExecError::Unavailable {
+                    name: name_owned,
+                    reason: format!("runs on the host; the tensors are on cuda:{d}"),
+                });
+            }
+            (false, None) => {
+                return Err(ExecError::Unavailable {
+                    name: name_owned,
+                    reason: "runs on a CUDA device; the tensors are on the CPU".into(),
+                });
+            }
+            _ => {}
+        }
+        if let Availability::Unavailable { reason } = reg.availability(&name_owned)? {
+            return Err(ExecError::Unavailable {
+                name: name_owned,
+                reason,
+            });
+        }
+        manifest.admits(&p)?;
+        let ex = reg.get_on(&name_owned, device.unwrap_or(0))?;
+        ex.check(&p)?;
+        if name_owned == attn_policy_adapters::cudnn::NAME
+            && let (Some(v), Some(d)) = (cudnn_version, device)
+        {
+            attn_policy_adapters::cudnn::require_version(d, v)?;
+        }
+        let ws_forward = if on_host {
+            0
+        } else {
+            ex.workspace_bytes(&p, Direction::Forward)?
+        };
+        Ok(NativePlan {
+            ex,
+            p,
+            device,
+            ws_forward,
+            name: name_owned,
+        })
+    })
+    .map_err(exec_err)
+}
+
+impl NativePlan {
+    fn launch(&self, ws: u64, ws_bytes: u64, stream: u64) -> PyResult<StreamLaunch> {
+        let device = self
+            .device
+            .ok_or_else(|| PyValueError::new_err("a host plan has no stream"))?;
+        Ok(StreamLaunch {
+            device,
+            stream,
+            workspace: ws,
+            workspace_bytes: ws_bytes,
+        })
+    }
+}
+
+#[pymethods]
+impl NativePlan {
+    #[getter]
+    fn executor(&self) -> &str {
+        &self.name
+    }
+
+    #[getter]
+    fn device_description(&self) -> String {
+        self.ex.device_description()
+    }
+
+    /// Workspace bytes of the forward.
+    #[getter]
+    fn workspace_forward(&self) -> u64 {
+        self.ws_forward
+    }
+
+    /// Workspace bytes of the backward (builds the backward plan on the calling thread the
+    /// first time: plans are per thread where the library's handles are).
+    fn workspace_backward(&self) -> PyResult<u64> {
+        if self.device.is_none() {
+            return Ok(0);
+        }
+        self.ex
+            .workspace_bytes(&self.p, Direction::Backward)
+            .map_err(exec_err)
+    }
+
+    /// Forward. On CUDA: enqueues on `stream` and returns. On the host: computes in place
+    /// (GIL released). Pointers are `data_ptr()`s of tensors that match the problem.
+    #[pyo3(signature = (q, k, v, o, lse, workspace=0, workspace_bytes=0, stream=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        py: Python<'_>,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        lse: u64,
+        workspace: u64,
+        workspace_bytes: u64,
+        stream: u64,
+    ) -> PyResult<()> {
+        if self.device.is_none() {
+            let p = &self.p;
+            return py
+                .detach(|| {
+                    // SAFETY: the Python caller passes live CPU tensors matching the problem
+                    // (shapes, strides, dtype) with outputs distinct from inputs.
+                    unsafe {
+                        reference::forward_strided(
+                            p,
+                            q as *const u8,
+                            k as *const u8,
+                            v as *const u8,
+                            o as *mut u8,
+                            lse as *mut f32,
+                        )
+                    }
+                })
+                .map_err(exec_err);
+        }
+        let launch = self.launch(workspace, workspace_bytes, stream)?;
+        let args = DeviceForwardArgs { q, k, v, o, lse };
+        // SAFETY: the Python caller passes live CUDA tensors on `launch.device` matching the
+        // problem, allocated on (or synchronised with) `stream`, kept alive by torch's
+        // allocator until the stream's work completes.
+        unsafe { self.ex.enqueue_forward(&self.p, &args, &launch) }.map_err(exec_err)
+    }
+
+    /// Backward; see `forward`. dQ, dK, dV use the strides of Q, K, V; dO those of O.
+    #[pyo3(signature = (q, k, v, o, d_o, lse, dq, dk, dv, workspace=0, workspace_bytes=0, stream=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        py: Python<'_>,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        d_o: u64,
+        lse: u64,
+        dq: u64,
+        dk: u64,
+        dv: u64,
+        workspace: u64,
+        workspace_bytes: u64,
+        stream: u64,
+    ) -> PyResult<()> {
+        if self.device.is_none() {
+            let p = &self.p;
+            return py
+                .detach(|| {
+                    // SAFETY: as in `forward`.
+                    unsafe {
+                        reference::backward_strided(
+                            p,
+                            q as *const u8,
+                            k as *const u8,
+                            v as *const u8,
+                            d_o as *const u8,
+                            dq as *mut u8,
+                            dk as *mut u8,
+                            dv as *mut u8,
+                        )
+                    }
+                })
+                .map_err(exec_err);
+        }
+        let launch = self.launch(workspace, workspace_bytes, stream)?;
+        let args = DeviceBackwardArgs {
+            q,
+            k,
+            v,
+            o,
+            d_o,
+            lse,
+            dq,
+            dk,
+            dv,
+        };
+        // SAFETY: as in `forward`.
+        unsafe { self.ex.enqueue_backward(&self.p, &args, &launch) }.map_err(exec_err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<Plan {} on {} ws={}>",
+            self.name,
+            self.device
+                .map_or("cpu".to_string(), |d| format!("cuda:{d}")),
+            self.ws_forward
+        )
+    }
+}
+
+/// Every executor the registry knows: name, description, provider, feature, availability
+/// (with its reason or detail) and manifest.
+#[pyfunction]
+pub fn executors(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    let list = py.detach(|| registry().describe());
+    to_py(
+        py,
+        &serde_json::to_value(list).map_err(|e| PyValueError::new_err(e.to_string()))?,
+    )
+}
+
+/// Registers the Python host's answer for a host-provided executor (`torch_flash`, ...).
+#[pyfunction]
+#[pyo3(signature = (name, available, detail))]
+pub fn set_host_availability(name: &str, available: bool, detail: String) -> PyResult<()> {
+    let mut reg = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    let entry = reg.entry(name).map_err(exec_err)?.clone();
+    if entry.create.is_some() {
+        return Err(PyValueError::new_err(format!(
+            "{name} is built in, not provided by the host"
+        )));
+    }
+    let answer = if available {
+        Availability::Available { detail }
+    } else {
+        Availability::Unavailable { reason: detail }
+    };
+    reg.register_host(&entry.name, &entry.description, entry.manifest, answer);
+    Ok(())
+}
+
+/// Whether the `cudnn` executor can run here, with what it found (library, version, how it
+/// was chosen) or why not.
+#[pyfunction]
+pub fn cudnn_library() -> (bool, String) {
+    match attn_policy_adapters::cudnn::availability() {
+        Availability::Available { detail } => (true, detail),
+        Availability::Unavailable { reason } => (false, reason),
+    }
+}
+
+/// Registers the classes and functions on the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<NativeProblem>()?;
+    m.add_class::<NativePlan>()?;
+    m.add("ExecutorRefused", py.get_type::<ExecutorRefused>())?;
+    m.add("ExecutorUnavailable", py.get_type::<ExecutorUnavailable>())?;
+    m.add("ExecutorFailed", py.get_type::<ExecutorFailed>())?;
+    m.add_function(wrap_pyfunction!(make_problem, m)?)?;
+    m.add_function(wrap_pyfunction!(make_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(executors, m)?)?;
+    m.add_function(wrap_pyfunction!(set_host_availability, m)?)?;
+    m.add_function(wrap_pyfunction!(cudnn_library, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,48 @@
+//! `attn-policy executors`: every executor the adapters know, with its manifest and whether it
+//! can run here (and why not: no GPU, feature off, library missing, provided by the Python
+//! host).
+
+use clap::Args;
+
+use attn_policy_adapters::{Availability, Registry};
+
+#[derive(Args, Debug)]
+pub struct ExecutorsArgs {
+    /// Print the list as JSON (name, description, provider, feature, availability with its
+    /// reason or detail, manifest).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: ExecutorsArgs) -> i32 {
+    let list = Registry::builtin().describe();
+    if a.json {
+        match serde_json::to_string_pretty(&list) {
+            Ok(s) => println!("{s}"),
+            Err(e) => return super::fail(e.to_string()),
+        }
+        return 0;
+    }
+    for e in &list {
+        let m = &e.manifest;
+        let (word, why) = match &e.availability {
+            Availability::Available { detail } => ("available", detail.as_str()),
+            Availability::Unavailable { reason } => ("unavailable", reason.as_str()),
+        };
+        println!("{:<16} {:<11} {why}", e.name, word);
+        let dtypes: Vec<&str> = m.dtypes.iter().map(|d| d.rule_name()).collect();
+        println!(
+            "    {}; {:?}{}; dtypes {}; head_dim {}; backward {}; deterministic {}",
+            e.description,
+            m.device,
+            m.min_compute_capability
+                .map(|c| format!(" sm >= {c}"))
+                .unwrap_or_default(),
+            dtypes.join("/"),
+            m.head_dim_qk,
+            m.backward,
+            m.deterministic
+        );
+    }
+    0
+}

@@ -1,0 +1,114 @@
+//! [`Bits`]: a set of classes of one diagram variable, the label of an edge.
+//!
+//! Invariants: a set made for a variable of `n` classes has `ceil(n / 64)` words and never a
+//! bit at or above `n` (every constructor and operation keeps that), so sets of the same
+//! variable compare and hash by their words. Operations between two sets assume both belong
+//! to the same variable (same word count). Up to `INLINE_WORDS * 64` classes the words live
+//! inline: the diagram operations copy edge labels constantly and must not allocate.
+
+/// A set of classes of one var (bit `c` = class `c`).
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct Bits(Words);
+
+/// Words of a class set: inline up to 192 classes (every fact but the longest integer
+/// ones), so the diagram operations copy sets without allocating.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+enum Words {
+    Inline(u8, [u64; INLINE_WORDS]),
+    Heap(Box<[u64]>),
+}
+
+const INLINE_WORDS: usize = 3;
+
+impl Bits {
+    pub(super) fn empty(n: usize) -> Bits {
+        let words = n.div_ceil(64);
+        Bits(if words <= INLINE_WORDS {
+            Words::Inline(words as u8, [0; INLINE_WORDS])
+        } else {
+            Words::Heap(vec![0; words].into_boxed_slice())
+        })
+    }
+
+    fn words(&self) -> &[u64] {
+        match &self.0 {
+            Words::Inline(n, w) => &w[..*n as usize],
+            Words::Heap(w) => w,
+        }
+    }
+
+    fn words_mut(&mut self) -> &mut [u64] {
+        match &mut self.0 {
+            Words::Inline(n, w) => &mut w[..*n as usize],
+            Words::Heap(w) => w,
+        }
+    }
+
+    pub(super) fn full(n: usize) -> Bits {
+        let mut b = Bits::empty(n);
+        for c in 0..n {
+            b.insert(c as u32);
+        }
+        b
+    }
+
+    pub(super) fn insert(&mut self, c: u32) {
+        self.words_mut()[(c / 64) as usize] |= 1 << (c % 64);
+    }
+
+    pub(super) fn remove(&mut self, c: u32) {
+        self.words_mut()[(c / 64) as usize] &= !(1 << (c % 64));
+    }
+
+    pub(super) fn capacity(&self) -> usize {
+        self.words().len() * 64
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.words().iter().all(|&w| w == 0)
+    }
+
+    pub(super) fn and(&self, o: &Bits) -> Option<Bits> {
+        let mut r = self.clone();
+        for (a, b) in r.words_mut().iter_mut().zip(o.words()) {
+            *a &= b;
+        }
+        (!r.is_empty()).then_some(r)
+    }
+
+    /// `self` without the classes of `o`.
+    pub(super) fn minus(&self, o: &Bits) -> Bits {
+        let mut r = self.clone();
+        for (a, b) in r.words_mut().iter_mut().zip(o.words()) {
+            *a &= !b;
+        }
+        r
+    }
+
+    pub(super) fn or_with(&mut self, o: &Bits) {
+        for (a, b) in self.words_mut().iter_mut().zip(o.words()) {
+            *a |= b;
+        }
+    }
+
+    pub(super) fn meets(&self, o: &Bits) -> bool {
+        self.words().iter().zip(o.words()).any(|(a, b)| a & b != 0)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.words().iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// The classes in the set, ascending.
+    pub fn classes(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (i, &w) in self.words().iter().enumerate() {
+            let mut w = w;
+            while w != 0 {
+                out.push(i as u32 * 64 + w.trailing_zeros());
+                w &= w - 1;
+            }
+        }
+        out
+    }
+}

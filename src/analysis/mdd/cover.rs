@@ -1,0 +1,285 @@
+//! Cube queries and diagrams as covers by cubes (the regions of `gaps` and `diff`).
+//!
+//! A [`Cube`] has one entry per diagram var (facts, then relation variables): the classes it
+//! allows, `None` for any class.
+//!
+//! [`Mdd::cover`] / [`Mdd::cover_disjoint`] list cubes whose union, *in inputs*, is exactly
+//! `f`: every input in `f` lies in some cube and every input in a cube lies in `f`. Loop
+//! invariants of `cover_within`: `rest` is the part of `f` not yet covered, intersected with
+//! the ties applied so far and with the complements of the contrary combinations removed
+//! (neither removes an input); a cube starts as the widest path of `rest` and is widened only
+//! inside `care` = (`rest` for a disjoint cover, else `f`) or not `ties`, so it never adds an
+//! input outside `f` (it may widen over combinations no input has). A path is listed only
+//! after every relation variable it tests has its tie applied and no contrary combination is
+//! found on it, so each listed path holds an input (up to the limits of `contrary`). Disjoint
+//! covers widen inside `rest`, so their cubes do not overlap on inputs.
+//!
+//! Determinism: paths pick the edge with the most classes, ties broken by the lowest class,
+//! never by node ids, so the cover depends only on the function and the order.
+//!
+//! Complexity: `holds_on` / `meets` are O(nodes of `x`) with a reusable memo; `expand` runs
+//! `allowed` once per constrained var, each a traversal memoised per node.
+
+use crate::facts::Value;
+
+use super::{Bits, Cube, FALSE, Id, Mdd, NodeMemo, TRUE};
+
+impl<'s> Mdd<'s> {
+    /// Whether `x` holds in every class of the cube.
+    pub fn holds_on(&self, x: Id, cube: &[Option<Bits>]) -> bool {
+        self.everywhere_reusing(x, cube, true)
+    }
+
+    /// Whether `x` holds in some class of the cube.
+    pub fn meets(&self, x: Id, cube: &[Option<Bits>]) -> bool {
+        !self.everywhere_reusing(x, cube, false)
+    }
+
+    /// [`Mdd::everywhere`] with the reusable memo.
+    fn everywhere_reusing(&self, x: Id, cube: &[Option<Bits>], want: bool) -> bool {
+        let mut memo = self.scratch.take();
+        memo.clear(self.nodes.len());
+        let r = self.everywhere(x, cube, want, &mut memo);
+        self.scratch.set(memo);
+        r
+    }
+
+    /// Whether `x` is `want` in every class of the cube.
+    fn everywhere(
+        &self,
+        x: Id,
+        cube: &[Option<Bits>],
+        want: bool,
+        memo: &mut NodeMemo<bool>,
+    ) -> bool {
+        match x {
+            TRUE => return want,
+            FALSE => return !want,
+            _ => {}
+        }
+        if let Some(r) = memo.get(x) {
+            return r;
+        }
+        let n = &self.nodes[x as usize];
+        let v = self.order[n.level as usize];
+        let r = n.edges.iter().all(|(k, set)| {
+            cube.get(v)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| !c.meets(set))
+                || self.everywhere(*k, cube, want, memo)
+        });
+        memo.set(x, r);
+        r
+    }
+
+    /// A cover of `f` by cubes: their union is exactly `f` (they may overlap). Each cube is
+    /// a path of what is still uncovered, widened per var as far as it stays inside `f`, so
+    /// cubes come out large (the largest regions first). At most `limit` cubes; the flag says
+    /// whether the cover is complete.
+    pub fn cover(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
+        self.cover_within(f, limit, false)
+    }
+
+    /// A cover of `f` by disjoint cubes (each widened only inside what is still uncovered).
+    pub fn cover_disjoint(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
+        self.cover_within(f, limit, true)
+    }
+
+    fn cover_within(&mut self, f: Id, limit: usize, disjoint: bool) -> (Vec<Cube>, bool) {
+        let nv = self.space.vars.len();
+        // Paths must hold an input: a relation variable on a path is first tied to the facts
+        // (its tie is intersected with what is left), lazily, as paths meet it; intersecting
+        // every tie up front made the gaps of the te pack too large. Cubes may still widen over
+        // combinations no input has (outside the ties applied): they add no input.
+        let mut applied: Vec<usize> = Vec::new();
+        let mut ties = TRUE;
+        let mut rest = f;
+        let mut out = Vec::new();
+        loop {
+            if rest == FALSE || self.exhausted {
+                return (out, true);
+            }
+            let mut cube = self.widest_path(rest);
+            let untied: Vec<usize> = (nv..self.nvars())
+                .filter(|&v| cube[v].is_some() && !applied.contains(&(v - nv)))
+                .map(|v| v - nv)
+                .collect();
+            if !untied.is_empty() {
+                for k in untied {
+                    let t = self.tie(nv + k);
+                    ties = self.and(ties, t);
+                    rest = self.and(rest, t);
+                    applied.push(k);
+                }
+                continue;
+            }
+            // A predicate the path constrains may be decided, class by class, against it on
+            // the path's own classes (its tie is per block when the classes are many): those
+            // combinations hold no input; remove them and take another path.
+            let mut refined = false;
+            for v in nv..self.nvars() {
+                let Some(set) = cube[v].clone() else { continue };
+                if let Some(bad) = self.contrary_on_path(v, &set, &cube) {
+                    self.exclude(bad, &mut ties, &mut rest);
+                    refined = true;
+                }
+            }
+            if !refined && let Some(bad) = self.jointly_contrary(&cube) {
+                self.exclude(bad, &mut ties, &mut rest);
+                refined = true;
+            }
+            if refined {
+                continue;
+            }
+            if out.len() >= limit {
+                return (out, false);
+            }
+            let outside = self.not(ties);
+            let care = self.or(if disjoint { rest } else { f }, outside);
+            self.expand(care, &mut cube);
+            let c = self.cube(&cube);
+            rest = self.minus(rest, c);
+            out.push(cube);
+        }
+    }
+
+    /// Removes `bad` (combinations that hold no input) from the applied ties and from what
+    /// is left to cover.
+    fn exclude(&mut self, bad: Id, ties: &mut Id, rest: &mut Id) {
+        let nb = self.not(bad);
+        *ties = self.and(*ties, nb);
+        *rest = self.and(*rest, nb);
+    }
+
+    /// A path of `x` to true, taking at each node the edge with the most classes.
+    fn widest_path(&self, mut x: Id) -> Cube {
+        let mut cube = vec![None; self.nvars()];
+        while x > TRUE {
+            let n = &self.nodes[x as usize];
+            let (k, set) = n
+                .edges
+                .iter()
+                .filter(|e| e.0 != FALSE)
+                // Ties go to the lowest class, not the child's id: the cover then depends
+                // only on the function, not on the order its nodes were built in.
+                .max_by_key(|e| (e.1.len(), std::cmp::Reverse(e.1.classes()[0])))
+                .expect("a non-false node has a non-false edge");
+            cube[self.order[n.level as usize]] = Some(set.clone());
+            x = *k;
+        }
+        cube
+    }
+
+    /// Widens `cube` inside `f`: first frees every var that can take any class (largest
+    /// domains first: they read worst), then widens the rest to every class that keeps the
+    /// cube inside `f`.
+    fn expand(&self, f: Id, cube: &mut Cube) {
+        let mut levels: Vec<usize> = self
+            .used
+            .iter()
+            .map(|&l| l as usize)
+            .filter(|&l| cube[self.order[l]].is_some())
+            .collect();
+        levels.sort_by_key(|&l| std::cmp::Reverse(self.full[l].len()));
+        // Reused (cleared) between vars: allocating fresh tables dominated the run time.
+        let (mut memo, mut inside) = ((NodeMemo::default(), Vec::new()), NodeMemo::default());
+        for free_only in [true, false] {
+            for &l in &levels {
+                let v = self.order[l];
+                if cube[v].is_none() {
+                    continue;
+                }
+                memo.0.clear(self.nodes.len());
+                memo.1.clear();
+                inside.clear(self.nodes.len());
+                let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
+                // An object whose members are constrained stays present: a member's
+                // constraint cannot be written for an absent object.
+                if v < self.space.vars.len()
+                    && self
+                        .space
+                        .vars
+                        .iter()
+                        .enumerate()
+                        .any(|(u, x)| x.parent == Some(v) && cube[u].is_some())
+                {
+                    for (c, class) in self.space.vars[v].classes.iter().enumerate() {
+                        if class.value == Value::Null {
+                            good.remove(c as u32);
+                        }
+                    }
+                }
+                if good.len() == self.full[l].len() {
+                    cube[v] = None;
+                } else if !free_only {
+                    cube[v] = Some(good);
+                }
+            }
+        }
+    }
+
+    /// The classes of the var at `level` for which `cube` (with that var replaced by the
+    /// class) lies inside `x`.
+    fn allowed(
+        &self,
+        x: Id,
+        level: u32,
+        cube: &Cube,
+        memo: &mut (NodeMemo<u32>, Vec<Bits>),
+        inside: &mut NodeMemo<bool>,
+    ) -> Bits {
+        let full = &self.full[level as usize];
+        let n = &self.nodes[x as usize];
+        if n.level > level {
+            return if self.everywhere(x, cube, true, inside) {
+                full.clone()
+            } else {
+                Bits::empty(self.ncls[self.order[level as usize]])
+            };
+        }
+        if let Some(i) = memo.0.get(x) {
+            return memo.1[i as usize].clone();
+        }
+        let r = if n.level == level {
+            let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
+            for (k, set) in n.edges.iter() {
+                if self.everywhere(*k, cube, true, inside) {
+                    r.or_with(set);
+                }
+            }
+            r
+        } else {
+            let v = self.order[n.level as usize];
+            let mut r = full.clone();
+            for (k, set) in n.edges.iter() {
+                if cube[v].as_ref().is_none_or(|c| c.meets(set)) {
+                    let a = self.allowed(*k, level, cube, memo, inside);
+                    match r.and(&a) {
+                        Some(both) => r = both,
+                        None => {
+                            r = Bits::empty(full.capacity());
+                            break;
+                        }
+                    }
+                }
+            }
+            r
+        };
+        memo.0.set(x, memo.1.len() as u32);
+        memo.1.push(r.clone());
+        r
+    }
+
+    /// The diagram of a cube.
+    pub fn cube(&mut self, cube: &Cube) -> Id {
+        let mut x = TRUE;
+        for &l in self.used.clone().iter().rev() {
+            let l = l as usize;
+            if let Some(set) = &cube[self.order[l]] {
+                let other = self.full[l].minus(set);
+                x = self.mk(l as u32, vec![(x, set.clone()), (FALSE, other)]);
+            }
+        }
+        x
+    }
+}
