@@ -457,11 +457,38 @@ impl<'a> Explanation<'a> {
             }
             for (v, var) in backend.variants.iter().enumerate() {
                 if r.applicable & (1 << v) == 0 {
+                    // Name what the condition (often a definition of the pack) read, with
+                    // the values it saw: `fa4_inst` alone says nothing to a user.
+                    let read: Vec<String> = var
+                        .applicable
+                        .as_ref()
+                        .map(|c| {
+                            c.slots
+                                .iter()
+                                .map(|&s| {
+                                    format!(
+                                        "{} = {}",
+                                        p.schema.fields[s as usize].path,
+                                        value_text(
+                                            self.facts.values()[s as usize],
+                                            s as usize,
+                                            self.facts
+                                        )
+                                    )
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
                     let _ = writeln!(
                         out,
-                        "  - {} not available: {}",
+                        "  - {} not available: `{}` is false{}",
                         var.name,
-                        var.applicable_src.as_deref().unwrap_or("false")
+                        var.applicable_src.as_deref().unwrap_or("false"),
+                        if read.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", read.join(", "))
+                        }
                     );
                 }
             }

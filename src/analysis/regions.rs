@@ -39,13 +39,15 @@ pub struct Restriction {
 impl Restriction {
     /// Compiles a condition over the fact schema (pack definitions are not available).
     pub fn parse(text: &str) -> Result<Restriction, AnalysisError> {
-        let ast = parse_expr(text).map_err(|e| AnalysisError::Where(e.message))?;
+        let ast = parse_expr(text)
+            .map_err(|e| AnalysisError::Where(with_caret(text, e.span, &e.message)))?;
         let mut c = Compiler::default();
         let compiled = c.condition(&ast).map_err(|e| {
-            AnalysisError::Where(match e.help {
+            let message = match e.help {
                 Some(h) => format!("{} ({h})", e.message),
                 None => e.message,
-            })
+            };
+            AnalysisError::Where(with_caret(text, e.span, &message))
         })?;
         Ok(Restriction {
             cond: Cond {
@@ -78,6 +80,20 @@ impl Restriction {
             return Restriction::parse(&parts.join(" and "));
         })
     }
+}
+
+/// A message with the expression and a caret under the span it is about.
+fn with_caret(text: &str, span: crate::lang::Span, message: &str) -> String {
+    let col = |byte: usize| {
+        text.get(..byte.min(text.len()))
+            .map_or(0, |s| s.chars().count())
+    };
+    let (start, end) = (col(span.start), col(span.end.max(span.start)));
+    format!(
+        "{message}\n  {text}\n  {}{}",
+        " ".repeat(start),
+        "^".repeat((end - start).max(1))
+    )
 }
 
 /// Adds every condition of a policy to a space builder.

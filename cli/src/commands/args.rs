@@ -19,11 +19,11 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "NAME")]
     pub preset: Option<String>,
     /// Set head_dim_qk and head_dim_v.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub head_dim: Option<i64>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub head_dim_qk: Option<i64>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub head_dim_v: Option<i64>,
     /// GPU architecture as sm number: 80, 86, 89, 90, 100, 103, 120, ... (docs/facts.md lists
     /// every compute capability; others are refused).
@@ -44,26 +44,26 @@ pub struct ConfigArgs {
     /// Sliding window LEFT,RIGHT (-1 = unbounded), e.g. 128,0.
     #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
     pub window: Option<String>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub batch: Option<i64>,
     /// Query heads (num_heads).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub heads: Option<i64>,
     /// Key/value heads (num_gqa_groups).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub kv_heads: Option<i64>,
     /// Set max_seqlen_q and max_seqlen_kv.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seqlen: Option<i64>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seqlen_q: Option<i64>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seqlen_kv: Option<i64>,
     /// Context-parallel algorithm: p2p, all_gather, a2a, a2a+p2p (turns context_parallel on).
     #[arg(long, value_name = "TYPE")]
     pub cp_comm_type: Option<String>,
     /// Context-parallel group size (turns context_parallel on when > 1).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub cp_size: Option<i64>,
     /// Inference (is_training = false).
     #[arg(long)]
