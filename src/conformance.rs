@@ -1,7 +1,9 @@
-//! Differential conformance: decide every record of a TransformerEngine corpus (see
-//! ../shared/conformance/README.md) with a pack and compare with TE's own decision.
+//! Differential conformance: decide every record of a corpus with a pack and compare with the
+//! selector's own decision. The pack's family names the selector: `te` packs against a
+//! TransformerEngine corpus (../shared/conformance/README.md), `torch` packs against a PyTorch
+//! SDPA corpus (README.torch.md, [`run_torch`]).
 //!
-//! Compared per record: the selected backend, the flash-attn version TE reports
+//! TE, compared per record: the selected backend, the flash-attn version TE reports
 //! (`flash_attention_backend`, set whenever FlashAttention is eligible), the fused sub-backend
 //! (`fused_attention_backend`, set whenever FusedAttention is eligible) and
 //! `available_backends` `[flash, fused, unfused]`. A record where TE raised (`decision` null)
@@ -18,7 +20,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value as Json, json};
 
 use crate::corpus::Record;
-use crate::facts::{Facts, Value};
+use crate::facts::{Facts, InputError, Value};
 use crate::lang::Version;
 use crate::policy::Policy;
 
@@ -60,16 +62,21 @@ pub struct RecordError {
 /// Aggregated result of a conformance run.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
+    /// Whose decisions the records hold ("TE", "PyTorch").
+    pub reference: &'static str,
     /// Every record of the corpus.
     pub total: usize,
-    /// Valid records where the pack agrees with TE.
+    /// Valid records on which every compared field agrees.
     pub agree: usize,
-    /// Per backend TE selected ("NoBackend", or "raised" when TE raised), over valid records:
-    /// (agree, total).
+    /// Per backend the reference selected ("NoBackend", or "raised" when it raised), over
+    /// valid records: (agree, total).
     pub per_backend: BTreeMap<String, (usize, usize)>,
     pub classes: BTreeMap<ClassKey, Class>,
     /// Records whose config is structurally invalid (not decided, not in the rate), in order.
     pub input_errors: Vec<RecordError>,
+    /// Where the records hold each backend's eligibility on its own (PyTorch corpora): per
+    /// (valid record, backend), how often the pack agrees, out of how many.
+    pub eligibility: Option<(usize, usize)>,
 }
 
 impl Report {
@@ -144,7 +151,7 @@ impl Report {
             .into_iter()
             .map(|(k, n, line)| json!({"error": k, "count": n, "first_line": line}))
             .collect();
-        json!({
+        let mut out = json!({
             "total": self.total,
             "valid": self.valid(),
             "agree": self.agree,
@@ -155,7 +162,20 @@ impl Report {
             "input_error_records": errors,
             "per_backend": per,
             "classes": classes,
-        })
+        });
+        if let Some((agree, total)) = self.eligibility {
+            out["eligibility_agree"] = json!(agree);
+            out["eligibility_total"] = json!(total);
+        }
+        out
+    }
+
+    fn reference(&self) -> &'static str {
+        if self.reference.is_empty() {
+            "TE"
+        } else {
+            self.reference
+        }
     }
 
     pub fn to_text(&self, top: usize) -> String {
@@ -166,6 +186,12 @@ impl Report {
             100.0 * self.rate(),
             self.disagree()
         );
+        if let Some((a, t)) = self.eligibility {
+            out.push_str(&format!(
+                "eligibility (every backend of every valid record): {a}/{t} ({:.2}%)\n",
+                100.0 * a as f64 / t.max(1) as f64
+            ));
+        }
         if !self.input_errors.is_empty() {
             out.push_str(&format!(
                 "input errors: {} of {} records are structurally invalid (not decided; docs/facts.md):\n",
@@ -179,7 +205,7 @@ impl Report {
                 out.push_str(&format!("  e.g. line {} ({}): {}\n", e.line, e.id, e.error));
             }
         }
-        out.push_str("per backend TE selected:\n");
+        out.push_str(&format!("per backend {} selected:\n", self.reference()));
         for (k, (a, t)) in &self.per_backend {
             out.push_str(&format!(
                 "  {k:<28} {a}/{t} ({:.2}%)\n",
@@ -188,7 +214,10 @@ impl Report {
         }
         let classes = self.largest_classes();
         if !classes.is_empty() {
-            out.push_str("largest classes of disagreement (TE -> pack):\n");
+            out.push_str(&format!(
+                "largest classes of disagreement ({} -> pack):\n",
+                self.reference()
+            ));
             for (k, c) in classes.into_iter().take(top) {
                 out.push_str(&format!("  {:>6}  {}  e.g. {}\n", c.count, k.0, c.example));
             }
@@ -197,19 +226,35 @@ impl Report {
     }
 }
 
-/// Facts of a record's config, with every probe answered "supported".
-pub fn record_facts(config: &Json) -> Result<Facts, crate::facts::InputError> {
-    let mut facts = Facts::from_json(config)?;
-    for probe in crate::facts::te::FIELDS
-        .iter()
-        .filter(|d| d.origin == crate::facts::schema::Origin::Probe)
-    {
-        let name = probe.path.trim_start_matches("probe.");
-        if facts.get(probe.path) == Some(Value::Unknown) {
-            facts.set_probe(name, Some(true))?;
+/// Facts of a te record's config, with every probe answered "supported".
+pub fn record_facts(config: &Json) -> Result<Facts, InputError> {
+    answer_probes(Facts::from_json(config)?)
+}
+
+/// Every unanswered probe of the facts' family answered "supported".
+fn answer_probes(mut facts: Facts) -> Result<Facts, InputError> {
+    let probes: Vec<&str> = facts.schema().probe_names().collect();
+    for path in probes {
+        if facts.get(path) == Some(Value::Unknown) {
+            facts.set_probe(path.trim_start_matches("probe."), Some(true))?;
         }
     }
     Ok(facts)
+}
+
+/// A corpus record's facts for `policy`'s family, unanswered probes answered "supported":
+/// te reads the record's `config`, torch its `config` with the device ([`torch_record_facts`]).
+/// An error (the record's own, or its config's) is located at the record's line.
+pub fn read_record(policy: &Policy, rec: &Record) -> Result<Facts, InputError> {
+    let read = match &rec.error {
+        Some(e) => Err(e.clone()),
+        None => match policy.schema.family {
+            "torch" => torch_record_facts(policy, &rec.raw),
+            _ => policy.read_facts(&rec.config),
+        },
+    };
+    read.and_then(answer_probes)
+        .map_err(|e| e.at(rec.locate_config_error()))
 }
 
 /// The pack's decision for `facts`, in TE's terms.
@@ -290,23 +335,54 @@ pub fn differences(te: &Json, pack: &TeView) -> Vec<String> {
     diffs
 }
 
-/// Runs every record.
+/// Runs every record against the selector of the pack's family.
 pub fn run(policy: &Policy, records: &[Record]) -> Report {
-    let mut r = Report::default();
+    match policy.schema.family {
+        "torch" => run_torch(policy, records),
+        _ => run_te(policy, records),
+    }
+}
+
+impl Report {
+    /// Counts a record that was not decided.
+    fn input_error(&mut self, rec: &Record, error: InputError) {
+        self.total += 1;
+        self.input_errors.push(RecordError {
+            line: rec.line,
+            id: rec.id.clone(),
+            error,
+        });
+    }
+}
+
+/// Counts one record's comparison: agreement per group, and its class when it disagrees.
+fn tally(r: &mut Report, group: String, id: &str, diffs: Vec<String>) {
+    r.total += 1;
+    let entry = r.per_backend.entry(group).or_default();
+    entry.1 += 1;
+    if diffs.is_empty() {
+        r.agree += 1;
+        entry.0 += 1;
+    } else {
+        let c = r.classes.entry(ClassKey(diffs.join("; "))).or_default();
+        if c.count == 0 {
+            c.example = id.to_string();
+        }
+        c.count += 1;
+    }
+}
+
+/// Runs every record of a TE corpus.
+pub fn run_te(policy: &Policy, records: &[Record]) -> Report {
+    let mut r = Report {
+        reference: "TE",
+        ..Report::default()
+    };
     for rec in records {
-        r.total += 1;
-        let facts = match rec
-            .error
-            .clone()
-            .map_or_else(|| record_facts(&rec.config), Err)
-        {
+        let facts = match read_record(policy, rec) {
             Ok(f) => f,
             Err(error) => {
-                r.input_errors.push(RecordError {
-                    line: rec.line,
-                    id: rec.id.clone(),
-                    error: error.at(rec.locate_config_error()),
-                });
+                r.input_error(rec, error);
                 continue;
             }
         };
@@ -320,8 +396,6 @@ pub fn run(policy: &Policy, records: &[Record]) -> Report {
                 .unwrap_or("?")
                 .to_string()
         };
-        let entry = r.per_backend.entry(group).or_default();
-        entry.1 += 1;
         let view = te_view(policy, &facts);
         let diffs = if raised {
             if view.selected == "NoBackend" {
@@ -332,16 +406,116 @@ pub fn run(policy: &Policy, records: &[Record]) -> Report {
         } else {
             differences(&rec.decision, &view)
         };
-        if diffs.is_empty() {
-            r.agree += 1;
-            entry.0 += 1;
+        tally(&mut r, group, &rec.id, diffs);
+    }
+    r
+}
+
+// ---- PyTorch SDPA ------------------------------------------------------------------------------
+
+/// The backends of a PyTorch SDPA corpus (`choice`, `eligible`), as the `torch` pack names them.
+pub const TORCH_BACKENDS: [&str; 4] = ["flash", "efficient", "cudnn", "math"];
+
+/// Facts of a PyTorch corpus record: its `config` with the record's `torch` object (version,
+/// cudnn, sm). The corpus was made under `torch.use_deterministic_algorithms(deterministic,
+/// warn_only=True)` (README.torch.md), so `deterministic_warn_only` is true unless the config
+/// says otherwise.
+pub fn torch_record_facts(policy: &Policy, raw: &Json) -> Result<Facts, InputError> {
+    let mut config = raw
+        .get("config")
+        .and_then(Json::as_object)
+        .cloned()
+        .ok_or_else(|| {
+            InputError::new("config", "the record has no `config` object")
+                .kind(crate::facts::InputErrorKind::Syntax)
+        })?;
+    if let Some(torch) = raw.get("torch") {
+        config.entry("torch").or_insert_with(|| torch.clone());
+    }
+    config
+        .entry("deterministic_warn_only")
+        .or_insert(Json::Bool(true));
+    policy.read_facts(&Json::Object(config))
+}
+
+/// The pack's answer in a PyTorch corpus' terms: the selected backend (`None`: PyTorch would
+/// raise "No available kernel") and each backend's eligibility in [`TORCH_BACKENDS`] order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TorchView {
+    pub choice: Option<String>,
+    pub eligible: [bool; 4],
+}
+
+pub fn torch_view(policy: &Policy, facts: &Facts) -> TorchView {
+    let d = policy.decide(facts);
+    TorchView {
+        choice: d.selected.map(|s| policy.backends[s as usize].name.clone()),
+        eligible: TORCH_BACKENDS.map(|name| {
+            policy
+                .backend_index(name)
+                .is_some_and(|b| d.backends[b].status.eligible())
+        }),
+    }
+}
+
+/// Compares a PyTorch record (`choice`, `eligible`) with the pack: the differing fields, and
+/// how many of the record's per-backend eligibilities agree (out of those it states).
+pub fn torch_differences(raw: &Json, pack: &TorchView) -> (Vec<String>, usize, usize) {
+    let mut diffs = Vec::new();
+    let choice = raw.get("choice").and_then(Json::as_str);
+    if choice != pack.choice.as_deref() {
+        diffs.push(format!(
+            "choice {} -> {}",
+            show(choice),
+            show(pack.choice.as_deref())
+        ));
+    }
+    let (mut agree, mut total) = (0, 0);
+    for (i, name) in TORCH_BACKENDS.iter().enumerate() {
+        let Some(theirs) = raw
+            .get("eligible")
+            .and_then(|e| e.get(name))
+            .and_then(Json::as_bool)
+        else {
+            continue;
+        };
+        total += 1;
+        if theirs == pack.eligible[i] {
+            agree += 1;
         } else {
-            let c = r.classes.entry(ClassKey(diffs.join("; "))).or_default();
-            if c.count == 0 {
-                c.example = rec.id.clone();
-            }
-            c.count += 1;
+            diffs.push(format!("eligible {name} {theirs} -> {}", pack.eligible[i]));
         }
+    }
+    (diffs, agree, total)
+}
+
+/// Runs every record of a PyTorch SDPA corpus: a record agrees when the choice and every
+/// backend's eligibility agree; `eligibility` counts the per-backend agreements.
+pub fn run_torch(policy: &Policy, records: &[Record]) -> Report {
+    let mut r = Report {
+        reference: "PyTorch",
+        eligibility: Some((0, 0)),
+        ..Report::default()
+    };
+    for rec in records {
+        let group = match rec.raw.get("choice") {
+            Some(Json::String(s)) => s.clone(),
+            _ => "raised".to_string(),
+        };
+        let facts = match read_record(policy, rec) {
+            Ok(f) => f,
+            Err(error) => {
+                r.input_error(rec, error);
+                continue;
+            }
+        };
+        let view = torch_view(policy, &facts);
+        let (diffs, agree, total) = torch_differences(&rec.raw, &view);
+        if let Some((a, t)) = r.eligibility.as_mut() {
+            *a += agree;
+            *t += total;
+        }
+        tally(&mut r, group, &rec.id, diffs);
     }
     r
 }

@@ -9,8 +9,9 @@
 //! ```
 //!
 //! Layout: [`lang`] (syntax) -> [`typecheck`] (types, lowering) -> [`eval`] (conditions) ->
-//! [`policy`] (rules, decide) -> [`decision`] (explanations); [`pack`] loads YAML; [`facts`]
-//! is the typed input.
+//! [`policy`] (rules, decide) -> [`decision`] (indices, fast) -> [`explain`] (the owned
+//! explanation model and its text, JSON and TE renderings); [`pack`] loads YAML; [`facts`] is
+//! the typed input.
 
 pub mod analysis;
 pub mod cache;
@@ -20,15 +21,18 @@ pub mod corpus;
 pub mod decision;
 pub mod diag;
 pub mod eval;
+pub mod explain;
 pub mod facts;
 pub mod lang;
+pub mod matrix;
 pub mod pack;
 pub mod policy;
 pub mod typecheck;
 
 pub use catalogue::{CatalogueEntry, ExecutorCatalogue, Provider};
-pub use decision::{Decision, Explanation, Status};
+pub use decision::{Decision, Status};
 pub use diag::{Diagnostic, Diagnostics, Severity};
+pub use explain::Explanation;
 pub use facts::{Facts, InputError};
 pub use pack::{LoadError, PackError, PackSource, PackSpec, load_pack};
 pub use policy::Policy;

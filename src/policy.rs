@@ -12,7 +12,8 @@ use crate::facts::{Facts, Schema, Value};
 use crate::typecheck::Compiled;
 
 /// Whether a rule declines (capability or guard) or is an environment switch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RuleKind {
     Decline,
     Switch,

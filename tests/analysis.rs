@@ -671,3 +671,53 @@ fn comparisons_between_facts_keep_their_regions() {
         assert_eq!(decide_example(&p, &g.example), Ok(None), "{}", g.example);
     }
 }
+
+/// Executor-chain lints over a catalogue: `huge` admits only head dims the backend declines
+/// (dead), and head dims 129..=256 are admitted by the backend but by no entry.
+#[test]
+fn executor_chain_lints_find_dead_entries_and_stranded_inputs() {
+    use attn_policy::{CatalogueEntry, ExecutorCatalogue, PackSpec, Provider};
+    let entry = |name: &str, admits: &str| CatalogueEntry {
+        name: name.into(),
+        description: String::new(),
+        provider: Provider::Builtin,
+        admits: vec![("te".into(), admits.into())],
+    };
+    let mut catalogue = ExecutorCatalogue::new();
+    catalogue.add(entry("small", "head_dim_qk <= 128"));
+    catalogue.add(entry("huge", "head_dim_qk > 1000"));
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/analysis/chains"
+    );
+    let policy = PackSpec::dir(dir)
+        .with_catalogue(std::sync::Arc::new(catalogue))
+        .load()
+        .expect("fixture loads");
+    let diags = lint(&policy);
+    let dead: Vec<_> = diags
+        .iter()
+        .filter(|d| d.code == "W-DEAD-EXECUTOR")
+        .collect();
+    assert_eq!(dead.len(), 1, "{diags:#?}");
+    assert!(dead[0].message.contains("`huge`"), "{}", dead[0].message);
+    let stranded: Vec<_> = diags.iter().filter(|d| d.code == "W-NO-EXECUTOR").collect();
+    assert_eq!(stranded.len(), 1, "{diags:#?}");
+    // The example is a real stranded input: the backend serves it, no entry admits it.
+    let help = stranded[0].help.as_deref().expect("an example");
+    let example: serde_json::Value =
+        serde_json::from_str(help.strip_prefix("e.g. ").expect("e.g. prefix")).expect("json");
+    let d = example["head_dim_qk"]
+        .as_i64()
+        .expect("head_dim_qk in the example");
+    assert!((129..=256).contains(&d), "example head_dim_qk {d}");
+    // With `small` widened to every served head dim, nothing is stranded.
+    let mut wide = ExecutorCatalogue::new();
+    wide.add(entry("small", "head_dim_qk <= 256"));
+    wide.add(entry("huge", "head_dim_qk > 1000"));
+    let policy = PackSpec::dir(dir)
+        .with_catalogue(std::sync::Arc::new(wide))
+        .load()
+        .expect("fixture loads");
+    assert!(!lint(&policy).iter().any(|d| d.code == "W-NO-EXECUTOR"));
+}

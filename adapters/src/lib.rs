@@ -9,6 +9,8 @@
 //! - [`from_facts`]: the policy's facts -> an [`AttentionProblem`] (the one conversion).
 //!   [`cudnn`]: cuDNN graph API (feature `cudnn`). [`frost`]: cuDNN frontend FROST engines
 //!   (feature `frost`). [`host`]: manifests of the executors a Python host provides.
+//! - [`chain`]: walks a backend's executor chain (the pack's `executors:`), recording each
+//!   entry's outcome. [`live`]: the live device facts (compute capability, loaded cuDNN).
 //! - [`run`]: what `attn-policy run` calls: random inputs, execute, time, verify.
 //!
 //! GPU code sits behind features (`cuda`, `cudnn`, `frost`) and loads CUDA at run time (cudarc
@@ -17,24 +19,28 @@
 //! with the same registry functions (`create`, `availability`) that say why nothing runs.
 
 pub mod catalogue;
+pub mod chain;
 pub mod chunked;
 pub mod cudnn;
 pub mod executor;
 pub mod from_facts;
 pub mod frost;
 pub mod host;
+pub mod live;
 pub mod problem;
 pub mod reference;
 pub mod registry;
 pub mod rng;
 pub mod run;
 
+pub use chain::{ChainError, ChainOptions, Walked};
 pub use executor::{
     BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceKind, Direction,
     ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostTensor,
     Manifest, StreamLaunch, Unsupported,
 };
 pub use from_facts::{NotExpressible, problem_from_facts};
+pub use live::{LiveDevice, live_device};
 pub use problem::{
     AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Strides,
     TensorLayouts,

@@ -57,7 +57,7 @@ pub fn manifest() -> Manifest {
         deterministic: true,
         notes: vec![
             "float64 arithmetic on the host; inputs decoded from fp16/bf16/fp32/fp64 exactly".into(),
-            "outputs rounded once to the problem dtype (LSE to fp32)".into(),
+            "outputs rounded once to the problem dtype (LSE to fp32; fp64 for fp64 problems through forward_strided_lse)".into(),
             "fp32/fp64 through the strided-pointer API (forward_strided/backward_strided); host tensors are fp16/bf16".into(),
             format!("refuses b*h_q*s_q*s_kv > {MAX_SCORE_ELEMENTS} (CPU time)"),
         ],
@@ -292,11 +292,16 @@ fn backward_impl(
     (dq, dk, dvo)
 }
 
+/// Cores available to this process, read once: `available_parallelism` reads cgroup files on
+/// Linux (tens of microseconds), which a framework's small per-call problems would pay each time.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Map `f` over `items` on all available cores, preserving order.
 fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(items.len());
+    let threads = cores().min(items.len());
     if threads <= 1 {
         return items.iter().map(f).collect();
     }
@@ -341,6 +346,95 @@ pub fn backward_f64(
     d_o: &[f64],
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     backward_impl(p, q, k, v, d_o, Rounding::Exact)
+}
+
+/// Exact float64 backward from the forward's statistics, as the GPU executors compute it:
+/// `P = exp(scale * Q K^T - LSE)` on admissible keys and `D = rowsum(dO * O)` with the given `o`
+/// (strides of O) and `lse` (`[b, h_q, s_q]`, natural log). With the call's own O and LSE this is
+/// [`backward_f64`]; with the O and LSE of a larger softmax that this call is one key block of
+/// (a context-parallel ring step), it is that softmax's gradient restricted to the block, which a
+/// recomputing backward cannot give. Rows whose LSE is `-inf` contribute nothing.
+pub fn backward_f64_from_stats(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    o: &[f64],
+    lse: &[f64],
+    d_o: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (b, hkv, sq, dqk, dv) = (p.batch, p.heads_kv, p.seqlen_q, p.head_dim_qk, p.head_dim_v);
+    let (hq, ratio, scale) = (p.heads_q, p.group_size(), p.softmax_scale);
+    let m = p.effective_mask();
+    let jobs: Vec<(usize, usize)> = (0..b)
+        .flat_map(|bi| (0..hkv).map(move |g| (bi, g)))
+        .collect();
+    let results = parallel_map(&jobs, |&(bi, g)| {
+        let skv = p.seqlen_kv;
+        let kh = gather(k, &p.layout.k, bi, g, skv, dqk);
+        let vh = gather(v, &p.layout.v, bi, g, skv, dv);
+        let mut dk = vec![0.0; skv * dqk];
+        let mut dvv = vec![0.0; skv * dv];
+        let mut dqs = Vec::with_capacity(ratio);
+        for r in 0..ratio {
+            let h = g * ratio + r;
+            let qh = gather(q, &p.layout.q, bi, h, sq, dqk);
+            let oh = gather(o, &p.layout.o, bi, h, sq, dv);
+            let doh = gather(d_o, &p.layout.o, bi, h, sq, dv);
+            let lh = &lse[(bi * hq + h) * sq..(bi * hq + h + 1) * sq];
+            let mut dq = vec![0.0; sq * dqk];
+            for i in 0..sq {
+                let (lo, hi) = m.row_range(i);
+                if lo >= hi || lh[i] == f64::NEG_INFINITY {
+                    continue;
+                }
+                let qi = &qh[i * dqk..(i + 1) * dqk];
+                let doi = &doh[i * dv..(i + 1) * dv];
+                let dsum: f64 = doi
+                    .iter()
+                    .zip(&oh[i * dv..(i + 1) * dv])
+                    .map(|(a, b)| a * b)
+                    .sum();
+                let dqi = &mut dq[i * dqk..(i + 1) * dqk];
+                for j in lo as usize..hi as usize {
+                    let kj = &kh[j * dqk..(j + 1) * dqk];
+                    let vj = &vh[j * dv..(j + 1) * dv];
+                    let s: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() * scale;
+                    let pij = (s - lh[i]).exp();
+                    let dp: f64 = doi.iter().zip(vj).map(|(a, b)| a * b).sum();
+                    let ds = pij * (dp - dsum);
+                    for (a, b) in dvv[j * dv..(j + 1) * dv].iter_mut().zip(doi) {
+                        *a += pij * b;
+                    }
+                    for (a, b) in dqi.iter_mut().zip(kj) {
+                        *a += ds * b;
+                    }
+                    for (a, b) in dk[j * dqk..(j + 1) * dqk].iter_mut().zip(qi) {
+                        *a += ds * b;
+                    }
+                }
+                for a in dqi.iter_mut() {
+                    *a *= scale;
+                }
+            }
+            dqs.push(dq);
+        }
+        for a in dk.iter_mut() {
+            *a *= scale;
+        }
+        (dqs, dk, dvv)
+    });
+    let mut dq = vec![0.0; p.q_span()];
+    let mut dk = vec![0.0; p.k_span()];
+    let mut dvo = vec![0.0; p.v_span()];
+    for (&(bi, g), (dqs, dkh, dvh)) in jobs.iter().zip(results) {
+        for (r, dqh) in dqs.iter().enumerate() {
+            scatter(&mut dq, dqh, &p.layout.q, bi, g * ratio + r, sq, dqk);
+        }
+        scatter(&mut dk, &dkh, &p.layout.k, bi, g, p.seqlen_kv, dqk);
+        scatter(&mut dvo, &dvh, &p.layout.v, bi, g, p.seqlen_kv, dv);
+    }
+    (dq, dk, dvo)
 }
 
 /// Textbook attention with every stored intermediate (scores, probabilities, dP, dS, outputs)
@@ -486,8 +580,47 @@ pub unsafe fn forward_strided(
     o: *mut u8,
     lse: *mut f32,
 ) -> Result<(), ExecError> {
+    // SAFETY: per the contract.
+    unsafe { forward_strided_lse(p, q, k, v, o, LseOut::F32(lse)) }
+}
+
+/// Where a strided call writes LSE (`[b, h_q, s_q]`, contiguous, natural log).
+#[derive(Clone, Copy, Debug)]
+pub enum LseOut {
+    /// fp32, the convention of every executor.
+    F32(*mut f32),
+    /// fp64: float64 problems of `attn_policy.torch`, so that merging partial results by
+    /// log-sum-exp (context parallelism) keeps float64 accuracy.
+    F64(*mut f64),
+}
+
+/// Where a strided backward reads LSE (see [`LseOut`]).
+#[derive(Clone, Copy, Debug)]
+pub enum LseIn {
+    /// fp32.
+    F32(*const f32),
+    /// fp64.
+    F64(*const f64),
+}
+
+/// [`forward_strided`] writing LSE as fp32 or fp64.
+///
+/// # Safety
+/// As for [`forward_strided`]; `lse` writable for `p.lse_len()` elements of its type.
+pub unsafe fn forward_strided_lse(
+    p: &AttentionProblem,
+    q: *const u8,
+    k: *const u8,
+    v: *const u8,
+    o: *mut u8,
+    lse: LseOut,
+) -> Result<(), ExecError> {
     manifest().admits(p)?;
-    if [q, k, v].iter().any(|x| x.is_null()) || o.is_null() || lse.is_null() {
+    let lse_null = match lse {
+        LseOut::F32(x) => x.is_null(),
+        LseOut::F64(x) => x.is_null(),
+    };
+    if [q, k, v].iter().any(|x| x.is_null()) || o.is_null() || lse_null {
         return Err(ExecError::invalid("null pointer"));
     }
     let (b, hq, hkv) = (p.batch, p.heads_q, p.heads_kv);
@@ -506,7 +639,10 @@ pub unsafe fn forward_strided(
     unsafe {
         scatter_raw(o, p.dtype, &p.layout.o, (b, hq, sq, dv), &oc);
         for (i, x) in lc.iter().enumerate() {
-            lse.add(i).write_unaligned(*x as f32);
+            match lse {
+                LseOut::F32(l) => l.add(i).write_unaligned(*x as f32),
+                LseOut::F64(l) => l.add(i).write_unaligned(*x),
+            }
         }
     }
     Ok(())
@@ -547,6 +683,68 @@ pub unsafe fn backward_strided(
     };
     let c = compact(p);
     let (gq, gk, gv) = backward_f64(&c, &qc, &kc, &vc, &doc);
+    // SAFETY: per the contract.
+    unsafe {
+        scatter_raw(dq, p.dtype, &p.layout.q, (b, hq, sq, dqk), &gq);
+        scatter_raw(dk, p.dtype, &p.layout.k, (b, hkv, skv, dqk), &gk);
+        scatter_raw(dv, p.dtype, &p.layout.v, (b, hkv, skv, dvd), &gv);
+    }
+    Ok(())
+}
+
+/// Backward on host memory of any strides and dtype from the forward's statistics (see
+/// [`backward_f64_from_stats`]): reads O (strides of O) and LSE (`[b, h_q, s_q]` contiguous,
+/// fp32 or fp64) instead of recomputing them, as the GPU executors do. This is what
+/// `attn_policy.torch` calls, so a key block of a larger softmax (a context-parallel step) gets
+/// that softmax's gradient.
+///
+/// # Safety
+/// Inputs readable and outputs writable at every element their strides address (LSE:
+/// `p.lse_len()` elements); outputs must not alias inputs or each other.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn backward_strided_from_stats(
+    p: &AttentionProblem,
+    q: *const u8,
+    k: *const u8,
+    v: *const u8,
+    o: *const u8,
+    d_o: *const u8,
+    lse: LseIn,
+    dq: *mut u8,
+    dk: *mut u8,
+    dv: *mut u8,
+) -> Result<(), ExecError> {
+    manifest().admits(p)?;
+    let lse_null = match lse {
+        LseIn::F32(x) => x.is_null(),
+        LseIn::F64(x) => x.is_null(),
+    };
+    if [q, k, v, o, d_o].iter().any(|x| x.is_null())
+        || [dq, dk, dv].iter().any(|x| x.is_null())
+        || lse_null
+    {
+        return Err(ExecError::invalid("null pointer"));
+    }
+    let (b, hq, hkv) = (p.batch, p.heads_q, p.heads_kv);
+    let (sq, skv, dqk, dvd) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    // SAFETY: per the contract.
+    let (qc, kc, vc, oc, doc, lc) = unsafe {
+        (
+            gather_raw(q, p.dtype, &p.layout.q, (b, hq, sq, dqk)),
+            gather_raw(k, p.dtype, &p.layout.k, (b, hkv, skv, dqk)),
+            gather_raw(v, p.dtype, &p.layout.v, (b, hkv, skv, dvd)),
+            gather_raw(o, p.dtype, &p.layout.o, (b, hq, sq, dvd)),
+            gather_raw(d_o, p.dtype, &p.layout.o, (b, hq, sq, dvd)),
+            (0..p.lse_len())
+                .map(|i| match lse {
+                    LseIn::F32(l) => l.add(i).read_unaligned() as f64,
+                    LseIn::F64(l) => l.add(i).read_unaligned(),
+                })
+                .collect::<Vec<f64>>(),
+        )
+    };
+    let c = compact(p);
+    let (gq, gk, gv) = backward_f64_from_stats(&c, &qc, &kc, &vc, &oc, &lc, &doc);
     // SAFETY: per the contract.
     unsafe {
         scatter_raw(dq, p.dtype, &p.layout.q, (b, hq, sq, dqk), &gq);

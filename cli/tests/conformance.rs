@@ -155,3 +155,101 @@ fn classes_name_the_differing_fields() {
     assert_eq!(strict.code(), Some(1));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+const TORCH_CORPUS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/conformance/torch-2.11-sdpa-corpus-a.jsonl.gz"
+);
+
+#[test]
+fn torch_pack_agrees_with_pytorch_on_every_record_and_backend() {
+    assert!(
+        std::path::Path::new(TORCH_CORPUS).exists(),
+        "corpus missing: {TORCH_CORPUS} (CI checks out shared/ beside the repository)"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+        .args([
+            "conformance",
+            TORCH_CORPUS,
+            "--pack",
+            "torch",
+            "--json",
+            "--min-rate",
+            "1.0",
+        ])
+        .output()
+        .expect("binary runs");
+    let r: Json = serde_json::from_slice(&out.stdout).expect("--json prints one JSON object");
+    assert!(
+        out.status.success(),
+        "below 100%: {:#}\n{}",
+        r["classes"],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(r["total"], 20_000);
+    assert_eq!(r["agree"], 20_000, "classes: {:#}", r["classes"]);
+    assert_eq!(r["disagree"], 0);
+    assert_eq!(r["rate"], 1.0);
+    assert_eq!(r["input_errors"], 0);
+    // per (record, backend): flash, efficient, cudnn, math
+    assert_eq!(r["eligibility_total"], 80_000);
+    assert_eq!(r["eligibility_agree"], 80_000);
+    assert_eq!(r["classes"], json!([]));
+    // every backend PyTorch chose, each agreeing throughout
+    for (backend, n) in [
+        ("cudnn", 6823),
+        ("efficient", 5128),
+        ("flash", 845),
+        ("math", 7204),
+    ] {
+        assert_eq!(
+            r["per_backend"][backend],
+            json!({"agree": n, "total": n}),
+            "{backend}"
+        );
+    }
+}
+
+#[test]
+fn torch_classes_name_choice_and_eligibility() {
+    // An altered record disagrees in the altered fields; the TE-only fields are absent.
+    let dir = std::env::temp_dir().join(format!("attn-policy-tconf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("torch.jsonl");
+    let config = json!({"batch": 1, "heads_q": 8, "heads_kv": 8, "seqlen_q": 128,
+        "seqlen_kv": 128, "head_dim_qk": 64, "head_dim_v": 64, "dtype": "bf16",
+        "is_causal": false, "attn_mask": null, "dropout_p": 0.0, "enable_gqa": false,
+        "scale": null, "requires_grad": false, "layout": "bhsd", "deterministic": false});
+    let torch = json!({"version": "2.11.0+cu130", "cudnn": 91900, "sm": "90"});
+    let eligible = json!({"flash": true, "efficient": true, "cudnn": true, "math": true});
+    let mut wrong = eligible.clone();
+    wrong["flash"] = json!(false);
+    let lines = [
+        json!({"config": config, "torch": torch, "choice": "cudnn", "eligible": eligible}),
+        json!({"config": config, "torch": torch, "choice": "flash", "eligible": wrong}),
+    ];
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&file, text.join("\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+        .args([
+            "conformance",
+            file.to_str().unwrap(),
+            "--json",
+            "--pack",
+            "torch",
+        ])
+        .output()
+        .expect("binary runs");
+    let r: Json = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        (r["total"].as_u64(), r["agree"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(r["eligibility_agree"], 7);
+    assert_eq!(r["eligibility_total"], 8);
+    assert_eq!(
+        r["classes"][0]["difference"],
+        json!("choice flash -> cudnn; eligible flash false -> true")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

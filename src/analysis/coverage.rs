@@ -5,8 +5,6 @@ use serde::Serialize;
 
 use crate::corpus::Record;
 use crate::decision::Decision;
-use crate::facts::Value;
-use crate::facts::schema::Origin;
 use crate::policy::Policy;
 
 #[derive(Clone, Debug, Serialize)]
@@ -57,7 +55,7 @@ pub fn coverage(policy: &Policy, records: &[Record]) -> CoverageReport {
     let mut input_errors = Vec::new();
     let mut d = Decision::default();
     for rec in records {
-        let mut facts = match rec.facts() {
+        let facts = match crate::conformance::read_record(policy, rec) {
             Ok(f) => f,
             Err(error) => {
                 input_errors.push(crate::conformance::RecordError {
@@ -68,11 +66,6 @@ pub fn coverage(policy: &Policy, records: &[Record]) -> CoverageReport {
                 continue;
             }
         };
-        for (s, def) in facts.schema().fields.iter().enumerate() {
-            if def.origin == Origin::Probe && facts.values[s] == Value::Unknown {
-                facts.values[s] = Value::Bool(true);
-            }
-        }
         policy.decide_into(&facts, &mut d);
         seen.fill(false);
         for &r in &d.fired {

@@ -23,8 +23,8 @@ use crate::facts::schema::Ty;
 use crate::facts::te::{FIELDS, slot};
 use crate::policy::Policy;
 
-use super::mdd::{FALSE, Mdd, PolicyDiagrams, TRUE};
-use super::regions::add_policy;
+use super::mdd::{FALSE, Id, Mdd, PolicyDiagrams, TRUE};
+use super::regions::{add_policy, example_of};
 use super::search::{Step, Tri, search};
 use super::space::{Assign, Space, SpaceBuilder, mask_of, slot_bit};
 
@@ -332,8 +332,12 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     let n = policy.rules.len();
     // Every search question is answered on the decision diagrams of the whole pack's space
     // (src/analysis/mdd/queries.rs): a rule never fires iff its diagram is false, and so on.
-    let mut sb = SpaceBuilder::new();
+    let mut sb = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut sb, policy);
+    // What executor-chain entries admit (packs loaded with a catalogue): `executor_lints`.
+    for (_, c) in &policy.executor_admits {
+        sb.root(p, c.node);
+    }
     let space = sb.build();
     let mut m = Mdd::for_policies(&space, &[policy]);
     m.budget = PACK_BUDGET;
@@ -344,10 +348,9 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         .rules
         .iter()
         .map(|r| {
-            r.when
-                .slots
-                .iter()
-                .any(|&x| FIELDS[x as usize].origin == crate::facts::schema::Origin::Probe)
+            r.when.slots.iter().any(|&x| {
+                policy.schema.fields[x as usize].origin == crate::facts::schema::Origin::Probe
+            })
         })
         .collect();
     for (i, r) in policy.rules.iter().enumerate() {
@@ -483,8 +486,10 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             ));
         }
     }
-    // Capability disposition.
-    for (bi, bk) in policy.backends.iter().enumerate() {
+    executor_lints(policy, &mut m, &d, &mut out);
+    // Capability disposition: the capabilities are the te family's (TE's features).
+    let te_family = policy.schema.family == "te";
+    for (bi, bk) in policy.backends.iter().enumerate().filter(|_| te_family) {
         for s in &bk.supports {
             if !CAPABILITIES.iter().any(|c| c.name == s) {
                 out.push(
@@ -544,12 +549,12 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     // Obsolete workarounds: `until` holds for every input the minimum versions allow.
     for r in &policy.rules {
         let Some(until) = &r.until else { continue };
-        let mut sb = SpaceBuilder::new();
+        let mut sb = SpaceBuilder::for_schema(policy.schema);
         sb.root(p, until.node);
         let mins: Vec<(usize, Value)> = policy
             .min_versions
             .iter()
-            .filter_map(|(f, v)| slot(f).map(|s| (s, Value::Version(*v))))
+            .filter_map(|(f, v)| policy.schema.slot(f).map(|s| (s, Value::Version(*v))))
             .collect();
         for &(s, v) in &mins {
             sb.split_at(s, v);
@@ -607,4 +612,95 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
         }
     }
     out
+}
+
+/// The executor-chain lints: an entry whose executor admits nothing its backend admits
+/// (`W-DEAD-EXECUTOR`), and inputs where a backend is selected but no entry of its chain can
+/// run (`W-NO-EXECUTOR`, with an example). Entries whose executor states no `admits`
+/// condition for this family make no claim either way: a chain holding one is not linted
+/// for `W-NO-EXECUTOR`.
+fn executor_lints(policy: &Policy, m: &mut Mdd, d: &PolicyDiagrams, out: &mut Vec<Diagnostic>) {
+    let prog = m.program(&policy.program);
+    let admits: Vec<Id> = policy
+        .executor_admits
+        .iter()
+        .map(|(_, c)| m.condition(prog, c.node))
+        .collect();
+    for chain in &policy.executor_chains {
+        let b = chain.backend as usize;
+        let bk = &policy.backends[b];
+        let scope = match chain.variant {
+            Some(v) => format!(
+                "backend `{}` variant `{}`",
+                bk.name, bk.variants[v as usize].name
+            ),
+            None => format!("backend `{}`", bk.name),
+        };
+        // Where the chain serves: the backend (or that variant) is eligible.
+        let serves = match chain.variant {
+            Some(v) => {
+                let out_v = d.variant_out(m, b, v as usize, TRUE);
+                m.not(out_v)
+            }
+            None => d.eligible_within(m, b, TRUE),
+        };
+        let mut runs = FALSE;
+        let mut all_known = true;
+        for e in &chain.entries {
+            let Some(a) = e.admits.map(|i| admits[i]) else {
+                all_known = false;
+                continue;
+            };
+            if m.and(serves, a) == FALSE && serves != FALSE {
+                out.push(
+                    Diagnostic::new(
+                        Code::DeadExecutor,
+                        format!(
+                            "executor `{}` in the chain of {scope} can never run: its manifest admits nothing the backend admits",
+                            e.executor
+                        ),
+                    )
+                    .at(e.loc)
+                    .help(Some(format!(
+                        "remove `{}` from the chain, or see `attn-policy executors` for what it runs",
+                        e.executor
+                    ))),
+                );
+            }
+            runs = m.or(runs, a);
+        }
+        if m.exhausted {
+            out.push(incomplete(format!("executor chain of {scope}")));
+            return;
+        }
+        if !all_known {
+            continue;
+        }
+        let stranded = m.minus(serves, runs);
+        if stranded == FALSE {
+            continue;
+        }
+        let (cubes, _) = m.cover(stranded, 1);
+        let example = cubes
+            .first()
+            .and_then(|c| example_of(m, c))
+            .map(|j| format!("e.g. {j}"));
+        out.push(
+            Diagnostic::new(
+                Code::NoExecutor,
+                format!(
+                    "{scope} admits inputs that no entry of its executor chain ({}) can run",
+                    chain
+                        .entries
+                        .iter()
+                        .map(|e| e.executor.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+            .at(chain.loc)
+            .label("such decisions cannot run here: `attn-policy run` exits 4")
+            .help(example),
+        );
+    }
 }

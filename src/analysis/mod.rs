@@ -7,6 +7,7 @@
 //! - [`search`] - three-valued search for a witness (`check`'s obsolete-workaround lint);
 //! - [`regions`] - `gaps` and `diff`;
 //! - [`lint`] - `check`;
+//! - [`matrix`] - the cells of `matrix` (reachable outcomes, deciding facts);
 //! - [`why_not`] - counterfactual hints;
 //! - [`coverage`] - rule coverage over a corpus.
 //!
@@ -15,6 +16,7 @@
 pub mod cell;
 pub mod coverage;
 pub mod lint;
+pub mod matrix;
 pub mod mdd;
 pub mod regions;
 pub mod search;

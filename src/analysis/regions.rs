@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::{Map, Value as Json};
 
 use crate::eval::program::{Program, Truth};
-use crate::facts::Facts;
+use crate::facts::{Facts, Schema};
 use crate::lang::parse_expr;
 use crate::policy::Policy;
 use crate::typecheck::Compiler;
@@ -37,11 +37,16 @@ pub struct Restriction {
 }
 
 impl Restriction {
-    /// Compiles a condition over the fact schema (pack definitions are not available).
+    /// Compiles a condition over the te family's facts (pack definitions are not available).
     pub fn parse(text: &str) -> Result<Restriction, AnalysisError> {
+        Restriction::parse_for(&crate::facts::te::TE, text)
+    }
+
+    /// Compiles a condition over `schema`'s facts (a policy's: `policy.schema`).
+    pub fn parse_for(schema: &'static Schema, text: &str) -> Result<Restriction, AnalysisError> {
         let ast = parse_expr(text)
             .map_err(|e| AnalysisError::Where(with_caret(text, e.span, &e.message)))?;
-        let mut c = Compiler::default();
+        let mut c = Compiler::new(schema, BTreeMap::new());
         let compiled = c.condition(&ast).map_err(|e| {
             let message = match e.help {
                 Some(h) => format!("{} ({h})", e.message),
@@ -68,17 +73,25 @@ impl Restriction {
         self.truth(facts.values()) == Truth::True
     }
 
-    /// The conjunction of a region's constraints (as `gaps` / `diff` print them).
+    /// The conjunction of a region's constraints (as `gaps` / `diff` print them) over the te
+    /// family's facts.
     pub fn of_constraints(c: &Map<String, Json>) -> Result<Restriction, AnalysisError> {
+        Restriction::of_constraints_for(&crate::facts::te::TE, c)
+    }
+
+    /// [`Restriction::of_constraints`] over `schema`'s facts.
+    pub fn of_constraints_for(
+        schema: &'static Schema,
+        c: &Map<String, Json>,
+    ) -> Result<Restriction, AnalysisError> {
         let parts: Vec<String> = c
             .values()
             .filter_map(|v| v.as_str().map(|s| format!("({s})")))
             .collect();
-        Restriction::parse(if parts.is_empty() {
-            "true"
-        } else {
-            return Restriction::parse(&parts.join(" and "));
-        })
+        if parts.is_empty() {
+            return Restriction::parse_for(schema, "true");
+        }
+        Restriction::parse_for(schema, &parts.join(" and "))
     }
 }
 
@@ -101,6 +114,7 @@ pub fn add_policy(b: &mut SpaceBuilder, p: &Policy) {
     for r in &p.rules {
         b.root(&p.program, r.when.node);
     }
+
     for bk in &p.backends {
         for v in &bk.variants {
             if let Some(c) = &v.applicable {
@@ -120,12 +134,12 @@ pub fn add_policy(b: &mut SpaceBuilder, p: &Policy) {
 /// every member. A region's constraint may include them freely (it describes the same inputs),
 /// so a fact that ranges over all its valid classes needs no constraint.
 fn dont_cares(space: &Space) -> Vec<Vec<u32>> {
-    let schema = &*crate::facts::te::TE;
+    let schema = space.schema;
     let single: Vec<Restriction> = schema
         .constraints
         .iter()
         .filter(|c| c.searched && matches!(c.check, crate::facts::Check::Refuse(_)))
-        .filter_map(|c| Restriction::parse(c.expr).ok())
+        .filter_map(|c| Restriction::parse_for(schema, c.expr).ok())
         .filter(|r| r.cond.mask.count_ones() == 1)
         .collect();
     let base = schema.defaults();
@@ -225,6 +239,10 @@ pub struct GapRegion {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct GapReport {
+    /// `--only BACKEND`: the regions are where this backend is the only eligible one (and
+    /// so selected); otherwise where no backend is selected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub only: Option<String>,
     /// A cover of the gaps: their union is exactly the set of inputs where nothing is
     /// selected (regions may overlap), largest first.
     pub regions: Vec<GapRegion>,
@@ -255,6 +273,19 @@ pub fn assumptions() -> Vec<String> {
     ]
 }
 
+/// The assumptions of an analysis over `schema`'s facts.
+pub fn assumptions_for(schema: &Schema) -> Vec<String> {
+    if schema.family != "torch" {
+        return assumptions();
+    }
+    vec![
+        "unparseable version strings are not enumerated".into(),
+        "head counts, head dims and ranks are >= 1, other sizes, strides and lengths >= 0, \
+         a mask has at least 2 dimensions, dropout_p >= 0"
+            .into(),
+    ]
+}
+
 /// A cube as per-fact constraints: the facts' classes, then the relation variables (keyed
 /// by the facts they relate; two on the same facts are joined with `and`).
 fn cube_constraints(m: &Mdd, cube: &Cube) -> Map<String, Json> {
@@ -281,16 +312,17 @@ fn cube_constraints(m: &Mdd, cube: &Cube) -> Map<String, Json> {
 /// A region's example; None when the bounded search found no input in it (the region may be
 /// empty: conditions sharing facts, such as `b * h > 64` and `b * h > 40`, are not tied to
 /// each other, so a cube can require both to disagree).
-fn example_of(m: &mut Mdd, cube: &Cube) -> Option<Json> {
+pub(crate) fn example_of(m: &mut Mdd, cube: &Cube) -> Option<Json> {
+    let schema = m.space.schema;
     let example = m
         .example(cube)
         .map(|(assign, values)| m.space.example_with(&assign, &values))?;
-    if Facts::from_json(&example).is_ok() {
+    if schema.read(&example).is_ok() || schema.family != "te" {
         return Some(example);
     }
-    // The search does not tie the head counts (`kv_heads_divide_heads` is not searched):
+    // The search does not tie te's head counts (`kv_heads_divide_heads` is not searched):
     // move them to counts TE accepts, staying inside the region.
-    let region = Restriction::of_constraints(&cube_constraints(m, cube)).ok()?;
+    let region = Restriction::of_constraints_for(schema, &cube_constraints(m, cube)).ok()?;
     let int = |k: &str, d: i64| example.get(k).and_then(Json::as_i64).unwrap_or(d);
     let (h, g) = (int("num_heads", 16), int("num_gqa_groups", 16));
     let mut candidates: Vec<(i64, i64)> = (1..=h.min(4096))
@@ -302,7 +334,7 @@ fn example_of(m: &mut Mdd, cube: &Cube) -> Option<Json> {
         let mut e = example.clone();
         e["num_heads"] = h.into();
         e["num_gqa_groups"] = g.into();
-        let facts = Facts::from_json(&e).ok()?;
+        let facts = schema.read(&e).ok()?;
         region.holds(&facts).then_some(e)
     })
 }
@@ -315,7 +347,7 @@ pub fn validity(packs: &[&Policy], restrict: Option<&Restriction>) -> Option<Res
     let schema = packs.first()?.schema;
     // The space's variables are the input facts the conditions read (derived facts map to
     // theirs: `sm` stays `sm`, `window.left` becomes `window_size.*`).
-    let mut b = SpaceBuilder::new();
+    let mut b = SpaceBuilder::for_schema(schema);
     for p in packs {
         add_policy(&mut b, p);
     }
@@ -334,7 +366,7 @@ pub fn validity(packs: &[&Policy], restrict: Option<&Restriction>) -> Option<Res
         if !c.searched || !matches!(c.check, crate::facts::Check::Refuse(_)) {
             continue;
         }
-        let Ok(r) = Restriction::parse(c.expr) else {
+        let Ok(r) = Restriction::parse_for(schema, c.expr) else {
             continue;
         };
         let reads = (0..schema.fields.len()).any(|s| {
@@ -347,7 +379,10 @@ pub fn validity(packs: &[&Policy], restrict: Option<&Restriction>) -> Option<Res
     if parts.is_empty() {
         return None;
     }
-    Some(Restriction::parse(&parts.join(" and ")).expect("the family's constraints compile"))
+    Some(
+        Restriction::parse_for(schema, &parts.join(" and "))
+            .expect("the family's constraints compile"),
+    )
 }
 
 /// Builds the diagram manager and the diagram of the searched inputs (valid, within `--where`).
@@ -377,7 +412,19 @@ pub fn gaps(
     budget: u64,
     max_regions: usize,
 ) -> (GapReport, Space) {
-    let mut b = SpaceBuilder::new();
+    gaps_only(policy, restrict, budget, max_regions, None)
+}
+
+/// [`gaps`], or with `only: Some(b)` every region where backend `b` is the only eligible
+/// backend (so the pack selects it, and nothing else could serve): "only math serves: ...".
+pub fn gaps_only(
+    policy: &Policy,
+    restrict: Option<&Restriction>,
+    budget: u64,
+    max_regions: usize,
+    only: Option<usize>,
+) -> (GapReport, Space) {
+    let mut b = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut b, policy);
     let valid = validity(&[policy], restrict);
     for r in restrict.into_iter().chain(&valid) {
@@ -387,7 +434,10 @@ pub fn gaps(
     let nb = policy.backends.len();
     let (mut m, acc) = manager(&space, &[policy], restrict, valid.as_ref(), budget);
     let d = PolicyDiagrams::build(&mut m, policy);
-    let none = d.none_within(&mut m, policy, acc);
+    let none = match only {
+        Some(b) => d.only_within(&mut m, b, acc),
+        None => d.none_within(&mut m, policy, acc),
+    };
     let (cubes, listed_all) = if m.exhausted {
         (Vec::new(), true)
     } else {
@@ -403,7 +453,7 @@ pub fn gaps(
             };
             let mut declined_by = BTreeMap::new();
             let mut not_applicable = BTreeMap::new();
-            for bk in 0..nb {
+            for bk in (0..nb).filter(|&bk| Some(bk) != only) {
                 let rules: Vec<usize> = (0..policy.rules.len())
                     .filter(|&r| policy.rules[r].backend as usize == bk)
                     .collect();
@@ -444,6 +494,7 @@ pub fn gaps(
         .collect();
     let gaps_exist = !m.exhausted && (!regions.is_empty() || !listed_all);
     let report = GapReport {
+        only: only.map(|b| policy.backends[b].name.clone()),
         regions,
         regions_truncated: !listed_all,
         classes_examined: m.evaluations,
@@ -454,7 +505,7 @@ pub fn gaps(
         regions_unverified: unverified,
         // A feasible path was found (listed, or cut by --max-regions).
         gaps_exist,
-        assumptions: assumptions(),
+        assumptions: assumptions_for(policy.schema),
     };
     (report, space)
 }
@@ -565,7 +616,7 @@ pub fn diff(
     budget: u64,
     max_regions: usize,
 ) -> (DiffReport, Space) {
-    let mut b = SpaceBuilder::new();
+    let mut b = SpaceBuilder::for_schema(old.schema);
     add_policy(&mut b, old);
     add_policy(&mut b, new);
     let valid = validity(&[old, new], restrict);
@@ -701,7 +752,7 @@ pub fn diff(
         complete: !m.exhausted && m.unknown == 0 && unverified == 0,
         regions_unverified: unverified,
         changed_rules: changed_names,
-        assumptions: assumptions(),
+        assumptions: assumptions_for(old.schema),
     };
     (report, space)
 }

@@ -11,7 +11,6 @@ use serde_json::{Value as Json, json};
 
 use crate::eval::program::Truth;
 use crate::facts::schema::Origin;
-use crate::facts::te::FIELDS;
 use crate::facts::{Facts, Value};
 use crate::policy::Policy;
 
@@ -60,12 +59,20 @@ pub enum WhyNotError {
 }
 
 /// The config with unanswered probes answered "supported".
-fn with_probes(config: &Json) -> Json {
+fn with_probes(policy: &Policy, config: &Json) -> Json {
     let mut c = config.clone();
+    let probes = policy
+        .schema
+        .fields
+        .iter()
+        .filter(|d| d.origin == Origin::Probe);
+    if probes.clone().next().is_none() {
+        return c;
+    }
     if let Some(obj) = c.as_object_mut() {
-        let probes = obj.entry("probe").or_insert_with(|| json!({}));
-        if let Some(p) = probes.as_object_mut() {
-            for d in FIELDS.iter().filter(|d| d.origin == Origin::Probe) {
+        let entry = obj.entry("probe").or_insert_with(|| json!({}));
+        if let Some(p) = entry.as_object_mut() {
+            for d in probes {
                 if let Some(n) = d.path.strip_prefix("probe.") {
                     p.entry(n.to_string()).or_insert(Json::Bool(true));
                 }
@@ -81,6 +88,16 @@ fn apply(space: &Space, facts: &Facts, config: &mut Json, var: usize, v: Value) 
         return;
     };
     let var = &space.vars[var];
+    if space.schema.family != "te" {
+        // Structured facts as objects (their members fill them in); the rest as values.
+        let j = match (var.ty, v) {
+            (crate::facts::Ty::Object, Value::Null) => Json::Null,
+            (crate::facts::Ty::Object, _) => obj.get(var.path).cloned().unwrap_or(json!({})),
+            _ => v.to_json(var.domain()),
+        };
+        insert_path(obj, var.path, j);
+        return;
+    }
     let int = |p: &str| match facts.get(p) {
         Some(Value::Int(i)) => i,
         _ => -1,
@@ -258,9 +275,7 @@ fn describe(space: &Space, i: usize, c: usize, from: Value, to: Value) -> String
             format!("{verb} {p} {a} -> {b}")
         }
         (_, _, Value::Enum(_)) => format!("use {p} {}", show(to).trim_matches('"')),
-        (_, _, Value::Bool(b))
-            if var.path.contains('.') || FIELDS[var.slot].ty != crate::facts::Ty::Object =>
-        {
+        (_, _, Value::Bool(b)) if var.path.contains('.') || var.ty != crate::facts::Ty::Object => {
             format!("set {p} to {b}")
         }
         (_, _, Value::Bool(_)) => format!("provide {p}"),
@@ -282,11 +297,12 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
                 .collect::<Vec<_>>()
                 .join(", "),
         })?;
-    let config = with_probes(config);
-    let facts = Facts::from_json(&config)?;
+    let config = with_probes(policy, config);
+    let facts = policy.read_facts(&config)?;
     let decision = policy.decide(&facts);
     let eligible_at = |c: &Json| -> bool {
-        Facts::from_json(c)
+        policy
+            .read_facts(c)
             .map(|f| policy.decide(&f).backends[b].status.eligible())
             .unwrap_or(false)
     };
@@ -309,7 +325,7 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
     if out.eligible {
         return Ok(out);
     }
-    let mut sb = SpaceBuilder::new();
+    let mut sb = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut sb, policy);
     let space = sb.build();
     let vals = facts.values();
@@ -328,7 +344,36 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
             let mut cfg = config.clone();
             apply(&space, &facts, &mut cfg, i, to);
             couple(var.path, &facts, &mut cfg);
-            if Facts::from_json(&cfg).is_ok() {
+            if policy.read_facts(&cfg).is_ok() {
+                candidates.push((i, c, to, cfg));
+            }
+        }
+    }
+    // Facts compared with each other (`heads_kv == heads_q`): a class rarely pins the other
+    // fact's value, so also try each other compared fact's current value.
+    for &si in &space.relational {
+        let Some(i) = space.vars.iter().position(|v| v.slot == si) else {
+            continue;
+        };
+        let cur = vals[si];
+        for &sj in space.relational.iter().filter(|&&sj| sj != si) {
+            let to = vals[sj];
+            let Some(c) = class_of(&space, i, to) else {
+                continue;
+            };
+            if to == cur || !matches!(to, Value::Int(_)) {
+                continue;
+            }
+            if candidates
+                .iter()
+                .any(|(ci, _, cto, _)| *ci == i && *cto == to)
+            {
+                continue;
+            }
+            let mut cfg = config.clone();
+            apply(&space, &facts, &mut cfg, i, to);
+            couple(space.vars[i].path, &facts, &mut cfg);
+            if policy.read_facts(&cfg).is_ok() {
                 candidates.push((i, c, to, cfg));
             }
         }
@@ -364,7 +409,7 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
             let mut fixes = Vec::new();
             let mut fixed_only = Vec::new();
             for (k, (i, _, _, cfg)) in candidates.iter().enumerate() {
-                let Ok(f) = Facts::from_json(cfg) else {
+                let Ok(f) = policy.read_facts(cfg) else {
                     continue;
                 };
                 if !obstacle_holds(&f, v, *ob) {

@@ -1,4 +1,5 @@
-//! Closed value domains of categorical facts, under TransformerEngine's own spellings.
+//! Closed value domains of categorical facts, under each selector's own spellings
+//! (TransformerEngine's for the `te` family, short PyTorch dtype names for `torch`).
 //! strum gives each domain its list of values, so analysis can enumerate them.
 
 use strum::{EnumIter, EnumString, IntoStaticStr, VariantNames};
@@ -132,6 +133,21 @@ domain!(
     }
 );
 
+domain!(
+    /// PyTorch tensor dtypes under short names (the `torch` family's `dtype`, `dtype_k`,
+    /// `dtype_v`, `attn_mask.dtype`); `other` is any dtype no check of SDPA's lists.
+    TorchDtype {
+        Fp16 = "fp16",
+        Bf16 = "bf16",
+        Fp32 = "fp32",
+        Fp64 = "fp64",
+        Fp8E4m3fn = "fp8_e4m3fn",
+        Fp8E5m2 = "fp8_e5m2",
+        Bool = "bool",
+        Other = "other",
+    }
+);
+
 /// A categorical domain, as the type checker and the analyser see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Domain {
@@ -144,6 +160,7 @@ pub enum Domain {
     SoftmaxType,
     RecipeKind,
     Fp8Format,
+    TorchDtype,
 }
 
 impl Domain {
@@ -159,6 +176,7 @@ impl Domain {
             Domain::SoftmaxType => SoftmaxType::VARIANTS,
             Domain::RecipeKind => RecipeKind::VARIANTS,
             Domain::Fp8Format => Fp8Format::VARIANTS,
+            Domain::TorchDtype => TorchDtype::VARIANTS,
         }
     }
 
@@ -173,6 +191,7 @@ impl Domain {
             Domain::SoftmaxType => "softmax_type",
             Domain::RecipeKind => "fp8 recipe",
             Domain::Fp8Format => "fp8_format",
+            Domain::TorchDtype => "torch dtype",
         }
     }
 

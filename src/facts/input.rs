@@ -210,6 +210,7 @@ impl Facts {
             )
             .kind(InputErrorKind::Syntax)
         })?;
+        (schema.check)(obj)?;
         let mut facts = Facts::underived_defaults(schema);
         for (key, value) in obj {
             match key.as_str() {
@@ -520,7 +521,7 @@ impl Facts {
         Ok(())
     }
 
-    fn set_member(&mut self, full: &str, v: &Json) -> Result<(), InputError> {
+    pub(crate) fn set_member(&mut self, full: &str, v: &Json) -> Result<(), InputError> {
         // Members use the same typing as top-level scalars.
         let slot = self.schema.known_slot(full);
         let d = self.schema.def(slot);

@@ -1,5 +1,5 @@
 //! Facts: the typed input of a decision. A pack family's [`Schema`] (the `te` family in
-//! [`te`]) names each fact with its type, domain and default; [`Facts`] holds one value per
+//! [`te`], the `torch` family in [`torch`]) names each fact with its type, domain and default; [`Facts`] holds one value per
 //! fact; [`presets`] are named configurations.
 
 pub mod constraint;
@@ -10,6 +10,7 @@ pub mod presets;
 pub mod schema;
 pub mod te;
 pub mod text;
+pub mod torch;
 pub mod value;
 
 pub use constraint::{Bound, Check, Constraint};

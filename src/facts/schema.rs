@@ -1,6 +1,7 @@
 //! Typed fact schemas. A [`Schema`] belongs to a *pack family*: the `te` family (TE's
 //! `AttentionParams`, its environment and probes; packs `te` and `native`) has its table in
-//! [`super::te`]; another selector (PyTorch SDPA) brings its own family with its own facts.
+//! [`super::te`]; the `torch` family (PyTorch SDPA's `sdp_params`, the process's SDPA flags and
+//! the device; pack `torch`) in [`super::torch`].
 //! A pack names its family in `pack.yaml` (`family:`, default `te`), and the checker, the
 //! decision and the analysis read fact names, types and domains from that pack's schema.
 //! A fact's slot is its index in [`Schema::fields`]; `docs/facts.md` is generated from the
@@ -147,6 +148,10 @@ pub(crate) type ReadKey = fn(&mut Facts, &str, &Json) -> Result<bool, InputError
 /// (some derivations depend on whether a key was given at all).
 pub(crate) type Derive = fn(&mut Facts, given: &Map<String, Json>);
 
+/// Checks a config object as a whole before it is read (keys that name the same fact twice,
+/// shorthands whose values the derivation will expand). `Ok` for families without such keys.
+pub(crate) type CheckConfig = fn(given: &Map<String, Json>) -> Result<(), InputError>;
+
 /// The facts of one pack family: names, types, domains, defaults, origins, and how a config
 /// object of that family is read. Immutable and `'static` (families are compiled in).
 pub struct Schema {
@@ -161,6 +166,7 @@ pub struct Schema {
     pub(crate) derive: Derive,
     /// Constraints across facts (checked after the derivations; see [`Constraint`]).
     pub constraints: &'static [Constraint],
+    pub(crate) check: CheckConfig,
     /// Default of a member of a structured fact once the object is present (`inference.page_size`).
     pub(crate) member_default: fn(object: &str, member: &str) -> super::Value,
 }
@@ -199,6 +205,7 @@ impl Schema {
             read_key,
             derive,
             constraints: &[],
+            check: |_| Ok(()),
             member_default,
         }
     }
@@ -206,6 +213,12 @@ impl Schema {
     /// The same family with constraints across its facts (see [`Constraint`]).
     pub(crate) fn with_constraints(mut self, constraints: &'static [Constraint]) -> Schema {
         self.constraints = constraints;
+        self
+    }
+
+    /// The same family with a whole-config check run before reading (see [`CheckConfig`]).
+    pub(crate) fn with_check(mut self, check: CheckConfig) -> Schema {
+        self.check = check;
         self
     }
 
@@ -365,8 +378,8 @@ impl Schema {
 }
 
 /// Every compiled-in family, by name.
-pub fn families() -> [&'static Schema; 1] {
-    [&*super::te::TE]
+pub fn families() -> [&'static Schema; 2] {
+    [&*super::te::TE, &*super::torch::TORCH]
 }
 
 /// The family a pack names (`family: te`).

@@ -111,15 +111,27 @@ impl ConfigText {
     }
 
     /// The `config` of a whole conformance record (`{"id", "config": {...}, ...}`), or the
-    /// object itself.
+    /// object itself. A PyTorch record keeps the device beside its config (`torch: {version,
+    /// cudnn, sm}`): it joins the config unless the config names it itself.
     pub fn into_config(self) -> ConfigText {
-        let Some(config) = self.value.get("config").filter(|c| c.is_object()).cloned() else {
+        let Some(mut config) = self.value.get("config").filter(|c| c.is_object()).cloned() else {
             return self;
         };
+        let device = self
+            .value
+            .get("torch")
+            .filter(|_| config.get("torch").is_none())
+            .cloned();
+        if let (Some(torch), Some(obj)) = (&device, config.as_object_mut()) {
+            obj.insert("torch".into(), torch.clone());
+        }
         let keys = self
             .keys
             .into_iter()
             .filter_map(|(p, l, c)| {
+                if device.is_some() && (p == "torch" || p.starts_with("torch.")) {
+                    return Some((p, l, c));
+                }
                 let rest = p.strip_prefix("config")?;
                 let rest = rest.strip_prefix('.').unwrap_or(rest);
                 (!rest.is_empty()).then(|| (rest.to_string(), l, c))

@@ -32,6 +32,11 @@ pub fn cuda_devices() -> Result<usize, String> {
     Err(WHY.into())
 }
 
+/// No CUDA device can be read in this build.
+pub fn device_identity(_ordinal: usize) -> Result<(String, (u32, u32)), String> {
+    Err(WHY.into())
+}
+
 /// Always unavailable in this build.
 pub fn availability() -> Availability {
     Availability::unavailable(WHY)

@@ -98,6 +98,23 @@ pub fn cuda_devices() -> Result<usize, String> {
     .clone()
 }
 
+/// Name and compute capability (major, minor) of CUDA device `ordinal`, read from the driver
+/// (the live device facts `attn-policy run` decides with), or why there is none.
+pub fn device_identity(ordinal: usize) -> Result<(String, (u32, u32)), String> {
+    let n = cuda_devices()?;
+    if ordinal >= n {
+        return Err(format!("no CUDA device {ordinal} ({n} device(s))"));
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| format!("CUDA device {ordinal}: {e:?}"))?;
+    let name = ctx
+        .name()
+        .map_err(|e| format!("CUDA device {ordinal}: {e:?}"))?;
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(|e| format!("CUDA device {ordinal}: {e:?}"))?;
+    Ok((name, (major as u32, minor as u32)))
+}
+
 /// Run-time probe: a CUDA device, cuBLAS and NVRTC loadable.
 pub fn availability() -> crate::registry::Availability {
     use crate::registry::Availability;

@@ -37,7 +37,7 @@ mod disabled;
 #[cfg(not(feature = "cuda"))]
 use disabled as runtime;
 
-pub use runtime::{Chunked, availability, cuda_devices};
+pub use runtime::{Chunked, availability, cuda_devices, device_identity};
 
 use crate::executor::{DeviceKind, ExecError, Executor, HeadDimRange, Manifest, Unsupported};
 use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};

@@ -21,6 +21,11 @@ pub fn availability() -> Availability {
     Availability::unavailable(WHY)
 }
 
+/// No libcudnn is loaded in this build.
+pub fn loaded_version() -> Result<(u32, u32, u32), String> {
+    Err(WHY.into())
+}
+
 /// Nothing is loaded in this build: [`ExecError::NoDevice`].
 pub fn require_version(_ordinal: usize, _decided: (u32, u32, u32)) -> Result<(), ExecError> {
     Err(ExecError::NoDevice { reason: WHY.into() })

@@ -28,7 +28,7 @@ mod disabled;
 use disabled as runtime;
 
 pub use convert::{MAX_HEAD_DIM, NAME, ProbeAnswer, check, manifest};
-pub use runtime::{availability, create, require_version};
+pub use runtime::{availability, create, loaded_version, require_version};
 pub use spec::Direction;
 
 use crate::problem::AttentionProblem;

@@ -72,10 +72,7 @@ unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, (c_int, S
 }
 
 /// Runs `f`, turning an error or a panic into a status code and `*error`.
-unsafe fn guard(
-    error: *mut *mut c_char,
-    f: impl FnOnce() -> Result<(), (c_int, String)>,
-) -> c_int {
+unsafe fn guard(error: *mut *mut c_char, f: impl FnOnce() -> Result<(), (c_int, String)>) -> c_int {
     if !error.is_null() {
         unsafe { *error = ptr::null_mut() };
     }
@@ -184,7 +181,9 @@ pub unsafe extern "C" fn attn_policy_select(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn attn_policy_decision_free(decision: *mut AttnDecision) {
     if !decision.is_null() {
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(decision) })));
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            drop(unsafe { Box::from_raw(decision) })
+        }));
     }
 }
 
@@ -211,13 +210,17 @@ pub unsafe extern "C" fn attn_policy_decision_render(
     unsafe {
         guard(error, || {
             if decision.is_null() || out.is_null() {
-                return Err((ATTN_POLICY_INVALID_ARGUMENT, "decision or out is NULL".into()));
+                return Err((
+                    ATTN_POLICY_INVALID_ARGUMENT,
+                    "decision or out is NULL".into(),
+                ));
             }
             let d = &*decision;
             let policy = (*d.policy).inner.policy();
+            // The C caller hands over JSON only: no provenance is known here.
             let ex = Explanation::new(policy, &d.facts, &d.decision);
             let s = match format {
-                AttnPolicyFormat::Json => ex.to_json().to_string(),
+                AttnPolicyFormat::Json => ex.to_json_string(false),
                 AttnPolicyFormat::Text => ex.to_text(false),
                 AttnPolicyFormat::Te => ex.to_te().to_string(),
             };
@@ -230,7 +233,9 @@ pub unsafe extern "C" fn attn_policy_decision_render(
 /// The selected backend's name (owned by the policy, valid until `attn_policy_free`; do not free),
 /// or NULL when no backend can serve the configuration.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn attn_policy_decision_selected(decision: *const AttnDecision) -> *const c_char {
+pub unsafe extern "C" fn attn_policy_decision_selected(
+    decision: *const AttnDecision,
+) -> *const c_char {
     if decision.is_null() {
         return ptr::null();
     }

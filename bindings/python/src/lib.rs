@@ -6,10 +6,11 @@
 //! a decision (it takes microseconds; releasing costs more).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use attn_policy::cache::CachedPolicy;
-use attn_policy::decision::{Decision, Explanation, Status};
+use attn_policy::decision::Decision;
+use attn_policy::explain::Explanation;
 use attn_policy::facts::schema::Origin;
 use attn_policy::facts::te::FIELDS;
 use attn_policy::{Facts, PackSpec, Policy};
@@ -91,7 +92,12 @@ struct Memo {
     facts: Arc<Facts>,
     decision: Arc<Decision>,
     provenance: Arc<Provenance>,
+    explained: Explained,
 }
+
+/// The explanation of a memo entry's decision, built on first use and shared by every
+/// `NativeDecision` of that entry (a repeated TE drop-in call renders its tuple from it).
+type Explained = Arc<OnceLock<Explanation>>;
 
 // Words of an [`InputKey`]. Each value starts with a tag word that says what follows.
 const K_NONE: u64 = 1;
@@ -315,8 +321,11 @@ fn read_value(
     Ok(build.then_some(j))
 }
 
-fn facts_from(config: &Json) -> Result<Facts, String> {
-    Facts::from_json(config).map_err(|e| format!("invalid config: {e}"))
+/// Facts of a config in `policy`'s pack family (te, torch, ...).
+fn facts_from(policy: &Policy, config: &Json) -> Result<Facts, String> {
+    policy
+        .read_facts(config)
+        .map_err(|e| format!("invalid config: {e}"))
 }
 
 #[pymethods]
@@ -339,11 +348,14 @@ impl NativePolicy {
             (Some(name), None) => PackSpec::embedded(name),
             (None, None) => PackSpec::embedded("te"),
         };
+        // The executor catalogue (this crate's executors and the Python host's `torch_*`):
+        // `executors:` chains are type-checked against it at load, as the CLI does.
         let spec = PackSpec {
             layers_off,
             ..spec
                 .with_overlays(overlays.into_iter().map(Into::into))
                 .with_parity(parity)
+                .with_catalogue(torch_ops::catalogue())
         };
         let policy: Policy = py.detach(|| spec.load()).map_err(|e| match e {
             attn_policy::PackError::Load(e) => {
@@ -391,6 +403,38 @@ impl NativePolicy {
     #[getter]
     fn layers(&self) -> Vec<String> {
         self.inner.policy().layers.clone()
+    }
+
+    /// The executor chain the pack declares for `backend` (and its `variant`, whose own chain
+    /// wins where the pack gives one): executor names in order, first = the backend's own.
+    /// Empty when the pack names none; a backend or variant the pack lacks is a `ValueError`.
+    #[pyo3(signature = (backend, variant=None))]
+    fn executor_chain(&self, backend: &str, variant: Option<&str>) -> PyResult<Vec<String>> {
+        let p = self.inner.policy();
+        let b = p.backend_index(backend).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "pack {} has no backend {backend:?} (backends: {})",
+                p.name,
+                p.backends
+                    .iter()
+                    .map(|b| b.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })?;
+        let v = match variant {
+            None => None,
+            Some(name) => Some(
+                p.backends[b]
+                    .variants
+                    .iter()
+                    .position(|v| v.name == name)
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!("backend {backend} has no variant {name:?}"))
+                    })? as u8,
+            ),
+        };
+        Ok(chain_names(p, b as u16, v))
     }
 
     /// Decides for a config (a dict of facts by TE's names, or a JSON string).
@@ -446,22 +490,30 @@ impl NativePolicy {
     /// Decides for a TransformerEngine `AttentionParams`-like object. `environment` maps each
     /// environment fact the caller resolved to `(value, source)`; facts the object itself has
     /// win. Switches under `env` come from the object, then `environment`, then the process
-    /// environment. Probe facts the object lacks are answered "supported", as TE's own
-    /// selector would after cuDNN accepted the graph.
+    /// environment. Probe facts the object lacks stay unknown unless `prober` answers them.
     /// `arguments` (optional) are environment facts given to this call: each counts as
     /// `(value, "argument")` and wins over `environment`'s entry of the same name.
-    #[pyo3(signature = (params, environment, arguments=None))]
+    /// `prober` (optional) answers the probe facts the object lacks, live:
+    /// `prober(problem, is_training) -> {probe name: True | False | None}`, with `problem` the
+    /// executor problem the facts describe (a `NativeProblem`, or None when they describe none
+    /// the executors express). Unanswered probes stay unknown (never "supported"). Answers are
+    /// cached with the decision (see `cache_clear`).
+    #[pyo3(signature = (params, environment, arguments=None, prober=None))]
     fn te_select(
         &self,
         py: Python<'_>,
         params: &Bound<'_, PyAny>,
         environment: &Bound<'_, PyDict>,
         arguments: Option<&Bound<'_, PyDict>>,
+        prober: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<NativeDecision> {
         let arguments = arguments.filter(|a| !a.is_empty());
-        self.decide_read(py, |key, build| {
-            te_read(params, environment, arguments, key, build)
-        })
+        let prober = prober.filter(|p| !p.is_none());
+        self.decide_read_probed(
+            py,
+            |key, build| te_read(params, environment, arguments, key, build),
+            prober,
+        )
     }
 
     /// Cache counters: hits, misses, inserts, evictions, len, capacity.
@@ -485,8 +537,63 @@ impl NativePolicy {
 }
 
 /// What one read of a Python input gives when asked to build: the config as JSON, the
-/// provenance of its environment facts, and whether unanswered probes answer "supported".
+/// provenance of its environment facts, and whether the input lacks probe facts (then a live
+/// prober may answer them).
 type ReadInput = (Json, Provenance, bool);
+
+/// Probe facts of the te family, answered live by a prober.
+const PROBES: [&str; 3] = ["cuda_device", "fused_attn_graph", "frost_plan"];
+
+/// Executor names of a backend's chain (with its variant).
+fn chain_names(p: &Policy, backend: u16, variant: Option<u8>) -> Vec<String> {
+    p.executor_chain(backend, variant)
+        .iter()
+        .map(|e| e.executor.clone())
+        .collect()
+}
+
+/// Asks `prober` for the probe facts of `config` (whose facts `facts` are, probes unknown)
+/// and writes the answers into `config["probe"]`; returns the provenance of each probe.
+fn answer_probes(
+    py: Python<'_>,
+    prober: &Bound<'_, PyAny>,
+    facts: &Facts,
+    config: &mut Json,
+) -> PyResult<Provenance> {
+    let problem = match attn_policy_adapters::from_facts::problem_from_facts(facts) {
+        Ok(p) => Some(torch_ops::NativeProblem::from_problem(p)),
+        Err(_) => None,
+    };
+    let training = facts.get("is_training") == Some(attn_policy::facts::Value::Bool(true));
+    let answers = prober.call1((problem, training))?;
+    let answers = answers.cast::<PyDict>().map_err(|_| {
+        policy_error(
+            py,
+            "the prober must return a dict {probe name: True | False | None}".into(),
+            None,
+        )
+    })?;
+    let mut probe = Map::new();
+    let mut prov = Provenance::new();
+    for name in PROBES {
+        let answer = match answers.get_item(name)? {
+            Some(v) if !v.is_none() => Some(v.is_truthy()?),
+            _ => None,
+        };
+        let path = format!("probe.{name}");
+        match answer {
+            Some(b) => {
+                probe.insert(name.into(), Json::Bool(b));
+                prov.push((path, "probe"));
+            }
+            None => prov.push((path, "default")),
+        }
+    }
+    if let Json::Object(m) = config {
+        m.insert("probe".into(), Json::Object(probe));
+    }
+    Ok(prov)
+}
 
 impl NativePolicy {
     /// Facts and decision for a Python input, through the input memo and then the decision
@@ -498,19 +605,32 @@ impl NativePolicy {
         py: Python<'_>,
         read: impl Fn(&mut InputKey, bool) -> PyResult<Option<ReadInput>>,
     ) -> PyResult<NativeDecision> {
+        self.decide_read_probed(py, read, None)
+    }
+
+    /// [`Self::decide_read`], with `prober` answering the probe facts an input lacks.
+    fn decide_read_probed(
+        &self,
+        py: Python<'_>,
+        read: impl Fn(&mut InputKey, bool) -> PyResult<Option<ReadInput>>,
+        prober: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<NativeDecision> {
         let mut key = InputKey::new();
         read(&mut key, false)?;
         let h = key.hash();
         let hit = {
             let memo = self.memo.read().unwrap_or_else(|p| p.into_inner());
             match memo.get(&h) {
-                Some(m) if m.key.same(py, &key)? => {
-                    Some((m.facts.clone(), m.decision.clone(), m.provenance.clone()))
-                }
+                Some(m) if m.key.same(py, &key)? => Some((
+                    m.facts.clone(),
+                    m.decision.clone(),
+                    m.provenance.clone(),
+                    m.explained.clone(),
+                )),
                 _ => None,
             }
         };
-        if let Some((facts, decision, provenance)) = hit {
+        if let Some((facts, decision, provenance, explained)) = hit {
             // Count it as the cache hit it is (the decision cache was not asked).
             self.inner.cache().count_hit();
             return Ok(NativeDecision {
@@ -518,18 +638,23 @@ impl NativePolicy {
                 facts,
                 decision,
                 provenance,
+                explained,
             });
         }
         let mut key = InputKey::new();
-        let (input, provenance, answer_probes) =
+        let (mut input, mut provenance, lacks_probes) =
             read(&mut key, true)?.expect("a building read returns the config");
-        let mut facts = facts_from(&input).map_err(|m| policy_error(py, m, None))?;
-        if answer_probes {
-            facts.set_all_probes(true);
+        let mut facts =
+            facts_from(self.inner.policy(), &input).map_err(|m| policy_error(py, m, None))?;
+        if lacks_probes && let Some(prober) = prober {
+            provenance.extend(answer_probes(py, prober, &facts, &mut input)?);
+            facts =
+                facts_from(self.inner.policy(), &input).map_err(|m| policy_error(py, m, None))?;
         }
         let facts = Arc::new(facts);
         let decision = self.inner.decide(&facts);
         let provenance = Arc::new(provenance);
+        let explained = Explained::default();
         let h = key.hash();
         let mut memo = self.memo.write().unwrap_or_else(|p| p.into_inner());
         if memo.len() >= self.memo_cap {
@@ -542,6 +667,7 @@ impl NativePolicy {
                 facts: facts.clone(),
                 decision: decision.clone(),
                 provenance: provenance.clone(),
+                explained: explained.clone(),
             },
         );
         Ok(NativeDecision {
@@ -549,35 +675,28 @@ impl NativePolicy {
             facts,
             decision,
             provenance,
+            explained,
         })
     }
 }
 
-/// One decision, with the facts and policy that produced it.
+/// One decision, with the facts and policy that produced it. Everything it renders (text,
+/// dict, JSON, TE tuple, declines) reads the explanation model, built once per decision.
 #[pyclass(frozen, module = "attn_policy._native")]
 struct NativeDecision {
     policy: Arc<CachedPolicy>,
     facts: Arc<Facts>,
     decision: Arc<Decision>,
     provenance: Arc<Provenance>,
+    explained: Explained,
 }
 
 impl NativeDecision {
-    fn explanation(&self) -> Explanation<'_> {
-        Explanation::new(self.policy.policy(), &self.facts, &self.decision)
-    }
-
-    fn json(&self) -> Json {
-        let mut j = self.explanation().to_json();
-        if !self.provenance.is_empty() {
-            let prov: Map<String, Json> = self
-                .provenance
-                .iter()
-                .map(|(k, s)| (k.clone(), Json::String((*s).into())))
-                .collect();
-            j["provenance"] = Json::Object(prov);
-        }
-        j
+    fn explanation(&self) -> &Explanation {
+        self.explained.get_or_init(|| {
+            Explanation::new(self.policy.policy(), &self.facts, &self.decision)
+                .with_provenance(self.provenance.iter().map(|(k, s)| (k.as_str(), *s)))
+        })
     }
 }
 
@@ -588,6 +707,20 @@ impl NativeDecision {
         self.decision
             .selected
             .map(|s| self.policy.policy().backends[s as usize].name.clone())
+    }
+
+    /// The executor chain the pack declares for the selected backend and its variant (empty
+    /// when nothing was selected or the pack names no chain).
+    #[getter]
+    fn executor_chain(&self) -> Vec<String> {
+        match self.decision.selected {
+            Some(b) => chain_names(
+                self.policy.policy(),
+                b,
+                self.decision.backends[b as usize].variant,
+            ),
+            None => Vec::new(),
+        }
     }
 
     /// The status word of a backend (`selected`, `outranked`, `declined`, `disabled`,
@@ -606,72 +739,17 @@ impl NativeDecision {
     /// The CLI's human text; provenance of environment facts follows when known.
     #[pyo3(signature = (color=false))]
     fn explain(&self, color: bool) -> String {
-        let mut text = self.explanation().to_text(color);
-        if !self.provenance.is_empty() {
-            text.push_str("\nfacts from the environment:\n");
-            let width = self
-                .provenance
-                .iter()
-                .map(|(k, _)| k.len())
-                .max()
-                .unwrap_or(0);
-            for (k, s) in self.provenance.iter() {
-                let children: Vec<String> = FIELDS
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, f)| {
-                        f.path.len() > k.len() + 1
-                            && f.path.starts_with(k.as_str())
-                            && f.path.as_bytes()[k.len()] == b'.'
-                    })
-                    .map(|(slot, f)| {
-                        let dom = match f.ty {
-                            attn_policy::facts::Ty::Enum(d) => Some(d),
-                            _ => None,
-                        };
-                        format!(
-                            "{}={}",
-                            &f.path[k.len() + 1..],
-                            self.facts.values()[slot].display(dom)
-                        )
-                    })
-                    .collect();
-                let value = if !children.is_empty() {
-                    Some(children.join(", "))
-                } else {
-                    None
-                };
-                let value = value
-                    .or_else(|| {
-                        self.facts.get(k).map(|v| {
-                            let dom =
-                                attn_policy::facts::te::slot(k).and_then(|s| {
-                                    match FIELDS[s].ty {
-                                        attn_policy::facts::Ty::Enum(d) => Some(d),
-                                        _ => None,
-                                    }
-                                });
-                            v.display(dom).to_string()
-                        })
-                    })
-                    .unwrap_or_default();
-                if value.is_empty() {
-                    text.push_str(&format!("  {k:<width$}  from {s}\n"));
-                } else {
-                    text.push_str(&format!("  {k:<width$}  = {value}  from {s}\n"));
-                }
-            }
-        }
-        text
+        let ex = self.explanation();
+        ex.to_text(color) + &ex.provenance_text()
     }
 
-    /// The `explain/v1` document as a dict (the CLI's `--json`), plus `provenance` when known.
+    /// The `explain/v1` document as a dict (the CLI's `--json`), with `provenance`.
     fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        to_py(py, &self.json())
+        to_py(py, &self.explanation().to_json())
     }
 
     fn to_json(&self) -> String {
-        serde_json::to_string(&self.json()).unwrap_or_default()
+        self.explanation().to_json_string(false)
     }
 
     /// TransformerEngine's return tuple: (use_flash_attention, flash_attention_backend,
@@ -679,61 +757,31 @@ impl NativeDecision {
     /// available_backends[, use_frost_attention]).
     #[pyo3(signature = (frost=false))]
     fn te_tuple<'py>(&self, py: Python<'py>, frost: bool) -> PyResult<Bound<'py, PyTuple>> {
-        let p = self.policy.policy();
-        let d = &self.decision;
-        let ex = self.explanation();
-        let find = |name: &str| p.backend_index(name);
-        let selected = |b: Option<usize>| b.is_some_and(|b| d.selected == Some(b as u16));
-        let eligible = |b: Option<usize>| b.is_some_and(|b| d.backends[b].status.eligible());
-        let value = |b: Option<usize>| -> PyResult<Py<PyAny>> {
-            match b {
-                Some(b) if d.backends[b].status.eligible() => to_py(py, &ex.reported_value(b)),
-                _ => Ok(py.None()),
-            }
-        };
-        let (flash, fused, unfused) = (
-            find("FlashAttention"),
-            find("FusedAttention"),
-            find("UnfusedDotProductAttention"),
-        );
-        let available = PyList::new(py, [eligible(flash), eligible(fused), eligible(unfused)])?;
+        let te = self.explanation().te();
+        let flag = |b: bool| PyBool::new(py, b).to_owned().into_any().unbind();
+        let available = PyList::new(py, te.available_backends)?;
         let mut items: Vec<Py<PyAny>> = vec![
-            PyBool::new(py, selected(flash))
-                .to_owned()
-                .into_any()
-                .unbind(),
-            value(flash)?,
-            PyBool::new(py, selected(fused))
-                .to_owned()
-                .into_any()
-                .unbind(),
-            value(fused)?,
-            PyBool::new(py, selected(unfused))
-                .to_owned()
-                .into_any()
-                .unbind(),
+            flag(te.use_flash_attention),
+            to_py(py, &te.flash_attention_backend.to_json())?,
+            flag(te.use_fused_attention),
+            to_py(py, &te.fused_attention_backend.to_json())?,
+            flag(te.use_unfused_attention),
             available.into_any().unbind(),
         ];
         if frost {
-            items.push(
-                PyBool::new(py, selected(find("FrostAttention")))
-                    .to_owned()
-                    .into_any()
-                    .unbind(),
-            );
+            items.push(flag(te.use_frost_attention));
         }
         PyTuple::new(py, items)
     }
 
     /// The rules that declined `backend` here, as `explain/v1` rule objects.
     fn declined_by(&self, py: Python<'_>, backend: &str) -> PyResult<Py<PyAny>> {
-        let j = self.explanation().to_json();
-        let found = j["backends"]
-            .as_array()
-            .and_then(|a| a.iter().find(|b| b["name"] == backend))
-            .map(|b| b["declined_by"].clone())
-            .unwrap_or(Json::Array(Vec::new()));
-        to_py(py, &found)
+        let rules = match self.explanation().backend(backend) {
+            Some(b) => serde_json::to_value(&b.declined_by)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            None => Json::Array(Vec::new()),
+        };
+        to_py(py, &rules)
     }
 
     /// `(fact, source)` pairs for the environment facts of a TE drop-in call.
@@ -753,17 +801,15 @@ impl NativeDecision {
     }
 
     fn __repr__(&self) -> String {
-        let status = |s: Status| s.word();
-        let p = self.policy.policy();
-        let parts: Vec<String> = p
+        let ex = self.explanation();
+        let parts: Vec<String> = ex
             .backends
             .iter()
-            .enumerate()
-            .map(|(i, b)| format!("{}={}", b.name, status(self.decision.backends[i].status)))
+            .map(|b| format!("{}={}", b.name, b.status.word()))
             .collect();
         format!(
             "<Decision selected={:?} {}>",
-            self.selected().unwrap_or_else(|| "none".into()),
+            ex.selected.as_deref().unwrap_or("none"),
             parts.join(" ")
         )
     }
@@ -964,7 +1010,8 @@ fn inference_json(ip: &Bound<'_, PyAny>) -> PyResult<Json> {
 /// Top-level input keys of the schema (TE's `AttentionParams` names plus environment facts).
 fn input_keys() -> &'static [&'static str] {
     static KEYS: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-        attn_policy::facts::te::TE.input_keys()
+        attn_policy::facts::te::TE
+            .input_keys()
             .into_iter()
             .filter(|k| *k != "id")
             .collect()
@@ -1346,7 +1393,11 @@ fn te_read(
         }
         cfg.insert("env".into(), Json::Object(env));
     }
-    Ok(build.then(|| (Json::Object(cfg), prov, !present[probe])))
+    // Probes given by the object or as a call argument are taken as they are.
+    Ok(build.then(|| {
+        let lacks_probes = !present[probe] && !cfg.contains_key("probe");
+        (Json::Object(cfg), prov, lacks_probes)
+    }))
 }
 
 /// Top-level keys a config may hold (for did-you-mean in Python and for the TE translation).

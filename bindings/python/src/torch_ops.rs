@@ -50,6 +50,14 @@ fn registry() -> std::sync::RwLockReadGuard<'static, Registry> {
     REGISTRY.read().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The executor catalogue packs are loaded with (names and manifests of every executor of the
+/// registry, the Python host's included), built once.
+pub fn catalogue() -> Arc<attn_policy::ExecutorCatalogue> {
+    static CATALOGUE: LazyLock<Arc<attn_policy::ExecutorCatalogue>> =
+        LazyLock::new(|| Arc::new(attn_policy_adapters::catalogue::of(&registry())));
+    CATALOGUE.clone()
+}
+
 fn exec_err(e: ExecError) -> PyErr {
     match e {
         ExecError::Unsupported { reason } => ExecutorRefused::new_err(reason),
@@ -146,6 +154,13 @@ pub fn make_problem(
     p.deterministic = deterministic;
     p.validate().map_err(PyValueError::new_err)?;
     Ok(NativeProblem { p })
+}
+
+impl NativeProblem {
+    /// Wraps a problem built elsewhere (from facts, for the TE drop-in's probes).
+    pub fn from_problem(p: AttentionProblem) -> NativeProblem {
+        NativeProblem { p }
+    }
 }
 
 #[pymethods]
@@ -317,14 +332,20 @@ impl NativePlan {
                 .detach(|| {
                     // SAFETY: the Python caller passes live CPU tensors matching the problem
                     // (shapes, strides, dtype) with outputs distinct from inputs.
+                    // LSE is fp64 for fp64 problems (see `lse_dtype`), fp32 otherwise.
+                    let lse = if p.dtype == DType::F64 {
+                        reference::LseOut::F64(lse as *mut f64)
+                    } else {
+                        reference::LseOut::F32(lse as *mut f32)
+                    };
                     unsafe {
-                        reference::forward_strided(
+                        reference::forward_strided_lse(
                             p,
                             q as *const u8,
                             k as *const u8,
                             v as *const u8,
                             o as *mut u8,
-                            lse as *mut f32,
+                            lse,
                         )
                     }
                 })
@@ -361,14 +382,23 @@ impl NativePlan {
             let p = &self.p;
             return py
                 .detach(|| {
+                    // From the given O and LSE, like the GPU executors: a context-parallel
+                    // step passes the merged O and LSE of the whole softmax.
+                    let lse = if p.dtype == DType::F64 {
+                        reference::LseIn::F64(lse as *const f64)
+                    } else {
+                        reference::LseIn::F32(lse as *const f32)
+                    };
                     // SAFETY: as in `forward`.
                     unsafe {
-                        reference::backward_strided(
+                        reference::backward_strided_from_stats(
                             p,
                             q as *const u8,
                             k as *const u8,
                             v as *const u8,
+                            o as *const u8,
                             d_o as *const u8,
+                            lse,
                             dq as *mut u8,
                             dk as *mut u8,
                             dv as *mut u8,
@@ -445,6 +475,49 @@ pub fn cudnn_library() -> (bool, String) {
     }
 }
 
+/// Why FROST could not run `problem` in this process, besides the executor's absence from the
+/// wheel: the cuDNN frontend / CuTe DSL versions found (`None`: not installed) against FROST's
+/// floors, the engine switch, and the gate of the forward (and backward when `training`) for
+/// compute capability `cc` (major*10+minor; None on the host). Empty: nothing else declines.
+#[pyfunction]
+#[pyo3(signature = (problem, training, cc, frontend_version, cutlass_dsl_version, engines_enabled))]
+pub fn frost_reasons(
+    problem: &NativeProblem,
+    training: bool,
+    cc: Option<u32>,
+    frontend_version: Option<String>,
+    cutlass_dsl_version: Option<String>,
+    engines_enabled: bool,
+) -> Vec<String> {
+    use attn_policy_adapters::frost;
+    let env = frost::FrostEnv {
+        frontend: frost::VersionProbe {
+            dist: frost::FRONTEND_DIST,
+            raw: frontend_version,
+        },
+        cutlass_dsl: frost::VersionProbe {
+            dist: frost::CUTLASS_DSL_DIST,
+            raw: cutlass_dsl_version,
+        },
+        engines_enabled,
+        python: String::new(),
+    };
+    let mut reasons = env.decline_reasons();
+    let dirs: &[Direction] = if training {
+        &[Direction::Forward, Direction::Backward]
+    } else {
+        &[Direction::Forward]
+    };
+    for &dir in dirs {
+        if let Err(u) = frost::check(&problem.p, dir, cc)
+            && !reasons.contains(&u.reason)
+        {
+            reasons.push(u.reason);
+        }
+    }
+    reasons
+}
+
 /// Registers the classes and functions on the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -458,5 +531,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(executors, m)?)?;
     m.add_function(wrap_pyfunction!(set_host_availability, m)?)?;
     m.add_function(wrap_pyfunction!(cudnn_library, m)?)?;
+    m.add_function(wrap_pyfunction!(frost_reasons, m)?)?;
     Ok(())
 }

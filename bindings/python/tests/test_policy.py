@@ -29,6 +29,36 @@ def test_select_decision_api(policy):
     assert len(d.te_tuple()) == 6 and len(d.te_tuple(frost=True)) == 7
 
 
+def test_renderings_read_one_explanation(policy):
+    d = policy.select(CFG)
+    doc = d.to_dict()
+    # Fields the explanation model added to explain/v1.
+    assert doc["input"]["head_dim_qk"] == 128 and doc["input"]["sm"] == 90
+    assert doc["provenance"] == {}  # a plain config dict: sources unknown
+    assert doc["executor"] is None and doc["executor_chain"] == []
+    # The TE tuple, the declines and the repr agree with the document.
+    by_name = {b["name"]: b for b in doc["backends"]}
+    te_names = ("FlashAttention", "FusedAttention", "UnfusedDotProductAttention")
+
+    def eligible(name):
+        return by_name[name]["status"] in ("selected", "outranked")
+
+    def reported(name):
+        v = by_name[name]["variant"]
+        return v["value"] if eligible(name) and v else None
+
+    t = d.te_tuple(frost=True)
+    assert t[5] == [eligible(n) for n in te_names]
+    assert (t[0], t[2], t[4], t[6]) == tuple(doc["selected"] == n for n in te_names + ("FrostAttention",))
+    assert (t[1], t[3]) == (reported("FlashAttention"), reported("FusedAttention"))
+    for name, b in by_name.items():
+        assert d._d.declined_by(name) == b["declined_by"]
+    assert d._d.declined_by("NoSuchBackend") == []
+    statuses = " ".join(f"{b['name']}={b['status']}" for b in doc["backends"])
+    assert repr(d._d) == f'<Decision selected="{doc["selected"]}" {statuses}>'
+    assert d.explain() == d.explain()
+
+
 def test_declines_carry_rule_id_reason_location_values(policy):
     d = policy.select({"head_dim_qk": 1024, "head_dim_v": 1024, "device_compute_capability": [8, 0]})
     declined = [r for b in d.backends for r in b.declined_by]

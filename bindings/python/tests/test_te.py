@@ -19,6 +19,10 @@ def expected(rec):
     )
 
 
+# The corpus was recorded with cuDNN accepting every graph (emulated probes): its answers are
+# given explicitly (the drop-in's own probes are live, and unknown where they cannot run).
+SUPPORTED = {"cuda_device": True, "fused_attn_graph": True, "frost_plan": True}
+
 # Measured with the te pack at the time of writing: 298 of the first 300 records agree.
 # The pack is being completed in parallel; the threshold leaves room for it to move a little.
 AGREEMENT_THRESHOLD = 0.95
@@ -28,7 +32,7 @@ def test_drop_in_agrees_with_te_on_corpus(corpus):
     te.clear_environment()
     records = [r for r in corpus if r["decision"] is not None]
     agree = sum(
-        tuple(te.get_attention_backend(types.SimpleNamespace(**r["config"]), frost=False)) == expected(r)
+        tuple(te.get_attention_backend(types.SimpleNamespace(**r["config"]), frost=False, probe=SUPPORTED)) == expected(r)
         for r in records
     )
     rate = agree / len(records)
@@ -41,12 +45,15 @@ def test_dict_namespace_and_select_agree(corpus):
     for r in corpus[:50]:
         if r["decision"] is None:
             continue
-        a = te.get_attention_backend(r["config"], frost=False)
-        b = te.get_attention_backend(types.SimpleNamespace(**r["config"]), frost=False)
+        a = te.get_attention_backend(r["config"], frost=False, probe=SUPPORTED)
+        b = te.get_attention_backend(types.SimpleNamespace(**r["config"]), frost=False, probe=SUPPORTED)
         assert a == b
         # select() on the plain config (probes answered as in conformance runs)
-        cfg = dict(r["config"], probe={"fused_attn_graph": True, "frost_plan": True})
+        cfg = dict(r["config"], probe=SUPPORTED)
         assert p.select(cfg).te_tuple() == a
+        # the same answers as an attribute of the object
+        c = te.get_attention_backend(types.SimpleNamespace(**r["config"], probe=SUPPORTED), frost=False)
+        assert c == a
 
 
 # --- TE's own objects, imitated (torch is not installed here) ---------------------------
@@ -177,3 +184,31 @@ def test_frost_arity():
     assert len(te.get_attention_backend(te_params(), frost=False)) == 6
     with pytest.raises(attn_policy.PolicyError, match="unknown environment fact"):
         te.get_attention_backend(te_params(), cudnn=(9, 1, 0))
+
+
+def test_probes_are_live_and_unknown_where_nothing_can_answer():
+    """No probe is answered "supported" by default: without torch (this venv) or a GPU every
+    probe this process cannot measure stays unknown, and says so; `probe=` answers them."""
+    te.clear_environment()
+    d = te.select(te_params())
+    prov = d.provenance
+    for name in ("probe.fused_attn_graph", "probe.frost_plan"):
+        assert prov[name] == "default", prov
+    try:
+        import torch  # noqa: F401
+
+        has_torch = True
+    except ImportError:
+        has_torch = False
+    if not has_torch:
+        assert prov["probe.cuda_device"] == "default"
+    # FU.40 reads probe.fused_attn_graph: unknown, so FusedAttention is undecided, not selected.
+    assert d.status("FusedAttention") == "undecided", d.explain()
+    given = te.select(te_params(), probe=SUPPORTED)
+    assert given.provenance["probe"] == "argument"
+    assert given.status("FusedAttention") != "undecided"
+    # Given on the object: the object's wins, and nothing is measured.
+    obj = te.select(te_params(probe={"fused_attn_graph": False}))
+    assert not any(k.startswith("probe") for k in obj.provenance), obj.provenance
+    assert obj.status("FusedAttention") == "declined"
+    assert "FU.40" in obj.explain()

@@ -4,6 +4,7 @@ reference. Skipped where torch is not installed."""
 import logging
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -254,6 +255,146 @@ def test_executors_list_every_executor_with_availability():
     for n, e in names.items():
         if e["availability"] == "unavailable":
             assert e["reason"], n
+    if not torch.cuda.is_available():
+        # Wired, and unavailable here only for want of a GPU.
+        for n in ("torch_flash", "torch_efficient", "torch_cudnn"):
+            assert names[n]["availability"] == "unavailable" and "CUDA device" in names[n]["reason"], names[n]
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def pack_with_chains(tmp_path, chains):
+    """A copy of the te pack whose `executors:` chains are ``chains`` (backend -> names)."""
+    dst = tmp_path / "te"
+    shutil.copytree(REPO / "rules" / "te", dst)
+    text = (dst / "pack.yaml").read_text()
+    head = text[: text.index("\nexecutors:")]
+    body = "".join(f"  - backend: {b}\n    chain: [{', '.join(c)}]\n" for b, c in chains.items())
+    (dst / "pack.yaml").write_text(head + "\nexecutors:\n" + body)
+    return attn_policy.Policy.load(str(dst))
+
+
+def test_chains_are_the_packs_data(tmp_path):
+    te_pack = attn_policy.Policy.load("te")
+    assert apt.executor_chain("te", "FusedAttention") == ("cudnn", "reference")
+    assert apt.executor_chain(None, "FlashAttention") == ("torch_flash", "cudnn", "chunked", "reference")
+    assert apt.executor_chain(te_pack, "NoSuchBackend" if False else "UnfusedDotProductAttention") == ("chunked", "reference")
+    assert apt.executor_chain("native", "cudnn") == ("cudnn", "chunked", "reference")
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    _, d = apt.attention(q, q, q, is_causal=True, return_decision=True)
+    assert [e.executor for e in d.chain] == list(apt.executor_chain("te", d.backend))
+    # Another pack's data, another chain: the same call now runs on torch_math, first entry.
+    chains = {
+        "FlashAttention": ["torch_flash", "reference"],
+        "FusedAttention": ["cudnn", "reference"],
+        "FrostAttention": ["frost", "reference"],
+        "UnfusedDotProductAttention": ["torch_math", "reference"],
+    }
+    mine = pack_with_chains(tmp_path, chains)
+    o, d = apt.attention(q, q, q, is_causal=True, policy=mine, return_decision=True)
+    assert d.backend == "UnfusedDotProductAttention", d.summary()
+    assert [(e.executor, e.outcome) for e in d.chain] == [("torch_math", "ran"), ("reference", "not_tried")]
+    assert not d.substitute
+    torch.testing.assert_close(o, oracle(q, q, q, causal=True), atol=1e-12, rtol=1e-12)
+
+
+def test_a_chain_naming_an_unknown_executor_does_not_load(tmp_path):
+    with pytest.raises(attn_policy.PolicyError) as e:
+        pack_with_chains(tmp_path, {"FusedAttention": ["cudnn", "no_such_executor"]})
+    assert "no_such_executor" in str(e.value) and "pack.yaml" in str(e.value)
+
+
+def test_frost_is_unavailable_in_python_with_the_precise_reason(tmp_path):
+    mine = pack_with_chains(tmp_path, {"UnfusedDotProductAttention": ["frost", "reference"]})
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    _, d = apt.attention(q, q, q, is_causal=True, policy=mine, return_decision=True)
+    frost = d.chain[0]
+    assert frost.executor == "frost" and frost.outcome == "unavailable"
+    assert "not in this wheel" in frost.reason and "CUDA device" in frost.reason, frost.reason
+    assert d.executor == "reference" and d.substitute
+    # What else would decline it, from the frontend's and CuTe DSL's versions and the manifest.
+    qb = torch.randn(1, 4, 8, 512, dtype=torch.bfloat16)
+    why = apt._frost_unavailable(apt._Call(qb, qb, qb, 0, 1, -1, 0, False, 0.05, 0.0, True))
+    assert "nvidia-cudnn-frontend" in why and "nvidia-cutlass-dsl" in why, why
+
+
+def test_the_te_drop_in_probes_with_the_same_code():
+    from attn_policy import te
+
+    te.clear_environment()
+    te.reprobe()
+    import types
+
+    p = types.SimpleNamespace(
+        qkv_type="Tensor", qkv_dtype="bf16", qkv_layout="bshd_bshd_bshd", batch_size=2, num_heads=8,
+        num_gqa_groups=8, max_seqlen_q=256, max_seqlen_kv=256, head_dim_qk=128, head_dim_v=128,
+        attn_mask_type="causal", window_size=(-1, 0),
+    )
+    d = te.select(p)
+    prov = d.provenance
+    # torch is installed here: whether a GPU is present was measured.
+    assert prov["probe.cuda_device"] == "probe"
+    if not torch.cuda.is_available():
+        assert prov["probe.fused_attn_graph"] == "default"
+        assert d.status("FusedAttention") == "undecided"
+
+
+def test_eager_calls_skip_the_dispatcher_and_equal_the_op():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    g = torch.Generator().manual_seed(23)
+    q, k, v = (torch.randn(1, 4, 6, 8, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
+    do = torch.randn(1, 4, 6, 8, dtype=torch.float64, generator=g)
+    apt.clear_cache()
+    apt.attention(q, k, v, is_causal=True, window=(2, 0))  # decided and planned
+
+    def op_events(f):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = f()
+        return out, [e.key for e in prof.key_averages() if "attn_policy::" in e.key]
+
+    o, seen = op_events(lambda: apt.attention(q, k, v, is_causal=True, window=(2, 0)))
+    assert seen == [], seen
+    assert type(o.grad_fn).__name__ == "_EagerBackward"
+    args = (0, 1, 2, 0, False, 1 / math.sqrt(8), 0.0, True, 0, 0, False)
+    (o_op, _), seen = op_events(lambda: torch.ops.attn_policy.attention(q, k, v, *args))
+    assert "attn_policy::attention" in seen, seen  # the check above can see the op
+    assert torch.equal(o, o_op)
+    ga = torch.autograd.grad(o, (q, k, v), do)
+    gb = torch.autograd.grad(o_op, (q, k, v), do)
+    for a, b in zip(ga, gb):
+        assert torch.equal(a, b)
+    # Without grad: the same O.
+    with torch.no_grad():
+        assert torch.equal(apt.attention(q, k, v, is_causal=True, window=(2, 0)), o)
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    # Under a dispatch mode the call is the op, so the mode sees it.
+    with Ops() as mode:
+        o_mode = apt.attention(q.detach(), k.detach(), v.detach(), is_causal=True, window=(2, 0))
+    assert "attn_policy.attention.default" in mode.names, mode.names
+    assert torch.equal(o_mode, o.detach())
+
+
+def test_eager_path_checks_inputs_like_the_op():
+    q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    apt.attention(q, q, q)
+    with pytest.raises(attn_policy.PolicyError, match="one dtype"):
+        apt.attention(q, q.float(), q.float())
+    # A strided (non-contiguous head dim) view is copied first, every call.
+    t = torch.randn(1, 2, 8, 4, dtype=torch.float64).transpose(-1, -2)
+    assert t.stride()[-1] != 1
+    for _ in range(2):
+        torch.testing.assert_close(apt.attention(t, t, t), oracle(t, t, t), atol=1e-12, rtol=1e-12)
 
 
 def test_gradients_of_strided_views_keep_their_strides():
@@ -302,3 +443,10 @@ def test_concurrent_calls_from_threads_agree():
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
     assert apt.cache_info()["entries"] == 3
+
+
+def test_double_backward_is_refused_clearly():
+    q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    o = apt.attention(q, k, v, is_causal=True)
+    with pytest.raises(attn_policy.PolicyError, match="double backward"):
+        torch.autograd.grad(o.sum(), (q, k, v), create_graph=True)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use serde_json::{Map, Value as Json, json};
 
-use attn_policy::facts::{ConfigText, Facts, InputError, InputErrorKind, presets};
+use attn_policy::facts::{ConfigText, Facts, InputError, InputErrorKind, Schema, presets};
 use attn_policy::{PackSpec, Policy};
 
 /// The attention configuration: a preset, a file, then flags, each overriding the previous.
@@ -81,10 +81,65 @@ pub struct ConfigArgs {
     /// Answer a probe fact: NAME=true|false, e.g. --probe fused_attn_graph=true.
     #[arg(long = "probe", value_name = "NAME=BOOL")]
     pub probes: Vec<String>,
-    /// Ignore NVTE_* variables of the shell environment (read by default, as TE reads them).
+    /// Ignore the shell's environment variables that the pack family's selector reads (NVTE_*
+    /// for te packs; read by default, as the selector reads them).
     #[arg(long)]
     pub no_env: bool,
+    // ---- flags of the torch family (PyTorch SDPA)
+    /// torch: the attn_mask, as a kind: none, bool ([b, hq, sq, skv]), bool_bcast
+    /// ([1, 1, sq, skv]) or float ([b, 1, sq, skv] in the query dtype).
+    #[arg(long, value_name = "KIND")]
+    pub attn_mask: Option<String>,
+    /// torch: is_causal=True.
+    #[arg(long)]
+    pub causal: bool,
+    /// torch: dropout_p.
+    #[arg(long, value_name = "P")]
+    pub dropout: Option<f64>,
+    /// torch: enable_gqa=True.
+    #[arg(long)]
+    pub enable_gqa: bool,
+    /// torch: query, key and value require grad.
+    #[arg(long)]
+    pub requires_grad: bool,
+    /// torch: memory layout of q, k, v: bhsd, bshd_view (a transposed view) or
+    /// noncontig_lastdim (last-dimension stride 2).
+    #[arg(long, value_name = "LAYOUT")]
+    pub tensor_layout: Option<String>,
+    /// torch: switch a backend off as torch.backends.cuda.enable_*_sdp(False) does:
+    /// flash, efficient, math or cudnn (repeatable).
+    #[arg(long = "disable", value_name = "BACKEND")]
+    pub disable: Vec<String>,
 }
+
+/// Flags that set facts of one pack family only, by family.
+const FAMILY_FLAGS: &[(&str, &[&str])] = &[
+    (
+        "te",
+        &[
+            "--preset",
+            "--layout",
+            "--mask",
+            "--window",
+            "--cp-comm-type",
+            "--cp-size",
+            "--inference",
+            "--probe",
+        ],
+    ),
+    (
+        "torch",
+        &[
+            "--attn-mask",
+            "--causal",
+            "--dropout",
+            "--enable-gqa",
+            "--requires-grad",
+            "--tensor-layout",
+            "--disable",
+        ],
+    ),
+];
 
 fn insert_path(obj: &mut Map<String, Json>, path: &str, value: Json) {
     match path.split_once('.') {
@@ -119,7 +174,7 @@ fn merge(into: &mut Map<String, Json>, from: &Json) {
 /// Where an input key's value came from (the decision's provenance, and an error's location).
 #[derive(Clone, Debug)]
 pub enum Source {
-    /// The shell environment (`NVTE_*` as TE reads it), by variable name.
+    /// The shell environment (as the family's selector reads it), by variable name.
     Shell(String),
     Preset(String),
     /// The config file or stdin, with the position of every key.
@@ -149,6 +204,10 @@ impl Source {
         }
     }
 }
+
+/// Where each input key of a merged config came from: (dotted key, source word), one entry
+/// per leaf value (a scalar, a list, `window_size`), in the order they were last set.
+pub type Sources = Vec<(String, &'static str)>;
 
 /// A merged config object and where each of its keys came from.
 #[derive(Clone, Debug, Default)]
@@ -183,7 +242,7 @@ impl Input {
             }
             _ if path.is_empty() => {}
             _ => {
-                // A leaf replaces what was at, under or above it.
+                // A leaf replaces what was at, under or above it (an object replaced a scalar).
                 self.sources
                     .retain(|(k, _)| k != path && !under(k, path) && !under(path, k));
                 self.sources.push((path.to_string(), source.clone()));
@@ -212,16 +271,16 @@ impl Input {
             .map(|(_, s)| s.locate(path))
     }
 
-    /// The facts of the te family; an error says where the offending value was given.
-    pub fn facts(&self) -> Result<Facts, InputError> {
-        attn_policy::facts::te::TE.read(&self.json).map_err(|e| {
+    /// The facts of `schema`'s family; an error says where the offending value was given.
+    pub fn facts_of(&self, schema: &'static Schema) -> Result<Facts, InputError> {
+        schema.read(&self.json).map_err(|e| {
             let at = self.locate(&e.path);
             e.at(at)
         })
     }
 
     /// Provenance as (input key, source word) pairs (the explanation's `provenance`).
-    pub fn provenance(&self) -> Vec<(String, &'static str)> {
+    pub fn provenance(&self) -> Sources {
         self.sources
             .iter()
             .map(|(k, s)| (k.clone(), s.word()))
@@ -247,9 +306,10 @@ impl Input {
     }
 }
 
-/// The environment variables a family's selector reads (its `env.*` facts).
-pub fn env_variables() -> impl Iterator<Item = &'static str> {
-    attn_policy::facts::te::TE
+/// The environment variables a family's selector reads (its `env.*` facts): NVTE_* for te,
+/// TORCH_CUDNN_SDPA_* for torch.
+pub fn env_variables(schema: &'static Schema) -> impl Iterator<Item = &'static str> {
+    schema
         .fields
         .iter()
         .filter_map(|d| d.path.strip_prefix("env."))
@@ -260,13 +320,66 @@ fn flag_error(flag: &str, path: &str, message: impl Into<String>) -> InputError 
 }
 
 impl ConfigArgs {
-    /// The merged input (before typing): the shell environment (unless --no-env), a preset, a
-    /// file, then flags, each overriding the previous.
-    pub fn input(&self) -> Result<Input, InputError> {
+    /// The family-specific flags given on the command line.
+    fn given_flags(&self) -> Vec<&'static str> {
+        let given = [
+            ("--preset", self.preset.is_some()),
+            ("--layout", self.layout.is_some()),
+            ("--mask", self.mask.is_some()),
+            ("--window", self.window.is_some()),
+            ("--cp-comm-type", self.cp_comm_type.is_some()),
+            ("--cp-size", self.cp_size.is_some()),
+            ("--inference", self.inference),
+            ("--probe", !self.probes.is_empty()),
+            ("--attn-mask", self.attn_mask.is_some()),
+            ("--causal", self.causal),
+            ("--dropout", self.dropout.is_some()),
+            ("--enable-gqa", self.enable_gqa),
+            ("--requires-grad", self.requires_grad),
+            ("--tensor-layout", self.tensor_layout.is_some()),
+            ("--disable", !self.disable.is_empty()),
+        ];
+        given.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect()
+    }
+
+    /// Refuses flags of another pack family than `family` (they would set facts its packs do
+    /// not have); the error is located at the flag.
+    pub fn check_family(&self, family: &str) -> Result<(), InputError> {
+        for flag in self.given_flags() {
+            let Some((owner, _)) = FAMILY_FLAGS.iter().find(|(_, flags)| flags.contains(&flag))
+            else {
+                continue;
+            };
+            if *owner != family {
+                let whose = match *owner {
+                    "te" => "a TransformerEngine flag",
+                    _ => "a PyTorch SDPA flag",
+                };
+                return Err(flag_error(
+                    flag,
+                    "",
+                    format!(
+                        "{flag} is {whose} (pack family `{owner}`); this pack's family is \
+                         `{family}`, whose facts it does not set. Set {family} facts with \
+                         --set PATH=JSON or a config file (list them with `attn-policy facts \
+                         --pack PACK`)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The merged input (before typing) for a pack of `schema`'s family: the shell environment
+    /// (unless --no-env), a preset, a file, then flags mapped onto the family's facts, each
+    /// overriding the previous. Flags of another family are refused.
+    pub fn input_for(&self, schema: &'static Schema) -> Result<Input, InputError> {
+        let family = schema.family;
+        self.check_family(family)?;
         let mut input = Input::default();
         let mut obj = Map::new();
         if !self.no_env {
-            for var in env_variables() {
+            for var in env_variables(schema) {
                 if let Some(value) = std::env::var_os(var) {
                     let value = Json::String(value.to_string_lossy().into_owned());
                     let path = format!("env.{var}");
@@ -301,7 +414,8 @@ impl ConfigArgs {
                     .map_err(|e| flag_error(&name, "", format!("cannot read it: {e}")))?;
                 (name, text)
             };
-            // A whole conformance record is accepted too: its `config` is the input.
+            // A whole conformance record is accepted too: its `config` is the input (with a
+            // PyTorch record's `torch` device object).
             let text = ConfigText::parse(&name, &text)?.into_config();
             if !text.value.is_object() {
                 return Err(InputError::new(
@@ -319,6 +433,54 @@ impl ConfigArgs {
             input.record(k, &v, &Source::Flag(flag.to_string()), true);
             insert_path(&mut obj, k, v)
         };
+        if family == "torch" {
+            self.torch_flags(&mut set)?;
+        } else {
+            self.te_flags(&mut set)?;
+        }
+        for s in &self.sets {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| flag_error("--set", "", format!("expects PATH=JSON, got `{s}`")))?;
+            let value: Json =
+                serde_json::from_str(v).unwrap_or_else(|_| Json::String(v.to_string()));
+            set(&format!("--set {}", k.trim()), k.trim(), value);
+        }
+        for s in &self.envs {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| flag_error("--env", "", format!("expects NAME=VALUE, got `{s}`")))?;
+            set(
+                &format!("--env {}", k.trim()),
+                &format!("env.{}", k.trim()),
+                json!(v.trim()),
+            );
+        }
+        for s in &self.probes {
+            let (k, v) = s.split_once('=').ok_or_else(|| {
+                flag_error("--probe", "", format!("expects NAME=true|false, got `{s}`"))
+            })?;
+            let flag = format!("--probe {}", k.trim());
+            let b = match v.trim() {
+                "true" | "yes" | "1" => Json::Bool(true),
+                "false" | "no" | "0" => Json::Bool(false),
+                "unknown" | "null" => Json::Null,
+                other => {
+                    return Err(flag_error(
+                        &flag,
+                        &format!("probe.{}", k.trim()),
+                        format!("expected true, false or unknown, got `{other}`"),
+                    ));
+                }
+            };
+            set(&flag, &format!("probe.{}", k.trim()), b);
+        }
+        input.json = Json::Object(obj);
+        Ok(input)
+    }
+
+    /// The te family's flags: TransformerEngine's `AttentionParams` names.
+    fn te_flags(&self, set: &mut dyn FnMut(&str, &str, Json)) -> Result<(), InputError> {
         if let Some(d) = self.head_dim {
             set("--head-dim", "head_dim_qk", json!(d));
             set("--head-dim", "head_dim_v", json!(d));
@@ -403,51 +565,96 @@ impl ConfigArgs {
         if self.deterministic {
             set("--deterministic", "deterministic", json!(true));
         }
-        for s in &self.sets {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| flag_error("--set", "", format!("expects PATH=JSON, got `{s}`")))?;
-            let value: Json =
-                serde_json::from_str(v).unwrap_or_else(|_| Json::String(v.to_string()));
-            set(&format!("--set {}", k.trim()), k.trim(), value);
-        }
-        for s in &self.envs {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| flag_error("--env", "", format!("expects NAME=VALUE, got `{s}`")))?;
-            set(
-                &format!("--env {}", k.trim()),
-                &format!("env.{}", k.trim()),
-                json!(v.trim()),
-            );
-        }
-        for s in &self.probes {
-            let (k, v) = s.split_once('=').ok_or_else(|| {
-                flag_error("--probe", "", format!("expects NAME=true|false, got `{s}`"))
-            })?;
-            let flag = format!("--probe {}", k.trim());
-            let b = match v.trim() {
-                "true" | "yes" | "1" => Json::Bool(true),
-                "false" | "no" | "0" => Json::Bool(false),
-                "unknown" | "null" => Json::Null,
-                other => {
-                    return Err(flag_error(
-                        &flag,
-                        &format!("probe.{}", k.trim()),
-                        format!("expected true, false or unknown, got `{other}`"),
-                    ));
-                }
-            };
-            set(&flag, &format!("probe.{}", k.trim()), b);
-        }
-        input.json = Json::Object(obj);
-        Ok(input)
+        Ok(())
     }
 
-    /// The typed facts, and the input they were read from.
-    pub fn facts(&self) -> Result<(Facts, Input), InputError> {
-        let input = self.input()?;
-        let facts = input.facts()?;
+    /// The torch family's flags: PyTorch SDPA's `sdp_params` and process state.
+    fn torch_flags(&self, set: &mut dyn FnMut(&str, &str, Json)) -> Result<(), InputError> {
+        if let Some(d) = self.head_dim {
+            set("--head-dim", "head_dim_qk", json!(d));
+            set("--head-dim", "head_dim_v", json!(d));
+        }
+        if let Some(d) = self.head_dim_qk {
+            set("--head-dim-qk", "head_dim_qk", json!(d));
+        }
+        if let Some(d) = self.head_dim_v {
+            set("--head-dim-v", "head_dim_v", json!(d));
+        }
+        if let Some(sm) = self.sm {
+            set("--sm", "sm", json!(sm));
+        }
+        if let Some(v) = &self.cudnn {
+            set("--cudnn", "cudnn_version", json!(v));
+        }
+        if let Some(v) = &self.dtype {
+            set("--dtype", "dtype", json!(v));
+        }
+        for (flag, key, value) in [
+            ("--batch", "batch", self.batch),
+            ("--heads", "heads_q", self.heads),
+            ("--kv-heads", "heads_kv", self.kv_heads),
+        ] {
+            if let Some(v) = value {
+                set(flag, key, json!(v));
+            }
+        }
+        if let Some(s) = self.seqlen {
+            set("--seqlen", "seqlen_q", json!(s));
+            set("--seqlen", "seqlen_kv", json!(s));
+        }
+        if let Some(s) = self.seqlen_q {
+            set("--seqlen-q", "seqlen_q", json!(s));
+        }
+        if let Some(s) = self.seqlen_kv {
+            set("--seqlen-kv", "seqlen_kv", json!(s));
+        }
+        if self.deterministic {
+            set("--deterministic", "deterministic", json!(true));
+        }
+        if let Some(m) = &self.attn_mask {
+            let kind = if m == "none" { Json::Null } else { json!(m) };
+            set("--attn-mask", "attn_mask", kind);
+        }
+        if self.causal {
+            set("--causal", "is_causal", json!(true));
+        }
+        if let Some(p) = self.dropout {
+            set("--dropout", "dropout_p", json!(p));
+        }
+        if self.enable_gqa {
+            set("--enable-gqa", "enable_gqa", json!(true));
+        }
+        if self.requires_grad {
+            set("--requires-grad", "requires_grad", json!(true));
+        }
+        if let Some(l) = &self.tensor_layout {
+            set("--tensor-layout", "layout", json!(l));
+        }
+        for b in &self.disable {
+            let fact = match b.as_str() {
+                "flash" => "flash_sdp_enabled",
+                "efficient" | "mem_efficient" => "mem_efficient_sdp_enabled",
+                "math" => "math_sdp_enabled",
+                "cudnn" => "cudnn_sdp_enabled",
+                other => {
+                    return Err(flag_error(
+                        &format!("--disable {other}"),
+                        "",
+                        "expected flash, efficient, math or cudnn",
+                    )
+                    .kind(InputErrorKind::Domain));
+                }
+            };
+            set(&format!("--disable {b}"), fact, json!(false));
+        }
+        Ok(())
+    }
+
+    /// The typed facts of `policy`'s family, and the input they were read from (its
+    /// provenance and the locations of its values).
+    pub fn facts_for(&self, policy: &Policy) -> Result<(Facts, Input), InputError> {
+        let input = self.input_for(policy.schema)?;
+        let facts = input.facts_of(policy.schema)?;
         Ok((facts, input))
     }
 }
@@ -466,7 +673,8 @@ fn kind(v: &Json) -> &'static str {
 /// Which rule pack to use.
 #[derive(Args, Debug, Clone)]
 pub struct PackArgs {
-    /// Embedded pack: te (TransformerEngine 2.20.2 + FROST) or native (this project's executors).
+    /// Embedded pack: te (TransformerEngine 2.20.2 + FROST), native (this project's executors) or
+    /// torch (PyTorch 2.11 SDPA on CUDA).
     #[arg(long, default_value = "te", value_name = "NAME")]
     pub pack: String,
     /// Load the pack from a folder holding pack.yaml instead of an embedded one.

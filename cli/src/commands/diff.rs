@@ -15,9 +15,14 @@ Semantic diff over the same equivalence classes as `gaps`: every region whose se
 pack, the decision diagram of each outcome; the regions are a disjoint cover of every pair of
 differing outcomes (listing cut at --max-regions, which says so).
 
+With --format matrix, both packs' support matrices of one query (--rows, --cols, --fix,
+--free as for `attn-policy matrix`) side by side as Markdown, each row's old cells above its
+new ones, changed cells marked (--json: both matrices and the changed cells).
+
 Examples:
   attn-policy diff te rules/te-edited
   attn-policy diff old-pack/ new-pack/ --json
+  attn-policy diff te rules/te-edited --format matrix --rows head_dim --cols sm
 
 Exit codes: 0 no difference (search complete), 1 differences found, 2 bad rules or a bad
 --where, 3 none found but the search ran out of budget (INCOMPLETE: no claim either way).")]
@@ -39,6 +44,52 @@ pub struct DiffArgs {
     /// says how it was cut).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DIFF_REGIONS)]
     pub max_regions: usize,
+    /// `regions` (the default) or `matrix`: both packs' matrices side by side.
+    #[arg(long, value_enum, default_value_t = DiffFormat::Regions)]
+    pub format: DiffFormat,
+    /// The matrix (with --format matrix).
+    #[command(flatten)]
+    pub matrix: super::matrix::MatrixQueryArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum DiffFormat {
+    /// Regions where the decisions differ.
+    #[default]
+    Regions,
+    /// Both packs' support matrices side by side, changed cells marked.
+    Matrix,
+}
+
+/// `--format matrix`: both matrices of one query, side by side.
+fn run_matrix(a: &DiffArgs, old: &Policy, new: &Policy) -> i32 {
+    let query = match a.matrix.query() {
+        Ok(q) => q,
+        Err(e) => return super::fail(e),
+    };
+    let (mo, mn) = match (
+        attn_policy::matrix::build(old, &query, a.budget),
+        attn_policy::matrix::build(new, &query, a.budget),
+    ) {
+        (Ok(o), Ok(n)) => (o, n),
+        (Err(e), _) | (_, Err(e)) => return super::fail(e),
+    };
+    let d = attn_policy::matrix::MatrixDiff {
+        old: &mo,
+        new: &mn,
+        old_name: a.old.clone(),
+        new_name: a.new.clone(),
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&d.to_json()).expect("serialisable")
+        );
+    } else {
+        print!("{}", d.to_markdown());
+    }
+    let changed = d.changes().iter().any(Option::is_some);
+    super::analysis_exit(changed, mo.complete && mn.complete)
 }
 
 fn load(spec: &str) -> Result<Policy, i32> {
@@ -53,7 +104,25 @@ pub fn run(a: DiffArgs) -> i32 {
         (Ok(o), Ok(n)) => (o, n),
         (Err(c), _) | (_, Err(c)) => return c,
     };
-    let restrict = match a.where_.as_deref().map(Restriction::parse).transpose() {
+    if old.schema != new.schema {
+        return super::fail(format!(
+            "pack `{}` (family `{}`) and pack `{}` (family `{}`) decide over different facts; \
+             diff compares packs of one family",
+            old.name, old.schema.family, new.name, new.schema.family
+        ));
+    }
+    if a.format == DiffFormat::Matrix {
+        return run_matrix(&a, &old, &new);
+    }
+    if a.matrix.rows.is_some() || a.matrix.cols.is_some() || !a.matrix.fix.is_empty() {
+        return super::fail("--rows, --cols and --fix go with --format matrix");
+    }
+    let restrict = match a
+        .where_
+        .as_deref()
+        .map(|w| Restriction::parse_for(old.schema, w))
+        .transpose()
+    {
         Ok(r) => r,
         Err(e) => return super::fail(e),
     };

@@ -1,11 +1,9 @@
 //! `attn-policy explain`: decide for one configuration and explain every backend.
 
 use clap::Args;
-use serde_json::{Map, Value as Json};
 
 use super::args::{ConfigArgs, Format, Input, OutputArgs, PackArgs};
-use attn_policy::facts::schema::Ty;
-use attn_policy::{Explanation, Facts};
+use attn_policy::Explanation;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -18,6 +16,8 @@ Examples:
   attn-policy explain --preset gemma4-global --sm 90 --format te
   attn-policy explain examples/gemma4-global.json --json --parity
   attn-policy explain --head-dim 260 --sm 100 --mask causal --probe fused_attn_graph=true
+  attn-policy explain --pack torch --head-dim 512 --heads 32 --kv-heads 8 --enable-gqa
+  attn-policy explain --pack torch record.json --disable cudnn --json
 
 Exit codes: 0 selected, 1 no backend can serve the input, 2 bad input or bad rules.")]
 pub struct ExplainArgs {
@@ -34,61 +34,24 @@ pub fn run(a: ExplainArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let (facts, input) = match a.config.facts() {
+    let (facts, input) = match a.config.facts_for(&policy) {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
     let decision = policy.decide(&facts);
-    let ex = Explanation::new(&policy, &facts, &decision);
+    let ex = Explanation::new(&policy, &facts, &decision).with_provenance(input.provenance());
     match a.output.format() {
         Format::Human => {
             print!("{}", ex.to_text(a.output.stdout_color()));
             print!("{}", shell_note(&input));
         }
-        Format::Json => {
-            let mut json = ex.to_json();
-            add_input(&mut json, &facts, &input);
-            println!("{}", serde_json::to_string_pretty(&json).expect("json"));
-        }
+        Format::Json => println!("{}", ex.to_json_string(true)),
         Format::Te => println!(
             "{}",
             serde_json::to_string_pretty(&ex.to_te()).expect("json")
         ),
     }
-    decision.exit_code()
-}
-
-/// Every fact as decided on, by path (enums and versions as text, unknown probes as
-/// `"unknown"`).
-pub fn resolved(facts: &Facts) -> Map<String, Json> {
-    let schema = facts.schema();
-    schema
-        .fields
-        .iter()
-        .zip(facts.values())
-        .map(|(d, v)| {
-            let domain = match d.ty {
-                Ty::Enum(dom) => Some(dom),
-                _ => None,
-            };
-            (d.path.to_string(), v.to_json(domain))
-        })
-        .collect()
-}
-
-/// Adds `input` (every fact decided on) and `provenance` (input key -> shell, preset, config,
-/// flag) to an explain/v1 document. The owned explanation model records both itself once it
-/// lands (`Explanation::with_provenance`); until then the CLI adds them here.
-pub fn add_input(json: &mut Json, facts: &Facts, input: &Input) {
-    if let Some(obj) = json.as_object_mut() {
-        obj.insert("input".into(), Json::Object(resolved(facts)));
-        let provenance: Map<String, Json> = input
-            .provenance()
-            .into_iter()
-            .map(|(k, w)| (k, Json::String(w.into())))
-            .collect();
-        obj.insert("provenance".into(), Json::Object(provenance));
-    }
+    ex.exit_code()
 }
 
 /// One line naming the environment variables taken from the shell (they change decisions

@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::args::PackArgs;
 use attn_policy::analysis::regions::{
-    DEFAULT_BUDGET, DEFAULT_MAX_REGIONS, GapReport, Restriction, gaps,
+    DEFAULT_BUDGET, DEFAULT_MAX_REGIONS, GapReport, Restriction, gaps_only,
 };
 
 #[derive(Args, Debug)]
@@ -21,6 +21,7 @@ Examples:
   attn-policy gaps
   attn-policy gaps --rules rules/te --where 'sm == 90 and context_parallel'
   attn-policy gaps --where 'head_dim_qk == head_dim_v' --json
+  attn-policy gaps --pack torch --only math --where 'sm == 90'   # where only math serves
 
 Exit codes: 0 no gaps (search complete), 1 gaps found, 2 bad rules or a bad --where,
 3 the diagram budget ran out, or an evaluation stayed unknown, and no gap was found
@@ -31,6 +32,10 @@ pub struct GapsArgs {
     /// Only search inputs where this condition holds (fact schema names; pack defs not available).
     #[arg(long = "where", value_name = "EXPR")]
     pub where_: Option<String>,
+    /// Instead of the gaps, every region where BACKEND is the only eligible backend (the one
+    /// thing that serves there, e.g. `--only math`).
+    #[arg(long, value_name = "BACKEND")]
+    pub only: Option<String>,
     /// Print {"regions": [...], "classes_examined": N, ...} as JSON.
     #[arg(long)]
     pub json: bool,
@@ -48,12 +53,34 @@ pub fn run(a: GapsArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let restrict = match a.where_.as_deref().map(Restriction::parse).transpose() {
+    let restrict = match a
+        .where_
+        .as_deref()
+        .map(|w| Restriction::parse_for(policy.schema, w))
+        .transpose()
+    {
         Ok(r) => r,
         Err(e) => return super::fail(e),
     };
+    let only = match a.only.as_deref().map(|b| {
+        policy.backend_index(b).ok_or_else(|| {
+            let names: Vec<&str> = policy.backends.iter().map(|b| b.name.as_str()).collect();
+            let hint = attn_policy::facts::did_you_mean(b, names.iter().copied())
+                .map(|h| format!(" (did you mean `{h}`?)"))
+                .unwrap_or_default();
+            format!(
+                "--only: pack `{}` has no backend `{b}`{hint}; backends: {}",
+                policy.name,
+                names.join(", ")
+            )
+        })
+    }) {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => return super::fail(e),
+    };
     let t = Instant::now();
-    let (report, _) = gaps(&policy, restrict.as_ref(), a.budget, a.max_regions);
+    let (report, _) = gaps_only(&policy, restrict.as_ref(), a.budget, a.max_regions, only);
     let elapsed = t.elapsed();
     if a.json {
         println!(
@@ -75,8 +102,12 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
              narrow with --where)\n",
         );
     }
+    let what = match &r.only {
+        Some(b) => format!("only {b} serves (every other backend is declined)"),
+        None => "no backend is selected".to_string(),
+    };
     out.push_str(&format!(
-        "pack `{pack}`: {} region(s) where no backend is selected{}\n",
+        "pack `{pack}`: {} region(s) where {what}{}\n",
         r.regions.len(),
         if r.regions_truncated {
             " (the first of more: raise --max-regions or narrow with --where)"

@@ -54,7 +54,10 @@ pub fn presets(a: PresetsArgs) -> i32 {
         Ok(f) => f,
         Err(e) => return super::fail(e.at(Some(format!("preset `{name}`")))),
     };
-    let resolved = super::explain::resolved(&facts);
+    let resolved: serde_json::Map<String, Json> = attn_policy::Explanation::input_of(&facts)
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_json()))
+        .collect();
     let set_by_preset = |path: &str| {
         let pointer = format!("/{}", path.replace('.', "/"));
         config.pointer(&pointer).is_some()
@@ -110,16 +113,23 @@ pub struct FactsArgs {
     /// and the constraints across facts.
     #[arg(long)]
     pub json: bool,
+    /// The facts of this pack's family (`--pack torch`: PyTorch SDPA's).
+    #[command(flatten)]
+    pub pack: super::args::PackArgs,
 }
 
 pub fn facts(a: FactsArgs) -> i32 {
+    let schema = match a.pack.load(false) {
+        Ok(policy) => policy.schema,
+        Err(code) => return code,
+    };
     if !a.json {
-        print!("{}", TE.markdown_table());
+        print!("{}", schema.markdown_table());
         println!("\nConstraints across facts:\n");
-        print!("{}", TE.constraints_table());
+        print!("{}", schema.constraints_table());
         return super::EXIT_OK;
     }
-    let fields: Vec<Json> = TE
+    let fields: Vec<Json> = schema
         .fields
         .iter()
         .map(|d| {
@@ -139,7 +149,7 @@ pub fn facts(a: FactsArgs) -> i32 {
             })
         })
         .collect();
-    let constraints: Vec<Json> = TE
+    let constraints: Vec<Json> = schema
         .constraints
         .iter()
         .map(|c| {
@@ -158,7 +168,7 @@ pub fn facts(a: FactsArgs) -> i32 {
     println!(
         "{}",
         serde_json::to_string_pretty(
-            &json!({"family": TE.family, "facts": fields, "constraints": constraints})
+            &json!({"family": schema.family, "facts": fields, "constraints": constraints})
         )
         .expect("json")
     );

@@ -11,6 +11,7 @@ mod executors;
 mod explain;
 mod gaps;
 mod info;
+mod matrix;
 mod run;
 mod why_not;
 
@@ -25,7 +26,8 @@ pub const EXIT_FOUND: i32 = 1;
 pub const EXIT_BAD_INPUT: i32 = 2;
 /// 3: a search ran out of budget with nothing found (no claim either way).
 pub const EXIT_INCOMPLETE: i32 = 3;
-/// 4: `run`: the selected backend's executor could not run (unavailable or refused).
+/// 4: `run`: no entry of the selected backend's executor chain ran, or `--no-substitute`
+/// refused a substitute.
 pub const EXIT_NOT_RUN: i32 = 4;
 /// 5: `run`: the executor ran but verification against the float64 reference failed.
 pub const EXIT_VERIFY_FAILED: i32 = 5;
@@ -41,7 +43,8 @@ macro_rules! exit_codes {
      coverage below what was asked
   2  bad input (arguments, config file, corpus) or bad rules (the pack does not load)
   3  a search ran out of budget with nothing found (INCOMPLETE: no claim either way)
-  4  run: the selected executor could not run (unavailable, or it refused the problem)
+  4  run: no entry of the selected backend's executor chain ran (unavailable, refused or
+     failed), or --no-substitute refused a substitute
   5  run: verification against the float64 reference failed"
     };
 }
@@ -78,7 +81,7 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// List the named presets usable with --preset; --show NAME prints one resolved.
     Presets(info::PresetsArgs),
-    /// List every fact (input field) with its type, domain and default.
+    /// List every fact (input field) of a pack's family with its type, domain and default.
     Facts(info::FactsArgs),
     /// Load, type-check and lint a pack (never/always-firing, subsumed, capabilities, ...).
     Check(check::CheckArgs),
@@ -86,6 +89,8 @@ pub enum Command {
     Gaps(gaps::GapsArgs),
     /// Regions where two packs select different backends (exact).
     Diff(diff::DiffArgs),
+    /// A support matrix: the backend per combination of two facts (Markdown, HTML, SVG, JSON).
+    Matrix(matrix::MatrixArgs),
     /// How to get BACKEND: the switch that selects it, or the smallest verified input changes.
     WhyNot(why_not::WhyNotArgs),
     /// How often each rule fired on a corpus; rules never exercised.
@@ -120,6 +125,7 @@ pub fn main() -> i32 {
         Command::Check(a) => check::run(a),
         Command::Gaps(a) => gaps::run(a),
         Command::Diff(a) => diff::run(a),
+        Command::Matrix(a) => matrix::run(a),
         Command::WhyNot(a) => why_not::run(a),
         Command::Coverage(a) => coverage::run(a),
         Command::Conformance(a) => conformance::run(a),

@@ -1,31 +1,45 @@
-//! `attn-policy run`: select with a pack whose backends are this project's executors (default
-//! `native`), then execute on random inputs, verify against the float64 reference when small
-//! enough, and report which executor ran, time and peak memory. No silent fallback: if the
-//! selected executor refuses at run time, that is an error.
+//! `attn-policy run`: decide with a pack (default `native`), walk the selected backend's
+//! executor chain (the pack's `executors:`), run the first entry that can run here on random
+//! inputs, verify against the float64 reference when small enough, and report every chain
+//! entry's outcome. A substitute (any entry but the first) is reported, never silent;
+//! `--no-substitute` makes it an error.
+//!
+//! Where a CUDA device is present the decision is made with its live facts (compute capability,
+//! the libcudnn the executors load) instead of the config's, and the output says when they
+//! differ; `--as-configured` keeps the config's.
 
 use clap::Args;
-use serde_json::json;
+use serde_json::{Value as Json, json};
 
-use super::args::{ConfigArgs, Format, OutputArgs};
+use super::args::{ConfigArgs, Format, Input, OutputArgs};
 use attn_policy::Explanation;
-use attn_policy::facts::Value;
-use attn_policy_adapters::run::{RunOptions, VerifyMode, run_on};
-use attn_policy_adapters::{Registry, problem_from_facts};
+use attn_policy::facts::te::TE;
+use attn_policy::facts::{Facts, InputError, Value};
+use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
+use attn_policy_adapters::run::{RunOptions, RunReport, VerifyMode, run_on};
+use attn_policy_adapters::{LiveDevice, Registry, live_device, problem_from_facts};
+
+/// Exit codes of `run` (the table of every command: docs/cli.md, `--help`).
+const EXIT_NO_BACKEND: i32 = super::EXIT_FOUND;
+const EXIT_NOTHING_RAN: i32 = super::EXIT_NOT_RUN;
+const EXIT_VERIFICATION_FAILED: i32 = super::EXIT_VERIFY_FAILED;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
 Examples:
   attn-policy run --pack native --head-dim 64 --seqlen 128          # anywhere: CPU reference
+  attn-policy run --pack te --head-dim 64 --seqlen 128              # te: its chains, reference here
+  attn-policy run --pack te --preset gemma4-sliding --seqlen 64 --batch 1 --no-substitute
   attn-policy run --preset gemma4-global --seqlen 16384             # on a GPU: chunked executor
-  attn-policy run --head-dim 128 --seqlen 4096 --mask causal --heads 8 --kv-heads 4 --json
+  attn-policy run --pack te --preset gemma4-global --as-configured  # SM100 decision, run here
 
-Exit codes: 0 ran (and verified where verification applies), 1 no backend selected, 2 bad input
-or bad rules, 4 the selected executor could not run (unavailable or refused), 5 verification
-failed.")]
+Exit codes: 0 ran (and verified where verification applies), 1 no backend selected,
+2 bad input or rules, 4 no chain entry could run (or a substitution was refused, or an
+executor failed), 5 verification failed.")]
 pub struct RunArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Embedded pack whose backends are executors.
+    /// Embedded pack of the te fact family whose backends name executor chains: native or te.
     #[arg(long, default_value = "native")]
     pub pack: String,
     /// Seed of the random inputs.
@@ -37,8 +51,101 @@ pub struct RunArgs {
     /// Verification: auto (when small enough), always, never.
     #[arg(long, default_value = "auto", value_parser = ["auto", "always", "never"])]
     pub verify: String,
+    /// Only the selected backend's own executor (its chain's first entry) may run: a substitute
+    /// is an error (exit 4).
+    #[arg(long)]
+    pub no_substitute: bool,
+    /// Decide with the config's device facts (compute capability, cuDNN version) even where a
+    /// GPU is present; the chain then runs what it can here.
+    #[arg(long)]
+    pub as_configured: bool,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// A device fact whose live value differs from the config's.
+struct Difference {
+    fact: &'static str,
+    configured: Value,
+    live: Value,
+}
+
+/// What the live device said and whether the decision used it.
+struct DeviceFacts {
+    live: Result<LiveDevice, String>,
+    used: bool,
+    differences: Vec<Difference>,
+}
+
+impl DeviceFacts {
+    fn to_json(&self) -> Json {
+        let differs: Vec<Json> = self
+            .differences
+            .iter()
+            .map(|d| {
+                json!({"fact": d.fact, "configured": d.configured.to_json(None),
+                       "live": d.live.to_json(None)})
+            })
+            .collect();
+        match &self.live {
+            Ok(d) => json!({
+                "available": true,
+                "name": d.name,
+                "compute_capability": [d.compute_capability.0, d.compute_capability.1],
+                "cudnn_version": d.cudnn_version.map(|(a, b, p)| format!("{a}.{b}.{p}")),
+                "cudnn_unavailable": d.cudnn_unavailable,
+                "used": self.used,
+                "differs_from_config": differs,
+            }),
+            Err(why) => json!({"available": false, "reason": why, "used": false,
+                               "differs_from_config": []}),
+        }
+    }
+
+    fn text(&self) -> String {
+        let configured = self
+            .differences
+            .iter()
+            .map(|d| format!("{} {}", d.fact, d.configured.display(None)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        match &self.live {
+            Err(why) => format!("no CUDA device ({why}): decided with the config's device facts"),
+            Ok(d) if self.used && self.differences.is_empty() => {
+                format!("decided for the live device {}", d.describe())
+            }
+            Ok(d) if self.used => format!(
+                "decided for the live device {}, not the config's {configured} (--as-configured keeps the config's)",
+                d.describe()
+            ),
+            Ok(d) if self.differences.is_empty() => {
+                format!(
+                    "decided with the config's facts, which match this device: {}",
+                    d.describe()
+                )
+            }
+            Ok(d) => format!(
+                "decided with the config's {configured} (--as-configured); this device is {}",
+                d.describe()
+            ),
+        }
+    }
+}
+
+fn merge_into(config: &mut Json, extra: &Json) {
+    if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            c.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// The te facts of a merged config; an error says where the offending value was given.
+fn facts_of(config: &Json, input: &Input) -> Result<Facts, InputError> {
+    TE.read(config).map_err(|e| {
+        let at = input.locate(&e.path);
+        e.at(at)
+    })
 }
 
 pub fn run(a: RunArgs) -> i32 {
@@ -48,18 +155,77 @@ pub fn run(a: RunArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let (mut facts, input) = match a.config.facts() {
+    // Executors take te-family facts (`problem_from_facts`); the torch pack's executors are the
+    // Python host's (`attn_policy.torch`).
+    let family = policy.schema.family;
+    if family != "te" {
+        return super::fail(format!(
+            "`run` decides with packs of the te fact family (te, native); pack `{}` is of the \
+             `{family}` family, whose executors run inside Python (attn_policy.torch)",
+            policy.name
+        ));
+    }
+    let input = match a.config.input_for(policy.schema) {
+        Ok(i) => i,
+        Err(e) => return super::fail(e),
+    };
+    let (mut config, mut sources) = (input.json.clone(), input.provenance());
+    let note = super::explain::shell_note(&input);
+    // Live device facts: the decision is for the device the executors run on.
+    let configured = match facts_of(&config, &input) {
+        Ok(f) => f,
+        Err(e) => return super::fail(e),
+    };
+    let mut device = DeviceFacts {
+        live: live_device(0),
+        used: false,
+        differences: Vec::new(),
+    };
+    if let Ok(d) = &device.live {
+        let live_config = d.te_config();
+        let mut with_live = config.clone();
+        merge_into(&mut with_live, &live_config);
+        let live_facts = match facts_of(&with_live, &input) {
+            Ok(f) => f,
+            Err(e) => return super::fail(e),
+        };
+        for fact in ["sm", "cudnn_version"] {
+            if let (Some(c), Some(l)) = (configured.get(fact), live_facts.get(fact))
+                && c != l
+                && live_config
+                    .get(if fact == "sm" {
+                        "device_compute_capability"
+                    } else {
+                        fact
+                    })
+                    .is_some()
+            {
+                device.differences.push(Difference {
+                    fact,
+                    configured: c,
+                    live: l,
+                });
+            }
+        }
+        if !a.as_configured {
+            config = with_live;
+            for key in live_config.as_object().into_iter().flat_map(|o| o.keys()) {
+                sources.push((key.clone(), "live"));
+            }
+            device.used = true;
+        }
+    }
+    let mut facts = match facts_of(&config, &input) {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
     let problem = problem_from_facts(&facts);
     // Live probes: is there a GPU executor, and can cuDNN build this graph here?
-    // Every executor of the adapters (cudnn included; each unavailable without its feature or
-    // a GPU).
     let registry = Registry::builtin();
     let gpu = registry.get("chunked").is_ok();
     if facts.get("probe.cuda_device") == Some(Value::Unknown) {
         let _ = facts.set_probe("cuda_device", Some(gpu));
+        sources.push(("probe.cuda_device".into(), "live"));
     }
     if facts.get("probe.fused_attn_graph") == Some(Value::Unknown) {
         let cudnn_ok = gpu
@@ -68,27 +234,25 @@ pub fn run(a: RunArgs) -> i32 {
                 .as_ref()
                 .is_ok_and(|p| registry.get("cudnn").is_ok_and(|e| e.check(p).is_ok()));
         let _ = facts.set_probe("fused_attn_graph", Some(cudnn_ok));
+        sources.push(("probe.fused_attn_graph".into(), "live"));
     }
     let decision = policy.decide(&facts);
-    let ex = Explanation::new(&policy, &facts, &decision);
-    let Some(sel) = decision.selected else {
-        print!("{}", ex.to_text(color));
+    let ex = Explanation::new(&policy, &facts, &decision).with_provenance(sources);
+    let Some(selected) = decision.selected else {
+        print_outcome(&a, color, &ex, &device, &note, None, None);
         eprintln!(
-            "error: no executor of pack `{}` can run this configuration",
+            "error: no backend of pack `{}` can serve this configuration",
             policy.name
         );
-        return 1;
+        return EXIT_NO_BACKEND;
     };
-    let name = policy.backends[sel as usize].name.clone();
-    let problem = match problem {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!(
-                "error: `{name}` was selected but the config cannot be expressed as an executor problem: {e}"
-            );
-            return super::EXIT_NOT_RUN;
-        }
-    };
+    let backend = policy.backends[selected as usize].name.clone();
+    let variant = decision.backends[selected as usize].variant;
+    let names: Vec<&str> = policy
+        .executor_chain(selected, variant)
+        .iter()
+        .map(|e| e.executor.as_str())
+        .collect();
     let opts = RunOptions {
         backward: !a.forward_only,
         verify: match a.verify.as_str() {
@@ -98,107 +262,162 @@ pub fn run(a: RunArgs) -> i32 {
         },
         ..RunOptions::default()
     };
-    let executor = match registry.get(&name) {
-        Ok(e) => e,
+    let chain_opts = ChainOptions {
+        ordinal: 0,
+        no_substitute: a.no_substitute,
+        decided_cudnn_version: match facts.get("cudnn_version") {
+            Some(Value::Version(v)) => Some((v.parts[0], v.parts[1], v.parts[2])),
+            _ => None,
+        },
+    };
+    let walked = chain::walk(
+        &registry,
+        &backend,
+        &names,
+        problem.as_ref(),
+        &chain_opts,
+        |ex, p| run_on(ex, p, a.seed, &opts),
+    );
+    match walked {
+        Ok(w) => {
+            let ex = ex.with_executor_chain(w.attempts);
+            let report = w.output;
+            let problem = problem.as_ref().ok();
+            print_outcome(&a, color, &ex, &device, &note, Some(&report), None);
+            if a.output.format() == Format::Human
+                && let Some(p) = problem
+            {
+                print_report(&report, p);
+            }
+            match report.verification.as_ref().map(|v| v.passed) {
+                Some(false) => {
+                    eprintln!(
+                        "error: `{}` ran but failed verification against the float64 reference",
+                        report.executor
+                    );
+                    EXIT_VERIFICATION_FAILED
+                }
+                _ => 0,
+            }
+        }
         Err(e) => {
+            let ex = ex.with_executor_chain(e.attempts().to_vec());
+            let message = match &e {
+                ChainError::SubstitutionRefused { .. } => {
+                    e.to_string().replace("no_substitute", "--no-substitute")
+                }
+                _ => e.to_string(),
+            };
+            print_outcome(&a, color, &ex, &device, &note, None, Some(&message));
             eprintln!(
-                "error: pack `{}` selected `{name}`, but the executor is unavailable: {e}",
+                "error: pack `{}` selected {backend}, but {message}",
                 policy.name
             );
-            return super::EXIT_NOT_RUN;
+            EXIT_NOTHING_RAN
         }
-    };
-    let report = match run_on(executor.as_ref(), &problem, a.seed, &opts) {
-        Ok(r) => r,
-        Err(e) => {
-            // No silent fallback: the selected executor refused or failed.
-            eprintln!("error: the selected executor `{name}` did not run: {e}");
-            return super::EXIT_NOT_RUN;
-        }
-    };
-    let verified = report.verification.as_ref().map(|v| v.passed);
+    }
+}
+
+/// The decision with its chain: the JSON document, or the explanation text with the one-line
+/// account of the run and the device facts.
+fn print_outcome(
+    a: &RunArgs,
+    color: bool,
+    ex: &Explanation,
+    device: &DeviceFacts,
+    shell_note: &str,
+    report: Option<&RunReport>,
+    error: Option<&str>,
+) {
     match a.output.format() {
         Format::Json | Format::Te => {
-            println!("{}", {
-                let mut decision = ex.to_json();
-                super::explain::add_input(&mut decision, &facts, &input);
-                serde_json::to_string_pretty(&json!({"decision": decision, "run": report}))
-                    .expect("json")
+            let doc = json!({
+                "decision": ex.to_json(),
+                "run": report,
+                "backend": ex.selected,
+                "executor": ex.executor,
+                "substitute": ex.substitute(),
+                "executor_chain": ex.executor_chain,
+                "device": device.to_json(),
+                "error": error,
             });
+            println!("{}", serde_json::to_string_pretty(&doc).expect("json"));
         }
         Format::Human => {
             print!("{}", ex.to_text(color));
-            print!("{}", super::explain::shell_note(&input));
+            print!("{shell_note}");
             println!();
-            println!(
-                "ran:       {} on {} (seed {})",
-                report.executor, report.device, report.seed
-            );
-            println!(
-                "problem:   b{} hq{} hkv{} s_q {} s_kv {} d_qk {} d_v {} {} {} {}",
-                problem.batch,
-                problem.heads_q,
-                problem.heads_kv,
-                problem.seqlen_q,
-                problem.seqlen_kv,
-                problem.head_dim_qk,
-                problem.head_dim_v,
-                problem.dtype,
-                problem.mask.kind.rule_name(),
-                if problem.deterministic {
-                    "deterministic"
-                } else {
-                    ""
-                }
-            );
-            println!(
-                "forward:   {:.3} ms ({:.1} TFLOP/s)",
-                report.forward_ms, report.forward_tflops
-            );
-            if let Some(b) = report.backward_ms {
-                println!("backward:  {b:.3} ms");
+            if let Some(backend) = &ex.selected {
+                println!(
+                    "executor:  {}",
+                    chain::run_summary(backend, &ex.executor_chain)
+                );
             }
-            match report.peak_bytes {
-                Some(p) => println!(
-                    "peak mem:  {:.1} MiB (workspace {:.1} MiB)",
-                    p as f64 / 1048576.0,
-                    report.workspace_bytes as f64 / 1048576.0
-                ),
-                None => println!(
-                    "peak mem:  not measured (workspace {:.1} MiB)",
-                    report.workspace_bytes as f64 / 1048576.0
-                ),
-            }
-            match &report.verification {
-                Some(v) => {
-                    println!(
-                        "verified:  {} against the float64 reference (LSE rel err {:.2e})",
-                        if v.passed { "PASS" } else { "FAIL" },
-                        v.lse_rel_err
-                    );
-                    for c in &v.checks {
-                        println!(
-                            "           {:<3} err {:.3e}  naive same-dtype err {:.3e}  {}",
-                            c.name,
-                            c.err,
-                            c.naive_err,
-                            if c.passed { "ok" } else { "FAIL" }
-                        );
-                    }
-                }
-                None => println!(
-                    "verified:  skipped ({})",
-                    report.verification_skipped.as_deref().unwrap_or("disabled")
-                ),
-            }
-            if !gpu {
-                println!("note:      no CUDA GPU here, so the CPU float64 reference ran");
-            }
+            println!("device:    {}", device.text());
         }
     }
-    if verified == Some(false) {
-        super::EXIT_VERIFY_FAILED
-    } else {
-        0
+}
+
+fn print_report(report: &RunReport, problem: &attn_policy_adapters::AttentionProblem) {
+    println!(
+        "ran:       {} on {} (seed {})",
+        report.executor, report.device, report.seed
+    );
+    println!(
+        "problem:   b{} hq{} hkv{} s_q {} s_kv {} d_qk {} d_v {} {} {} {}",
+        problem.batch,
+        problem.heads_q,
+        problem.heads_kv,
+        problem.seqlen_q,
+        problem.seqlen_kv,
+        problem.head_dim_qk,
+        problem.head_dim_v,
+        problem.dtype,
+        problem.mask.kind.rule_name(),
+        if problem.deterministic {
+            "deterministic"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "forward:   {:.3} ms ({:.1} TFLOP/s)",
+        report.forward_ms, report.forward_tflops
+    );
+    if let Some(b) = report.backward_ms {
+        println!("backward:  {b:.3} ms");
+    }
+    match report.peak_bytes {
+        Some(p) => println!(
+            "peak mem:  {:.1} MiB (workspace {:.1} MiB)",
+            p as f64 / 1048576.0,
+            report.workspace_bytes as f64 / 1048576.0
+        ),
+        None => println!(
+            "peak mem:  not measured (workspace {:.1} MiB)",
+            report.workspace_bytes as f64 / 1048576.0
+        ),
+    }
+    match &report.verification {
+        Some(v) => {
+            println!(
+                "verified:  {} against the float64 reference (LSE rel err {:.2e})",
+                if v.passed { "PASS" } else { "FAIL" },
+                v.lse_rel_err
+            );
+            for c in &v.checks {
+                println!(
+                    "           {:<3} err {:.3e}  naive same-dtype err {:.3e}  {}",
+                    c.name,
+                    c.err,
+                    c.naive_err,
+                    if c.passed { "ok" } else { "FAIL" }
+                );
+            }
+        }
+        None => println!(
+            "verified:  skipped ({})",
+            report.verification_skipped.as_deref().unwrap_or("disabled")
+        ),
     }
 }

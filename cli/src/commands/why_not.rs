@@ -14,6 +14,7 @@ Examples:
   attn-policy why-not FrostAttention --head-dim 260 --sm 100
   attn-policy why-not FrostAttention --preset gemma4-global-cp-p2p --window 128,0
   attn-policy why-not FlashAttention config.json --json
+  attn-policy why-not flash --pack torch --head-dim 512 --heads 32 --kv-heads 8 --enable-gqa
 
 Exit codes: 0 eligible already or hints found, 1 no verified hint, 2 bad input.")]
 pub struct WhyNotArgs {
@@ -34,7 +35,7 @@ pub fn run(a: WhyNotArgs) -> i32 {
         Err(code) => return code,
     };
     // Read (and validate) the input first, so that a bad value is reported where it was given.
-    let (_, input) = match a.config.facts() {
+    let (_, input) = match a.config.facts_for(&policy) {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };

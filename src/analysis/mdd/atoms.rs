@@ -42,7 +42,7 @@ impl<'s> Mdd<'s> {
     pub(super) fn enumerate_atom(&mut self, prog: usize, id: NodeId) -> Id {
         let vars = self.atom_vars(prog, id);
         // The atom's own abstraction: classes it cannot tell apart form one block.
-        let mut b = SpaceBuilder::new();
+        let mut b = SpaceBuilder::for_schema(self.space.schema);
         b.root(&self.progs[prog], id);
         let own = b.build();
         if own.relational.is_empty() && own.inexact.is_empty() {

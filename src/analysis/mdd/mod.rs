@@ -35,7 +35,9 @@
 //!   cubes, the regions `gaps` and `diff` list;
 //! - `witness`: a concrete input inside a region (bounded search);
 //! - `queries`: [`PolicyDiagrams`], a pack's rules, applicability and preference as diagrams,
-//!   and the policy questions (`gaps`, `diff`, `check`'s lints) asked of them.
+//!   and the policy questions (`gaps`, `diff`, `check`'s lints) asked of them;
+//! - `restrict`: cofactors (vars fixed to one class), supports, relation variables at fixed
+//!   facts (the cells of `matrix`).
 //!
 //! # Invariants of the manager
 //!
@@ -71,6 +73,7 @@ mod cover;
 mod order;
 mod queries;
 mod relations;
+mod restrict;
 mod tables;
 mod witness;
 
@@ -83,6 +86,7 @@ use crate::facts::Value;
 pub use bits::Bits;
 pub use queries::PolicyDiagrams;
 pub use relations::Rel;
+pub use restrict::Pins;
 use tables::{Node, NodeMemo, Op};
 
 /// The node and operation tables are hashed millions of times: foldhash, not SipHash.

@@ -51,8 +51,8 @@ impl<'s> Mdd<'s> {
             for node in &p.program.nodes {
                 let PNode::Cmp(_, a, b) = *node else { continue };
                 let (mut xs, mut ys) = (Vec::new(), Vec::new());
-                branch_slots(&p.program, a, &mut xs);
-                branch_slots(&p.program, b, &mut ys);
+                branch_slots(space.schema, &p.program, a, &mut xs);
+                branch_slots(space.schema, &p.program, b, &mut ys);
                 for &x in &xs {
                     for &y in &ys {
                         if let (Some(vx), Some(vy)) = (var_of(x), var_of(y))
@@ -194,11 +194,9 @@ fn slots_in_order(p: &Program, id: NodeId, out: &mut Vec<usize>) {
 }
 
 /// The integer facts an expression can be, directly or as a branch of `if`.
-fn branch_slots(p: &Program, id: NodeId, out: &mut Vec<usize>) {
+fn branch_slots(schema: &crate::facts::Schema, p: &Program, id: NodeId, out: &mut Vec<usize>) {
     match p.nodes[id as usize] {
-        PNode::Slot(s)
-            if crate::facts::te::FIELDS[s as usize].ty == crate::facts::schema::Ty::Int =>
-        {
+        PNode::Slot(s) if schema.fields[s as usize].ty == crate::facts::schema::Ty::Int => {
             out.push(s as usize)
         }
         PNode::Call {
@@ -207,8 +205,8 @@ fn branch_slots(p: &Program, id: NodeId, out: &mut Vec<usize>) {
             len: 3,
         } => {
             let k = &p.children[start as usize..start as usize + 3];
-            branch_slots(p, k[1], out);
-            branch_slots(p, k[2], out);
+            branch_slots(schema, p, k[1], out);
+            branch_slots(schema, p, k[2], out);
         }
         _ => {}
     }

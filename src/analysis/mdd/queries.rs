@@ -144,6 +144,21 @@ impl PolicyDiagrams {
         m.minus(acc, d)
     }
 
+    /// `acc and` backend `b` is eligible and every other backend is not: only `b` serves.
+    pub fn only_within(&self, m: &mut Mdd, b: usize, acc: Id) -> Id {
+        let mut out = self.eligible_within(m, b, acc);
+        let others: Vec<u16> = (0..self.app.len() as u16)
+            .filter(|&x| x as usize != b)
+            .collect();
+        for other in self.fewest_rules_first(&others) {
+            if out == FALSE {
+                break;
+            }
+            out = self.declined_within(m, other, out);
+        }
+        out
+    }
+
     /// Where, within `acc`, the pack selects nothing.
     pub fn none_within(&self, m: &mut Mdd, p: &crate::policy::Policy, acc: Id) -> Id {
         let mut out = m.and(acc, self.no_pref);

@@ -165,7 +165,7 @@ impl<'s> Mdd<'s> {
 
     /// The var holding integer fact `slot` itself (not a derived fact).
     fn plain_int_var(&self, slot: usize) -> Option<usize> {
-        if crate::facts::te::FIELDS[slot].ty != crate::facts::schema::Ty::Int {
+        if self.space.schema.fields[slot].ty != crate::facts::schema::Ty::Int {
             return None;
         }
         self.space.vars.iter().position(|v| v.slot == slot)
@@ -299,7 +299,7 @@ impl<'s> Mdd<'s> {
         });
         let undecided = decided.iter().any(Option::is_none);
         let r = undecided.then(|| {
-            let text = self.progs[prog].render(id, &crate::facts::te::TE);
+            let text = self.progs[prog].render(id, self.space.schema);
             let key = format!("pred {}", self.progs[prog].fingerprint(id, false));
             let rel = Rel::Pred {
                 prog,
@@ -335,7 +335,7 @@ impl<'s> Mdd<'s> {
             Rel::Pred {
                 prog, node, vars, ..
             } => {
-                let mut b = SpaceBuilder::new();
+                let mut b = SpaceBuilder::for_schema(self.space.schema);
                 b.root(&self.progs[prog], node);
                 let own = b.build();
                 let cells = vars

@@ -4,7 +4,9 @@
 //! Where the cube constrains relation variables (*literals*), a depth-first search chooses
 //! classes and members of the facts they read, in diagram order, checking each literal as soon
 //! as all its facts are chosen (`due`), and trying values near those already chosen first
-//! (equal, off by one, doubled, halved: what relations between facts need).
+//! (equal, off by one, doubled, halved: what relations between facts need); when that finds
+//! nothing, once more with numbers of many divisors last (what several remainders need
+//! together).
 //!
 //! Invariants: an answer satisfies every literal of the cube (each is evaluated on the
 //! concrete input); no answer means the search gave up after `WITNESS_TRIES` literal checks
@@ -20,6 +22,10 @@ use super::{Bits, Mdd, Rel};
 /// Candidate assignments tried when looking for a region's example.
 const WITNESS_TRIES: usize = 200_000;
 
+/// Integer candidates tried after all others: numbers divisible by every small number up to
+/// 10 and beyond (the highly composite numbers up to 5040).
+const HIGHLY_COMPOSITE: [i64; 12] = [12, 24, 36, 48, 60, 120, 180, 240, 360, 720, 2520, 5040];
+
 /// The fixed inputs of one region's example search (`Mdd::example`).
 struct Witness<'a> {
     /// Relation variables and the classes the region allows them.
@@ -30,6 +36,8 @@ struct Witness<'a> {
     involved: &'a [usize],
     cube: &'a [Option<Bits>],
     tries: &'a mut usize,
+    /// Also try members with many divisors ([`HIGHLY_COMPOSITE`]).
+    composite: bool,
 }
 
 impl<'s> Mdd<'s> {
@@ -40,7 +48,7 @@ impl<'s> Mdd<'s> {
     /// cube may hold none: relation variables of atoms sharing facts are not tied together).
     pub fn example(&mut self, cube: &[Option<Bits>]) -> Option<(Assign, Vec<(usize, Value)>)> {
         let nv = self.space.vars.len();
-        let mut assign: Assign = (0..nv)
+        let assign: Assign = (0..nv)
             .map(|v| cube[v].as_ref().map(|s| s.classes()[0]))
             .collect();
         let lits: Vec<(usize, Vec<u32>)> = (0..self.rels.len())
@@ -66,17 +74,25 @@ impl<'s> Mdd<'s> {
                 .map_or(0, |i| i + 1);
             due[last].push(l);
         }
-        let mut values = Vec::new();
-        let mut tries = 0;
-        let mut search = Witness {
-            lits: &lits,
-            due: &due,
-            involved: &involved,
-            cube,
-            tries: &mut tries,
-        };
-        let ok = self.witness(&mut search, 0, &mut assign, &mut values);
-        ok.then_some((assign, values))
+        // A second search, with members of many divisors among the candidates, only when the
+        // first finds nothing (the first's answers stay what they were).
+        for composite in [false, true] {
+            let mut values = Vec::new();
+            let mut tries = 0;
+            let mut search = Witness {
+                lits: &lits,
+                due: &due,
+                involved: &involved,
+                cube,
+                tries: &mut tries,
+                composite,
+            };
+            let mut trial = assign.clone();
+            if self.witness(&mut search, 0, &mut trial, &mut values) {
+                return Some((trial, values));
+            }
+        }
+        None
     }
 
     /// Depth-first search for classes and members of `involved[i..]` satisfying the literals.
@@ -101,7 +117,7 @@ impl<'s> Mdd<'s> {
         }
         let v = involved[i];
         let before = assign[v];
-        for (c, x) in self.candidates(v, cube, lits, values) {
+        for (c, x) in self.candidates(v, cube, lits, values, w.composite) {
             if *w.tries >= WITNESS_TRIES {
                 break;
             }
@@ -164,6 +180,7 @@ impl<'s> Mdd<'s> {
         cube: &[Option<Bits>],
         lits: &[(usize, Vec<u32>)],
         values: &[(usize, Value)],
+        composite: bool,
     ) -> Vec<(u32, Option<i64>)> {
         let var = &self.space.vars[v];
         let allowed: Vec<u32> = match &cube[v] {
@@ -221,6 +238,14 @@ impl<'s> Mdd<'s> {
                     self.push_member(v, &allowed, last, &mut out);
                 }
                 None => out.push((c, None)),
+            }
+        }
+        // Last (in the second search), members with many divisors: remainders by several
+        // facts (`h % g == 0` and `h % cp == 0` together) need a common multiple, which the
+        // members above rarely are.
+        if composite {
+            for x in HIGHLY_COMPOSITE {
+                self.push_member(v, &allowed, x, &mut out);
             }
         }
         out

@@ -6,13 +6,14 @@
 //! small values; facts compared with each other share their constants (so their intervals line
 //! up); then one var per fact read, its dependencies, the default values and the read counts.
 //! The order of vars is the order of slots in the schema (parents sort before members).
+//! The facts are the builder's family's ([`SpaceBuilder::for_schema`]); the derived-fact folding
+//! is the te family's and applies to it alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::eval::program::{NodeId, Program};
-use crate::facts::schema::{Origin, Ty};
-use crate::facts::te::{FIELDS, slot};
-use crate::facts::{Facts, Value};
+use crate::facts::Value;
+use crate::facts::schema::{Origin, Schema, Ty};
 
 use super::classes::{float_classes, int_classes, version_classes};
 use super::collect::{Collect, slots_under};
@@ -26,8 +27,16 @@ pub struct SpaceBuilder {
 }
 
 impl SpaceBuilder {
+    /// A builder over the `te` family's facts.
     pub fn new() -> SpaceBuilder {
         SpaceBuilder::default()
+    }
+
+    /// A builder over `schema`'s facts (a policy's: `policy.schema`).
+    pub fn for_schema(schema: &'static Schema) -> SpaceBuilder {
+        let mut b = SpaceBuilder::default();
+        b.c.schema = Some(schema);
+        b
     }
 
     /// Adds a condition (or any expression) whose value must be constant on every class.
@@ -55,12 +64,13 @@ impl SpaceBuilder {
             self.c.konst(s, v);
         }
         let c = &mut self.c;
+        let schema = c.schema();
         let (read, need_window) = c.fold_derived_facts();
         let inexact_slots = c.small_values_of_inexact();
         let relational = c.share_relational_constants();
         let (vars, index) = c.vars(&read);
-        let var_of = |p: &str| slot(p).and_then(|s| index.get(&s).copied());
-        let sm_var = var_of("sm");
+        let var_of = |p: &str| schema.slot(p).and_then(|s| index.get(&s).copied());
+        let sm_var = if c.te() { var_of("sm") } else { None };
         let window = if need_window {
             Some(WindowVars {
                 size: var_of("window_size").expect("window var"),
@@ -71,14 +81,15 @@ impl SpaceBuilder {
         } else {
             None
         };
-        let deps = deps(&vars, sm_var, window);
+        let deps = deps(schema, &vars, sm_var, window);
         let reads = c.read_counts(&vars);
         let inexact = c.inexact_paths(&inexact_slots, &read);
         Space {
             vars,
             reads,
             deps,
-            base: base_values(),
+            base: base_values(schema),
+            schema,
             sm_var,
             window,
             inexact,
@@ -87,8 +98,9 @@ impl SpaceBuilder {
     }
 }
 
+/// Slot of a te fact the te derivations rely on.
 fn sid(p: &str) -> usize {
-    slot(p).expect("schema fact")
+    crate::facts::te::slot(p).expect("schema fact")
 }
 
 impl Collect {
@@ -96,11 +108,27 @@ impl Collect {
     /// them (their constants move there too). Also whether the window vars are needed.
     fn fold_derived_facts(&mut self) -> (BTreeSet<usize>, bool) {
         let c = self;
+        let schema = c.schema();
+        let (fields, slot) = (schema.fields, |p: &str| schema.slot(p));
         let mut read: BTreeSet<usize> = BTreeSet::new();
         let mut need_window = false;
         let mut need_mask = false;
         for &s in &c.read.clone() {
-            let path = FIELDS[s].path;
+            let path = fields[s].path;
+            if !c.te() {
+                // No derived facts to fold: every input fact read is a var (with its object).
+                if fields[s].origin != Origin::Input {
+                    continue;
+                }
+                read.insert(s);
+                if let Some((parent, _)) = path.rsplit_once('.')
+                    && let Some(ps) = slot(parent)
+                    && fields[ps].nullable
+                {
+                    read.insert(ps);
+                }
+                continue;
+            }
             match path {
                 "sm" | "device_compute_capability.major" | "device_compute_capability.minor" => {
                     if path == "device_compute_capability.major" {
@@ -131,12 +159,12 @@ impl Collect {
                 }
                 "window_size" | "window_size.left" | "window_size.right" => need_window = true,
                 "device_compute_capability" | "flash_attn_versions" | "env" => {}
-                _ if FIELDS[s].origin == Origin::Probe => {}
+                _ if fields[s].origin == Origin::Probe => {}
                 _ => {
                     read.insert(s);
                     if let Some((parent, _)) = path.rsplit_once('.')
                         && let Some(ps) = slot(parent)
-                        && FIELDS[ps].nullable
+                        && fields[ps].nullable
                     {
                         read.insert(ps);
                     }
@@ -163,7 +191,7 @@ impl Collect {
     fn small_values_of_inexact(&mut self) -> Vec<usize> {
         let inexact_slots: Vec<usize> = self.inexact.iter().copied().collect();
         for &s in &inexact_slots {
-            if FIELDS[s].ty == Ty::Int {
+            if self.schema().fields[s].ty == Ty::Int {
                 let e = self.starts.entry(s).or_default();
                 for k in 0..=5 {
                     e.insert(k);
@@ -213,21 +241,25 @@ impl Collect {
     /// Order: objects before members (paths sort parents first), then by slot.
     fn vars(&self, read: &BTreeSet<usize>) -> (Vec<Var>, BTreeMap<usize, usize>) {
         let c = self;
+        let schema = c.schema();
+        let fields = schema.fields;
         let mut vars: Vec<Var> = Vec::new();
         let mut index: BTreeMap<usize, usize> = BTreeMap::new();
         for &s in read {
-            let d = &FIELDS[s];
+            let d = &fields[s];
             let parent = d
                 .path
                 .rsplit_once('.')
-                .and_then(|(p, _)| slot(p))
-                .filter(|&ps| FIELDS[ps].nullable && FIELDS[ps].ty == Ty::Object)
+                .and_then(|(p, _)| schema.slot(p))
+                .filter(|&ps| fields[ps].nullable && fields[ps].ty == Ty::Object)
                 .and_then(|ps| index.get(&ps).copied());
             let int_list_member = d.path.starts_with("window_size.")
                 || d.path.starts_with("core_attention_bias_shape.")
                 || d.path.starts_with("alibi_slopes_shape.");
-            let nullable = d.nullable && !(parent.is_some() && int_list_member);
-            let bounds = int_bounds(d.path);
+            // Members of a present object hold values (te: the int-list members; other
+            // families fill every member in when the object is read).
+            let nullable = d.nullable && !(parent.is_some() && (int_list_member || !c.te()));
+            let bounds = int_bounds(schema.family, d.path);
             let (mut classes, modulus) = c.classes(s, bounds);
             if nullable && d.ty != Ty::Object {
                 classes.insert(
@@ -247,6 +279,7 @@ impl Collect {
                 modulus,
                 bounds,
                 fixed: d.fixed || d.origin == Origin::Probe,
+                ty: d.ty,
             });
         }
         (vars, index)
@@ -255,7 +288,7 @@ impl Collect {
     /// The non-null classes of fact `s` and their residue modulus (1: none).
     fn classes(&self, s: usize, bounds: (i64, i64)) -> (Vec<Class>, i64) {
         let c = self;
-        let d = &FIELDS[s];
+        let d = &c.schema().fields[s];
         let consts = c.consts.get(&s).cloned().unwrap_or_default();
         let mut modulus = 1;
         let classes = match d.ty {
@@ -319,10 +352,12 @@ impl Collect {
     /// Per var: how many conditions read it, derived facts counted for their inputs.
     fn read_counts(&self, vars: &[Var]) -> Vec<u32> {
         let c = self;
+        let slot = |p: &str| c.schema().slot(p);
         vars.iter()
             .map(|v| {
                 c.reads.get(&v.slot).copied().unwrap_or(0)
                     + match v.path {
+                        _ if !c.te() => 0,
                         "sm" => [
                             "device_compute_capability.major",
                             "device_compute_capability.minor",
@@ -346,10 +381,11 @@ impl Collect {
     /// with residue moduli whose lcm exceeds the limit (they were dropped). Sorted.
     fn inexact_paths(&self, inexact_slots: &[usize], read: &BTreeSet<usize>) -> Vec<&'static str> {
         let c = self;
+        let fields = c.schema().fields;
         let mut inexact: Vec<&'static str> = inexact_slots
             .iter()
             .filter(|s| read.contains(s))
-            .map(|&s| FIELDS[s].path)
+            .map(|&s| fields[s].path)
             .collect();
         for (s, ms) in &c.moduli {
             let l = ms.iter().fold(1i64, |a, m| {
@@ -359,8 +395,8 @@ impl Collect {
                     a
                 }
             });
-            if l > 64 && read.contains(s) && !inexact.contains(&FIELDS[*s].path) {
-                inexact.push(FIELDS[*s].path);
+            if l > 64 && read.contains(s) && !inexact.contains(&fields[*s].path) {
+                inexact.push(fields[*s].path);
             }
         }
         inexact.sort_unstable();
@@ -369,8 +405,13 @@ impl Collect {
 }
 
 /// Per fact slot, the vars that determine it (parents first; derived facts: their inputs).
-fn deps(vars: &[Var], sm_var: Option<usize>, window: Option<WindowVars>) -> Vec<Vec<usize>> {
-    let mut deps: Vec<Vec<usize>> = vec![Vec::new(); FIELDS.len()];
+fn deps(
+    schema: &Schema,
+    vars: &[Var],
+    sm_var: Option<usize>,
+    window: Option<WindowVars>,
+) -> Vec<Vec<usize>> {
+    let mut deps: Vec<Vec<usize>> = vec![Vec::new(); schema.fields.len()];
     for (i, v) in vars.iter().enumerate() {
         if let Some(p) = v.parent {
             deps[v.slot].push(p);
@@ -396,9 +437,9 @@ fn deps(vars: &[Var], sm_var: Option<usize>, window: Option<WindowVars>) -> Vec<
 }
 
 /// The value of every fact no var determines: its default; probes answer "supported".
-fn base_values() -> Vec<Value> {
-    let mut base = Facts::defaults().values().to_vec();
-    for (s, d) in FIELDS.iter().enumerate() {
+fn base_values(schema: &'static Schema) -> Vec<Value> {
+    let mut base = schema.defaults().values().to_vec();
+    for (s, d) in schema.fields.iter().enumerate() {
         if d.origin == Origin::Probe {
             base[s] = Value::Bool(true);
         }
@@ -407,8 +448,20 @@ fn base_values() -> Vec<Value> {
 }
 
 /// The range an integer fact takes in the analysis (documented in docs/analysis.md).
-fn int_bounds(path: &str) -> (i64, i64) {
+fn int_bounds(family: &str, path: &str) -> (i64, i64) {
     const BIG: i64 = 1 << 40;
+    if family == "torch" {
+        // PyTorch SDPA (docs/packs/torch.md): head counts, head dims and ranks >= 1, other
+        // sizes, strides and lengths >= 0, a mask has at least 2 dimensions.
+        return match path {
+            "sm" => (0, 999),
+            "attn_mask.dim" => (2, BIG),
+            p if p.starts_with("heads_") || p.starts_with("head_dim_") || p.starts_with("dim_") => {
+                (1, BIG)
+            }
+            _ => (0, BIG),
+        };
+    }
     match path {
         "batch_size"
         | "num_heads"
@@ -432,7 +485,7 @@ fn int_bounds(path: &str) -> (i64, i64) {
 
 fn float_lower_bound(path: &str) -> Option<f64> {
     match path {
-        "attention_dropout" | "softcap" => Some(0.0),
+        "attention_dropout" | "softcap" | "dropout_p" => Some(0.0),
         _ => None,
     }
 }

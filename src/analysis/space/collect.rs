@@ -30,6 +30,20 @@ pub(super) struct Collect {
     /// Facts under non-linear arithmetic (`x % y`, `x // y`, `x * y` with a fact on both
     /// sides): per-fact classes cannot make such conditions constant.
     pub(super) inexact: BTreeSet<usize>,
+    /// The facts' family (`None`: te), set by the builder.
+    pub(super) schema: Option<&'static crate::facts::Schema>,
+}
+
+impl Collect {
+    /// The family whose facts are collected.
+    pub(super) fn schema(&self) -> &'static crate::facts::Schema {
+        self.schema.unwrap_or(&crate::facts::te::TE)
+    }
+
+    /// Whether the te family's derived facts (sm, window) are folded into their inputs.
+    pub(super) fn te(&self) -> bool {
+        self.schema().family == "te"
+    }
 }
 
 pub(crate) fn slots_under(p: &Program, id: NodeId, out: &mut Vec<usize>) {

@@ -4,14 +4,14 @@
 //! What it writes: every assigned fact, derived ones as the inputs they come from (`sm` as
 //! `device_compute_capability`, the window vars as `window_size`, shape members as lists);
 //! not members of an absent or undecided object, nor unassigned facts (their defaults apply);
-//! every probe answered "supported". The tests decide the printed examples again with the
-//! packs rather than trusting this mapping.
+//! every probe answered "supported". Other families than te write each fact under its own
+//! path (objects as `{}` that their members fill in). The tests decide the printed examples
+//! again with the packs rather than trusting this mapping.
 
 use serde_json::{Map, Value as Json, json};
 
 use crate::facts::Value;
-use crate::facts::schema::Origin;
-use crate::facts::te::{FIELDS, slot};
+use crate::facts::schema::{Origin, Ty};
 
 use super::Space;
 
@@ -42,6 +42,16 @@ impl Space {
                 continue;
             }
             let path = v.path;
+            if self.schema.family != "te" {
+                // Structured facts as objects their members fill in; the rest as values.
+                let j = match (v.ty, val) {
+                    (Ty::Object, Value::Null) => Json::Null,
+                    (Ty::Object, _) => json!({}),
+                    _ => val.to_json(v.domain()),
+                };
+                insert_path(&mut obj, path, j);
+                continue;
+            }
             match path {
                 "sm" => {
                     if let Value::Int(sm) = val {
@@ -68,7 +78,7 @@ impl Space {
                     if val == Value::Null {
                         obj.insert(path.into(), Json::Null);
                     } else if path == "alibi_slopes_shape" {
-                        let n = match vals[slot("alibi_slopes_shape.len").expect("slot")] {
+                        let n = match vals[self.slot("alibi_slopes_shape.len")] {
                             Value::Int(n) if (1..=8).contains(&n) => n as usize,
                             _ => 1,
                         };
@@ -76,12 +86,10 @@ impl Space {
                     } else {
                         let dims: Vec<i64> = ["b", "h", "s_q", "s_kv"]
                             .iter()
-                            .map(
-                                |m| match vals[slot(&format!("{path}.{m}")).expect("slot")] {
-                                    Value::Int(i) => i,
-                                    _ => 1,
-                                },
-                            )
+                            .map(|m| match vals[self.slot(&format!("{path}.{m}"))] {
+                                Value::Int(i) => i,
+                                _ => 1,
+                            })
                             .collect();
                         obj.insert(path.into(), json!(dims));
                     }
@@ -104,7 +112,9 @@ impl Space {
                 }
             }
         }
-        let probes: Map<String, Json> = FIELDS
+        let probes: Map<String, Json> = self
+            .schema
+            .fields
             .iter()
             .filter(|d| d.origin == Origin::Probe)
             .filter_map(|d| d.path.strip_prefix("probe."))

@@ -47,8 +47,7 @@ mod example;
 mod render;
 mod values;
 
-use crate::facts::schema::Ty;
-use crate::facts::te::FIELDS;
+use crate::facts::schema::{Schema, Ty};
 use crate::facts::{Domain, Value};
 
 pub use build::SpaceBuilder;
@@ -104,11 +103,12 @@ pub struct Var {
     pub modulus: i64,
     pub bounds: (i64, i64),
     pub fixed: bool,
+    pub ty: Ty,
 }
 
 impl Var {
     pub fn domain(&self) -> Option<Domain> {
-        match FIELDS[self.slot].ty {
+        match self.ty {
             Ty::Enum(d) => Some(d),
             _ => None,
         }
@@ -124,6 +124,8 @@ pub struct Space {
     /// For each slot, the vars that determine it (in assignment order: parents first).
     pub deps: Vec<Vec<usize>>,
     base: Vec<Value>,
+    /// The pack family whose facts the vars are (te derivations apply to `te` only).
+    pub schema: &'static Schema,
     sm_var: Option<usize>,
     window: Option<WindowVars>,
     /// Facts whose classes are not exact (non-linear arithmetic, residues beyond the lcm

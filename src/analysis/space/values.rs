@@ -6,12 +6,16 @@
 //! (compute capability, `window.left/right`) computed from their inputs as
 //! [`crate::facts::Facts::from_json`] does.
 
-use crate::facts::te::slot;
 use crate::facts::{Domain, Value};
 
 use super::{ClassDesc, Space};
 
 impl Space {
+    /// Slot of a fact of the space's family that the family's own handling relies on.
+    pub(super) fn slot(&self, path: &str) -> usize {
+        self.schema.slot(path).expect("fact of the space's family")
+    }
+
     /// Fact values for a partial assignment: unassigned facts are `Unknown` (Kleene logic
     /// decides what it can), probes are answered "supported" (true).
     pub fn materialize(&self, a: &[Option<u32>], out: &mut Vec<Value>) {
@@ -41,15 +45,15 @@ impl Space {
                 Value::Int(sm) => (Value::Int(sm / 10), Value::Int(sm % 10)),
                 other => (other, other),
             };
-            out[slot("device_compute_capability.major").expect("slot")] = ma;
-            out[slot("device_compute_capability.minor").expect("slot")] = mi;
+            out[self.slot("device_compute_capability.major")] = ma;
+            out[self.slot("device_compute_capability.minor")] = mi;
         }
         if let Some(w) = self.window {
             let (l, r) = match out[self.vars[w.size].slot] {
                 Value::Null => {
                     let mask = match w.mask {
                         Some(m) => out[self.vars[m].slot],
-                        None => self.base[slot("attn_mask_type").expect("slot")],
+                        None => self.base[self.slot("attn_mask_type")],
                     };
                     let right = match mask {
                         Value::Enum(i) => {
@@ -66,8 +70,8 @@ impl Space {
                 Value::Unknown => (Value::Unknown, Value::Unknown),
                 _ => (out[self.vars[w.left].slot], out[self.vars[w.right].slot]),
             };
-            out[slot("window.left").expect("slot")] = l;
-            out[slot("window.right").expect("slot")] = r;
+            out[self.slot("window.left")] = l;
+            out[self.slot("window.right")] = r;
         }
     }
 

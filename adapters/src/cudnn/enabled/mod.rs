@@ -37,6 +37,13 @@ pub fn availability() -> Availability {
     }
 }
 
+/// (major, minor, patch) of the libcudnn this process loads for the executor (the one a
+/// framework already mapped, else by name), or why none can be loaded.
+pub fn loaded_version() -> Result<(u32, u32, u32), String> {
+    let v = runtime_version().map_err(|e| e.to_string())?;
+    Ok((v.major(), v.minor(), v.patch()))
+}
+
 /// Refuses (typed, naming both versions) when a decision's `cudnn_version` fact (major, minor,
 /// patch) differs from the libcudnn loaded in this process.
 pub fn require_version(ordinal: usize, decided: (u32, u32, u32)) -> Result<(), ExecError> {

@@ -16,8 +16,19 @@ probes (torch, installed packages; run once per process and cached, see :func:`r
 the schema defaults. ``NVTE_*`` switches are read from the process environment on every call.
 ``decision.provenance`` / ``explain()`` / ``to_dict()["provenance"]`` say where each came from.
 
-Probe facts (``probe.fused_attn_graph``, ``probe.frost_plan``: "would cuDNN build this graph")
-are answered "supported" unless given, as TE's selector would see after cuDNN accepted it.
+Probe facts (``probe.cuda_device``, ``probe.fused_attn_graph``, ``probe.frost_plan``: "would
+cuDNN build this graph here") are answered live, by the same code as
+:func:`attn_policy.torch.attention`: ``cuda_device`` is whether torch sees a CUDA device, and
+``fused_attn_graph`` is whether the ``cudnn`` executor builds the graph the call's facts describe
+(forward, and backward when ``is_training``) on the current CUDA device with the libcudnn this
+process loaded. A probe that cannot be answered (no torch, no GPU, facts the executors do not
+express such as FP8, THD or a bias, ``frost_plan`` always) stays unknown, never "supported"; the
+decision's provenance says which were measured (``probe``) and which stayed unknown
+(``default``). Answers are cached with the decision per input (:func:`reprobe` forgets them).
+``probe={...}`` (a keyword of :func:`select` / :func:`get_attention_backend`, or a ``probe``
+attribute of the params object) gives them instead, e.g. ``probe={"cuda_device": True,
+"fused_attn_graph": True, "frost_plan": True}`` for a conformance run that replays TE's answers.
+(Before this, unanswered probes were answered "supported".)
 """
 
 from __future__ import annotations
@@ -163,11 +174,34 @@ def probe_environment() -> Dict[str, Tuple[Any, str]]:
 
 
 def reprobe() -> None:
-    """Runs the live probes again on the next call (after installing a package, say)."""
+    """Runs the live probes again on the next call (after installing a package, say); forgets
+    the drop-in's cached decisions, whose probe answers were measured before."""
     global _probed, _resolved
     with _lock:
         _probed = None
         _resolved = None
+        p = _policy
+    if p is not None:
+        p.cache_clear()
+
+
+def _probe(problem: Any, training: bool) -> Dict[str, Optional[bool]]:
+    """Live answers to the probe facts for the executor problem a call's facts describe (None:
+    they describe none the executors express), on the current CUDA device. The same code as
+    :func:`attn_policy.torch.attention`'s probes; without torch every probe stays unknown."""
+    try:
+        import torch  # type: ignore
+
+        on_gpu = bool(torch.cuda.is_available())
+    except Exception:
+        return {}
+    if not on_gpu:
+        # No GPU: whether cuDNN could build the graph on one is not measurable here.
+        return {"cuda_device": False}
+    from . import torch as _apt
+
+    answers, _ = _apt._live_probes(problem, torch.cuda.current_device(), training, None)
+    return answers
 
 
 def _base() -> Dict[str, Tuple[Any, str]]:
@@ -201,7 +235,8 @@ def _te_has_frost() -> bool:
     return _frost
 
 
-_ENVIRONMENT_KEYS = frozenset(ENVIRONMENT_FACTS)
+# Call arguments: the environment facts, and `probe` (answers to the probe facts).
+_ENVIRONMENT_KEYS = frozenset(ENVIRONMENT_FACTS + ("probe",))
 
 
 def _check_arguments(environment: Dict[str, Any]) -> None:
@@ -210,13 +245,14 @@ def _check_arguments(environment: Dict[str, Any]) -> None:
 
         unknown = [k for k in environment if k not in _ENVIRONMENT_KEYS]
         raise PolicyError(
-            f"unknown environment fact(s) {', '.join(unknown)}; known: {', '.join(ENVIRONMENT_FACTS)}"
+            f"unknown environment fact(s) {', '.join(unknown)}; known: {', '.join(ENVIRONMENT_FACTS)} (and probe)"
         )
 
 
 def select(attention_params: Any, **environment: Any) -> Decision:
     """The full decision for a TE ``AttentionParams`` (see the module doc for the sources of
-    environment facts). Raises ``PolicyError`` for a bad config."""
+    environment facts and probes; ``probe={...}`` gives probe answers). Raises
+    ``PolicyError`` for a bad config."""
     environment.pop("frost", None)
     env = _resolved
     if env is None:
@@ -226,8 +262,9 @@ def select(attention_params: Any, **environment: Any) -> Decision:
     p = _policy
     if p is None:
         p = get_policy()
-    # Keyword arguments count as (value, "argument") over `env`; read in Rust.
-    return Decision(p._p.te_select(attention_params, env, environment))
+    # Keyword arguments count as (value, "argument") over `env`; read in Rust. Probe facts
+    # neither the object nor `probe=` gives are answered by `_probe`.
+    return Decision(p._p.te_select(attention_params, env, environment, _probe))
 
 
 def get_attention_backend(attention_params: Any, **environment: Any) -> tuple:
@@ -235,7 +272,8 @@ def get_attention_backend(attention_params: Any, **environment: Any) -> tuple:
     flash_attention_backend, use_fused_attention, fused_attention_backend,
     use_unfused_attention, available_backends)``, plus ``use_frost_attention`` when the FROST
     backend is enabled: ``frost=True`` here, or auto-detected once from the installed TE (it
-    has ``FrostAttention``). ``flash_attention_backend`` is the flash-attn version string
+    has ``FrostAttention``). ``probe={...}`` gives probe answers (else they are measured, see
+    the module doc). ``flash_attention_backend`` is the flash-attn version string
     (TE: a ``packaging.version.Version``), ``fused_attention_backend`` the sub-backend
     number (TE: ``NVTE_Fused_Attn_Backend``), or None."""
     frost = environment.pop("frost", None)
@@ -247,7 +285,7 @@ def get_attention_backend(attention_params: Any, **environment: Any) -> tuple:
     p = _policy
     if p is None:
         p = get_policy()
-    nd = p._p.te_select(attention_params, env, environment)
+    nd = p._p.te_select(attention_params, env, environment, _probe)
     if frost is None:
         frost = _frost if _frost is not None else _te_has_frost()
     return nd.te_tuple(bool(frost))

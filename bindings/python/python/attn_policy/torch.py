@@ -7,7 +7,11 @@
 ``attention`` is a real ``torch.library`` op (``torch.ops.attn_policy.attention``): it has a fake
 implementation for shapes and a registered autograd formula (the forward saves O and the
 log-sum-exp, the backward calls the executor's backward), so ``torch.compile(fullgraph=True)``
-traces it without graph breaks and ``torch.library.opcheck`` passes.
+traces it without graph breaks and ``torch.library.opcheck`` passes. In eager mode (plain
+tensors, no dispatch or function mode, no functorch transform, not compiling) a call whose
+signature was seen before skips the dispatcher: the cached plan runs through a
+``torch.autograd.Function`` (the same executor calls, the same results), which costs less host
+time per call (see ``bindings/python/bench/overhead.py``).
 
 What happens on a call (once per input signature; later calls with the same shapes, strides,
 dtype, device and options reuse the result, see :func:`cache_info`):
@@ -16,11 +20,12 @@ dtype, device and options reuse the result, see :func:`cache_info`):
    facts of this process (compute capability of the tensors' device, the cuDNN torch loaded,
    installed flash-attn / TE / cuDNN-frontend versions, the deterministic flag, ``NVTE_*``).
    A probe that cannot be answered stays unknown.
-2. The selected backend's executor chain is walked (:func:`executor_chain`): the first entry
-   that is available and accepts the problem runs; every entry's outcome (``ran``,
-   ``refused`` with the executor's reason, ``unavailable`` with why) is recorded in the
-   decision. Running any entry but the first is a substitution, logged and reported, never
-   silent; ``no_substitute=True`` makes it an error.
+2. The selected backend's executor chain, as the pack declares it (``executors:`` in
+   pack.yaml, :func:`executor_chain`), is walked: the first entry that is available and
+   accepts the problem runs; every entry's outcome (``ran``, ``refused`` with the executor's
+   reason, ``unavailable`` with why) is recorded in the decision. Running any entry but the
+   first is a substitution, logged and reported, never silent; ``no_substitute=True`` makes
+   it an error.
 3. CPU tensors run the float64 reference on their memory (fp16, bf16, fp32, fp64). CUDA
    tensors run the GPU executors on ``torch.cuda.current_stream()`` with outputs and
    workspace from torch's allocator: no synchronisation, no host round trip, so a warmed-up
@@ -44,6 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from . import Decision, Policy, PolicyError, _native
+# PyTorch's own SDPA choice explained by the `torch` pack (attn_policy/sdpa.py).
+from .sdpa import SdpaDecision, SdpaError, explain_sdpa, log_sdpa_decisions
 
 __all__ = [
     "attention",
@@ -57,6 +64,17 @@ __all__ = [
     "live_facts",
     "cache_info",
     "clear_cache",
+    "explain_sdpa",
+    "log_sdpa_decisions",
+    "SdpaDecision",
+    "SdpaError",
+    "lse_dtype",
+    "cp_attention",
+    "shard_sequence",
+    "unshard_sequence",
+    "ContextParallelDeclined",
+    "ShardMismatch",
+    "CPDecision",
 ]
 
 logger = logging.getLogger("attn_policy.torch")
@@ -86,26 +104,26 @@ class SubstitutionRefused(PolicyError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Executor chains.
-#
-# >>> STAND-IN, TO BE REPLACED AT MERGE by the pack's `executors:` data (issue 14, section 1):
-# >>> the chains below are issue 14's te chains, written here once, and nowhere else.
+# Executor chains: the pack's data (`executors:` in pack.yaml).
+
+_packs: Dict[str, Policy] = {}
 
 
-def executor_chain(pack: str, backend: str) -> Tuple[str, ...]:
-    """The ordered executors that may run ``backend`` of ``pack`` (first = the backend's own
-    executor; the rest are substitutes). Empty: nothing can run it."""
-    if pack == "te":
-        return {
-            "FusedAttention": ("cudnn", "reference"),
-            "FrostAttention": ("frost", "reference"),
-            "UnfusedDotProductAttention": ("chunked", "reference"),
-            "FlashAttention": ("torch_flash", "cudnn", "chunked", "reference"),
-        }.get(backend, ())
-    if pack == "native":
-        # The native pack's backends are named after its executors.
-        return (backend,) if backend == "reference" else (backend, "reference")
-    return ()
+def executor_chain(policy: Union[Policy, str, None], backend: str, variant: Optional[str] = None) -> Tuple[str, ...]:
+    """The ordered executors that may run ``backend`` of ``policy`` (a :class:`Policy`, the
+    name of an embedded pack, or None for the ``te`` pack), as the pack declares them
+    (``executors:`` in its pack.yaml; a ``variant``'s own chain wins where it has one). First
+    = the backend's own executor; the rest are substitutes. Empty: nothing can run it."""
+    if policy is None:
+        from . import te as _te
+
+        policy = _te.get_policy()
+    elif isinstance(policy, str):
+        p = _packs.get(policy)
+        if p is None:
+            p = _packs.setdefault(policy, Policy.load(policy))
+        policy = p
+    return tuple(policy._p.executor_chain(backend, variant))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,26 +311,99 @@ class _TorchMath(_TorchExecutor):
         return _MathRunner(call)
 
 
-class _TorchNotWired(_TorchExecutor):
-    """A torch kernel whose manifest is known but which this package does not call yet."""
+class _TorchEfficient(_TorchExecutor):
+    """``aten::_efficient_attention_forward/backward``: the memory-efficient (CUTLASS) kernel in
+    PyTorch, on ``bshd`` views, with its own log-sum-exp (which it pads to a multiple of 32
+    rows: the op keeps ``[b, h, s_q]`` and pads again for the backward)."""
 
-    def __init__(self, name: str, description: str):
-        self.name = name
-        self.description = description
+    name = "torch_efficient"
+    description = "PyTorch's memory-efficient attention kernel"
 
     def available(self, device: torch.device) -> Tuple[bool, str]:
-        return False, f"{self.name} is not wired into attn_policy.torch yet"
+        if device.type != "cuda":
+            return False, "runs on a CUDA device; the tensors are on the CPU"
+        if _aten("_efficient_attention_forward") is None:
+            return False, "this torch has no aten::_efficient_attention_forward"
+        if not torch.backends.cuda.is_flash_attention_available():
+            # Built together with the flash kernels (USE_MEM_EFF_ATTENTION in PyPI's wheels).
+            return False, "this torch build has no fused attention kernels"
+        cc = torch.cuda.get_device_capability(device)
+        return True, f"torch {torch.__version__}, sm_{cc[0]}{cc[1]}"
+
+    def check(self, call: "_Call") -> Optional[str]:
+        r = super().check(call)
+        if r:
+            return r
+        if call.dropout_p > 0.0:
+            return "dropout is not wired into this executor"
+        if call.window_left >= 0 or (call.mask == 0 and call.window_right >= 0):
+            return "sliding windows are not wired into this executor"
+        return None
+
+    def runner(self, call: "_Call") -> "_Runner":
+        return _EfficientRunner(call)
+
+
+class _TorchCudnn(_TorchExecutor):
+    """``aten::_scaled_dot_product_cudnn_attention`` and its backward: PyTorch's own cuDNN
+    SDPA (``bhsd`` views), with its log-sum-exp."""
+
+    name = "torch_cudnn"
+    description = "PyTorch's cuDNN attention"
+
+    def available(self, device: torch.device) -> Tuple[bool, str]:
+        if device.type != "cuda":
+            return False, "runs on a CUDA device; the tensors are on the CPU"
+        if _aten("_scaled_dot_product_cudnn_attention") is None:
+            return False, "this torch has no aten::_scaled_dot_product_cudnn_attention"
+        if not torch.backends.cudnn.is_available():
+            return False, "torch has no cuDNN here"
+        cc = torch.cuda.get_device_capability(device)
+        return True, f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, sm_{cc[0]}{cc[1]}"
+
+    def check(self, call: "_Call") -> Optional[str]:
+        r = super().check(call)
+        if r:
+            return r
+        if call.dropout_p > 0.0:
+            return "dropout is not wired into this executor"
+        return None
+
+    def runner(self, call: "_Call") -> "_Runner":
+        return _CudnnSdpaRunner(call)
 
 
 _TORCH_EXECUTORS: Dict[str, _TorchExecutor] = {
-    e.name: e
-    for e in (
-        _TorchFlash(),
-        _TorchMath(),
-        _TorchNotWired("torch_efficient", "PyTorch's memory-efficient attention kernel"),
-        _TorchNotWired("torch_cudnn", "PyTorch's cuDNN attention"),
-    )
+    e.name: e for e in (_TorchFlash(), _TorchMath(), _TorchEfficient(), _TorchCudnn())
 }
+
+
+def _frost_unavailable(call: "_Call") -> str:
+    """Why ``frost`` cannot run this call inside Python, precisely: the wheel has no FROST
+    executor, and what else would decline it here (frontend / CuTe DSL versions, the engine
+    switch, the device's compute capability and direction)."""
+    from . import te as _te
+
+    why = [
+        "not in this wheel: the FROST bridge embeds CPython (feature `frost`, the attn-policy "
+        "binary), which a Python extension module cannot, and attn_policy.torch has no FROST "
+        "runner of its own (one would call the cuDNN frontend's Python package; it cannot be "
+        "verified here: FROST plans need nvidia-cutlass-dsl, and its backward an SM100 GPU)"
+    ]
+    cc = None
+    if call.device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(call.device)
+        cc = major * 10 + minor
+    else:
+        why.append("runs on a CUDA device; the tensors are on the CPU")
+    switch = os.environ.get("CUDNN_FRONTEND_ENABLE_FROST_ENGINES", "")
+    why += _native.frost_reasons(
+        call.problem, call.training, cc, _te._version_of("nvidia-cudnn-frontend"),
+        _te._version_of("nvidia-cutlass-dsl"),
+        # The Python-host runner would switch the engines on before importing the frontend.
+        True if not switch else switch.strip().lower() in ("1", "true", "yes", "on"),
+    )
+    return "; ".join(why)
 
 
 def _register_host_executors() -> None:
@@ -343,6 +434,13 @@ _DTYPE_NAMES = {
 _FACT_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp32"}
 
 
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the log-sum-exp the op returns for inputs of ``dtype``: float64 for float64
+    inputs (the CPU reference keeps them exact, so a context-parallel merge of partial results
+    stays float64-accurate), float32 otherwise (every executor's convention)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _bhsd(t: torch.Tensor, layout: int) -> Tuple[Tuple[int, int, int, int], Tuple[int, int, int]]:
     """(b, h, s, d) and strides (batch, head, seq) of a tensor in layout ``layout``."""
     sz, st = t.shape, t.stride()
@@ -359,18 +457,27 @@ class _Call:
     __slots__ = (
         "layout", "mask", "window_left", "window_right", "bottom_right", "scale", "dropout_p",
         "training", "device", "dtype", "b", "hq", "hkv", "sq", "skv", "dqk", "dv", "problem",
+        "o_shape", "qkv_strides",
     )
 
     def __init__(self, q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training):
         self.layout, self.mask, self.window_left, self.window_right = layout, mask, wl, wr
         self.bottom_right, self.scale, self.dropout_p, self.training = br, scale, dropout_p, training
+        if not (q.dtype == k.dtype == v.dtype):
+            raise PolicyError(f"q, k, v must have one dtype; found {q.dtype}, {k.dtype}, {v.dtype}")
+        if not (q.device == k.device == v.device):
+            raise PolicyError(f"q, k, v must be on one device; found {q.device}, {k.device}, {v.device}")
+        if q.dtype not in _DTYPE_NAMES:
+            raise PolicyError(f"dtype {q.dtype} cannot be executed (float16, bfloat16, float32, float64)")
         self.device, self.dtype = q.device, q.dtype
         (b, hq, sq, dqk), qs = _bhsd(q, layout)
         (_, hkv, skv, _), ks = _bhsd(k, layout)
         (_, _, _, dv), vs = _bhsd(v, layout)
         self.b, self.hq, self.hkv, self.sq, self.skv, self.dqk, self.dv = b, hq, hkv, sq, skv, dqk, dv
-        # O is allocated contiguous in the call's layout.
+        # O is allocated contiguous in the call's layout; dQ/dK/dV take Q/K/V's strides.
         o_shape = _o_shape(q, v)
+        self.o_shape = tuple(o_shape)
+        self.qkv_strides = (q.stride(), k.stride(), v.stride())
         os_ = _contiguous_strides(o_shape)
         ostr = {0: (os_[0], os_[1], os_[2]), 1: (os_[0], os_[2], os_[1]), 2: (os_[1], os_[2], os_[0])}[layout]
         self.problem = _native.make_problem(
@@ -432,18 +539,35 @@ class _Runner:
         raise NotImplementedError
 
 
-def _stream_of(t: torch.Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream
+_empty = torch.empty
+_empty_strided = torch.empty_strided
+_F32 = torch.float32
+_U8 = torch.uint8
+# The current stream of a device as an int, without a Stream object.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _no_stream(index: int) -> int:
+    return 0
 
 
 class _NativeRunner(_Runner):
-    """A built-in executor through a native plan (pointers in, nothing allocated natively)."""
+    """A built-in executor through a native plan (pointers in, nothing allocated natively).
+    What the input signature fixes (shapes, strides, dtype, device, forward workspace) is read
+    once here, so a call only allocates, reads pointers and enqueues."""
 
     def __init__(self, plan, call: _Call, host_copy: bool):
         self.plan, self.executor = plan, plan.executor
         self.host_copy = host_copy  # CUDA tensors through the CPU reference (a last resort)
         self.ws_fwd = plan.workspace_forward
         self.lse_shape = (call.b, call.hq, call.sq)
+        self.lse_dtype = lse_dtype(call.dtype)
+        self.o_shape = call.o_shape
+        self.dtype, self.device = call.dtype, call.device
+        self.cuda = call.device.type == "cuda" and not host_copy
+        self.index = call.device.index if call.device.index is not None else 0
+        self._fwd, self._bwd, self._ws_bwd = plan.forward, plan.backward, plan.workspace_backward
+        self._stream = _raw_stream if self.cuda else _no_stream
 
     def _no_capture(self):
         if self.host_copy and torch.cuda.is_current_stream_capturing():
@@ -453,45 +577,55 @@ class _NativeRunner(_Runner):
             )
 
     def forward(self, q, k, v):
-        dev = q.device
         if self.host_copy:
-            self._no_capture()
-            q, k, v = q.cpu(), k.cpu(), v.cpu()
-        o = torch.empty(_o_shape(q, v), dtype=q.dtype, device=q.device)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        if q.device.type == "cuda":
-            ws = torch.empty(self.ws_fwd, dtype=torch.uint8, device=q.device)
-            self.plan.forward(
-                q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                ws.data_ptr(), self.ws_fwd, _stream_of(q),
-            )
-        else:
-            self.plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
-        if self.host_copy:
-            o, lse = o.to(dev), lse.to(dev)
+            return self._forward_through_host(q, k, v)
+        dev = self.device
+        o = _empty(self.o_shape, dtype=self.dtype, device=dev)
+        lse = _empty(self.lse_shape, dtype=self.lse_dtype, device=dev)
+        n = self.ws_fwd
+        ws = _empty((n,), dtype=_U8, device=dev) if n else None
+        self._fwd(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+            ws.data_ptr() if n else 0, n, self._stream(self.index),
+        )
         return o, lse
 
     def backward(self, g, q, k, v, o, lse):
-        dev = q.device
         if self.host_copy:
-            self._no_capture()
-            g, q, k, v, o, lse = (t.cpu() for t in (g, q, k, v, o, lse))
-        dq, dk, dv = _like(q), _like(k), _like(v)
-        if q.device.type == "cuda":
-            wsb = self.plan.workspace_backward()
-            ws = torch.empty(wsb, dtype=torch.uint8, device=q.device)
-            self.plan.backward(
-                q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
-                dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ws.data_ptr(), wsb, _stream_of(q),
-            )
-        else:
-            self.plan.backward(
-                q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
-                dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-            )
-        if self.host_copy:
-            dq, dk, dv = dq.to(dev), dk.to(dev), dv.to(dev)
+            return self._backward_through_host(g, q, k, v, o, lse)
+        dev, dt = self.device, self.dtype
+        dq = _empty_strided(q.shape, q.stride(), dtype=dt, device=dev)
+        dk = _empty_strided(k.shape, k.stride(), dtype=dt, device=dev)
+        dv = _empty_strided(v.shape, v.stride(), dtype=dt, device=dev)
+        # Per call: the backward plan lives on the calling thread (autograd's), built there once.
+        n = self._ws_bwd() if self.cuda else 0
+        ws = _empty((n,), dtype=_U8, device=dev) if n else None
+        self._bwd(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
+            dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ws.data_ptr() if n else 0, n,
+            self._stream(self.index),
+        )
         return dq, dk, dv
+
+    def _forward_through_host(self, q, k, v):
+        self._no_capture()
+        dev = q.device
+        q, k, v = q.cpu(), k.cpu(), v.cpu()
+        o = torch.empty(_o_shape(q, v), dtype=q.dtype)
+        lse = torch.empty(self.lse_shape, dtype=self.lse_dtype)
+        self._fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        return o.to(dev), lse.to(dev)
+
+    def _backward_through_host(self, g, q, k, v, o, lse):
+        self._no_capture()
+        dev = q.device
+        g, q, k, v, o, lse = (t.cpu() for t in (g, q, k, v, o, lse))
+        dq, dk, dv = _like(q), _like(k), _like(v)
+        self._bwd(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
+            dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+        )
+        return dq.to(dev), dk.to(dev), dv.to(dev)
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
@@ -528,7 +662,7 @@ class _FlashRunner(_Runner):
         self.causal = causal and wl < 0
         # FlashAttention takes a window around the bottom-right diagonal; -1 = unbounded.
         self.wl, self.wr = (wl, wr) if (wl >= 0 or (not causal and wr >= 0)) else (-1, -1)
-        self.sq, self.skv = call.sq, call.skv
+        self.sq, self.skv, self.o_shape = call.sq, call.skv, call.o_shape
 
     def _win(self):
         if self.wl < 0 and self.wr < 0:
@@ -540,12 +674,7 @@ class _FlashRunner(_Runner):
         out = torch.ops.aten._flash_attention_forward(
             qb, kb, vb, None, None, self.sq, self.skv, 0.0, self.causal, False, scale=self.scale, **self._win()
         )
-        o_bshd, lse = out[0], out[1]
-        if self.layout == 1 and o_bshd.is_contiguous():
-            return o_bshd, lse.contiguous()
-        o = torch.empty(_o_shape(q, v), dtype=q.dtype, device=q.device)
-        _to_bshd(o, self.layout).copy_(o_bshd)
-        return o, lse.contiguous()
+        return _into_layout(out[0], self.o_shape, self.layout, q), out[1].contiguous()
 
     def backward(self, g, q, k, v, o, lse):
         qb, kb, vb, ob, gb = (_to_bshd(t, self.layout) for t in (q, k, v, o, g))
@@ -556,10 +685,98 @@ class _FlashRunner(_Runner):
             gb, qb, kb, vb, ob, lse, None, None, self.sq, self.skv, 0.0, self.causal, seed, off,
             scale=self.scale, **self._win()
         )
-        dq, dk, dv = _like(q), _like(k), _like(v)
-        for dst, src in ((dq, dqb), (dk, dkb), (dv, dvb)):
-            _to_bshd(dst, self.layout).copy_(src)
-        return dq, dk, dv
+        return _restrided_bshd((dqb, dkb, dvb), (q, k, v), self.layout)
+
+
+def _into_layout(o_bshd: torch.Tensor, call_o_shape, layout: int, like: torch.Tensor) -> torch.Tensor:
+    """O computed as a ``bshd`` tensor, as the op returns it: contiguous in the call's layout
+    (the same tensor when it already is)."""
+    o = o_bshd if layout == 1 else _from_bshd(o_bshd, layout)
+    if o.is_contiguous():
+        return o
+    out = torch.empty(call_o_shape, dtype=like.dtype, device=like.device)
+    _to_bshd(out, layout).copy_(o_bshd)
+    return out
+
+
+class _EfficientRunner(_Runner):
+    """``torch_efficient``: ``aten::_efficient_attention_forward/backward`` on ``bshd`` views.
+    ``custom_mask_type`` 0 / 1 / 2 = no mask / causal top-left / causal bottom-right."""
+
+    executor = "torch_efficient"
+
+    def __init__(self, call: _Call):
+        self.layout, self.scale = call.layout, call.scale
+        self.mask_type = 0 if call.mask == 0 else (2 if call.bottom_right else 1)
+        self.sq, self.skv, self.o_shape = call.sq, call.skv, call.o_shape
+        # The kernel's LSE has ceil(s_q / 32) * 32 rows.
+        self.lse_rows = -(-call.sq // 32) * 32
+        # The RNG state the forward returns (not read without dropout), as the backward gets it.
+        self.rng: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+    def forward(self, q, k, v):
+        qb, kb, vb = (_to_bshd(t, self.layout) for t in (q, k, v))
+        out = torch.ops.aten._efficient_attention_forward(
+            qb, kb, vb, None, None, None, None, None, 0.0, self.mask_type, True, scale=self.scale
+        )
+        self.rng = (out[2], out[3])
+        o = _into_layout(out[0], self.o_shape, self.layout, q)
+        return o, out[1][:, :, : self.sq].contiguous()
+
+    def backward(self, g, q, k, v, o, lse):
+        qb, kb, vb, ob, gb = (_to_bshd(t, self.layout) for t in (q, k, v, o, g))
+        lse_k = F.pad(lse, (0, self.lse_rows - self.sq)) if self.lse_rows != self.sq else lse
+        seed, offset = self.rng or (torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64))
+        dqb, dkb, dvb, _ = torch.ops.aten._efficient_attention_backward(
+            gb, qb, kb, vb, None, ob, None, None, self.sq, self.skv, lse_k, 0.0, seed, offset,
+            self.mask_type, False, scale=self.scale,
+        )
+        return _restrided_bshd((dqb, dkb, dvb), (q, k, v), self.layout)
+
+
+class _CudnnSdpaRunner(_Runner):
+    """``torch_cudnn``: ``aten::_scaled_dot_product_cudnn_attention`` and its backward on
+    ``bhsd`` views. The LSE the forward returns is kept as ``[b, h, s_q]``; the backward gets
+    it back in the shape the forward gave (so the pair stays consistent across versions)."""
+
+    executor = "torch_cudnn"
+
+    def __init__(self, call: _Call):
+        self.layout, self.scale = call.layout, call.scale
+        self.causal = call.mask != 0
+        self.sq, self.skv, self.o_shape = call.sq, call.skv, call.o_shape
+        self.lse_shape: Optional[Tuple[int, ...]] = None
+        # The RNG state the forward returns (not read without dropout), as the backward gets it.
+        self.rng: Optional[Tuple[Any, Any]] = None
+
+    def forward(self, q, k, v):
+        qh, kh, vh = (_to_bhsd(t, self.layout) for t in (q, k, v))
+        out = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            qh, kh, vh, None, True, 0.0, self.causal, False, scale=self.scale
+        )
+        o_bhsd, lse = out[0], out[1]
+        self.lse_shape = tuple(lse.shape)
+        self.rng = (out[6], out[7])
+        o = _from_bhsd(o_bhsd, self.layout)
+        if not o.is_contiguous():
+            o = o.contiguous()
+        return o, lse.reshape(lse.shape[0], lse.shape[1], self.sq).contiguous()
+
+    def backward(self, g, q, k, v, o, lse):
+        qh, kh, vh, oh, gh = (_to_bhsd(t, self.layout) for t in (q, k, v, o, g))
+        lse_k = lse.reshape(self.lse_shape) if self.lse_shape is not None else lse
+        seed, offset = self.rng or (torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64))
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            gh, qh, kh, vh, oh, lse_k, seed, offset, None, None, None, self.sq, self.skv, 0.0,
+            self.causal, scale=self.scale,
+        )
+        grads = tuple(_from_bhsd(t, self.layout) for t in (dq, dk, dv))
+        return _restrided(grads, (q, k, v))
+
+
+def _restrided_bshd(grads_bshd, like, layout: int) -> Tuple[torch.Tensor, ...]:
+    """Gradients computed as ``bshd`` tensors, with the strides of ``like``."""
+    return _restrided(tuple(_from_bshd(g, layout) for g in grads_bshd), like)
 
 
 def _mask_bool(call_like, sq: int, skv: int, device) -> Optional[torch.Tensor]:
@@ -596,7 +813,7 @@ def _math_forward(q, k, v, layout, mask_args, scale):
     p = torch.exp(s - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
     p = torch.nan_to_num(p, nan=0.0)
     o = torch.matmul(p, vh)
-    return _from_bhsd(o.to(q.dtype), layout), lse.to(torch.float32)
+    return _from_bhsd(o.to(q.dtype), layout), lse.to(lse_dtype(q.dtype))
 
 
 class _MathRunner(_Runner):
@@ -619,9 +836,12 @@ class _MathRunner(_Runner):
 
 
 def _restrided(grads, like) -> Tuple[torch.Tensor, ...]:
-    """Gradients copied into tensors with the strides of ``like`` (what the fake says)."""
+    """Gradients with the strides of ``like`` (what the fake says): copied where they differ."""
     out = []
     for gr, t in zip(grads, like):
+        if gr.stride() == t.stride() and gr.dtype == t.dtype:
+            out.append(gr)
+            continue
         dst = _like(t)
         dst.copy_(gr)
         out.append(dst)
@@ -638,6 +858,7 @@ class _SdpaFallback(_Runner):
         self.layout, self.scale, self.dropout_p = call.layout, call.scale, call.dropout_p
         self.mask_args = (call.mask, call.window_left, call.window_right, call.bottom_right)
         self.lse_shape = (call.b, call.hq, call.sq)
+        self.lse_dtype = lse_dtype(call.dtype)
 
     def _sdpa(self, q, k, v):
         qh, kh, vh = (_to_bhsd(t, self.layout) for t in (q, k, v))
@@ -650,7 +871,7 @@ class _SdpaFallback(_Runner):
 
     def forward(self, q, k, v):
         o = self._sdpa(q, k, v).contiguous()
-        return o, torch.full(self.lse_shape, float("nan"), dtype=torch.float32, device=q.device)
+        return o, torch.full(self.lse_shape, float("nan"), dtype=self.lse_dtype, device=q.device)
 
     def backward(self, g, q, k, v, o, lse):
         with torch.enable_grad():
@@ -714,14 +935,16 @@ def clear_cache() -> None:
 
     with _cache_lock:
         _cache.clear()
+        _fast.clear()
         _device_facts.clear()
         _stats["hits"] = _stats["misses"] = 0
     _te.reprobe()
 
 
 def _key(q, k, v, args) -> tuple:
-    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
-            torch.are_deterministic_algorithms_enabled(), args)
+    # Every tensor's dtype and device: a plan reads its inputs' memory as the problem says.
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, torch.are_deterministic_algorithms_enabled(), args)
 
 
 def _entry(q, k, v, args) -> _Entry:
@@ -746,6 +969,33 @@ def _cudnn_fact(env: Dict[str, Tuple[Any, str]]) -> Optional[Tuple[int, int, int
     return None
 
 
+def _live_probes(problem: Any, device: Optional[int], training: bool, cudnn_version) -> Tuple[Dict[str, Optional[bool]], Any]:
+    """Answers to the te family's probe facts for ``problem`` (a native problem, or None when
+    the facts describe none the executors express) on CUDA device ``device`` (None: the
+    host), and what the answer was measured with: the ``cudnn`` plan, or the error it gave.
+
+    ``cuda_device``: whether the call runs on a GPU. ``fused_attn_graph``: whether the
+    ``cudnn`` executor builds the graph (forward, and backward when ``training``) on that GPU
+    with the libcudnn this process loaded; unknown without a GPU, a problem or the library.
+    ``frost_plan``: unknown (no FROST executor runs inside Python). Shared by
+    :func:`attention` and the TE drop-in (:mod:`attn_policy.te`)."""
+    on_gpu = device is not None
+    answers: Dict[str, Optional[bool]] = {"cuda_device": on_gpu, "fused_attn_graph": None, "frost_plan": None}
+    cudnn: Any = None
+    if on_gpu and problem is not None:
+        try:
+            cudnn = _native.make_plan("cudnn", device, problem, cudnn_version)
+            if training:
+                cudnn.workspace_backward()
+            answers["fused_attn_graph"] = True
+        except _native.ExecutorRefused as e:
+            answers["fused_attn_graph"] = False
+            cudnn = e
+        except (_native.ExecutorUnavailable, _native.ExecutorFailed) as e:
+            cudnn = e
+    return answers, cudnn
+
+
 def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute) -> _Entry:
     call = _Call(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training)
     policy = _policy_of(pid)
@@ -755,30 +1005,18 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
     device = q.device.index if on_gpu else None
     if on_gpu and device is None:
         device = torch.cuda.current_device()
-    # Probes: answered where this process can answer them, unknown otherwise.
-    probe: Dict[str, Optional[bool]] = {"cuda_device": on_gpu, "fused_attn_graph": None, "frost_plan": None}
-    # The cuDNN plan answers probe.fused_attn_graph (forward, and backward when training) and
-    # is the `cudnn` entry's plan when the chain reaches it.
-    cudnn: Any = None
-    if on_gpu:
-        try:
-            cudnn = _native.make_plan("cudnn", device, call.problem, _cudnn_fact(env))
-            if training:
-                cudnn.workspace_backward()
-            probe["fused_attn_graph"] = True
-        except _native.ExecutorRefused as e:
-            probe["fused_attn_graph"] = False
-            cudnn = e
-        except _native.ExecutorUnavailable as e:
-            cudnn = e
+    # The cuDNN plan answers probe.fused_attn_graph and is the `cudnn` entry's plan when the
+    # chain reaches it.
+    probe, cudnn = _live_probes(call.problem, device, training, _cudnn_fact(env))
     config["probe"] = probe
     nd = policy._p.te_select(config, env, None)
     decision = Decision(nd)
     backend = decision.selected
-    chain = executor_chain(policy.name, backend) if backend else ()
+    # The pack's chain for the selected backend (and variant).
+    chain = tuple(nd.executor_chain)
     outcomes: List[ChainEntry] = []
     runner: Optional[_Runner] = None
-    for i, name in enumerate(chain):
+    for name in chain:
         if runner is not None:
             outcomes.append(ChainEntry(name, "not_tried", ""))
             continue
@@ -789,7 +1027,13 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
             outcomes.append(ChainEntry(name, "refused", str(e)))
         except _native.ExecutorUnavailable as e:
             outcomes.append(ChainEntry(name, "unavailable", str(e)))
+        except _native.ExecutorFailed as e:
+            outcomes.append(ChainEntry(name, "unavailable", f"failed: {e}"))
     ran = next((e.executor for e in outcomes if e.outcome == "ran"), None)
+    provenance = {k: s for k, (_, s) in env.items()}
+    provenance.update({f"probe.{k}": ("probe" if a is not None else "default") for k, a in probe.items()})
+    if q.dtype == torch.float64:
+        provenance["qkv_dtype"] = "call (float64 decided as fp32: the schema has no fp64)"
     cd = CallDecision(
         pack=policy.name,
         backend=backend,
@@ -797,10 +1041,7 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
         chain=outcomes,
         decision=decision,
         substitute=ran is not None and bool(chain) and ran != chain[0],
-        provenance=dict(
-            {k: s for k, (_, s) in env.items()},
-            **({"qkv_dtype": "call (float64 decided as fp32: the schema has no fp64)"} if q.dtype == torch.float64 else {}),
-        ),
+        provenance=provenance,
         problem=repr(call.problem),
     )
     if ran is None:
@@ -830,6 +1071,8 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
 
 
 def _runner_for(name, call: _Call, device, cudnn, env) -> _Runner:
+    if name == "frost":
+        raise _native.ExecutorUnavailable(_frost_unavailable(call))
     te = _TORCH_EXECUTORS.get(name)
     if te is not None:
         ok, detail = te.available(call.device)
@@ -910,7 +1153,7 @@ def _fwd_fake(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid
         b, h, s = q.shape[0], q.shape[2], q.shape[1]
     else:
         b, h, s = q.shape[1], q.shape[2], q.shape[0]
-    return o, q.new_empty((b, h, s), dtype=torch.float32)
+    return o, q.new_empty((b, h, s), dtype=lse_dtype(q.dtype))
 
 
 @torch.library.register_fake("attn_policy::attention_backward")
@@ -954,6 +1197,50 @@ def _window_args(window, is_causal: bool) -> Tuple[int, int]:
     return left, right
 
 
+# Eager calls skip the dispatcher: the cached runner through an autograd Function.
+
+
+class _Eager(torch.autograd.Function):
+    """The op's forward and registered backward for an eager call, without the dispatcher:
+    the cached runner's forward (saving Q, K, V, O and the LSE) and its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, runner):
+        o, lse = runner.forward(q, k, v)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.runner = runner
+        return o
+
+    @staticmethod
+    def backward(ctx, g):
+        if _grad_enabled():
+            # The executors' backward is not itself differentiable (`once_differentiable`,
+            # without its wrapper's cost on every backward).
+            raise PolicyError("attn_policy.torch.attention supports one backward: double backward (create_graph=True) is not supported")
+        q, k, v, o, lse = ctx.saved_tensors
+        if g.stride() != o.stride():
+            # dO must have the strides of O.
+            g = g.contiguous() if o.is_contiguous() else torch.empty_like(o).copy_(g)
+        dq, dk, dv = ctx.runner.backward(g, q, k, v, o, lse)
+        return dq, dk, dv, None
+
+
+# `Function.apply` without its Python wrapper (default-argument binding for `setup_context`,
+# functorch handling): the direct path runs only where no functorch transform is active.
+_eager_apply = super(torch.autograd.Function, _Eager).apply
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_deterministic = torch.are_deterministic_algorithms_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._len_torch_function_stack
+_functorch_transform = torch._C._functorch.peek_interpreter_stack
+
+# Eager calls by everything that decides them (tensor signatures, the grad and deterministic
+# flags, the options) -> (runner, decision, whether Q/K/V need a contiguous copy first).
+_fast: Dict[tuple, Tuple[_Runner, CallDecision, bool]] = {}
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -981,7 +1268,36 @@ def attention(
     defaults to ``1/sqrt(d)``. Returns O in ``layout`` (and the :class:`CallDecision` when
     ``return_decision``). Raises :class:`AttentionDeclined` when nothing can run the call
     (``on_decline="fallback"``: torch SDPA instead, logged) and :class:`SubstitutionRefused`
-    for a substitute executor with ``no_substitute=True``."""
+    for a substitute executor with ``no_substitute=True``.
+
+    Under ``torch.compile`` (and with tensor subclasses, dispatch or function modes, functorch
+    transforms) the call goes through ``torch.ops.attn_policy.attention``; in plain eager mode
+    a signature seen before runs its cached plan directly (same executor, same results)."""
+    if _is_compiling():
+        return _attention_op(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy,
+                             on_decline, no_substitute, return_decision)
+    grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    try:
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+               q.device, k.device, v.device, grad, _deterministic(), layout, is_causal, diagonal, window,
+               scale, dropout_p, policy, on_decline, no_substitute)
+        hit = _fast.get(key)
+    except (TypeError, AttributeError):  # an unhashable option (a list window), or not tensors
+        key = hit = None
+    if (hit is None or type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor
+            or _dispatch_modes() or _function_modes() or _functorch_transform() is not None):
+        return _attention_first(q, k, v, key, grad, layout, is_causal, diagonal, window, scale, dropout_p,
+                                policy, on_decline, no_substitute, return_decision)
+    _stats["hits"] += 1
+    runner, decision, copy = hit
+    if copy:
+        q, k, v = _usable(q), _usable(k), _usable(v)
+    o = _eager_apply(q, k, v, runner) if grad else runner.forward(q, k, v)[0]
+    return (o, decision) if return_decision else o
+
+
+def _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline, no_substitute, training):
+    """The op's arguments after the checks (bad options are ``PolicyError``s)."""
     try:
         li = LAYOUTS.index(layout)
     except ValueError:
@@ -990,24 +1306,57 @@ def attention(
         raise PolicyError(f"diagonal must be one of {', '.join(DIAGONALS)}, found {diagonal!r}")
     if on_decline not in _ON_DECLINE:
         raise PolicyError(f"on_decline must be one of {', '.join(_ON_DECLINE)}, found {on_decline!r}")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise PolicyError(f"q, k, v must be 4-D ({layout}); found {q.dim()}, {k.dim()}, {v.dim()} dims")
     br = diagonal == "bottom_right"
     mask = (2 if br else 1) if is_causal else 0
     wl, wr = _window_args(window, is_causal)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
+    od = 1 if on_decline == "fallback" else 0
+    return (li, mask, wl, wr, br, float(scale), float(dropout_p), training, _policy_id(policy), od, bool(no_substitute))
+
+
+def _check_4d(q, k, v, layout) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise PolicyError(f"q, k, v must be 4-D ({layout}); found {q.dim()}, {k.dim()}, {v.dim()} dims")
+
+
+def _attention_op(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline,
+                  no_substitute, return_decision):
+    """The call through ``torch.ops.attn_policy.attention`` (traced by ``torch.compile``)."""
+    _check_4d(q, k, v, layout)
     q, k, v = (_usable(t) for t in (q, k, v))
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    pid = _policy_id(policy)
-    od = 1 if on_decline == "fallback" else 0
-    o, _ = torch.ops.attn_policy.attention(
-        q, k, v, li, mask, wl, wr, br, float(scale), float(dropout_p), training, pid, od, bool(no_substitute)
-    )
+    args = _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline,
+                    no_substitute, training)
+    o, _ = torch.ops.attn_policy.attention(q, k, v, *args)
     if not return_decision:
         return o
-    args = (li, mask, wl, wr, br, float(scale), float(dropout_p), training, pid, od, bool(no_substitute))
     return o, _entry(q, k, v, args).decision
+
+
+def _attention_first(q, k, v, key, grad, layout, is_causal, diagonal, window, scale, dropout_p, policy,
+                     on_decline, no_substitute, return_decision):
+    """An eager call not seen before (or one the direct path does not take): decided and
+    planned, remembered for the next call with the same key, then run."""
+    plain = (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and not _dispatch_modes()
+             and not _function_modes() and _functorch_transform() is None)
+    if not plain:
+        return _attention_op(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy,
+                             on_decline, no_substitute, return_decision)
+    _check_4d(q, k, v, layout)
+    args = _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline,
+                    no_substitute, grad)
+    qu, ku, vu = _usable(q), _usable(k), _usable(v)
+    e = _entry(qu, ku, vu, args)
+    if e.runner is None or (no_substitute and e.decision.substitute):
+        _raise_for(e, no_substitute)
+    if key is not None:
+        with _cache_lock:
+            if len(_fast) >= _CACHE_CAP:
+                _fast.clear()
+            _fast[key] = (e.runner, e.decision, qu is not q or ku is not k or vu is not v)
+    o = _eager_apply(qu, ku, vu, e.runner) if grad else e.runner.forward(qu, ku, vu)[0]
+    return (o, e.decision) if return_decision else o
 
 
 def _usable(t: torch.Tensor) -> torch.Tensor:
@@ -1101,3 +1450,16 @@ class DotProductAttention(torch.nn.Module):
 
 
 _register_host_executors()
+
+# Context parallelism (the sequence sharded across a process group) on top of the op, in
+# attn_policy.context_parallel (imported on first use: it imports this module).
+_CP_NAMES = frozenset({"cp_attention", "shard_sequence", "unshard_sequence", "ContextParallelDeclined",
+                       "ShardMismatch", "CPDecision"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CP_NAMES:
+        from . import context_parallel
+
+        return getattr(context_parallel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,662 @@
+//! The executor chain walk: the pack names, per backend (and variant), the executors that run
+//! its decisions in order (`executors:` in pack.yaml, [`attn_policy::Policy::executor_chain`]);
+//! [`walk`] tries them in that order and records every entry's outcome.
+//!
+//! For each entry, in this order:
+//! 1. the configuration must be expressible as an executor problem ([`crate::problem_from_facts`];
+//!    its [`NotExpressible`] refusal refuses every entry: a property of the input, not the machine);
+//! 2. the executor's manifest must admit the problem (`refused` with the manifest's reason: it
+//!    would refuse on any machine);
+//! 3. it must be available here (`unavailable`: no GPU, feature off, library missing, provided by
+//!    the Python host), and be created on the device;
+//! 4. for `cudnn`, the libcudnn it loads must be the version the decision was made for, when the
+//!    caller says which ([`ChainOptions::decided_cudnn_version`]; `refused`, naming both);
+//! 5. its exact gate ([`crate::Executor::check`]) must accept the problem (`refused`);
+//! 6. the caller's action runs: `ran`, or `refused` on [`ExecError::Unsupported`] (a refusal found
+//!    while running, e.g. a plan cuDNN will not build), or `unavailable` on a missing device.
+//!
+//! Any other error is a failure (`failed`): the walk stops, because a substitute must never hide
+//! a broken executor. Entries after the one that ran (or after a stop) are `not_tried`. Any entry
+//! but the first that runs is a *substitute*: reported, never silent; with
+//! [`ChainOptions::no_substitute`] it is an error instead ([`ChainError::SubstitutionRefused`]).
+
+use attn_policy::explain::{ExecutorAttempt, ExecutorOutcome};
+use thiserror::Error;
+
+use crate::executor::{ExecError, Executor};
+use crate::from_facts::NotExpressible;
+use crate::problem::AttentionProblem;
+use crate::registry::{Availability, Registry};
+
+/// How to walk a chain.
+#[derive(Clone, Debug, Default)]
+pub struct ChainOptions {
+    /// CUDA device ordinal the executors are created on.
+    pub ordinal: usize,
+    /// Turn substitution into an error: only the chain's first entry may run.
+    pub no_substitute: bool,
+    /// The `cudnn_version` the decision was made for (major, minor, patch): the `cudnn` entry
+    /// refuses, naming both, when the libcudnn it loads differs.
+    pub decided_cudnn_version: Option<(u32, u32, u32)>,
+}
+
+/// A walk in which an entry ran.
+#[derive(Debug)]
+pub struct Walked<T> {
+    /// Every entry of the chain with its outcome, in chain order.
+    pub attempts: Vec<ExecutorAttempt>,
+    /// The executor that ran.
+    pub executor: String,
+    /// Its position in the chain (0: the backend's own executor; above: a substitute).
+    pub index: usize,
+    /// What the caller's action returned.
+    pub output: T,
+}
+
+impl<T> Walked<T> {
+    /// Did a substitute run (not the chain's first entry)?
+    pub fn is_substitute(&self) -> bool {
+        self.index > 0
+    }
+}
+
+/// A walk in which nothing ran.
+#[derive(Debug, Error)]
+pub enum ChainError {
+    /// The pack declares no executor for the selected backend.
+    #[error("the pack names no executor for backend `{backend}` (`executors:` in pack.yaml)")]
+    Empty {
+        /// The selected backend.
+        backend: String,
+    },
+    /// Every entry was refused or unavailable.
+    #[error("no executor of the chain could run: {}", summarize(attempts))]
+    NoneRan {
+        /// Every entry's outcome.
+        attempts: Vec<ExecutorAttempt>,
+    },
+    /// The first entry could not run and substitutes were not allowed.
+    #[error(
+        "substitution refused: the backend's own executor cannot run ({}) and no_substitute allows no other",
+        summarize(attempts)
+    )]
+    SubstitutionRefused {
+        /// The first entry's outcome; the others are `not_tried`.
+        attempts: Vec<ExecutorAttempt>,
+    },
+    /// An executor failed with an error that is not a refusal; no substitute was tried.
+    #[error("executor `{executor}` failed: {error} (a failure is not replaced by a substitute)")]
+    Failed {
+        /// The executor that failed.
+        executor: String,
+        /// Its error.
+        error: ExecError,
+        /// Every entry's outcome (the failed one is `failed`).
+        attempts: Vec<ExecutorAttempt>,
+    },
+}
+
+impl ChainError {
+    /// The outcomes recorded before the walk ended (empty for [`ChainError::Empty`]).
+    pub fn attempts(&self) -> &[ExecutorAttempt] {
+        match self {
+            ChainError::Empty { .. } => &[],
+            ChainError::NoneRan { attempts }
+            | ChainError::SubstitutionRefused { attempts }
+            | ChainError::Failed { attempts, .. } => attempts,
+        }
+    }
+}
+
+/// `name outcome: reason` for every entry that did not run and was tried, joined by `; `;
+/// neighbours with the same outcome and reason share one (`chunked, reference refused: ...`).
+pub fn summarize(attempts: &[ExecutorAttempt]) -> String {
+    let mut groups: Vec<(Vec<&str>, ExecutorOutcome, Option<&str>)> = Vec::new();
+    for a in attempts {
+        if matches!(a.outcome, ExecutorOutcome::Ran | ExecutorOutcome::NotTried) {
+            continue;
+        }
+        match groups.last_mut() {
+            Some((names, outcome, reason))
+                if *outcome == a.outcome && *reason == a.reason.as_deref() =>
+            {
+                names.push(&a.executor)
+            }
+            _ => groups.push((vec![&a.executor], a.outcome, a.reason.as_deref())),
+        }
+    }
+    groups
+        .iter()
+        .map(|(names, outcome, reason)| {
+            let who = names.join(", ");
+            match reason {
+                Some(r) => format!("{who} {}: {r}", outcome.word()),
+                None => format!("{who} {}", outcome.word()),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The one-line account of a run: `selected FlashAttention; ran on chunked (substitute:
+/// torch_flash unavailable: provided by the Python host; cudnn refused: ...)`, or `...; ran on
+/// cudnn` when the backend's own executor ran, or `...; nothing ran (...)`.
+pub fn run_summary(backend: &str, attempts: &[ExecutorAttempt]) -> String {
+    let ran = attempts
+        .iter()
+        .position(|a| a.outcome == ExecutorOutcome::Ran);
+    match ran {
+        Some(0) => format!("selected {backend}; ran on {}", attempts[0].executor),
+        Some(i) => format!(
+            "selected {backend}; ran on {} (substitute: {})",
+            attempts[i].executor,
+            summarize(&attempts[..i])
+        ),
+        None => format!("selected {backend}; nothing ran ({})", summarize(attempts)),
+    }
+}
+
+enum Step<T> {
+    Ran(T),
+    Skip(ExecutorOutcome, String),
+    Failed(ExecError),
+}
+
+/// A run-time error as a chain outcome: refusals and missing devices move on, anything else
+/// stops the walk.
+fn classify<T>(e: ExecError) -> Step<T> {
+    match e {
+        ExecError::Unsupported { reason } => Step::Skip(ExecutorOutcome::Refused, reason),
+        ExecError::NoDevice { reason } | ExecError::Unavailable { reason, .. } => {
+            Step::Skip(ExecutorOutcome::Unavailable, reason)
+        }
+        e @ ExecError::UnknownExecutor { .. } => {
+            Step::Skip(ExecutorOutcome::Unavailable, e.to_string())
+        }
+        other => Step::Failed(other),
+    }
+}
+
+fn try_entry<T>(
+    registry: &Registry,
+    name: &str,
+    problem: Result<&AttentionProblem, &NotExpressible>,
+    opts: &ChainOptions,
+    run: &mut impl FnMut(&dyn Executor, &AttentionProblem) -> Result<T, ExecError>,
+) -> Step<T> {
+    let p = match problem {
+        Ok(p) => p,
+        Err(e) => return Step::Skip(ExecutorOutcome::Refused, e.to_string()),
+    };
+    let entry = match registry.entry(name) {
+        Ok(e) => e,
+        Err(_) => {
+            return Step::Skip(
+                ExecutorOutcome::Unavailable,
+                "not in this build's executor registry".into(),
+            );
+        }
+    };
+    if let Err(u) = entry.manifest.admits(p) {
+        return Step::Skip(ExecutorOutcome::Refused, u.reason);
+    }
+    match registry.availability(name) {
+        Ok(Availability::Available { .. }) => {}
+        Ok(Availability::Unavailable { reason }) => {
+            return Step::Skip(ExecutorOutcome::Unavailable, reason);
+        }
+        Err(e) => return classify(e),
+    }
+    let ex = match registry.get_on(name, opts.ordinal) {
+        Ok(ex) => ex,
+        Err(e @ ExecError::Unsupported { .. }) => return classify(e),
+        Err(ExecError::NoDevice { reason } | ExecError::Unavailable { reason, .. }) => {
+            return Step::Skip(ExecutorOutcome::Unavailable, reason);
+        }
+        // Available by its probe but not creatable (a library or package that does not load
+        // or initialise): it cannot run here.
+        Err(e) => {
+            return Step::Skip(
+                ExecutorOutcome::Unavailable,
+                format!("cannot be created here: {e}"),
+            );
+        }
+    };
+    if name == crate::cudnn::NAME
+        && let Some(v) = opts.decided_cudnn_version
+        && let Err(e) = crate::cudnn::require_version(opts.ordinal, v)
+    {
+        return classify(e);
+    }
+    if let Err(u) = ex.check(p) {
+        return Step::Skip(ExecutorOutcome::Refused, u.reason);
+    }
+    match run(ex.as_ref(), p) {
+        Ok(t) => Step::Ran(t),
+        Err(e) => classify(e),
+    }
+}
+
+fn attempt(name: &str, outcome: ExecutorOutcome, reason: Option<String>) -> ExecutorAttempt {
+    ExecutorAttempt {
+        executor: name.to_string(),
+        outcome,
+        reason,
+    }
+}
+
+/// Walks `chain` (executor names, in the pack's order) for `problem` (or the conversion's
+/// refusal), running `run` on the first entry that can run; see the module docs for the order
+/// of the checks and the outcomes. `backend` names the selected backend in errors.
+pub fn walk<T, S: AsRef<str>>(
+    registry: &Registry,
+    backend: &str,
+    chain: &[S],
+    problem: Result<&AttentionProblem, &NotExpressible>,
+    opts: &ChainOptions,
+    mut run: impl FnMut(&dyn Executor, &AttentionProblem) -> Result<T, ExecError>,
+) -> Result<Walked<T>, ChainError> {
+    if chain.is_empty() {
+        return Err(ChainError::Empty {
+            backend: backend.to_string(),
+        });
+    }
+    let names: Vec<&str> = chain.iter().map(AsRef::as_ref).collect();
+    let not_tried = |attempts: &mut Vec<ExecutorAttempt>, from: usize| {
+        for n in &names[from..] {
+            attempts.push(attempt(n, ExecutorOutcome::NotTried, None));
+        }
+    };
+    let mut attempts = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        match try_entry(registry, name, problem, opts, &mut run) {
+            Step::Ran(output) => {
+                attempts.push(attempt(name, ExecutorOutcome::Ran, None));
+                not_tried(&mut attempts, i + 1);
+                return Ok(Walked {
+                    attempts,
+                    executor: name.to_string(),
+                    index: i,
+                    output,
+                });
+            }
+            Step::Skip(outcome, reason) => {
+                attempts.push(attempt(name, outcome, Some(reason)));
+                if opts.no_substitute {
+                    not_tried(&mut attempts, i + 1);
+                    return Err(ChainError::SubstitutionRefused { attempts });
+                }
+            }
+            Step::Failed(error) => {
+                attempts.push(attempt(
+                    name,
+                    ExecutorOutcome::Failed,
+                    Some(error.to_string()),
+                ));
+                not_tried(&mut attempts, i + 1);
+                return Err(ChainError::Failed {
+                    executor: name.to_string(),
+                    error,
+                    attempts,
+                });
+            }
+        }
+    }
+    Err(ChainError::NoneRan { attempts })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::{
+        BackwardInputs, BackwardOutput, DeviceKind, ForwardInputs, ForwardOutput, Manifest,
+        Unsupported,
+    };
+    use crate::problem::DType;
+    use crate::registry::RegistryEntry;
+    use crate::run::{RunOptions, VerifyMode, run_on};
+    use std::sync::Arc;
+
+    /// A stand-in for a GPU executor: the reference's numerics under another name, with a
+    /// CUDA manifest limited to head_dim <= 128 and an exact gate that also refuses s_q > 64.
+    struct FakeGpu;
+
+    fn fake_manifest() -> Manifest {
+        let mut m = crate::reference::manifest();
+        m.name = "fake_gpu".into();
+        m.device = DeviceKind::Cuda;
+        m.head_dim_qk.max = 128;
+        m.head_dim_v.max = 128;
+        m
+    }
+
+    impl Executor for FakeGpu {
+        fn name(&self) -> &str {
+            "fake_gpu"
+        }
+        fn device_description(&self) -> String {
+            "a fake device".into()
+        }
+        fn manifest(&self) -> Manifest {
+            fake_manifest()
+        }
+        fn check(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
+            fake_manifest().admits(p)?;
+            if p.seqlen_q > 64 {
+                return Err(Unsupported::new("fake_gpu: seqlen_q above 64"));
+            }
+            Ok(())
+        }
+        fn forward(
+            &self,
+            p: &AttentionProblem,
+            i: &ForwardInputs<'_>,
+        ) -> Result<ForwardOutput, ExecError> {
+            crate::reference::create(0)?.forward(p, i)
+        }
+        fn backward(
+            &self,
+            p: &AttentionProblem,
+            i: &BackwardInputs<'_>,
+        ) -> Result<BackwardOutput, ExecError> {
+            crate::reference::create(0)?.backward(p, i)
+        }
+    }
+
+    fn registry(fake_available: bool) -> Registry {
+        let mut r = Registry::builtin();
+        let probe: fn() -> Availability = if fake_available {
+            || Availability::Available {
+                detail: "fake".into(),
+            }
+        } else {
+            || Availability::unavailable("no GPU: a fake device that is never there")
+        };
+        r.register(RegistryEntry::builtin(
+            "fake_gpu",
+            "a fake GPU executor",
+            fake_manifest(),
+            Some("fake"),
+            |_| Ok(Arc::new(FakeGpu) as Arc<dyn Executor>),
+            probe,
+        ));
+        r
+    }
+
+    /// Nondeterministic allowed (as TE's default), so `torch_flash`'s manifest admits it.
+    fn problem(d: usize, s: usize) -> AttentionProblem {
+        let mut p = AttentionProblem::new(1, 2, 1, s, s, d, d, DType::BF16);
+        p.deterministic = false;
+        p
+    }
+
+    fn opts() -> RunOptions {
+        RunOptions {
+            backward: true,
+            verify: VerifyMode::Always,
+            warmup: 0,
+            iters: 1,
+            ..RunOptions::default()
+        }
+    }
+
+    fn outcomes(a: &[ExecutorAttempt]) -> Vec<(&str, ExecutorOutcome)> {
+        a.iter().map(|a| (a.executor.as_str(), a.outcome)).collect()
+    }
+
+    use ExecutorOutcome::{Failed, NotTried, Ran, Refused, Unavailable};
+
+    #[test]
+    fn the_first_entry_that_can_run_runs_and_the_rest_are_not_tried() {
+        let r = registry(true);
+        let p = problem(64, 32);
+        let w = walk(
+            &r,
+            "B",
+            &["fake_gpu", "reference"],
+            Ok(&p),
+            &ChainOptions::default(),
+            |ex, p| run_on(ex, p, 7, &opts()),
+        )
+        .expect("fake_gpu runs");
+        assert_eq!(
+            outcomes(&w.attempts),
+            [("fake_gpu", Ran), ("reference", NotTried)]
+        );
+        assert!(!w.is_substitute());
+        assert_eq!(w.output.executor, "fake_gpu");
+        assert!(w.output.verification.as_ref().is_some_and(|v| v.passed));
+        assert_eq!(run_summary("B", &w.attempts), "selected B; ran on fake_gpu");
+    }
+
+    #[test]
+    fn unavailable_and_refused_entries_are_recorded_with_their_reasons() {
+        // Unavailable: the probe's reason.
+        let r = registry(false);
+        let p = problem(64, 32);
+        let w = walk(
+            &r,
+            "B",
+            &["torch_flash", "fake_gpu", "reference"],
+            Ok(&p),
+            &ChainOptions::default(),
+            |ex, p| run_on(ex, p, 1, &opts()),
+        )
+        .expect("reference runs");
+        assert_eq!(
+            outcomes(&w.attempts),
+            [
+                ("torch_flash", Unavailable),
+                ("fake_gpu", Unavailable),
+                ("reference", Ran)
+            ]
+        );
+        assert_eq!(
+            w.attempts[0].reason.as_deref(),
+            Some(crate::registry::HOST_ONLY)
+        );
+        assert!(w.is_substitute());
+        assert_eq!(
+            run_summary("B", &w.attempts),
+            "selected B; ran on reference (substitute: torch_flash unavailable: provided by the \
+             Python host; fake_gpu unavailable: no GPU: a fake device that is never there)"
+        );
+        // Refused by the manifest (head dim), then by the exact gate (s_q), on an available
+        // executor.
+        let r = registry(true);
+        for (p, why) in [
+            (problem(256, 32), "head_dim_qk 256 outside"),
+            (problem(64, 96), "seqlen_q above 64"),
+        ] {
+            let w = walk(
+                &r,
+                "B",
+                &["fake_gpu", "reference"],
+                Ok(&p),
+                &ChainOptions::default(),
+                |ex, p| run_on(ex, p, 1, &opts()),
+            )
+            .expect("reference runs");
+            assert_eq!(
+                outcomes(&w.attempts),
+                [("fake_gpu", Refused), ("reference", Ran)]
+            );
+            let reason = w.attempts[0].reason.as_deref().unwrap_or_default();
+            assert!(reason.contains(why), "{reason}");
+            assert_eq!(w.output.executor, "reference");
+        }
+    }
+
+    #[test]
+    fn a_refusal_found_while_running_moves_on_and_a_failure_stops() {
+        let r = registry(true);
+        let p = problem(64, 32);
+        let w = walk(
+            &r,
+            "B",
+            &["fake_gpu", "reference"],
+            Ok(&p),
+            &ChainOptions::default(),
+            |ex, p| {
+                if ex.name() == "fake_gpu" {
+                    Err(ExecError::Unsupported {
+                        reason: "no plan for this graph".into(),
+                    })
+                } else {
+                    run_on(ex, p, 1, &opts())
+                }
+            },
+        )
+        .expect("reference runs");
+        assert_eq!(
+            outcomes(&w.attempts),
+            [("fake_gpu", Refused), ("reference", Ran)]
+        );
+        let err = walk(
+            &r,
+            "B",
+            &["fake_gpu", "reference"],
+            Ok(&p),
+            &ChainOptions::default(),
+            |_, _| -> Result<(), ExecError> {
+                Err(ExecError::Backend {
+                    library: "cuda",
+                    message: "illegal address".into(),
+                })
+            },
+        )
+        .expect_err("a failure is not replaced");
+        assert_eq!(
+            outcomes(err.attempts()),
+            [("fake_gpu", Failed), ("reference", NotTried)]
+        );
+        assert!(matches!(&err, ChainError::Failed { executor, .. } if executor == "fake_gpu"));
+        assert!(err.to_string().contains("illegal address"), "{err}");
+    }
+
+    #[test]
+    fn no_substitute_turns_a_substitution_into_an_error() {
+        let r = registry(false);
+        let p = problem(64, 32);
+        let no_sub = ChainOptions {
+            no_substitute: true,
+            ..ChainOptions::default()
+        };
+        let mut ran = false;
+        let err = walk(
+            &r,
+            "B",
+            &["fake_gpu", "reference"],
+            Ok(&p),
+            &no_sub,
+            |_, _| {
+                ran = true;
+                Ok(())
+            },
+        )
+        .expect_err("the first entry is unavailable");
+        assert!(!ran, "nothing may run");
+        assert!(matches!(err, ChainError::SubstitutionRefused { .. }));
+        assert_eq!(
+            outcomes(err.attempts()),
+            [("fake_gpu", Unavailable), ("reference", NotTried)]
+        );
+        // The backend's own executor may still run.
+        let ok = walk(&r, "B", &["reference"], Ok(&p), &no_sub, |_, _| Ok(()));
+        assert!(ok.is_ok_and(|w| !w.is_substitute()));
+    }
+
+    #[test]
+    fn a_configuration_no_executor_expresses_is_refused_by_every_entry() {
+        let r = registry(true);
+        let why = NotExpressible {
+            fact: "attention_dropout".into(),
+            value: "0.1".into(),
+            why: "executors apply no dropout".into(),
+        };
+        let err = walk(
+            &r,
+            "B",
+            &["fake_gpu", "torch_flash", "reference"],
+            Err(&why),
+            &ChainOptions::default(),
+            |_, _| Ok(()),
+        )
+        .expect_err("nothing runs");
+        assert_eq!(
+            outcomes(err.attempts()),
+            [
+                ("fake_gpu", Refused),
+                ("torch_flash", Refused),
+                ("reference", Refused)
+            ]
+        );
+        for a in err.attempts() {
+            assert_eq!(
+                a.reason.as_deref(),
+                Some("attention_dropout = 0.1: executors apply no dropout")
+            );
+        }
+        assert!(matches!(err, ChainError::NoneRan { .. }));
+        assert_eq!(
+            err.to_string(),
+            "no executor of the chain could run: fake_gpu, torch_flash, reference refused: \
+             attention_dropout = 0.1: executors apply no dropout"
+        );
+    }
+
+    #[test]
+    fn an_empty_chain_and_an_unknown_name_are_reported() {
+        let r = registry(true);
+        let p = problem(64, 32);
+        let empty: [&str; 0] = [];
+        let err = walk(&r, "B", &empty, Ok(&p), &ChainOptions::default(), |_, _| {
+            Ok(())
+        })
+        .expect_err("nothing to walk");
+        assert!(matches!(err, ChainError::Empty { .. }), "{err}");
+        let w = walk(
+            &r,
+            "B",
+            &["nope", "reference"],
+            Ok(&p),
+            &ChainOptions::default(),
+            |_, _| Ok(()),
+        )
+        .expect("reference runs");
+        assert_eq!(
+            outcomes(&w.attempts),
+            [("nope", Unavailable), ("reference", Ran)]
+        );
+    }
+
+    #[test]
+    fn the_reference_refuses_problems_above_its_size_limit() {
+        // What keeps the te chains' last entry honest on big problems: refused, not run.
+        let r = Registry::builtin();
+        let p = AttentionProblem::new(2, 8, 4, 8192, 8192, 512, 512, DType::BF16);
+        let err = walk(
+            &r,
+            "UnfusedDotProductAttention",
+            &["chunked", "reference"],
+            Ok(&p),
+            &ChainOptions::default(),
+            |_, _| Ok(()),
+        );
+        match err {
+            // A GPU machine with the `cuda` feature runs chunked.
+            Ok(w) => assert_eq!(w.executor, "chunked"),
+            Err(e) => {
+                let a = e.attempts();
+                assert_eq!(a[1].outcome, Refused, "{e}");
+                assert!(
+                    a[1].reason
+                        .as_deref()
+                        .unwrap_or_default()
+                        .contains("score elements"),
+                    "{e}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,325 @@
+"""Gemma 4 end to end through ``attn_implementation="attn_policy"`` (issue 14's proof, H200).
+
+transformers' own Gemma 4 text model from a reduced config with random weights (no download):
+6 layers in Gemma 4's 5:1 sliding/global pattern, sliding layers head_dim 256 with a 1024-token
+window, the global layer head_dim 512, 8 query heads per KV head, bf16, sequence 4096. Three
+training runs of the same initial weights on the same fixed batches (fixed seed):
+
+- ``attn_policy`` (the te pack decides per layer; its executors run),
+- ``sdpa`` with SDPA's memory-efficient backend, and ``sdpa`` with its math backend
+  (``torch.nn.attention.sdpa_kernel``): their largest loss gap over the run is the bound.
+
+Checks (the script exits 1 when one fails):
+1. at every step, |loss(attn_policy) - mean of the two sdpa losses| <= 1.5 x the largest gap
+   between the two sdpa runs;
+2. the per-layer decision log of the first step shows ``cudnn`` on the sliding layers and the
+   d512 executor (``chunked``) on the global layer;
+3. greedy ``generate()`` of 64 tokens with a KV cache gives the same tokens with "attn_policy"
+   and "sdpa" (the same weights: attn_policy's trained ones; the prompt is from the data).
+Also reported: step time and peak memory of each run and their ratios.
+
+    python bindings/python/bench/gemma4_train.py [--steps 200] [--seq 4096] [--budget-s 300]
+
+``--budget-s``: after the first steps the script projects the time of all runs; if it would
+exceed the budget it reduces the step count for every run and says so (the summary's `steps`).
+``--device cpu --tiny`` runs a miniature of the same flow (a smoke test of the script).
+``--chain Backend=exec1,exec2`` (repeatable) runs attn_policy with a copy of the te pack whose
+chain for that backend is replaced, e.g. ``--chain UnfusedDotProductAttention=torch_math,chunked``
+to run the global layer on torch's own math (float32 softmax) instead of ``chunked``: a way to
+tell an executor's accuracy from a defect when the loss bound fails (the per-layer check then
+only reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import attn_policy.transformers as aptf
+
+
+def build_config(a):
+    from transformers.models.gemma4 import Gemma4TextConfig
+
+    layers = ["sliding_attention"] * 5 + ["full_attention"]
+    if a.tiny:
+        return Gemma4TextConfig(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16, global_head_dim=32,
+            sliding_window=8, layer_types=layers, hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=128, max_position_embeddings=256, attention_dropout=0.0,
+        )
+    return Gemma4TextConfig(
+        vocab_size=a.vocab, hidden_size=1024, intermediate_size=4096, num_hidden_layers=6,
+        num_attention_heads=8, num_key_value_heads=1, head_dim=256, global_head_dim=512,
+        sliding_window=1024, layer_types=layers, hidden_size_per_layer_input=64,
+        vocab_size_per_layer_input=a.vocab, max_position_embeddings=max(8192, a.seq + 128),
+        attention_dropout=0.0,
+    )
+
+
+POLICY = None  # the attn_policy Policy (None: the embedded te pack)
+
+
+def register(log: bool) -> None:
+    aptf.register(policy=POLICY, log_decisions=log)
+
+
+def te_with_chains(changes):
+    """A copy of the te pack (rules/te of this checkout) with some backends' chains replaced."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import attn_policy
+
+    roots = [Path(os.environ["ATTN_POLICY_REPO"])] if os.environ.get("ATTN_POLICY_REPO") else []
+    roots += [Path.cwd(), Path(__file__).resolve().parents[3]]
+    src = next((r / "rules" / "te" for r in roots if (r / "rules" / "te" / "pack.yaml").exists()), None)
+    if src is None:
+        raise SystemExit("--chain needs rules/te (run from the repository root or set ATTN_POLICY_REPO)")
+    te = attn_policy.Policy.load("te")
+    chains = {b: te._p.executor_chain(b) for b in te.backend_names}
+    for c in changes:
+        backend, _, names = c.partition("=")
+        if backend not in chains:
+            raise SystemExit(f"--chain {c}: no backend {backend!r} (backends: {', '.join(chains)})")
+        chains[backend] = [n.strip() for n in names.split(",") if n.strip()]
+    dst = Path(tempfile.mkdtemp()) / "te"
+    shutil.copytree(src, dst)
+    text = (dst / "pack.yaml").read_text()
+    head = text[: text.index("\nexecutors:")]
+    body = "".join(f"  - backend: {b}\n    chain: [{', '.join(c)}]\n" for b, c in chains.items() if c)
+    (dst / "pack.yaml").write_text(head + "\nexecutors:\n" + body)
+    return attn_policy.Policy.load(str(dst)), chains
+
+
+def make_model(cfg, impl, dtype, device, state=None):
+    from transformers.models.gemma4 import Gemma4ForCausalLM
+
+    # One config object per model: `_from_config` records the attention implementation on it.
+    m = Gemma4ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation=impl, torch_dtype=dtype)
+    m = m.to(device)
+    if state is not None:
+        m.load_state_dict(state)
+    assert m.config._attn_implementation == impl, m.config._attn_implementation
+    return m
+
+
+def sdpa_backend(name):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if name is None:
+        return contextlib.nullcontext
+    backends = {"efficient": [SDPBackend.EFFICIENT_ATTENTION], "math": [SDPBackend.MATH],
+                "efficient+math": [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]}[name]
+    return lambda: sdpa_kernel(backends)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(cfg, impl, backend, state, data, steps, a, device, dtype, log_first=False):
+    """Trains a fresh model from ``state``; returns losses, step times and peak memory."""
+    model = make_model(cfg, impl, dtype, device, state)
+    model.train()
+    model.config.use_cache = False
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    ctx = sdpa_backend(backend)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, times, per_layer = [], [], []
+    for step in range(steps):
+        if log_first and step == 0:
+            register(True)
+            aptf.decision_log.clear()
+        ids = data[step % len(data)]
+        sync(device)
+        t0 = time.perf_counter()
+        with ctx():
+            out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = out.loss.item()  # synchronises
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        if log_first and step == 0:
+            per_layer = [dict(r) for r in aptf.decision_log]
+            register(False)
+        if not (loss == loss):
+            raise RuntimeError(f"{impl}/{backend}: loss is NaN at step {step}")
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    trained = {k: v.detach().clone() for k, v in model.state_dict().items()} if impl == "attn_policy" else None
+    del model, opt
+    return {"losses": losses, "times": times, "peak": peak, "per_layer": per_layer, "state": trained}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="a miniature config (smoke test)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--batches", type=int, default=4, help="distinct fixed batches, cycled")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--chain", action="append", default=[], metavar="BACKEND=EXEC,...",
+                    help="replace a te backend's executor chain for the attn_policy run")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    global POLICY
+    chains = None
+    if a.chain:
+        POLICY, chains = te_with_chains(a.chain)
+    if a.tiny:
+        a.seq, a.vocab, a.prompt = min(a.seq, 64), 128, min(a.prompt, 16)
+    device = torch.device(a.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = build_config(a)
+    register(False)
+    t_start = time.perf_counter()
+    print(f"# Gemma 4 through attn_policy: torch {torch.__version__}, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)}), cuDNN {torch.backends.cudnn.version()}" if device.type == "cuda" else ""))
+    lt = list(cfg.layer_types)
+    per = cfg.per_layer_config
+    shapes = sorted({(t, per[i].head_dim, per[i].num_key_value_heads) for i, t in enumerate(lt)})
+    if chains:
+        print(f"# attn_policy runs a te pack copy with chains {chains}")
+    print(f"# config: layers {lt}, hidden {cfg.hidden_size}, query heads {cfg.num_attention_heads}, "
+          f"(layer type, head_dim, kv heads) {shapes}, window {cfg.sliding_window}, vocab {cfg.vocab_size}, "
+          f"seq {a.seq}, {dtype}")
+
+    torch.manual_seed(0)
+    init = make_model(cfg, "sdpa", dtype, device)
+    state = {k: v.detach().clone() for k, v in init.state_dict().items()}
+    del init
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, cfg.vocab_size, (1, a.seq), generator=g).to(device) for _ in range(a.batches)]
+
+    # Which SDPA backend set runs this model: efficient alone where it can.
+    eff = "efficient"
+    try:
+        probe = make_model(cfg, "sdpa", dtype, device, state)
+        # The full sequence: transformers' masks (and so SDPA's kernel choice) depend on it.
+        with sdpa_backend("efficient")():
+            probe(input_ids=data[0]).logits.float().sum().backward()
+        del probe
+    except RuntimeError as e:
+        # A layer without an efficient kernel (GQA without a mask: transformers passes
+        # enable_gqa, which only flash and math take) runs SDPA's math kernel in both runs.
+        print(f"# SDPA efficient alone cannot run every layer ({str(e).splitlines()[0]}): using efficient, "
+              "then math (both sdpa runs share the math kernel on the layers efficient cannot run)")
+        eff = "efficient+math"
+
+    steps = a.steps
+    runs = {}
+    order = [("attn_policy", None), ("sdpa", eff), ("sdpa", "math")]
+    # Step-time probe: a few steps of each run, to fit the budget.
+    probe_steps = min(4, steps)
+    est = 0.0
+    for impl, backend in order:
+        r = train(cfg, impl, backend, state, data, probe_steps, a, device, dtype)
+        est += statistics.median(r["times"][1:] or r["times"])
+    projected = est * steps + (time.perf_counter() - t_start)
+    if projected > a.budget_s:
+        spent = time.perf_counter() - t_start
+        steps = max(10, int((a.budget_s - spent) / est))
+        print(f"# step times {est * 1e3:.0f} ms per step of all three runs: {a.steps} steps would take "
+              f"~{projected:.0f} s; REDUCED to {steps} steps to fit --budget-s {a.budget_s:.0f}")
+    for impl, backend in order:
+        key = impl if backend is None else f"sdpa[{backend}]"
+        t0 = time.perf_counter()
+        runs[key] = train(cfg, impl, backend, state, data, steps, a, device, dtype, log_first=impl == "attn_policy")
+        print(f"# {key}: {steps} steps in {time.perf_counter() - t0:.1f} s, final loss {runs[key]['losses'][-1]:.4f}")
+
+    ours, e_run, m_run = runs["attn_policy"], runs[f"sdpa[{eff}]"], runs["sdpa[math]"]
+    sdpa_gap = [abs(x - y) for x, y in zip(e_run["losses"], m_run["losses"])]
+    bound = max(sdpa_gap)
+    ours_gap = [abs(o - (x + y) / 2) for o, x, y in zip(ours["losses"], e_run["losses"], m_run["losses"])]
+    worst = max(range(steps), key=lambda i: ours_gap[i])
+    loss_ok = all(gp <= 1.5 * bound for gp in ours_gap) and bound > 0
+
+    # Per-layer executors (first step).
+    expected = {i: ("cudnn" if t == "sliding_attention" else "chunked") for i, t in enumerate(lt)}
+    seen = {}
+    for r in ours["per_layer"]:
+        seen.setdefault(r["layer"], set()).add((r["backend"], r["executor"]))
+
+    def layer_ok(i, executor):
+        got = seen.get(i, set())
+        return len(got) == 1 and next(iter(got))[1] == executor
+
+    # On the CPU every layer runs the reference (the smoke test), and custom chains run other
+    # executors by design: nothing to check there.
+    layers_ok = device.type != "cuda" or bool(chains) or all(layer_ok(i, ex) for i, ex in expected.items())
+
+    # Greedy generation with a KV cache, the same (trained) weights under both implementations.
+    gen_ok = None
+    gen_note = ""
+    prompt = data[0][:, : a.prompt]
+    with torch.no_grad():
+        m_ours = make_model(cfg, "attn_policy", dtype, device, ours["state"]).eval()
+        m_ref = make_model(cfg, "sdpa", dtype, device, ours["state"]).eval()
+        t0 = time.perf_counter()
+        ga = m_ours.generate(prompt, max_new_tokens=a.new_tokens, do_sample=False, use_cache=True)
+        t_gen = time.perf_counter() - t0
+        gb = m_ref.generate(prompt, max_new_tokens=a.new_tokens, do_sample=False, use_cache=True)
+    ta, tb = ga[0, a.prompt:].tolist(), gb[0, a.prompt:].tolist()
+    gen_ok = ta == tb and len(ta) == a.new_tokens
+    first_diff = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+    memorised = sum(int(x == y) for x, y in zip(ta, data[0][0, a.prompt: a.prompt + a.new_tokens].tolist()))
+    gen_note = (f"{len(ta)} tokens, identical: {ta == tb}" + ("" if first_diff is None else f" (first difference at {first_diff})")
+                + f"; {memorised}/{len(ta)} equal the training continuation; attn_policy generate {t_gen:.1f} s")
+    del m_ours, m_ref
+
+    def med(r):
+        return statistics.median(r["times"][2:] or r["times"])
+
+    print("\n## Gemma 4 (reduced) training: attn_policy vs sdpa")
+    print(f"steps: {steps}" + ("" if steps == a.steps else f" (REDUCED from {a.steps} to fit the budget)"))
+    print("| run | final loss | median step (ms) | step-time ratio (attn_policy / run) | peak memory (GiB) | memory ratio |")
+    print("|---|---|---|---|---|---|")
+    for key, r in runs.items():
+        print(f"| {key} | {r['losses'][-1]:.4f} | {med(r) * 1e3:.1f} | {med(ours) / med(r):.3f} | "
+              f"{r['peak'] / 2**30:.2f} | {(ours['peak'] / r['peak']) if r['peak'] else float('nan'):.3f} |")
+    print("\n| check | result | pass |")
+    print("|---|---|---|")
+    print(f"| loss: max over steps of |attn_policy - sdpa mean| <= 1.5 x max sdpa gap ({bound:.4g}) | "
+          f"worst {ours_gap[worst]:.4g} at step {worst} ({ours_gap[worst] / bound if bound else float('inf'):.2f} x) | "
+          f"{'yes' if loss_ok else 'NO'} |")
+    layer_cells = "; ".join(f"{i}: {sorted(seen.get(i, []))}" for i in sorted(expected))
+    print(f"| per-layer executors (sliding: cudnn, global: chunked) | {layer_cells} | "
+          f"{'yes' if layers_ok else 'NO'} |")
+    print(f"| greedy generate() with KV cache == sdpa | {gen_note} | {'yes' if gen_ok else 'NO'} |")
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({
+                "steps": steps, "requested_steps": a.steps, "sdpa_efficient_backends": eff,
+                "losses": {k: r["losses"] for k, r in runs.items()},
+                "step_ms": {k: med(r) * 1e3 for k, r in runs.items()},
+                "peak_bytes": {k: r["peak"] for k, r in runs.items()},
+                "bound": bound, "ours_gap": ours_gap, "per_layer": ours["per_layer"],
+                "generate": {"attn_policy": ta, "sdpa": tb}, "checks": {
+                    "loss": loss_ok, "layers": layers_ok, "generate": gen_ok},
+            }, f, indent=1)
+    return 0 if (loss_ok and layers_ok and gen_ok) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

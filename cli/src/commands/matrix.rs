@@ -1,0 +1,122 @@
+//! `attn-policy matrix`: a support matrix generated from the rules (docs/matrix.md).
+
+use clap::{Args, ValueEnum};
+
+use super::args::PackArgs;
+use attn_policy::matrix::{AxisQuery, DEFAULT_BUDGET, Free, Matrix, Query, build};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
+pub enum MatrixFormat {
+    /// Markdown: caption, table, notes.
+    #[default]
+    Md,
+    /// One self-contained HTML page (hover or click a cell for its explanation).
+    Html,
+    /// SVG (docs, slides).
+    Svg,
+    /// {"pack", "rows", "cols", "fixed", "cells": [...], "free", "complete"}.
+    Json,
+}
+
+/// The query flags shared with `diff --format matrix`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct MatrixQueryArgs {
+    /// Row axis: a fact or an alias (head_dim, sm, seqlen, cp_comm_type, dtype, mask,
+    /// layout), with values or not: `head_dim=64,128,256`, `sm`, `window_size=null,[128,0]`.
+    #[arg(long, value_name = "FACT[=V1,V2,..]")]
+    pub rows: Option<String>,
+    /// Column axis (as --rows).
+    #[arg(long, value_name = "FACT[=V1,V2,..]")]
+    pub cols: Option<String>,
+    /// Fix a fact in every cell: FACT=VALUE (`qkv_dtype=bf16`, `sm=90`,
+    /// `flash_attn_versions.v2=2.7.4`, `window_size=[128,0]`); FACT alone holds it (an
+    /// object: every member) at its default. Repeatable.
+    #[arg(long = "fix", value_name = "FACT[=VALUE]")]
+    pub fix: Vec<String>,
+    /// Facts the analysis lets vary (a cell that changes with them is marked, with the
+    /// facts): `shape` (batch, heads, sequence lengths, head dims, CP sizes), `all`, `none`,
+    /// or FACT,FACT,...; every other fact is held at its default.
+    #[arg(long, value_name = "shape|all|none|FACTS", default_value = "shape")]
+    pub free: String,
+}
+
+impl MatrixQueryArgs {
+    pub fn query(&self) -> Result<Query, String> {
+        let (Some(rows), Some(cols)) = (&self.rows, &self.cols) else {
+            return Err("a matrix needs --rows FACT[=V1,..] and --cols FACT[=V1,..]".into());
+        };
+        Ok(Query {
+            rows: AxisQuery::parse(rows),
+            cols: AxisQuery::parse(cols),
+            fix: self.fix.iter().map(|f| Query::parse_fix(f)).collect(),
+            free: Free::parse(&self.free),
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Each cell is the backend (and variant) the pack selects for the row's and the column's
+values, or none. Facts not on an axis are fixed (--fix), free (--free: the cell shows the
+decision at their default, and the exact analysis covers every value; a cell that changes
+with them is marked \u{25c6} with the deciding facts), or held at their default (features off,
+environment unset, probes \"supported\"); the caption says which. See docs/matrix.md.
+
+Examples:
+  attn-policy matrix --rows head_dim --cols sm --fix qkv_dtype=bf16 --fix attn_mask_type=causal
+  attn-policy matrix --rows mask --cols sm=90,100 --format html > matrix.html
+  attn-policy matrix --rows cp_comm_type --cols head_dim=128,256,512 --format json
+
+Exit codes: 0 done, 2 bad rules or a bad axis/--fix/--free, 3 INCOMPLETE (the diagram budget
+ran out or an outcome had no verified example: those cells' marks are no claim).")]
+pub struct MatrixArgs {
+    #[command(flatten)]
+    pub pack: PackArgs,
+    #[command(flatten)]
+    pub query: MatrixQueryArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = MatrixFormat::Md)]
+    pub format: MatrixFormat,
+    /// Decision-diagram node budget (the result says INCOMPLETE when it runs out).
+    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    pub budget: u64,
+}
+
+/// The matrix as text in a format.
+pub fn render(m: &Matrix, format: MatrixFormat) -> String {
+    match format {
+        MatrixFormat::Md => m.to_markdown(),
+        MatrixFormat::Html => m.to_html(),
+        MatrixFormat::Svg => m.to_svg(),
+        MatrixFormat::Json => {
+            let mut s = serde_json::to_string_pretty(&m.to_json()).expect("serialisable");
+            s.push('\n');
+            s
+        }
+    }
+}
+
+pub fn run(a: MatrixArgs) -> i32 {
+    let policy = match a.pack.load(false) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let query = match a.query.query() {
+        Ok(q) => q,
+        Err(e) => return super::fail(e),
+    };
+    let m = match build(&policy, &query, a.budget) {
+        Ok(m) => m,
+        Err(e) => return super::fail(e),
+    };
+    print!("{}", render(&m, a.format));
+    if m.complete {
+        0
+    } else {
+        eprintln!(
+            "warning: INCOMPLETE: the dependence of some cells could not be established exactly \
+             (raise --budget, or narrow --free)"
+        );
+        3
+    }
+}

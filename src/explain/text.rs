@@ -1,0 +1,235 @@
+//! Human text, read from the model: the selection, then one line per backend with every
+//! declining rule under it (`attn-policy explain`).
+
+use std::fmt::Write as _;
+
+use serde_json::Value as Json;
+
+use super::{BackendStatus, ExecutorOutcome, Explanation, VariantChoice};
+
+/// ` [FA3 3.0.0]`, ` [F16_arbitrary_seqlen = 1]`, ` [name]` (no value), or nothing.
+fn variant_text(v: Option<&VariantChoice>) -> String {
+    match v {
+        Some(v) => match v.value.to_json() {
+            Json::Null => format!(" [{}]", v.name),
+            Json::String(s) => format!(" [{} {s}]", v.name),
+            other => format!(" [{} = {other}]", v.name),
+        },
+        None => String::new(),
+    }
+}
+
+impl Explanation {
+    /// The text of `attn-policy explain`; `color` adds ANSI styles.
+    pub fn to_text(&self, color: bool) -> String {
+        let style = |code: &str, s: &str| {
+            if color {
+                format!("\x1b[{code}m{s}\x1b[0m")
+            } else {
+                s.to_string()
+            }
+        };
+        let mut out = String::new();
+        match &self.selected {
+            Some(s) => {
+                let _ = write!(
+                    out,
+                    "{} {}{}",
+                    style("1", "selected:"),
+                    style("1;32", s),
+                    variant_text(self.variant.as_ref())
+                );
+            }
+            None => {
+                let _ = write!(
+                    out,
+                    "{} {}",
+                    style("1", "selected:"),
+                    style("1;31", "none: no backend can serve this configuration")
+                );
+            }
+        }
+        if let Some(pref) = &self.preference {
+            let _ = write!(out, "  (preference `{}`", pref.id);
+            if let Some(w) = &pref.when {
+                let _ = write!(out, ": {w}");
+            }
+            out.push(')');
+        }
+        out.push('\n');
+        if self.provisional {
+            // Name the undecided backends that come first, and the probes they wait for.
+            let mut waiting = Vec::new();
+            if let Some(pref) = &self.preference {
+                for name in &pref.order {
+                    if Some(name) == self.selected.as_ref() {
+                        break;
+                    }
+                    let Some(b) = self.backend(name) else {
+                        continue;
+                    };
+                    if b.status == BackendStatus::Undecided {
+                        let mut probes: Vec<&str> = b
+                            .pending
+                            .iter()
+                            .flat_map(|r| r.probes.iter().map(String::as_str))
+                            .collect();
+                        probes.sort_unstable();
+                        probes.dedup();
+                        waiting.push(format!(
+                            "{} (until {} is answered)",
+                            b.name,
+                            probes.join(", ")
+                        ));
+                    }
+                }
+            }
+            let _ = writeln!(
+                out,
+                "provisional: undecided and earlier in the preference order: {}; answer with --probe NAME=true|false",
+                waiting.join("; ")
+            );
+        }
+        if !self.layers_disabled.is_empty() {
+            let _ = writeln!(out, "layers off: {}", self.layers_disabled.join(", "));
+        }
+        let width = self
+            .backends
+            .iter()
+            .map(|b| b.name.len())
+            .max()
+            .unwrap_or(0);
+        for b in &self.backends {
+            let (code, status) = match &b.status {
+                BackendStatus::Selected => ("32", "selected".to_string()),
+                BackendStatus::Outranked { by: Some(by) } => {
+                    ("33", format!("eligible, outranked by {by}"))
+                }
+                BackendStatus::Outranked { by: None } => {
+                    ("33", "eligible, not in the preference order".to_string())
+                }
+                BackendStatus::Declined => ("31", "declined".to_string()),
+                BackendStatus::Disabled => ("31", "disabled by environment".to_string()),
+                BackendStatus::Undecided => ("35", "undecided: pending probe".to_string()),
+            };
+            let _ = writeln!(
+                out,
+                "\n{:<width$}  {}{}",
+                b.name,
+                style(code, &status),
+                variant_text(b.variant.as_ref())
+            );
+            for (rules, tag) in [(&b.declined_by, ""), (&b.pending, "? ")] {
+                for rule in rules {
+                    let scope = match &rule.variants {
+                        Some(v) => format!(" ({})", v.join(", ")),
+                        None => String::new(),
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  {tag}{}{scope} [{}] {}",
+                        style("1", &rule.id),
+                        rule.layer,
+                        rule.reason
+                    );
+                    let vals: Vec<String> = rule
+                        .values
+                        .iter()
+                        .map(|(fact, v)| format!("{fact} = {}", v.text()))
+                        .collect();
+                    let _ = writeln!(out, "      {}  at {}", vals.join(", "), rule.location);
+                }
+            }
+            for v in &b.unavailable_variants {
+                // Name what the condition (often a definition of the pack) read, with the
+                // values it saw.
+                let read: Vec<String> = v
+                    .values
+                    .iter()
+                    .map(|(fact, value)| format!("{fact} = {}", value.text()))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "  - {} not available: `{}` is false{}",
+                    v.name,
+                    v.applicable.as_deref().unwrap_or("false"),
+                    if read.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", read.join(", "))
+                    }
+                );
+            }
+        }
+        if !self.executor_chain.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nexecutors of {}:",
+                self.selected.as_deref().unwrap_or("no backend")
+            );
+            let width = self
+                .executor_chain
+                .iter()
+                .map(|a| a.executor.len())
+                .max()
+                .unwrap_or(0);
+            for (i, a) in self.executor_chain.iter().enumerate() {
+                let code = match a.outcome {
+                    ExecutorOutcome::Ran => "32",
+                    ExecutorOutcome::Refused | ExecutorOutcome::Failed => "31",
+                    ExecutorOutcome::Unavailable => "33",
+                    ExecutorOutcome::NotTried => "2",
+                };
+                let word = format!("{:<11}", a.outcome.word());
+                let detail = match (&a.reason, a.outcome) {
+                    (Some(r), _) => r.clone(),
+                    (None, ExecutorOutcome::Ran) if i > 0 => "substitute".to_string(),
+                    (None, _) => String::new(),
+                };
+                let line = format!("  {:<width$}  {}  {detail}", a.executor, style(code, &word));
+                let _ = writeln!(out, "{}", line.trim_end());
+            }
+        }
+        out
+    }
+
+    /// The facts whose provenance is known, with their values and sources (the Python TE
+    /// drop-in appends this to its text); empty when no provenance is recorded. A key with
+    /// member facts (`flash_attn_versions`) shows its members.
+    pub fn provenance_text(&self) -> String {
+        if self.provenance.is_empty() {
+            return String::new();
+        }
+        let mut out = String::from("\nfacts from the environment:\n");
+        let width = self
+            .provenance
+            .iter()
+            .map(|(k, _)| k.len())
+            .max()
+            .unwrap_or(0);
+        for (k, source) in self.provenance.iter() {
+            let members: Vec<String> = self
+                .input
+                .iter()
+                .filter_map(|(path, v)| {
+                    let member = path.strip_prefix(k)?.strip_prefix('.')?;
+                    (!member.is_empty()).then(|| format!("{member}={}", v.plain_text()))
+                })
+                .collect();
+            let value = if members.is_empty() {
+                self.input
+                    .get(k)
+                    .map(|v| v.plain_text())
+                    .unwrap_or_default()
+            } else {
+                members.join(", ")
+            };
+            if value.is_empty() {
+                let _ = writeln!(out, "  {k:<width$}  from {source}");
+            } else {
+                let _ = writeln!(out, "  {k:<width$}  = {value}  from {source}");
+            }
+        }
+        out
+    }
+}

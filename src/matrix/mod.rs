@@ -1,0 +1,437 @@
+//! Support matrices generated from the rules (`attn-policy matrix`, docs/matrix.md): for each
+//! combination of two axes (facts or the CLI's aliases `head_dim`, `sm`, `seqlen`, ...), the
+//! backend (and variant) the pack selects, or none; where other values of the free facts
+//! change it, the facts that decide (found by the exact analysis of
+//! [`crate::analysis::matrix`], never by sampling).
+//!
+//! Every fact of a cell is one of:
+//! - **on an axis**: the row's and the column's values;
+//! - **fixed** (`--fix FACT=VALUE`; `--fix FACT` holds it at its default);
+//! - **free** (`--free`, by default the family's *shape* facts: batch, heads, sequence
+//!   lengths, head dims, context-parallel sizes): the cell shows the decision at the
+//!   config's value (the default), and the analysis covers every value: `depends_on` lists
+//!   the free facts that change the decision in the cell;
+//! - **held** (every other fact): at its default. Features are off (no window, no dropout,
+//!   no bias, ...), the environment is unset, probes are answered "supported": the matrix
+//!   answers for that scenario, stated in its caption.
+//!
+//! Renderings: JSON (the contract of docs/matrix.md), Markdown, SVG and a self-contained
+//! HTML page (colour per backend, each cell's full explanation on hover or click).
+
+pub mod axes;
+mod diff;
+pub mod docs;
+mod html;
+mod render;
+mod svg;
+
+use serde_json::{Map, Value as Json};
+
+use crate::analysis::matrix::{GridError, GridQuery, Outcome, analyse};
+use crate::facts::schema::{Origin, Schema, Ty};
+use crate::policy::Policy;
+
+pub use axes::Name;
+pub use diff::{Change, MatrixDiff};
+pub use html::html_page;
+
+/// Which facts the analysis lets vary (`--free`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Free {
+    /// The family's shape facts (sizes every call has): see [`shape_facts`].
+    #[default]
+    Shape,
+    /// Every fact not on an axis and not fixed.
+    All,
+    /// None: every fact not on an axis is fixed or held at its default.
+    None,
+    /// These facts (objects name all their members).
+    Facts(Vec<String>),
+}
+
+impl Free {
+    /// `shape`, `all`, `none` or a comma-separated list of facts.
+    pub fn parse(text: &str) -> Free {
+        match text.trim() {
+            "shape" => Free::Shape,
+            "all" => Free::All,
+            "none" => Free::None,
+            t => Free::Facts(axes::split_values(t)),
+        }
+    }
+}
+
+/// An axis as asked: a fact or alias, and its values as text (None: the default list).
+#[derive(Clone, Debug)]
+pub struct AxisQuery {
+    pub name: String,
+    pub values: Option<Vec<String>>,
+}
+
+impl AxisQuery {
+    /// `FACT` or `FACT=v1,v2,...` (values split at commas outside brackets).
+    pub fn parse(text: &str) -> AxisQuery {
+        match text.split_once('=') {
+            Some((n, v)) => AxisQuery {
+                name: n.trim().to_string(),
+                values: Some(axes::split_values(v)),
+            },
+            None => AxisQuery {
+                name: text.trim().to_string(),
+                values: None,
+            },
+        }
+    }
+}
+
+/// What to tabulate.
+#[derive(Clone, Debug)]
+pub struct Query {
+    pub rows: AxisQuery,
+    pub cols: AxisQuery,
+    /// `(FACT, Some(VALUE))` fixes a value; `(FACT, None)` holds the fact at its default.
+    pub fix: Vec<(String, Option<String>)>,
+    pub free: Free,
+}
+
+impl Query {
+    /// `FACT=VALUE` or `FACT`.
+    pub fn parse_fix(text: &str) -> (String, Option<String>) {
+        match text.split_once('=') {
+            Some((n, v)) => (n.trim().to_string(), Some(v.trim().to_string())),
+            None => (text.trim().to_string(), None),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MatrixError {
+    #[error("unknown fact `{name}` in the {family} family{}", suggestion.as_ref().map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default())]
+    UnknownFact {
+        name: String,
+        family: &'static str,
+        suggestion: Option<String>,
+    },
+    #[error("{0}")]
+    Bad(String),
+    #[error(transparent)]
+    Grid(#[from] GridError),
+}
+
+/// One axis of a built matrix.
+#[derive(Clone, Debug)]
+pub struct Axis {
+    pub name: String,
+    /// What an alias sets (`head_dim_qk = head_dim_v`), for the caption.
+    pub meaning: Option<String>,
+    pub values: Vec<Json>,
+}
+
+/// Another outcome reachable in a cell, with the free facts changed to reach it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Alternative {
+    pub backend: Option<String>,
+    pub variant: Option<String>,
+    /// Config keys changed from the cell's config (a verified example).
+    pub changes: Map<String, Json>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Cell {
+    /// The backend selected at the cell's config (None: no backend).
+    pub backend: Option<String>,
+    /// Its variant, for backends with variants.
+    pub variant: Option<String>,
+    /// Free facts that change the decision in the cell (empty: decided by the axes and the
+    /// fixed and held facts).
+    pub depends_on: Vec<String>,
+    /// The other outcomes reachable in the cell (when `depends_on` is not empty).
+    pub alternatives: Vec<Alternative>,
+    /// The cell's config.
+    pub config: Json,
+    /// The analysis of this cell is exact (every non-empty outcome has a verified example
+    /// and the decision at the config agrees with the diagrams).
+    pub exact: bool,
+    /// The decision at the cell's config, explained (every backend's status and rules).
+    pub explanation: crate::Explanation,
+}
+
+/// A support matrix: the pack's decision per cell and what it depends on.
+#[derive(Clone, Debug)]
+pub struct Matrix {
+    pub pack: String,
+    pub family: &'static str,
+    pub rows: Axis,
+    pub cols: Axis,
+    /// Fixed facts as given (alias names kept); held ones (`--fix FACT`) per fact with its
+    /// default.
+    pub fixed: Vec<(String, Json)>,
+    /// The fixed facts as the caption states them (`--fix FACT` as "FACT at its default").
+    pub fixed_caption: Vec<String>,
+    /// Free facts (the analysis covers every value of each).
+    pub free: Vec<String>,
+    /// The pack's backends, in pack order (the legend).
+    pub backends: Vec<String>,
+    /// Row-major.
+    pub cells: Vec<Cell>,
+    /// Every cell is exact (see [`crate::analysis::matrix::GridAnalysis::complete`]).
+    pub complete: bool,
+    pub diagram_nodes: u64,
+    pub classes_examined: u64,
+}
+
+/// The family's shape facts, free by default: the sizes every call has (a default for them
+/// is a guess, so the analysis covers every value). te: batch, heads, sequence lengths,
+/// token counts, head dims, context-parallel sizes. torch: batch, query and key/value heads,
+/// sequence lengths, head dims (the key's and value's copies follow the query's, see
+/// [`crate::analysis::matrix::FOLLOWS`]). Other families: their non-nullable integer inputs
+/// that do not describe the machine.
+pub fn shape_facts(schema: &Schema) -> Vec<&'static str> {
+    const TE: &[&str] = &[
+        "batch_size",
+        "num_heads",
+        "num_gqa_groups",
+        "max_seqlen_q",
+        "max_seqlen_kv",
+        "num_tokens_q",
+        "num_tokens_kv",
+        "head_dim_qk",
+        "head_dim_v",
+        "cp_size",
+        "cp_size_a2a",
+    ];
+    const TORCH: &[&str] = &[
+        "batch",
+        "heads_q",
+        "heads_kv",
+        "seqlen_q",
+        "seqlen_kv",
+        "head_dim_qk",
+        "head_dim_v",
+    ];
+    schema
+        .fields
+        .iter()
+        .filter(|f| match schema.family {
+            "te" => TE.contains(&f.path),
+            "torch" => TORCH.contains(&f.path),
+            _ => f.ty == Ty::Int && !f.nullable && !f.fixed && f.origin == Origin::Input,
+        })
+        .map(|f| f.path)
+        .collect()
+}
+
+/// Default node budget (as `gaps` / `diff`).
+pub const DEFAULT_BUDGET: u64 = crate::analysis::regions::DEFAULT_BUDGET;
+
+fn axis_values(schema: &Schema, a: &AxisQuery, n: &Name) -> Result<Vec<Json>, MatrixError> {
+    match &a.values {
+        Some(v) if !v.is_empty() => v.iter().map(|t| n.parse(schema, t)).collect(),
+        _ => n.default_values(schema).ok_or_else(|| {
+            MatrixError::Bad(format!(
+                "axis `{}` has no default values: give them, e.g. {}=1,2,4",
+                a.name, a.name
+            ))
+        }),
+    }
+}
+
+fn name_of(policy: &Policy, o: Outcome) -> (Option<String>, Option<String>) {
+    match o {
+        None => (None, None),
+        Some((b, v)) => {
+            let bk = &policy.backends[b as usize];
+            (
+                Some(bk.name.clone()),
+                v.and_then(|v| bk.variants.get(v)).map(|v| v.name.clone()),
+            )
+        }
+    }
+}
+
+/// Builds the matrix of `policy` for `q`.
+pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixError> {
+    let schema = policy.schema;
+    let rn = Name::resolve(schema, &q.rows.name)?;
+    let cn = Name::resolve(schema, &q.cols.name)?;
+    if rn.slots.iter().any(|s| cn.slots.contains(s)) {
+        return Err(MatrixError::Bad(format!(
+            "--rows {} and --cols {} set the same fact",
+            rn.name, cn.name
+        )));
+    }
+    let rows = axis_values(schema, &q.rows, &rn)?;
+    let cols = axis_values(schema, &q.cols, &cn)?;
+    let defaults = policy.default_facts();
+    let mut base = Map::new();
+    let mut fixed = Vec::new();
+    let mut fixed_caption = Vec::new();
+    let mut fixed_slots = Vec::new();
+    let fixed_names: Vec<String> = q.fix.iter().map(|f| f.0.clone()).collect();
+    for (name, value) in &q.fix {
+        let n = Name::resolve(schema, name)?;
+        if let Some(s) = n
+            .slots
+            .iter()
+            .find(|s| rn.slots.contains(s) || cn.slots.contains(s))
+        {
+            return Err(MatrixError::Bad(format!(
+                "--fix {name}: `{}` is on an axis",
+                schema.fields[*s].path
+            )));
+        }
+        fixed_slots.extend(n.slots.iter().copied());
+        match value {
+            Some(text) => {
+                let v = n.parse(schema, text)?;
+                for (path, x) in n.sets(&v, &fixed_names) {
+                    axes::insert_path(&mut base, &path, x);
+                }
+                fixed_caption.push(format!("`{name}` = {v}"));
+                fixed.push((name.clone(), v));
+            }
+            None => {
+                fixed_caption.push(if n.slots.len() > 1 {
+                    format!("`{name}` (every member) at its default")
+                } else {
+                    format!("`{name}` at its default")
+                });
+                for &s in &n.slots {
+                    let f = &schema.fields[s];
+                    if f.origin == Origin::Input && f.ty != Ty::Object {
+                        let domain = match f.ty {
+                            Ty::Enum(d) => Some(d),
+                            _ => None,
+                        };
+                        fixed.push((f.path.to_string(), defaults.values()[s].to_json(domain)));
+                    }
+                }
+            }
+        }
+    }
+    let axis_slots = |s: usize| rn.slots.contains(&s) || cn.slots.contains(&s);
+    let free_slots: Vec<usize> = match &q.free {
+        Free::Shape => shape_facts(schema)
+            .into_iter()
+            .filter_map(|p| schema.slot(p))
+            .collect(),
+        Free::All => (0..schema.fields.len())
+            .filter(|&s| schema.fields[s].origin == Origin::Input)
+            .collect(),
+        Free::None => Vec::new(),
+        Free::Facts(names) => {
+            let mut out = Vec::new();
+            for n in names {
+                out.extend(Name::resolve(schema, n)?.slots);
+            }
+            out
+        }
+    }
+    .into_iter()
+    .filter(|&s| !axis_slots(s) && !fixed_slots.contains(&s))
+    .collect();
+    let mut configs = Vec::with_capacity(rows.len() * cols.len());
+    for r in &rows {
+        for c in &cols {
+            let mut obj = base.clone();
+            for (path, x) in rn
+                .sets(r, &fixed_names)
+                .into_iter()
+                .chain(cn.sets(c, &fixed_names))
+            {
+                axes::insert_path(&mut obj, &path, x);
+            }
+            configs.push(Json::Object(obj));
+        }
+    }
+    // Alias extras (cp_size under `cp_comm_type`) are config values, not pins: free facts
+    // stay free, held ones are pinned to them.
+    let grid = GridQuery {
+        row_slots: rn.slots.clone(),
+        col_slots: cn.slots.clone(),
+        free_slots: free_slots.clone(),
+        nrows: rows.len(),
+        ncols: cols.len(),
+        configs,
+    };
+    let g = analyse(policy, &grid, budget)?;
+    let cells = g
+        .cells
+        .iter()
+        .zip(&grid.configs)
+        .map(|(c, config)| {
+            let (backend, variant) = name_of(policy, c.at_defaults);
+            let decision = policy.decide(&c.facts);
+            let explanation = crate::Explanation::new(policy, &c.facts, &decision);
+            Cell {
+                backend,
+                variant,
+                depends_on: c.depends_on.iter().map(|s| s.to_string()).collect(),
+                alternatives: c
+                    .reachable
+                    .iter()
+                    .skip(1)
+                    .map(|r| {
+                        let (backend, variant) = name_of(policy, r.outcome);
+                        Alternative {
+                            backend,
+                            variant,
+                            changes: r.changes.clone(),
+                        }
+                    })
+                    .collect(),
+                config: config.clone(),
+                exact: c.unverified == 0,
+                explanation,
+            }
+        })
+        .collect();
+    let mut free: Vec<String> = free_slots
+        .iter()
+        .map(|&s| schema.fields[s].path.to_string())
+        .collect();
+    free.dedup();
+    Ok(Matrix {
+        pack: policy.name.clone(),
+        family: schema.family,
+        rows: Axis {
+            name: rn.name.clone(),
+            meaning: rn.meaning(),
+            values: rows,
+        },
+        cols: Axis {
+            name: cn.name.clone(),
+            meaning: cn.meaning(),
+            values: cols,
+        },
+        fixed,
+        fixed_caption,
+        free,
+        backends: policy.backends.iter().map(|b| b.name.clone()).collect(),
+        cells,
+        complete: g.complete,
+        diagram_nodes: g.diagram_nodes,
+        classes_examined: g.classes_examined,
+    })
+}
+
+impl Matrix {
+    /// The cell at a row and column index.
+    pub fn cell(&self, r: usize, c: usize) -> &Cell {
+        &self.cells[r * self.cols.values.len() + c]
+    }
+
+    /// A cell's shown outcome as text: `Backend (variant)` or `none`.
+    pub fn label(cell: &Cell) -> String {
+        outcome_label(&cell.backend, &cell.variant)
+    }
+}
+
+/// An outcome as text: `Backend (variant)`, `Backend` or `none`.
+pub fn outcome_label(backend: &Option<String>, variant: &Option<String>) -> String {
+    match (backend, variant) {
+        (None, _) => "none".into(),
+        (Some(b), None) => b.clone(),
+        (Some(b), Some(v)) => format!("{b} ({v})"),
+    }
+}
