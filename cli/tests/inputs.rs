@@ -800,3 +800,63 @@ fn why_not_names_the_switch_for_an_outranked_backend() {
     .unwrap();
     assert_eq!(e["selected"], "FrostAttention");
 }
+
+#[test]
+fn why_not_names_the_package_once_and_repeats_no_hint() {
+    // FlashAttention on Hopper with no flash-attn package installed: the hint names the pip
+    // package and the versions the rules accept, once (not one hint per version class).
+    let o = run(&[
+        "why-not",
+        "FlashAttention",
+        "--head-dim",
+        "128",
+        "--sm",
+        "80",
+        "--set",
+        r#"flash_attn_versions={"v2":null}"#,
+    ]);
+    assert_eq!(o.code, Some(0), "{}{}", o.stdout, o.stderr);
+    let hints: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("- "))
+        .collect();
+    let installs: Vec<&&str> = hints.iter().filter(|h| h.contains("install")).collect();
+    assert_eq!(installs.len(), 1, "one install hint: {}", o.stdout);
+    assert!(
+        installs[0] == &"install flash-attn with 2.1.1 <= flash_attn_versions.v2 < 2.8.4",
+        "{}",
+        o.stdout
+    );
+    // Every hint changes a different set of facts.
+    let v: Json = serde_json::from_str(
+        &run(&[
+            "why-not",
+            "FlashAttention",
+            "--preset",
+            "gemma4-global",
+            "--sm",
+            "80",
+            "--json",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    let sets: Vec<Vec<String>> = v["hints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            h["changes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["fact"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    assert!(!sets.is_empty(), "{v}");
+    for (i, s) in sets.iter().enumerate() {
+        assert!(!sets[..i].contains(s), "hint on {s:?} repeated: {v}");
+    }
+}

@@ -323,20 +323,32 @@ pub(crate) fn example_of(m: &mut Mdd, cube: &Cube) -> Option<Json> {
     // The search does not tie te's head counts (`kv_heads_divide_heads` is not searched):
     // move them to counts TE accepts, staying inside the region.
     let region = Restriction::of_constraints_for(schema, &cube_constraints(m, cube)).ok()?;
+    head_count_candidates(&example)
+        .into_iter()
+        .find(|e| schema.read(e).is_ok_and(|facts| region.holds(&facts)))
+}
+
+/// A te example with its head counts moved to counts TE accepts (`num_heads %
+/// num_gqa_groups == 0`): the query heads' divisors as KV heads, then multiples of the KV
+/// heads as query heads, nearest first. The search does not tie the two counts, so a
+/// region's or a matrix cell's example may need this before it reads.
+pub(crate) fn head_count_candidates(example: &Json) -> Vec<Json> {
     let int = |k: &str, d: i64| example.get(k).and_then(Json::as_i64).unwrap_or(d);
     let (h, g) = (int("num_heads", 16), int("num_gqa_groups", 16));
-    let mut candidates: Vec<(i64, i64)> = (1..=h.min(4096))
+    let mut pairs: Vec<(i64, i64)> = (1..=h.min(4096))
         .filter(|d| h % d == 0)
         .map(|d| (h, d))
         .collect();
-    candidates.extend((1..=64).map(|k| (g.saturating_mul(k), g)));
-    candidates.into_iter().find_map(|(h, g)| {
-        let mut e = example.clone();
-        e["num_heads"] = h.into();
-        e["num_gqa_groups"] = g.into();
-        let facts = schema.read(&e).ok()?;
-        region.holds(&facts).then_some(e)
-    })
+    pairs.extend((1..=64).map(|k| (g.saturating_mul(k), g)));
+    pairs
+        .into_iter()
+        .map(|(h, g)| {
+            let mut e = example.clone();
+            e["num_heads"] = h.into();
+            e["num_gqa_groups"] = g.into();
+            e
+        })
+        .collect()
 }
 
 /// The inputs the packs' family accepts, over the facts the packs (and `--where`) read: each
@@ -344,6 +356,16 @@ pub(crate) fn example_of(m: &mut Mdd, cube: &Cube) -> Option<Json> {
 /// (docs/facts.md). `gaps` and `diff` search only there, so no region consists of inputs that
 /// would be refused before any rule ran.
 pub fn validity(packs: &[&Policy], restrict: Option<&Restriction>) -> Option<Restriction> {
+    validity_with(packs, restrict, false)
+}
+
+/// [`validity`]; `every_constraint`: also the constraints the search does not tie (for the
+/// small diagrams of a specialised pack, such as a support matrix's).
+pub fn validity_with(
+    packs: &[&Policy],
+    restrict: Option<&Restriction>,
+    every_constraint: bool,
+) -> Option<Restriction> {
     let schema = packs.first()?.schema;
     // The space's variables are the input facts the conditions read (derived facts map to
     // theirs: `sm` stays `sm`, `window.left` becomes `window_size.*`).
@@ -363,7 +385,7 @@ pub fn validity(packs: &[&Policy], restrict: Option<&Restriction>) -> Option<Res
         .filter_map(|d| d.bound.expr(d.path, d.nullable))
         .collect();
     for c in schema.constraints {
-        if !c.searched || !matches!(c.check, crate::facts::Check::Refuse(_)) {
+        if !(c.searched || every_constraint) || !matches!(c.check, crate::facts::Check::Refuse(_)) {
             continue;
         }
         let Ok(r) = Restriction::parse_for(schema, c.expr) else {

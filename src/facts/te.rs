@@ -492,7 +492,7 @@ pub static FIELDS: &[FieldDef] = &[
         "cudnn_frontend_version",
         Ty::Version,
         D::Null,
-        "nvidia-cudnn-frontend version; null = not installed; unparseable compares false.",
+        "nvidia-cudnn-frontend version; null = not installed.",
     ),
     f(
         "cutlass_dsl_version",
@@ -609,6 +609,16 @@ pub static FIELDS: &[FieldDef] = &[
         "probe.frost_plan",
         "cuDNN frontend returns a FROST plan (checked by name) for this graph on this GPU.",
     ),
+];
+
+/// The pip package each library-version fact describes (`why-not` names the package to
+/// install, not the fact).
+pub const PACKAGES: &[(&str, &str)] = &[
+    ("flash_attn_versions.v2", "flash-attn"),
+    ("flash_attn_versions.v3", "flash-attn-3"),
+    ("flash_attn_versions.v4", "flash-attn-4"),
+    ("cudnn_frontend_version", "nvidia-cudnn-frontend"),
+    ("cutlass_dsl_version", "nvidia-cutlass-dsl"),
 ];
 
 /// Compute capabilities of NVIDIA GPUs (CUDA 12 and 13: Maxwell sm50 to Blackwell sm121), as

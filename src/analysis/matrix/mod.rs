@@ -44,7 +44,7 @@ use crate::facts::{Facts, Value};
 use crate::policy::Policy;
 
 use super::mdd::{FALSE, Id, Mdd, PolicyDiagrams, TRUE};
-use super::regions::add_policy;
+use super::regions::{add_policy, validity};
 use super::space::{Space, SpaceBuilder};
 
 mod specialize;
@@ -149,6 +149,12 @@ pub fn analyse(policy: &Policy, q: &GridQuery, budget: u64) -> Result<GridAnalys
     let spec = specialize(policy, &plan.substitute);
     let mut b = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut b, &spec);
+    // Only inputs the family accepts (docs/facts.md): a cell's outcomes are those of valid
+    // inputs, so each has an example that reads (as `gaps` and `diff` search).
+    let valid = validity(&[&spec], None);
+    if let Some(r) = &valid {
+        b.root(&r.program, r.cond.node);
+    }
     let mut splits = BTreeSet::new();
     for f in &facts {
         for &s in &plan.cofactor {
@@ -164,6 +170,13 @@ pub fn analyse(policy: &Policy, q: &GridQuery, budget: u64) -> Result<GridAnalys
     let mut m = Mdd::for_policies(&space, &[&spec]);
     m.budget = usize::try_from(budget).unwrap_or(usize::MAX);
     let d = PolicyDiagrams::build(&mut m, &spec);
+    let valid_id = match &valid {
+        Some(r) => {
+            let rp = m.program(&r.program);
+            m.condition(rp, r.cond.node)
+        }
+        None => TRUE,
+    };
     let parts = Parts::of(&d);
     let row_pinned: Vec<usize> = plan
         .cofactor
@@ -183,11 +196,12 @@ pub fn analyse(policy: &Policy, q: &GridQuery, budget: u64) -> Result<GridAnalys
                 all[rv] = m.relation_at(rv, &all);
             }
             let drc = m.restrict_all(&dr, &all);
+            let valid_cell = m.restrict_all(&[valid_id], &all)[0];
             let cell = analyse_cell(
                 policy,
-                &space,
                 &mut m,
                 &parts.with(&d, &drc),
+                valid_cell,
                 &mut all,
                 &facts[i],
                 &q.configs[i],
@@ -399,16 +413,17 @@ fn named(policy: &Policy, o: Option<(u16, usize)>) -> Outcome {
 
 fn analyse_cell(
     policy: &Policy,
-    space: &Space,
     m: &mut Mdd,
     d: &PolicyDiagrams,
+    valid: Id,
     all: &mut [Option<u32>],
     facts: &Facts,
     config: &Json,
 ) -> CellAnalysis {
+    let space = m.space;
     let at_defaults = outcome_of(policy, facts);
     let mut outs: Vec<(Outcome, Id)> = d
-        .outcomes_within(m, policy, TRUE)
+        .outcomes_within(m, policy, valid)
         .into_iter()
         .map(|(o, x)| (named(policy, o), x))
         .collect();
@@ -464,7 +479,8 @@ fn analyse_cell(
         if f == FALSE {
             continue;
         }
-        match verified_example(policy, m, f, &near, config, facts, o) {
+        let found = verified_example(policy, m, f, &near, config, facts, o);
+        match found {
             Some(r) => {
                 reachable.push(r);
                 reachable_ids.push(x);
@@ -509,13 +525,47 @@ fn verified_example(
     if let Some(o) = example.as_object_mut() {
         o.remove("probe");
     }
-    let decides = |changes: &Map<String, Json>| -> Option<Facts> {
+    let strict = |changes: &Map<String, Json>| -> Option<Facts> {
         let mut merged = config.clone();
         merge(&mut merged, &Json::Object(changes.clone()));
         let ef = read_cell(policy, &merged).ok()?;
         (outcome_of(policy, &ef) == want).then_some(ef)
     };
-    let ef = decides(example.as_object()?)?;
+    // Like `gaps`, the analysis does not tie the constraints a family marks unsearched (te's
+    // head counts): an outcome found only where they fail is still listed, with such an
+    // example, when no valid one exists (docs/matrix.md says so).
+    let decides_untied = |changes: &Map<String, Json>| -> Option<Facts> {
+        let mut merged = config.clone();
+        merge(&mut merged, &Json::Object(changes.clone()));
+        let e = read_cell(policy, &merged).err()?;
+        let untied = e.kind == crate::facts::InputErrorKind::Constraint
+            && policy
+                .schema
+                .constraints
+                .iter()
+                .any(|c| !c.searched && c.facts.contains(&e.path.as_str()));
+        if !untied {
+            return None;
+        }
+        let mut ef = policy.schema.read_unvalidated(&merged).ok()?;
+        ef.set_all_probes(true);
+        (outcome_of(policy, &ef) == want).then_some(ef)
+    };
+    let decides = |changes: &Map<String, Json>| strict(changes).or_else(|| decides_untied(changes));
+    // A valid example first; te's head counts moved to counts TE accepts next; else one
+    // refused only by an untied constraint.
+    let moved = || {
+        super::regions::head_count_candidates(&example)
+            .into_iter()
+            .find_map(|e| strict(e.as_object()?).map(|ef| (e, ef)))
+    };
+    let (example, ef) = match strict(example.as_object()?) {
+        Some(ef) => (example.clone(), ef),
+        None => match moved().filter(|_| policy.schema.family == "te") {
+            Some(found) => found,
+            None => (example.clone(), decides_untied(example.as_object()?)?),
+        },
+    };
     // The keys whose facts differ from the cell's.
     let mut changes = Map::new();
     for (k, v) in example.as_object()? {

@@ -188,8 +188,8 @@ impl<'s> Mdd<'s> {
         let nv = self.space.vars.len();
         for cube in cubes {
             let mut literal_reads: Vec<usize> = Vec::new();
-            for r in nv..self.nvars() {
-                if cube[r].as_ref().is_some_and(|s| s.len() < self.ncls[r]) {
+            for (r, set) in cube.iter().enumerate().take(self.nvars()).skip(nv) {
+                if set.as_ref().is_some_and(|s| s.len() < self.ncls[r]) {
                     literal_reads.extend(self.relation_facts(r));
                 }
             }
