@@ -108,8 +108,9 @@ fn bad_input_exits_2_with_a_reason() {
             "did you mean `causal`",
         ),
         (
+            // Cell configs are read like every input: a head dim of 0 is refused there.
             &["matrix", "--rows", "head_dim=0", "--cols", "sm=90"][..],
-            "outside the values the analysis models",
+            "head_dim_qk: must be > 0, found 0",
         ),
         (
             &["matrix", "--rows", "probe.frost_plan", "--cols", "sm"][..],
