@@ -166,12 +166,12 @@ def test_te_environment_sources_and_switches_are_part_of_the_key(monkeypatch):
         te.clear_environment()
 
 
-def test_te_decisions_match_an_uncached_policy(corpus):
+def test_te_decisions_match_an_uncached_policy(valid_corpus):
     te.clear_environment()
     cached = attn_policy.Policy.load("te")
     uncached = attn_policy.Policy.load("te", cache_size=0)
     try:
-        for r in corpus[:60]:
+        for r in valid_corpus[:60]:
             ns = types.SimpleNamespace(**r["config"])
             te.set_policy(cached)
             a = te.get_attention_backend(ns, frost=False)

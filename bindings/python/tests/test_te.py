@@ -28,9 +28,9 @@ SUPPORTED = {"cuda_device": True, "fused_attn_graph": True, "frost_plan": True}
 AGREEMENT_THRESHOLD = 0.95
 
 
-def test_drop_in_agrees_with_te_on_corpus(corpus):
+def test_drop_in_agrees_with_te_on_corpus(valid_corpus):
     te.clear_environment()
-    records = [r for r in corpus if r["decision"] is not None]
+    records = [r for r in valid_corpus if r["decision"] is not None]
     agree = sum(
         tuple(te.get_attention_backend(types.SimpleNamespace(**r["config"]), frost=False, probe=SUPPORTED)) == expected(r)
         for r in records
@@ -40,9 +40,9 @@ def test_drop_in_agrees_with_te_on_corpus(corpus):
     assert rate >= AGREEMENT_THRESHOLD
 
 
-def test_dict_namespace_and_select_agree(corpus):
+def test_dict_namespace_and_select_agree(valid_corpus):
     p = attn_policy.Policy.load("te")
-    for r in corpus[:50]:
+    for r in valid_corpus[:50]:
         if r["decision"] is None:
             continue
         a = te.get_attention_backend(r["config"], frost=False, probe=SUPPORTED)
@@ -54,6 +54,18 @@ def test_dict_namespace_and_select_agree(corpus):
         # the same answers as an attribute of the object
         c = te.get_attention_backend(types.SimpleNamespace(**r["config"], probe=SUPPORTED), frost=False)
         assert c == a
+
+
+def test_records_te_refuses_are_input_errors(corpus):
+    """Head counts TE's constructor refuses are refused by the drop-in, naming the fact,
+    instead of being decided (issue 15: one validation for every front end)."""
+    from conftest import te_accepts
+
+    bad = [r for r in corpus if not te_accepts(r["config"])]
+    assert bad, "the corpus slice holds no record with KV heads that do not divide query heads"
+    for r in bad[:20]:
+        with pytest.raises(attn_policy.PolicyError, match="num_gqa_groups"):
+            te.get_attention_backend(types.SimpleNamespace(**r["config"]), frost=False, probe=SUPPORTED)
 
 
 # --- TE's own objects, imitated (torch is not installed here) ---------------------------

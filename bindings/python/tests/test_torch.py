@@ -71,6 +71,10 @@ CASES = [
     (2, 4, 2, 8, 8, 16, True, False, (3, 0)),  # sliding window, causal
     (1, 2, 1, 5, 11, 8, False, True, (2, 1)),  # window around the bottom-right diagonal
     (1, 2, 2, 1, 9, 8, True, True, None),  # decoding: one query row
+    # One-sided windows without causality: TE's window check takes both sides bounded, so the
+    # decision states the open side as s_q + s_kv (the executors still get -1).
+    (1, 2, 1, 6, 9, 8, False, False, (-1, 2)),
+    (1, 2, 2, 7, 5, 8, False, True, (1, -1)),
 ]
 
 

@@ -376,9 +376,7 @@ class CPSpec:
 
     def config(self) -> Dict[str, Any]:
         """The call's facts by TransformerEngine's names, for the ``native`` pack."""
-        window = None
-        if self.window_left >= 0 or (self.mask == 0 and self.window_right >= 0):
-            window = [self.window_left, self.window_right if self.mask == 0 else 0]
+        window = _apt.te_window_fact(self.mask, self.window_left, self.window_right, self.seqlen_q, self.seqlen_kv)
         return {
             "qkv_type": "Tensor",
             "qkv_dtype": _FACT_DTYPES[self.dtype],

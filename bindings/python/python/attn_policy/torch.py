@@ -488,9 +488,7 @@ class _Call:
     def config(self) -> Dict[str, Any]:
         """The call's facts by TransformerEngine's names."""
         mask = ("no_mask", "causal", "causal_bottom_right")[self.mask]
-        window = None
-        if self.window_left >= 0 or (self.mask == 0 and self.window_right >= 0):
-            window = [self.window_left, self.window_right if self.mask == 0 else 0]
+        window = te_window_fact(self.mask, self.window_left, self.window_right, self.sq, self.skv)
         return {
             "qkv_type": "Tensor",
             "qkv_dtype": _FACT_DTYPES[self.dtype],
@@ -1182,6 +1180,20 @@ torch.library.register_autograd("attn_policy::attention", _backward, setup_conte
 
 # ---------------------------------------------------------------------------------------------
 # The Python entry points.
+
+
+def te_window_fact(mask: int, left: int, right: int, sq: int, skv: int) -> Optional[List[int]]:
+    """The ``window_size`` fact of a call (mask 0 no mask, 1 causal, 2 causal bottom-right; -1:
+    unbounded side). TransformerEngine takes a window without causality only with both sides
+    bounded ((-1, -1) or both >= 0, its check_set_window_size), so an unbounded side of such a
+    window is stated as ``sq + skv``: it admits every key under either diagonal (the same
+    problem: the executors receive the -1), and the decision is made on facts TE accepts."""
+    if mask != 0:
+        return [left, 0] if left >= 0 else None
+    if left < 0 and right < 0:
+        return None
+    unbounded = sq + skv
+    return [left if left >= 0 else unbounded, right if right >= 0 else unbounded]
 
 
 def _window_args(window, is_causal: bool) -> Tuple[int, int]:
