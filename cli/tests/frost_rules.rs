@@ -79,6 +79,11 @@ fn check(rule: &str, trigger: &[&str], neighbour: &[&str]) {
     );
 }
 
+/// [`check`] for a rule about one fact given with `--set` (`fact=value` on both sides).
+fn check_set(rule: &str, trigger: &str, neighbour: &str) {
+    check(rule, &["--set", trigger], &["--set", neighbour]);
+}
+
 #[test]
 fn base_selects_frost() {
     assert!(frost_selected(&[]));
@@ -118,11 +123,7 @@ fn fr03_dtype() {
 
 #[test]
 fn fr04_quantized_qkv_type() {
-    check(
-        "FR.4",
-        &["--set", r#"qkv_type="Float8Tensor""#],
-        &["--set", r#"qkv_type="Tensor""#],
-    );
+    check_set("FR.4", r#"qkv_type="Float8Tensor""#, r#"qkv_type="Tensor""#);
 }
 
 #[test]
@@ -186,47 +187,35 @@ fn fr10_masks() {
 
 #[test]
 fn fr11_bias() {
-    check(
+    check_set(
         "FR.11",
-        &["--set", r#"core_attention_bias_type="alibi""#],
-        &["--set", r#"core_attention_bias_type="no_bias""#],
+        r#"core_attention_bias_type="alibi""#,
+        r#"core_attention_bias_type="no_bias""#,
     );
 }
 
 #[test]
 fn fr12_dropout() {
-    check(
-        "FR.12",
-        &["--set", "attention_dropout=0.1"],
-        &["--set", "attention_dropout=0.0"],
-    );
+    check_set("FR.12", "attention_dropout=0.1", "attention_dropout=0.0");
 }
 
 #[test]
 fn fr13_softcap() {
-    check(
-        "FR.13",
-        &["--set", "softcap=30.0"],
-        &["--set", "softcap=0.0"],
-    );
+    check_set("FR.13", "softcap=30.0", "softcap=0.0");
 }
 
 #[test]
 fn fr14_softmax() {
-    check(
+    check_set(
         "FR.14",
-        &["--set", r#"softmax_type="off-by-one""#],
-        &["--set", r#"softmax_type="vanilla""#],
+        r#"softmax_type="off-by-one""#,
+        r#"softmax_type="vanilla""#,
     );
 }
 
 #[test]
 fn fr15_max_logit() {
-    check(
-        "FR.15",
-        &["--set", "return_max_logit=true"],
-        &["--set", "return_max_logit=false"],
-    );
+    check_set("FR.15", "return_max_logit=true", "return_max_logit=false");
 }
 
 #[test]
@@ -244,11 +233,7 @@ fn fr16_kv_cache() {
 
 #[test]
 fn fr17_score_mod() {
-    check(
-        "FR.17",
-        &["--set", "has_score_mod=true"],
-        &["--set", "has_score_mod=false"],
-    );
+    check_set("FR.17", "has_score_mod=true", "has_score_mod=false");
     // score_mod_bprop without score_mod must still end with no FROST (and no backend at all).
     assert_eq!(
         frost_declines(&["--set", "has_score_mod_bprop=true"]),
@@ -259,29 +244,21 @@ fn fr17_score_mod() {
 
 #[test]
 fn fr18_num_splits() {
-    check(
-        "FR.18",
-        &["--set", "num_splits=2"],
-        &["--set", "num_splits=1"],
-    );
+    check_set("FR.18", "num_splits=2", "num_splits=1");
 }
 
 #[test]
 fn fr19_checkpoint_core_attention() {
-    check(
+    check_set(
         "FR.19",
-        &["--set", "checkpoint_core_attention=true"],
-        &["--set", "checkpoint_core_attention=false"],
+        "checkpoint_core_attention=true",
+        "checkpoint_core_attention=false",
     );
 }
 
 #[test]
 fn fr20_cuda_graph() {
-    check(
-        "FR.20",
-        &["--set", "cuda_graph=true"],
-        &["--set", "cuda_graph=false"],
-    );
+    check_set("FR.20", "cuda_graph=true", "cuda_graph=false");
 }
 
 #[test]
@@ -398,10 +375,10 @@ fn fr26_window_validation() {
 
 #[test]
 fn fr27_cudnn_frontend_floor() {
-    check(
+    check_set(
         "FR.27",
-        &["--set", r#"cudnn_frontend_version="1.28.0""#],
-        &["--set", r#"cudnn_frontend_version="1.29.0""#],
+        r#"cudnn_frontend_version="1.28.0""#,
+        r#"cudnn_frontend_version="1.29.0""#,
     );
     // Pre-releases count below the floor; a missing package declines.
     let rc = ["--set", r#"cudnn_frontend_version="1.29.0rc1""#];
@@ -430,10 +407,10 @@ fn fr27_cudnn_frontend_floor() {
 
 #[test]
 fn fr28_cutlass_dsl_floor() {
-    check(
+    check_set(
         "FR.28",
-        &["--set", r#"cutlass_dsl_version="4.6.2""#],
-        &["--set", r#"cutlass_dsl_version="4.7.0""#],
+        r#"cutlass_dsl_version="4.6.2""#,
+        r#"cutlass_dsl_version="4.7.0""#,
     );
     assert_eq!(
         frost_declines(&["--set", r#"cutlass_dsl_version="4.7.0rc1""#]),
