@@ -9,13 +9,18 @@
 //! `available_backends` `[flash, fused, unfused]`. A record where TE raised (`decision` null)
 //! agrees only if the pack selects nothing. Probe facts are answered "supported", as the
 //! corpus' emulated cuDNN accepted every graph (fidelity limit 1).
+//!
+//! A record whose config is structurally invalid (docs/facts.md: a domain or a constraint of
+//! the family, such as KV heads that do not divide the query heads) is an *input error*: it is
+//! not decided, it is reported with its line, and the agreement rate is over the valid records.
+//! `--parity` changes nothing about them (validation precedes every rule and layer).
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value as Json, json};
 
 use crate::corpus::Record;
-use crate::facts::{Facts, Value};
+use crate::facts::{Facts, InputError, Value};
 use crate::lang::Version;
 use crate::policy::Policy;
 
@@ -46,35 +51,74 @@ pub struct Class {
     pub example: String,
 }
 
+/// A record that was not decided: its config is structurally invalid.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RecordError {
+    pub line: usize,
+    pub id: String,
+    pub error: crate::facts::InputError,
+}
+
 /// Aggregated result of a conformance run.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
     /// Whose decisions the records hold ("TE", "PyTorch").
     pub reference: &'static str,
+    /// Every record of the corpus.
     pub total: usize,
-    /// Records on which every compared field agrees.
+    /// Valid records on which every compared field agrees.
     pub agree: usize,
-    /// Per backend the reference selected ("NoBackend", or "raised" when it raised): (agree, total).
+    /// Per backend the reference selected ("NoBackend", or "raised" when it raised), over
+    /// valid records: (agree, total).
     pub per_backend: BTreeMap<String, (usize, usize)>,
     pub classes: BTreeMap<ClassKey, Class>,
-    /// Records whose config could not be read (counted as disagreements).
-    pub input_errors: usize,
+    /// Records whose config is structurally invalid (not decided, not in the rate), in order.
+    pub input_errors: Vec<RecordError>,
     /// Where the records hold each backend's eligibility on its own (PyTorch corpora): per
-    /// (record, backend), how often the pack agrees, out of how many.
+    /// (valid record, backend), how often the pack agrees, out of how many.
     pub eligibility: Option<(usize, usize)>,
 }
 
 impl Report {
-    pub fn disagree(&self) -> usize {
-        self.total - self.agree
+    /// Records that were decided.
+    pub fn valid(&self) -> usize {
+        self.total - self.input_errors.len()
     }
 
+    pub fn disagree(&self) -> usize {
+        self.valid() - self.agree
+    }
+
+    /// Agreement over the valid records (1.0 when there are none: then nothing disagreed; the
+    /// report says how many were input errors).
     pub fn rate(&self) -> f64 {
-        if self.total == 0 {
+        if self.valid() == 0 {
             1.0
         } else {
-            self.agree as f64 / self.total as f64
+            self.agree as f64 / self.valid() as f64
         }
+    }
+
+    /// Input errors grouped by what is wrong (the error without its values), largest first:
+    /// (kind and path, count, first line).
+    pub fn input_error_classes(&self) -> Vec<(String, usize, usize)> {
+        let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for e in &self.input_errors {
+            let key = format!(
+                "{}: {}",
+                serde_json::to_value(e.error.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                e.error.path
+            );
+            let entry = by.entry(key).or_insert((0, e.line));
+            entry.0 += 1;
+        }
+        let mut v: Vec<(String, usize, usize)> =
+            by.into_iter().map(|(k, (n, line))| (k, n, line)).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
     }
 
     /// Disagreement classes, largest first (ties by key).
@@ -96,12 +140,26 @@ impl Report {
             .take(top)
             .map(|(k, c)| json!({"difference": k.0, "count": c.count, "example": c.example}))
             .collect();
+        let errors: Vec<Json> = self
+            .input_errors
+            .iter()
+            .take(top)
+            .map(|e| json!({"line": e.line, "id": e.id, "error": e.error, "message": e.error.to_string()}))
+            .collect();
+        let error_classes: Vec<Json> = self
+            .input_error_classes()
+            .into_iter()
+            .map(|(k, n, line)| json!({"error": k, "count": n, "first_line": line}))
+            .collect();
         let mut out = json!({
             "total": self.total,
+            "valid": self.valid(),
             "agree": self.agree,
             "disagree": self.disagree(),
             "rate": self.rate(),
-            "input_errors": self.input_errors,
+            "input_errors": self.input_errors.len(),
+            "input_error_classes": error_classes,
+            "input_error_records": errors,
             "per_backend": per,
             "classes": classes,
         });
@@ -122,17 +180,30 @@ impl Report {
 
     pub fn to_text(&self, top: usize) -> String {
         let mut out = format!(
-            "agreement: {}/{} ({:.2}%), {} disagree\n",
+            "agreement: {}/{} valid records ({:.2}%), {} disagree\n",
             self.agree,
-            self.total,
+            self.valid(),
             100.0 * self.rate(),
             self.disagree()
         );
         if let Some((a, t)) = self.eligibility {
             out.push_str(&format!(
-                "eligibility (every backend of every record): {a}/{t} ({:.2}%)\n",
+                "eligibility (every backend of every valid record): {a}/{t} ({:.2}%)\n",
                 100.0 * a as f64 / t.max(1) as f64
             ));
+        }
+        if !self.input_errors.is_empty() {
+            out.push_str(&format!(
+                "input errors: {} of {} records are structurally invalid (not decided; docs/facts.md):\n",
+                self.input_errors.len(),
+                self.total
+            ));
+            for (k, n, line) in self.input_error_classes().into_iter().take(top) {
+                out.push_str(&format!("  {n:>6}  {k}  first at line {line}\n"));
+            }
+            if let Some(e) = self.input_errors.first() {
+                out.push_str(&format!("  e.g. line {} ({}): {}\n", e.line, e.id, e.error));
+            }
         }
         out.push_str(&format!("per backend {} selected:\n", self.reference()));
         for (k, (a, t)) in &self.per_backend {
@@ -155,21 +226,35 @@ impl Report {
     }
 }
 
-/// Facts of a record's config, with every probe answered "supported".
-pub fn record_facts(config: &Json) -> Result<Facts, String> {
-    let mut facts = Facts::from_json(config).map_err(|e| e.to_string())?;
-    for probe in crate::facts::te::FIELDS
-        .iter()
-        .filter(|d| d.origin == crate::facts::schema::Origin::Probe)
-    {
-        let name = probe.path.trim_start_matches("probe.");
-        if facts.get(probe.path) == Some(Value::Unknown) {
-            facts
-                .set_probe(name, Some(true))
-                .map_err(|e| e.to_string())?;
+/// Facts of a te record's config, with every probe answered "supported".
+pub fn record_facts(config: &Json) -> Result<Facts, InputError> {
+    answer_probes(Facts::from_json(config)?)
+}
+
+/// Every unanswered probe of the facts' family answered "supported".
+fn answer_probes(mut facts: Facts) -> Result<Facts, InputError> {
+    let probes: Vec<&str> = facts.schema().probe_names().collect();
+    for path in probes {
+        if facts.get(path) == Some(Value::Unknown) {
+            facts.set_probe(path.trim_start_matches("probe."), Some(true))?;
         }
     }
     Ok(facts)
+}
+
+/// A corpus record's facts for `policy`'s family, unanswered probes answered "supported":
+/// te reads the record's `config`, torch its `config` with the device ([`torch_record_facts`]).
+/// An error (the record's own, or its config's) is located at the record's line.
+pub fn read_record(policy: &Policy, rec: &Record) -> Result<Facts, InputError> {
+    let read = match &rec.error {
+        Some(e) => Err(e.clone()),
+        None => match policy.schema.family {
+            "torch" => torch_record_facts(policy, &rec.raw),
+            _ => policy.read_facts(&rec.config),
+        },
+    };
+    read.and_then(answer_probes)
+        .map_err(|e| e.at(rec.locate_config_error()))
 }
 
 /// The pack's decision for `facts`, in TE's terms.
@@ -258,6 +343,18 @@ pub fn run(policy: &Policy, records: &[Record]) -> Report {
     }
 }
 
+impl Report {
+    /// Counts a record that was not decided.
+    fn input_error(&mut self, rec: &Record, error: InputError) {
+        self.total += 1;
+        self.input_errors.push(RecordError {
+            line: rec.line,
+            id: rec.id.clone(),
+            error,
+        });
+    }
+}
+
 /// Counts one record's comparison: agreement per group, and its class when it disagrees.
 fn tally(r: &mut Report, group: String, id: &str, diffs: Vec<String>) {
     r.total += 1;
@@ -282,6 +379,13 @@ pub fn run_te(policy: &Policy, records: &[Record]) -> Report {
         ..Report::default()
     };
     for rec in records {
+        let facts = match read_record(policy, rec) {
+            Ok(f) => f,
+            Err(error) => {
+                r.input_error(rec, error);
+                continue;
+            }
+        };
         let raised = rec.decision.is_null();
         let group = if raised {
             "raised".to_string()
@@ -292,23 +396,15 @@ pub fn run_te(policy: &Policy, records: &[Record]) -> Report {
                 .unwrap_or("?")
                 .to_string()
         };
-        let diffs = match record_facts(&rec.config) {
-            Err(e) => {
-                r.input_errors += 1;
-                vec![format!("config not readable: {e}")]
+        let view = te_view(policy, &facts);
+        let diffs = if raised {
+            if view.selected == "NoBackend" {
+                Vec::new()
+            } else {
+                vec![format!("TE raised -> selected {}", view.selected)]
             }
-            Ok(facts) => {
-                let view = te_view(policy, &facts);
-                if raised {
-                    if view.selected == "NoBackend" {
-                        Vec::new()
-                    } else {
-                        vec![format!("TE raised -> selected {}", view.selected)]
-                    }
-                } else {
-                    differences(&rec.decision, &view)
-                }
-            }
+        } else {
+            differences(&rec.decision, &view)
         };
         tally(&mut r, group, &rec.id, diffs);
     }
@@ -324,21 +420,22 @@ pub const TORCH_BACKENDS: [&str; 4] = ["flash", "efficient", "cudnn", "math"];
 /// cudnn, sm). The corpus was made under `torch.use_deterministic_algorithms(deterministic,
 /// warn_only=True)` (README.torch.md), so `deterministic_warn_only` is true unless the config
 /// says otherwise.
-pub fn torch_record_facts(policy: &Policy, raw: &Json) -> Result<Facts, String> {
+pub fn torch_record_facts(policy: &Policy, raw: &Json) -> Result<Facts, InputError> {
     let mut config = raw
         .get("config")
         .and_then(Json::as_object)
         .cloned()
-        .ok_or("record has no `config` object")?;
+        .ok_or_else(|| {
+            InputError::new("config", "the record has no `config` object")
+                .kind(crate::facts::InputErrorKind::Syntax)
+        })?;
     if let Some(torch) = raw.get("torch") {
         config.entry("torch").or_insert_with(|| torch.clone());
     }
     config
         .entry("deterministic_warn_only")
         .or_insert(Json::Bool(true));
-    policy
-        .read_facts(&Json::Object(config))
-        .map_err(|e| e.to_string())
+    policy.read_facts(&Json::Object(config))
 }
 
 /// The pack's answer in a PyTorch corpus' terms: the selected backend (`None`: PyTorch would
@@ -405,21 +502,19 @@ pub fn run_torch(policy: &Policy, records: &[Record]) -> Report {
             Some(Json::String(s)) => s.clone(),
             _ => "raised".to_string(),
         };
-        let diffs = match torch_record_facts(policy, &rec.raw) {
-            Err(e) => {
-                r.input_errors += 1;
-                vec![format!("config not readable: {e}")]
-            }
-            Ok(facts) => {
-                let view = torch_view(policy, &facts);
-                let (diffs, agree, total) = torch_differences(&rec.raw, &view);
-                if let Some((a, t)) = r.eligibility.as_mut() {
-                    *a += agree;
-                    *t += total;
-                }
-                diffs
+        let facts = match read_record(policy, rec) {
+            Ok(f) => f,
+            Err(error) => {
+                r.input_error(rec, error);
+                continue;
             }
         };
+        let view = torch_view(policy, &facts);
+        let (diffs, agree, total) = torch_differences(&rec.raw, &view);
+        if let Some((a, t)) = r.eligibility.as_mut() {
+            *a += agree;
+            *t += total;
+        }
         tally(&mut r, group, &rec.id, diffs);
     }
     r

@@ -7,14 +7,36 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
+use crate::facts::{ConfigText, Facts, InputError, InputErrorKind};
+
 /// One record; `decision` is TE's answer (null when TE raised).
 #[derive(Clone, Debug)]
 pub struct Record {
     pub id: String,
     pub line: usize,
+    /// `file:line`, for messages.
+    pub location: String,
     pub config: Json,
     pub decision: Json,
     pub raw: Json,
+    /// The record's text is JSON but not a valid record (a key given twice): an input error
+    /// of this record, reported by the commands that read the corpus like any invalid config.
+    pub error: Option<InputError>,
+}
+
+impl Record {
+    /// Where an error in this record's config is (`file:line`).
+    pub fn locate_config_error(&self) -> Option<String> {
+        Some(self.location.clone())
+    }
+
+    /// The record's facts (te family): its own reading error, else the config's.
+    pub fn facts(&self) -> Result<Facts, InputError> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        Facts::from_json(&self.config).map_err(|e| e.at(self.locate_config_error()))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +77,24 @@ pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
             line: i + 1,
             message,
         };
-        let raw: Json = serde_json::from_str(&line).map_err(|e| rec_err(e.to_string()))?;
+        // Parsed with key positions: a duplicate key makes this record an input error (the
+        // corpus stays readable); text that is not JSON makes the corpus unreadable.
+        let file = path.display().to_string();
+        let location = format!("{file}:{}", i + 1);
+        let (raw, error) = match ConfigText::json(&file, &line) {
+            Ok(text) => (text.value, None),
+            Err(mut e) if e.kind == InputErrorKind::DuplicateKey => {
+                // The text is one line: its line 1 is the corpus' line i + 1.
+                e.location = e
+                    .location
+                    .as_deref()
+                    .and_then(|l| l.strip_prefix(&format!("{file}:1:")))
+                    .map(|col| format!("{location}:{col}"));
+                let raw = serde_json::from_str(&line).map_err(|e| rec_err(e.to_string()))?;
+                (raw, Some(e))
+            }
+            Err(e) => return Err(rec_err(e.to_string())),
+        };
         let config = raw
             .get("config")
             .cloned()
@@ -69,9 +108,11 @@ pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
         out.push(Record {
             id,
             line: i + 1,
+            location,
             config,
             decision,
             raw,
+            error,
         });
     }
     Ok(out)

@@ -119,6 +119,9 @@ pub struct Policy {
     /// The catalogue's `admits` conditions for this family, compiled into `program`.
     pub executor_admits: Vec<(String, Compiled)>,
     pub warnings: Diagnostics,
+    /// Warning codes the pack allows (`allow:` in pack.yaml): `check` reports them but does
+    /// not count them (`--deny-warnings` passes).
+    pub allow: Vec<crate::diag::Code>,
     /// Bit i set: layer i is switched off (e.g. `guard` under `--parity`).
     pub(crate) disabled_layers: u64,
     /// The rule conditions `decide_into` runs, planned for speed (see `eval::plan`).

@@ -68,7 +68,10 @@ fn gaps_equal_brute_force_on_reduced_domain() {
     }
     let mut gaps_seen = 0;
     for cfg in reduced_domain() {
-        let f = Facts::from_json(&cfg).unwrap();
+        // Inputs refused when read (docs/facts.md) are no configuration: nothing to decide.
+        let Ok(f) = Facts::from_json(&cfg) else {
+            continue;
+        };
         let brute = p.decide(&f).selected.is_none();
         let found = regions.iter().filter(|r| r.holds(&f)).count();
         // The regions are a cover (they may overlap): their union is exactly the gaps.
@@ -155,8 +158,13 @@ fn nonlinear_domain() -> Vec<Json> {
 #[test]
 fn non_linear_conditions_equal_brute_force() {
     let (p, q) = (fixture("nonlinear"), fixture("nonlinear-edited"));
-    let (g, _) = gaps(&p, None, DEFAULT_BUDGET, usize::MAX);
-    let (d, _) = diff(&p, &q, None, DEFAULT_BUDGET, usize::MAX);
+    // The search does not tie KV heads to query heads by itself (`kv_heads_divide_heads` is
+    // not searched: docs/analysis.md); this fixture relates them, so the restriction does.
+    let tied =
+        Restriction::parse("num_gqa_groups <= num_heads and num_heads % num_gqa_groups == 0")
+            .unwrap();
+    let (g, _) = gaps(&p, Some(&tied), DEFAULT_BUDGET, usize::MAX);
+    let (d, _) = diff(&p, &q, Some(&tied), DEFAULT_BUDGET, usize::MAX);
     // `b * h > 64` and `b * h > 40` are separate predicate variables: the cover must not list
     // (or leave unverified) cubes needing the first true and the second false.
     assert!(g.complete && !g.regions_truncated && d.complete && !d.regions_truncated);
@@ -191,7 +199,10 @@ fn non_linear_conditions_equal_brute_force() {
     }
     let (mut gaps_seen, mut changed) = (0, 0);
     for cfg in nonlinear_domain() {
-        let f = Facts::from_json(&cfg).unwrap();
+        // Inputs refused when read (docs/facts.md) are no configuration: nothing to decide.
+        let Ok(f) = Facts::from_json(&cfg) else {
+            continue;
+        };
         let gap = p.decide(&f).selected.is_none();
         assert_eq!(
             gap,
@@ -245,7 +256,10 @@ fn diff_equals_brute_force_on_reduced_domain() {
         assert_eq!(decide_example(&new, &r.example).unwrap(), r.new);
     }
     for cfg in reduced_domain() {
-        let f = Facts::from_json(&cfg).unwrap();
+        // Inputs refused when read (docs/facts.md) are no configuration: nothing to decide.
+        let Ok(f) = Facts::from_json(&cfg) else {
+            continue;
+        };
         let name = |p: &Policy| {
             p.decide(&f)
                 .selected
@@ -588,9 +602,11 @@ fn check_has_no_false_never_fires_for_fact_modulo_fact_and_negative_windows() {
             "{id}: {diags:#?}"
         );
     }
-    // And each really fires on a concrete input.
+    // And each really fires on a concrete input. The lints search the space the facts' types
+    // allow; A.gqa and A.win fire only on inputs the te family refuses when read (KV heads that
+    // do not divide the query heads, a window bound below -1), so those are read unvalidated.
     let fires = |cfg: Json, id: &str| {
-        let d = p.decide(&Facts::from_json(&cfg).unwrap());
+        let d = p.decide(&attn_policy::facts::te::TE.read_unvalidated(&cfg).unwrap());
         d.fired.iter().any(|&r| p.rules[r as usize].id == id)
     };
     assert!(fires(

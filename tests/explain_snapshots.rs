@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use attn_policy::facts::ConfigText;
 use attn_policy::facts::presets::PRESETS;
 use attn_policy::{Explanation, Facts, Policy};
 
@@ -27,10 +28,11 @@ fn cases() -> Vec<(String, serde_json::Value)> {
     for f in files {
         let text = std::fs::read_to_string(&f).expect("case file");
         let name = f.file_stem().expect("name").to_string_lossy().into_owned();
-        out.push((
-            name,
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display())),
-        ));
+        // Read as the CLI reads a config file: a key given twice is an error.
+        let config = ConfigText::parse(&f.display().to_string(), &text)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .value;
+        out.push((name, config));
     }
     out
 }

@@ -208,9 +208,8 @@ fn real_explanations_match_the_schema() {
         == "outranked"
         && b["outranked_by"].is_string())));
     assert!(any(&|d| rules(d).iter().any(|r| r["kind"] == "switch")));
-    assert!(any(
-        &|d| d["input"]["cudnn_frontend_version"] == "1.29.dev-local (unparseable)"
-    ));
+    // No case holds an unparseable version: since issue 15 a version that does not parse is
+    // an input error (exit 2), never a fact; the schema keeps the form for older documents.
     assert!(any(&|d| d["pending_probes"]
         .as_array()
         .is_some_and(|p| !p.is_empty())));
@@ -293,11 +292,12 @@ fn te_tuple_agrees_with_the_conformance_view() {
         std::path::PathBuf::from,
     );
     let records = read_corpus(&corpus).expect("the TE corpus (shared/conformance)");
+    // Records whose config TE itself would refuse (KV heads that do not divide the query
+    // heads) are input errors, not decisions (conformance counts them apart).
     for r in records.iter().take(3000) {
-        facts.push((
-            r.id.clone(),
-            record_facts(&r.config).expect("record config"),
-        ));
+        if let Ok(f) = record_facts(&r.config) {
+            facts.push((r.id.clone(), f));
+        }
     }
     for (pack, policy) in te_policies() {
         for (name, f) in &facts {

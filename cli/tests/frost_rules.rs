@@ -369,8 +369,19 @@ fn fr25_noncausal_window_cross() {
 
 #[test]
 fn fr26_window_validation() {
+    // A bound below -1 is no window: since issue 15 such an input is refused when read (exit
+    // 2, at the flag) before FR.26 could see it; FR.26 stays as TE's own check.
+    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+        .arg("explain")
+        .args(BASE)
+        .arg("--window=-2,0")
+        .output()
+        .expect("binary runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--window") && err.contains(">= -1"), "{err}");
     // (0, 0) is a tested, served boundary.
-    check("FR.26", &["--window=-2,0"], &["--window", "0,0"]);
+    assert!(frost_selected(&["--window", "0,0"]));
 }
 
 #[test]
@@ -387,22 +398,15 @@ fn fr27_cudnn_frontend_floor() {
         frost_declines(&["--set", "cudnn_frontend_version=null"]),
         vec!["FR.27".to_string()]
     );
-    // An unparseable version does not decline: the plan-name check (probe) decides at run time.
-    let custom = ["--set", r#"cudnn_frontend_version="1.29.x-custom""#];
-    assert!(frost_selected(&custom));
-    let pending = explain(
-        &[
-            "--set",
-            r#"cudnn_frontend_version="1.29.x-custom""#,
-            "--probe",
-            "frost_plan=unknown",
-        ],
-        "te",
-    );
-    assert_eq!(
-        pending["use_frost_attention"], false,
-        "undecided until the plan is checked"
-    );
+    // A version that does not parse is an input error (exit 2), never a fact a rule sees.
+    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+        .arg("explain")
+        .args(BASE)
+        .args(["--set", r#"cudnn_frontend_version="1.29.x-custom""#])
+        .output()
+        .expect("binary runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a version"));
 }
 
 #[test]

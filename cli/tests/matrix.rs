@@ -63,7 +63,13 @@ fn every_format() {
     assert!(stdout(&md).contains("| attn_mask_type \\ sm | 80 | 100 |"));
     // The torch pack, its own facts and the `sm` fact.
     let torch = run(&[
-        "matrix", "--pack", "torch", "--rows", "head_dim=64,512", "--cols", "sm=90",
+        "matrix",
+        "--pack",
+        "torch",
+        "--rows",
+        "head_dim=64,512",
+        "--cols",
+        "sm=90",
     ]);
     assert_eq!(torch.status.code(), Some(0), "{}", stderr(&torch));
     assert!(stdout(&torch).contains("| head_dim \\ sm | 90 |"));
@@ -82,7 +88,15 @@ fn bad_input_exits_2_with_a_reason() {
             "no default values",
         ),
         (
-            &["matrix", "--rows", "head_dim", "--cols", "sm", "--fix", "head_dim_qk=64"][..],
+            &[
+                "matrix",
+                "--rows",
+                "head_dim",
+                "--cols",
+                "sm",
+                "--fix",
+                "head_dim_qk=64",
+            ][..],
             "is on an axis",
         ),
         (
@@ -94,15 +108,24 @@ fn bad_input_exits_2_with_a_reason() {
             "did you mean `causal`",
         ),
         (
+            // Cell configs are read like every input: a head dim of 0 is refused there.
             &["matrix", "--rows", "head_dim=0", "--cols", "sm=90"][..],
-            "outside the values the analysis models",
+            "head_dim_qk: must be > 0, found 0",
         ),
         (
             &["matrix", "--rows", "probe.frost_plan", "--cols", "sm"][..],
             "probe",
         ),
         (
-            &["matrix", "--pack", "torch", "--rows", "attn_mask_type", "--cols", "sm"][..],
+            &[
+                "matrix",
+                "--pack",
+                "torch",
+                "--rows",
+                "attn_mask_type",
+                "--cols",
+                "sm",
+            ][..],
             "unknown fact",
         ),
     ] {
@@ -115,10 +138,22 @@ fn bad_input_exits_2_with_a_reason() {
 #[test]
 fn diff_format_matrix() {
     let same = run(&[
-        "diff", "te", "te", "--format", "matrix", "--rows", "head_dim=128,512", "--cols", "sm=90,100",
+        "diff",
+        "te",
+        "te",
+        "--format",
+        "matrix",
+        "--rows",
+        "head_dim=128,512",
+        "--cols",
+        "sm=90,100",
     ]);
     assert_eq!(same.status.code(), Some(0), "{}", stderr(&same));
-    assert!(stdout(&same).contains("0 of 4 cells change"), "{}", stdout(&same));
+    assert!(
+        stdout(&same).contains("0 of 4 cells change"),
+        "{}",
+        stdout(&same)
+    );
     let missing = run(&["diff", "te", "te", "--format", "matrix"]);
     assert_eq!(missing.status.code(), Some(2));
     let stray = run(&["diff", "te", "te", "--rows", "head_dim"]);

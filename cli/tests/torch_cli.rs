@@ -144,7 +144,9 @@ fn facts_lists_the_family_of_the_pack() {
     assert_eq!(o.status.code(), Some(0));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
-        text.contains("| `flash_sdp_enabled` | bool | true |"),
+        text.contains("| `flash_sdp_enabled` | bool |  | true |")
+            && text.contains("| `heads_q` | int | > 0 | 16 |")
+            && text.contains("| `compute_capability_exists` | `sm` | refused when read |"),
         "{text}"
     );
     assert!(!text.contains("qkv_layout"));

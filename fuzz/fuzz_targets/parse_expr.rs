@@ -1,7 +1,7 @@
 //! The expression parser and type checker never panic, whatever the input.
 #![no_main]
 
-use attn_policy::check::Compiler;
+use attn_policy::typecheck::Compiler;
 use attn_policy::lang::parse_expr;
 use libfuzzer_sys::fuzz_target;
 

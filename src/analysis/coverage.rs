@@ -5,64 +5,84 @@ use serde::Serialize;
 
 use crate::corpus::Record;
 use crate::decision::Decision;
-use crate::facts::Value;
-use crate::facts::schema::Origin;
 use crate::policy::Policy;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct RuleCount {
+    /// The rule id (a layer rule declining several backends is one rule).
     pub rule: String,
-    pub backend: String,
+    /// The backends it declines.
+    pub backends: Vec<String>,
+    /// Records where it fired (once per record, whichever of its backends it declined).
     pub fired: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CoverageReport {
     pub records: usize,
-    /// Records whose config did not read (they count for nothing).
-    pub invalid: Vec<String>,
+    /// Records that were not decided: structurally invalid configs (docs/facts.md), with
+    /// their line.
+    pub input_errors: Vec<crate::conformance::RecordError>,
+    /// One entry per rule id, in pack order.
     pub rules: Vec<RuleCount>,
     pub never_fired: Vec<String>,
-    /// Fired rules / all rules.
+    /// Rule ids that fired / all rule ids.
     pub ratio: f64,
 }
 
-/// Decides every record (unanswered probes answered "supported") and counts fired rules.
+/// Decides every record (unanswered probes answered "supported") and counts, per rule id, the
+/// records where it fired.
 pub fn coverage(policy: &Policy, records: &[Record]) -> CoverageReport {
-    let mut counts = vec![0u64; policy.rules.len()];
-    let mut invalid = Vec::new();
+    // Rule ids in pack order, and each rule's index among them.
+    let mut ids: Vec<(String, Vec<String>)> = Vec::new();
+    let mut of_rule = Vec::with_capacity(policy.rules.len());
+    for r in &policy.rules {
+        let backend = policy.backends[r.backend as usize].name.clone();
+        let i = match ids.iter().position(|(id, _)| *id == r.id) {
+            Some(i) => i,
+            None => {
+                ids.push((r.id.clone(), Vec::new()));
+                ids.len() - 1
+            }
+        };
+        if !ids[i].1.contains(&backend) {
+            ids[i].1.push(backend);
+        }
+        of_rule.push(i);
+    }
+    let mut counts = vec![0u64; ids.len()];
+    let mut seen = vec![false; ids.len()];
+    let mut input_errors = Vec::new();
     let mut d = Decision::default();
     for rec in records {
-        // PyTorch corpora keep the device beside the config (`torch`).
-        let read = match policy.schema.family {
-            "torch" => crate::conformance::torch_record_facts(policy, &rec.raw),
-            _ => policy.read_facts(&rec.config).map_err(|e| e.to_string()),
-        };
-        let mut facts = match read {
+        let facts = match crate::conformance::read_record(policy, rec) {
             Ok(f) => f,
-            Err(e) => {
-                invalid.push(format!("{} (line {}): {e}", rec.id, rec.line));
+            Err(error) => {
+                input_errors.push(crate::conformance::RecordError {
+                    line: rec.line,
+                    id: rec.id.clone(),
+                    error,
+                });
                 continue;
             }
         };
-        for (s, def) in policy.schema.fields.iter().enumerate() {
-            if def.origin == Origin::Probe && facts.values[s] == Value::Unknown {
-                facts.values[s] = Value::Bool(true);
+        policy.decide_into(&facts, &mut d);
+        seen.fill(false);
+        for &r in &d.fired {
+            let i = of_rule[r as usize];
+            if !seen[i] {
+                seen[i] = true;
+                counts[i] += 1;
             }
         }
-        policy.decide_into(&facts, &mut d);
-        for &r in &d.fired {
-            counts[r as usize] += 1;
-        }
     }
-    let rules: Vec<RuleCount> = policy
-        .rules
-        .iter()
+    let rules: Vec<RuleCount> = ids
+        .into_iter()
         .zip(&counts)
-        .map(|(r, &c)| RuleCount {
-            rule: r.id.clone(),
-            backend: policy.backends[r.backend as usize].name.clone(),
-            fired: c,
+        .map(|((rule, backends), &fired)| RuleCount {
+            rule,
+            backends,
+            fired,
         })
         .collect();
     let never_fired: Vec<String> = rules
@@ -77,7 +97,7 @@ pub fn coverage(policy: &Policy, records: &[Record]) -> CoverageReport {
     };
     CoverageReport {
         records: records.len(),
-        invalid,
+        input_errors,
         rules,
         never_fired,
         ratio,

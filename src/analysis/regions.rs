@@ -44,13 +44,15 @@ impl Restriction {
 
     /// Compiles a condition over `schema`'s facts (a policy's: `policy.schema`).
     pub fn parse_for(schema: &'static Schema, text: &str) -> Result<Restriction, AnalysisError> {
-        let ast = parse_expr(text).map_err(|e| AnalysisError::Where(e.message))?;
+        let ast = parse_expr(text)
+            .map_err(|e| AnalysisError::Where(with_caret(text, e.span, &e.message)))?;
         let mut c = Compiler::new(schema, BTreeMap::new());
         let compiled = c.condition(&ast).map_err(|e| {
-            AnalysisError::Where(match e.help {
+            let message = match e.help {
                 Some(h) => format!("{} ({h})", e.message),
                 None => e.message,
-            })
+            };
+            AnalysisError::Where(with_caret(text, e.span, &message))
         })?;
         Ok(Restriction {
             cond: Cond {
@@ -71,18 +73,40 @@ impl Restriction {
         self.truth(facts.values()) == Truth::True
     }
 
-    /// The conjunction of a region's constraints (as `gaps` / `diff` print them).
+    /// The conjunction of a region's constraints (as `gaps` / `diff` print them) over the te
+    /// family's facts.
     pub fn of_constraints(c: &Map<String, Json>) -> Result<Restriction, AnalysisError> {
+        Restriction::of_constraints_for(&crate::facts::te::TE, c)
+    }
+
+    /// [`Restriction::of_constraints`] over `schema`'s facts.
+    pub fn of_constraints_for(
+        schema: &'static Schema,
+        c: &Map<String, Json>,
+    ) -> Result<Restriction, AnalysisError> {
         let parts: Vec<String> = c
             .values()
             .filter_map(|v| v.as_str().map(|s| format!("({s})")))
             .collect();
-        Restriction::parse(if parts.is_empty() {
-            "true"
-        } else {
-            return Restriction::parse(&parts.join(" and "));
-        })
+        if parts.is_empty() {
+            return Restriction::parse_for(schema, "true");
+        }
+        Restriction::parse_for(schema, &parts.join(" and "))
     }
+}
+
+/// A message with the expression and a caret under the span it is about.
+fn with_caret(text: &str, span: crate::lang::Span, message: &str) -> String {
+    let col = |byte: usize| {
+        text.get(..byte.min(text.len()))
+            .map_or(0, |s| s.chars().count())
+    };
+    let (start, end) = (col(span.start), col(span.end.max(span.start)));
+    format!(
+        "{message}\n  {text}\n  {}{}",
+        " ".repeat(start),
+        "^".repeat((end - start).max(1))
+    )
 }
 
 /// Adds every condition of a policy to a space builder.
@@ -105,10 +129,78 @@ pub fn add_policy(b: &mut SpaceBuilder, p: &Policy) {
     }
 }
 
+/// Per variable, the classes no valid input falls in: the fact's bound (docs/facts.md) or a
+/// searched constraint that reads this fact alone (`sm` in the compute capabilities) excludes
+/// every member. A region's constraint may include them freely (it describes the same inputs),
+/// so a fact that ranges over all its valid classes needs no constraint.
+fn dont_cares(space: &Space) -> Vec<Vec<u32>> {
+    let schema = space.schema;
+    let single: Vec<Restriction> = schema
+        .constraints
+        .iter()
+        .filter(|c| c.searched && matches!(c.check, crate::facts::Check::Refuse(_)))
+        .filter_map(|c| Restriction::parse_for(schema, c.expr).ok())
+        .filter(|r| r.cond.mask.count_ones() == 1)
+        .collect();
+    let base = schema.defaults();
+    space
+        .vars
+        .iter()
+        .map(|v| {
+            let bit = super::space::slot_bit(v.slot);
+            (0..v.classes.len() as u32)
+                .filter(|&c| {
+                    let value = v.classes[c as usize].value;
+                    if !schema.def(v.slot).bound.admits(value) {
+                        return true;
+                    }
+                    let mut vals = base.values().to_vec();
+                    vals[v.slot] = value;
+                    single
+                        .iter()
+                        .filter(|r| r.cond.mask == bit)
+                        .any(|r| Truth::of(r.program.eval(r.cond.node, &vals)) == Truth::False)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 fn constraints(space: &Space, sets: &[Option<Vec<u32>>]) -> Map<String, Json> {
     let mut out = Map::new();
+    let dont_care = dont_cares(space);
     for (i, s) in sets.iter().enumerate() {
         let Some(s) = s else { continue };
+        // With classes no valid input is in, the same region may be said more simply: fill the
+        // holes between its classes and extend its ends with such classes (`sm <= 79` rather
+        // than every compute capability below 80).
+        let dc = &dont_care[i];
+        let n = space.vars[i].classes.len() as u32;
+        if s.iter()
+            .chain(dc)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            >= n as usize
+        {
+            continue;
+        }
+        let (lo, hi) = (s.iter().min().copied(), s.iter().max().copied());
+        let mut wide: Vec<u32> = s.clone();
+        if let (Some(lo), Some(hi)) = (lo, hi) {
+            wide.extend(dc.iter().filter(|&&c| lo < c && c < hi));
+            let mut c = lo;
+            while c > 0 && dc.contains(&(c - 1)) {
+                c -= 1;
+                wide.push(c);
+            }
+            let mut c = hi;
+            while c + 1 < n && dc.contains(&(c + 1)) {
+                c += 1;
+                wide.push(c);
+            }
+        }
+        wide.sort_unstable();
+        wide.dedup();
         let v = &space.vars[i];
         if let Some(p) = v.parent {
             // Members of an absent object carry no constraint of their own.
@@ -120,7 +212,11 @@ fn constraints(space: &Space, sets: &[Option<Vec<u32>>]) -> Map<String, Json> {
                 continue;
             }
         }
-        if let Some(text) = space.render(i, s) {
+        let text = match (space.render(i, s), space.render(i, &wide)) {
+            (Some(a), Some(b)) if b.len() < a.len() => Some(b),
+            (a, _) => a,
+        };
+        if let Some(text) = text {
             out.insert(v.path.to_string(), Json::String(text));
         }
     }
@@ -217,23 +313,116 @@ fn cube_constraints(m: &Mdd, cube: &Cube) -> Map<String, Json> {
 /// empty: conditions sharing facts, such as `b * h > 64` and `b * h > 40`, are not tied to
 /// each other, so a cube can require both to disagree).
 pub(crate) fn example_of(m: &mut Mdd, cube: &Cube) -> Option<Json> {
-    m.example(cube)
-        .map(|(assign, values)| m.space.example_with(&assign, &values))
+    let schema = m.space.schema;
+    let example = m
+        .example(cube)
+        .map(|(assign, values)| m.space.example_with(&assign, &values))?;
+    if schema.read(&example).is_ok() || schema.family != "te" {
+        return Some(example);
+    }
+    // The search does not tie te's head counts (`kv_heads_divide_heads` is not searched):
+    // move them to counts TE accepts, staying inside the region.
+    let region = Restriction::of_constraints_for(schema, &cube_constraints(m, cube)).ok()?;
+    head_count_candidates(&example)
+        .into_iter()
+        .find(|e| schema.read(e).is_ok_and(|facts| region.holds(&facts)))
 }
 
-/// Builds the diagram manager and a restriction's diagram for some packs.
+/// A te example with its head counts moved to counts TE accepts (`num_heads %
+/// num_gqa_groups == 0`): the query heads' divisors as KV heads, then multiples of the KV
+/// heads as query heads, nearest first. The search does not tie the two counts, so a
+/// region's or a matrix cell's example may need this before it reads.
+pub(crate) fn head_count_candidates(example: &Json) -> Vec<Json> {
+    let int = |k: &str, d: i64| example.get(k).and_then(Json::as_i64).unwrap_or(d);
+    let (h, g) = (int("num_heads", 16), int("num_gqa_groups", 16));
+    let mut pairs: Vec<(i64, i64)> = (1..=h.min(4096))
+        .filter(|d| h % d == 0)
+        .map(|d| (h, d))
+        .collect();
+    pairs.extend((1..=64).map(|k| (g.saturating_mul(k), g)));
+    pairs
+        .into_iter()
+        .map(|(h, g)| {
+            let mut e = example.clone();
+            e["num_heads"] = h.into();
+            e["num_gqa_groups"] = g.into();
+            e
+        })
+        .collect()
+}
+
+/// The inputs the packs' family accepts, over the facts the packs (and `--where`) read: each
+/// such fact's bound and every constraint the search ties that reads one of them
+/// (docs/facts.md). `gaps` and `diff` search only there, so no region consists of inputs that
+/// would be refused before any rule ran.
+pub fn validity(packs: &[&Policy], restrict: Option<&Restriction>) -> Option<Restriction> {
+    validity_with(packs, restrict, false)
+}
+
+/// [`validity`]; `every_constraint`: also the constraints the search does not tie (for the
+/// small diagrams of a specialised pack, such as a support matrix's).
+pub fn validity_with(
+    packs: &[&Policy],
+    restrict: Option<&Restriction>,
+    every_constraint: bool,
+) -> Option<Restriction> {
+    let schema = packs.first()?.schema;
+    // The space's variables are the input facts the conditions read (derived facts map to
+    // theirs: `sm` stays `sm`, `window.left` becomes `window_size.*`).
+    let mut b = SpaceBuilder::for_schema(schema);
+    for p in packs {
+        add_policy(&mut b, p);
+    }
+    if let Some(r) = restrict {
+        b.root(&r.program, r.cond.node);
+    }
+    let space = b.build();
+    let vars: std::collections::BTreeSet<&str> = space.vars.iter().map(|v| v.path).collect();
+    let mut parts: Vec<String> = schema
+        .fields
+        .iter()
+        .filter(|d| vars.contains(d.path))
+        .filter_map(|d| d.bound.expr(d.path, d.nullable))
+        .collect();
+    for c in schema.constraints {
+        if !(c.searched || every_constraint) || !matches!(c.check, crate::facts::Check::Refuse(_)) {
+            continue;
+        }
+        let Ok(r) = Restriction::parse_for(schema, c.expr) else {
+            continue;
+        };
+        let reads = (0..schema.fields.len()).any(|s| {
+            r.cond.mask & super::space::slot_bit(s) != 0 && vars.contains(schema.def(s).path)
+        });
+        if reads {
+            parts.push(format!("({})", c.expr));
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    Some(
+        Restriction::parse_for(schema, &parts.join(" and "))
+            .expect("the family's constraints compile"),
+    )
+}
+
+/// Builds the diagram manager and the diagram of the searched inputs (valid, within `--where`).
 fn manager<'s>(
     space: &'s Space,
     packs: &[&Policy],
     restrict: Option<&Restriction>,
+    valid: Option<&Restriction>,
     budget: u64,
 ) -> (Mdd<'s>, Id) {
     let mut m = Mdd::for_policies(space, packs);
     m.budget = usize::try_from(budget).unwrap_or(usize::MAX);
-    let acc = restrict.map_or(TRUE, |r| {
+    let mut acc = TRUE;
+    for r in restrict.into_iter().chain(valid) {
         let rp = m.program(&r.program);
-        m.condition(rp, r.cond.node)
-    });
+        let c = m.condition(rp, r.cond.node);
+        acc = m.and(acc, c);
+    }
     (m, acc)
 }
 
@@ -259,12 +448,13 @@ pub fn gaps_only(
 ) -> (GapReport, Space) {
     let mut b = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut b, policy);
-    if let Some(r) = restrict {
+    let valid = validity(&[policy], restrict);
+    for r in restrict.into_iter().chain(&valid) {
         b.root(&r.program, r.cond.node);
     }
     let space = b.build();
     let nb = policy.backends.len();
-    let (mut m, acc) = manager(&space, &[policy], restrict, budget);
+    let (mut m, acc) = manager(&space, &[policy], restrict, valid.as_ref(), budget);
     let d = PolicyDiagrams::build(&mut m, policy);
     let none = match only {
         Some(b) => d.only_within(&mut m, b, acc),
@@ -451,7 +641,8 @@ pub fn diff(
     let mut b = SpaceBuilder::for_schema(old.schema);
     add_policy(&mut b, old);
     add_policy(&mut b, new);
-    if let Some(r) = restrict {
+    let valid = validity(&[old, new], restrict);
+    for r in restrict.into_iter().chain(&valid) {
         b.root(&r.program, r.cond.node);
     }
     let space = b.build();
@@ -459,7 +650,7 @@ pub fn diff(
     let same_skeleton = skeleton(old) == skeleton(new);
     let so: BTreeSet<&String> = ko.iter().collect();
     let sn: BTreeSet<&String> = kn.iter().collect();
-    let (mut m, mut acc) = manager(&space, &[old, new], restrict, budget);
+    let (mut m, mut acc) = manager(&space, &[old, new], restrict, valid.as_ref(), budget);
     let dold = PolicyDiagrams::build(&mut m, old);
     let dnew = PolicyDiagrams::build(&mut m, new);
     // Rules present in one pack only (or changed).

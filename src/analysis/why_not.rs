@@ -283,6 +283,48 @@ fn describe(space: &Space, i: usize, c: usize, from: Value, to: Value) -> String
     }
 }
 
+/// A library version fact changed alone: the package to install (or up/downgrade) and every
+/// version the verified hints accept, as one hint ("install flash-attn-3: flash_attn_versions.v3
+/// >= 3.0.0") instead of one per version class.
+fn package_hint(
+    space: &Space,
+    candidates: &[(usize, usize, Value, Json)],
+    verified: &[(usize, i64, Vec<usize>)],
+    var: usize,
+    vals: &[Value],
+) -> Option<String> {
+    let v = &space.vars[var];
+    if v.ty != crate::facts::Ty::Version {
+        return None;
+    }
+    let mut classes: Vec<u32> = verified
+        .iter()
+        .filter(|(len, _, c)| *len == 1 && candidates[c[0]].0 == var)
+        .map(|(_, _, c)| candidates[c[0]].1 as u32)
+        .collect();
+    classes.sort_unstable();
+    classes.dedup();
+    let range = space.render(var, &classes)?;
+    let from = vals[v.slot];
+    let first = verified
+        .iter()
+        .find(|(len, _, c)| *len == 1 && candidates[c[0]].0 == var)
+        .map(|(_, _, c)| candidates[c[0]].2)?;
+    let verb = match from.compare(first) {
+        _ if from == Value::Null => "install",
+        Some(o) if o.is_lt() => "upgrade",
+        _ => "downgrade",
+    };
+    let package = crate::facts::te::PACKAGES
+        .iter()
+        .find(|(fact, _)| *fact == v.path)
+        .map(|(_, p)| *p);
+    Some(match package {
+        Some(p) => format!("{verb} {p} with {range}"),
+        None => format!("set {range}"),
+    })
+}
+
 /// Explains why `backend` is not eligible for `config` and proposes verified changes.
 pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, WhyNotError> {
     let b = policy
@@ -539,16 +581,25 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
                 }
             })
             .collect();
-        if *len == 1 && space.vars[vars[0]].domain().is_some() {
-            if let Some(&h) = seen_vars.get(&vars) {
+        if let Some(&h) = seen_vars.get(&vars) {
+            // One hint per set of facts: the smallest move comes first; further values of an
+            // enum are alternatives of the same hint, other repeats say nothing new.
+            if *len == 1 && space.vars[vars[0]].domain().is_some() {
                 let name = texts[0].rsplit(' ').next().unwrap_or("").to_string();
                 out.hints[h].text.push_str(&format!(" or {name}"));
-                continue;
             }
-            seen_vars.insert(vars.clone(), out.hints.len());
+            continue;
         }
+        seen_vars.insert(vars.clone(), out.hints.len());
+        let text = match (
+            *len,
+            package_hint(&space, &candidates, &verified, vars[0], vals),
+        ) {
+            (1, Some(t)) => t,
+            _ => texts.join(" and "),
+        };
         out.hints.push(Hint {
-            text: texts.join(" and "),
+            text,
             changes,
             verified: true,
         });

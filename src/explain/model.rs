@@ -197,6 +197,9 @@ pub struct UnavailableVariant {
     pub name: String,
     /// The `applicable` condition as written (`None`: none written).
     pub applicable: Option<String>,
+    /// Added: every fact the condition read, with its value (`fa4_inst` alone says nothing
+    /// to a user; `flash_attn_versions.v4 = null` does).
+    pub values: OrderedMap<FactValue>,
 }
 
 /// One backend of the pack.
@@ -287,7 +290,7 @@ pub struct Explanation {
     /// Added: every fact the decision read, by path, in schema order.
     pub input: OrderedMap<FactValue>,
     /// Added: where input facts came from, by input key (a source word: `preset`, `config`,
-    /// `flag`, `live`, and the Python TE drop-in's `object`, `argument`, `set_environment`,
+    /// `flag`, `live`, `shell` (an environment variable of the shell), and the Python TE drop-in's `object`, `argument`, `set_environment`,
     /// `probe`, `os.environ`, `default`); empty when the caller does not know.
     pub provenance: OrderedMap<String>,
     /// Added: the executor that ran, when one ran.
@@ -378,6 +381,13 @@ impl Explanation {
                         .map(|(_, v)| UnavailableVariant {
                             name: v.name.clone(),
                             applicable: v.applicable_src.clone(),
+                            values: OrderedMap(
+                                v.applicable
+                                    .iter()
+                                    .flat_map(|c| c.slots.iter())
+                                    .map(|&s| schema::fact(facts, s as usize))
+                                    .collect(),
+                            ),
                         })
                         .collect(),
                 }
@@ -421,6 +431,12 @@ impl Explanation {
             executor: None,
             executor_chain: Vec::new(),
         }
+    }
+
+    /// Every fact of `facts` as an explanation's `input` shows it, in schema order (what
+    /// `presets --show` prints, without a decision).
+    pub fn input_of(facts: &Facts) -> OrderedMap<FactValue> {
+        schema::input(facts)
     }
 
     /// Records where input facts came from (input key -> source word); replaces any earlier.

@@ -141,11 +141,23 @@ impl Explanation {
                 }
             }
             for v in &b.unavailable_variants {
+                // Name what the condition (often a definition of the pack) read, with the
+                // values it saw.
+                let read: Vec<String> = v
+                    .values
+                    .iter()
+                    .map(|(fact, value)| format!("{fact} = {}", value.text()))
+                    .collect();
                 let _ = writeln!(
                     out,
-                    "  - {} not available: {}",
+                    "  - {} not available: `{}` is false{}",
                     v.name,
-                    v.applicable.as_deref().unwrap_or("false")
+                    v.applicable.as_deref().unwrap_or("false"),
+                    if read.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", read.join(", "))
+                    }
                 );
             }
         }

@@ -8,28 +8,110 @@ use super::schema::{DefaultValue as Default, Origin, Schema, Ty};
 use super::value::Value;
 use crate::lang::Version;
 
-/// A problem with one input field.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("{path}: {message}{}", suggestion.as_ref().map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default())]
+/// What is wrong with an input (the `kind` of an [`InputError`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputErrorKind {
+    /// The text is neither JSON nor YAML, or not an object of facts.
+    Syntax,
+    /// A key appears twice in one object (JSON and YAML readers would keep one silently).
+    DuplicateKey,
+    /// A key the family does not have.
+    UnknownKey,
+    /// A value of the wrong type or shape (a string for a count, a list of the wrong length,
+    /// a number that does not fit its type).
+    Type,
+    /// A value outside its fact's domain: a bound (`docs/facts.md`), an enum value, a version
+    /// that does not parse, a compute capability no GPU has.
+    Domain,
+    /// Facts that cannot hold together (a constraint of the family, `docs/facts.md`).
+    Constraint,
+}
+
+/// A problem with an input: one error type for every entry point (files, flags, presets,
+/// corpus records, bindings). Nothing is decided for an input that has one.
+#[derive(Clone, Debug, PartialEq, thiserror::Error, serde::Serialize)]
 pub struct InputError {
-    /// Dotted path of the offending key (`flash_attn_versions.v5`).
+    pub kind: InputErrorKind,
+    /// Dotted path of the offending key (`flash_attn_versions.v5`, `window_size[1]`).
     pub path: String,
     pub message: String,
     pub suggestion: Option<String>,
+    /// Where the offending value was given, when the reader knows: `file:line:col` in a JSON
+    /// or YAML file, a flag (`--kv-heads`), `preset NAME`, `$NVTE_FLASH_ATTN` (the shell).
+    pub location: Option<String>,
+}
+
+impl std::fmt::Display for InputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(at) = &self.location {
+            write!(f, "{at}: ")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(&self.message)?;
+        if let Some(s) = &self.suggestion {
+            write!(f, " (did you mean `{s}`?)")?;
+        }
+        Ok(())
+    }
 }
 
 impl InputError {
-    /// An error at `path` without a suggestion.
-    pub(crate) fn new(path: &str, message: impl Into<String>) -> InputError {
-        err(path, message)
+    /// A [`InputErrorKind::Type`] error at `path` (change the kind with [`InputError::kind`]).
+    pub fn new(path: &str, message: impl Into<String>) -> InputError {
+        InputError {
+            kind: InputErrorKind::Type,
+            path: path.to_string(),
+            message: message.into(),
+            suggestion: None,
+            location: None,
+        }
+    }
+
+    pub fn kind(mut self, kind: InputErrorKind) -> InputError {
+        self.kind = kind;
+        self
+    }
+
+    pub fn suggest(mut self, suggestion: Option<String>) -> InputError {
+        self.suggestion = suggestion;
+        self
+    }
+
+    /// Sets where the value was given (see [`InputError::location`]), unless already known.
+    pub fn at(mut self, location: Option<String>) -> InputError {
+        if self.location.is_none() {
+            self.location = location;
+        }
+        self
     }
 }
 
 fn err(path: &str, message: impl Into<String>) -> InputError {
-    InputError {
-        path: path.to_string(),
-        message: message.into(),
-        suggestion: None,
+    InputError::new(path, message)
+}
+
+fn unknown(path: &str, message: &str, suggestion: Option<String>) -> InputError {
+    err(path, message)
+        .kind(InputErrorKind::UnknownKey)
+        .suggest(suggestion)
+}
+
+fn domain(path: &str, message: impl Into<String>) -> InputError {
+    err(path, message).kind(InputErrorKind::Domain)
+}
+
+/// What a JSON value is, for messages ("a list", "a string").
+pub(crate) fn kind_of(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "an object",
     }
 }
 
@@ -113,9 +195,21 @@ impl Facts {
     /// Reads a config object of `schema`'s family: its structured keys through the family's
     /// reader, every other key as a typed scalar; then the derived facts.
     pub(crate) fn read(schema: &'static Schema, config: &Json) -> Result<Facts, InputError> {
-        let obj = config
-            .as_object()
-            .ok_or_else(|| err("<config>", "expected an object of facts"))?;
+        Facts::read_with(schema, config, true)
+    }
+
+    pub(crate) fn read_with(
+        schema: &'static Schema,
+        config: &Json,
+        validate: bool,
+    ) -> Result<Facts, InputError> {
+        let obj = config.as_object().ok_or_else(|| {
+            err(
+                "",
+                format!("expected an object of facts, found {}", kind_of(config)),
+            )
+            .kind(InputErrorKind::Syntax)
+        })?;
         (schema.check)(obj)?;
         let mut facts = Facts::underived_defaults(schema);
         for (key, value) in obj {
@@ -130,6 +224,9 @@ impl Facts {
             }
         }
         (schema.derive)(&mut facts, obj);
+        if validate {
+            super::constraint::validate(schema, &facts, &|key| obj.contains_key(key))?;
+        }
         Ok(facts)
     }
 
@@ -180,9 +277,12 @@ impl Facts {
             .schema
             .slot(&path)
             .filter(|s| self.schema.fields[*s].origin == Origin::Probe)
-            .ok_or_else(|| InputError {
-                suggestion: did_you_mean(&path, self.schema.probe_names()),
-                ..err(&path, "unknown probe")
+            .ok_or_else(|| {
+                unknown(
+                    &path,
+                    "unknown probe",
+                    did_you_mean(&path, self.schema.probe_names()),
+                )
             })?;
         self.key.clear();
         self.values[slot] = answer.map_or(Value::Unknown, Value::Bool);
@@ -212,7 +312,7 @@ impl Facts {
         array_ok: bool,
     ) -> Result<(), InputError> {
         let v = version_from(path, value, array_ok)?;
-        self.put_version(path, v);
+        self.put_version(path, Ok(v));
         Ok(())
     }
 
@@ -234,10 +334,11 @@ impl Facts {
         let slot = match self.schema.slot(path) {
             Some(s) if self.schema.fields[s].origin == Origin::Input => s,
             _ => {
-                return Err(InputError {
-                    suggestion: did_you_mean(path, self.schema.input_keys()),
-                    ..err(path, "unknown fact")
-                });
+                return Err(unknown(
+                    path,
+                    "unknown fact",
+                    did_you_mean(path, self.schema.input_keys()),
+                ));
             }
         };
         let d = self.schema.def(slot);
@@ -254,7 +355,7 @@ impl Facts {
         match d.ty {
             Ty::Version => {
                 let v = version_from(path, value, false)?;
-                self.put_version(path, v);
+                self.put_version(path, Ok(v));
             }
             Ty::Object => return Err(err(path, "structured fact given in an unsupported form")),
             ty => self.values[slot] = typed_value(path, ty, value)?,
@@ -314,7 +415,7 @@ impl Facts {
         let (major, minor) = match value {
             Json::Array(a) if a.len() == 2 => (int_from(path, &a[0])?, int_from(path, &a[1])?),
             Json::String(s) => {
-                let t = s.trim_start_matches("sm").trim_start_matches("sm_");
+                let t = s.strip_prefix("sm_").or(s.strip_prefix("sm")).unwrap_or(s);
                 let parsed = match t.split_once('.') {
                     Some((a, b)) => a.parse().ok().zip(b.parse().ok()),
                     None => t.parse::<i64>().ok().map(|n| (n / 10, n % 10)),
@@ -328,8 +429,9 @@ impl Facts {
             }
             _ => return Err(err(path, format!("expected [major, minor], found {value}"))),
         };
+        // The family's constraints check that a GPU has this capability; here only its shape.
         if !(0..100).contains(&major) || !(0..10).contains(&minor) {
-            return Err(err(
+            return Err(domain(
                 path,
                 format!("[{major}, {minor}] is not a compute capability"),
             ));
@@ -381,11 +483,11 @@ impl Facts {
         for (k, v) in obj {
             let full = format!("{path}.{k}");
             if !members.contains(&k.as_str()) {
-                return Err(InputError {
-                    suggestion: did_you_mean(k, members.iter().copied())
-                        .map(|s| format!("{path}.{s}")),
-                    ..err(&full, "unknown field")
-                });
+                return Err(unknown(
+                    &full,
+                    "unknown field",
+                    did_you_mean(k, members.iter().copied()).map(|s| format!("{path}.{s}")),
+                ));
             }
             self.set_member(&full, v)?;
         }
@@ -407,11 +509,11 @@ impl Facts {
         for (k, v) in obj {
             let full = format!("{path}.{k}");
             if !members.contains(&k.as_str()) {
-                return Err(InputError {
-                    suggestion: did_you_mean(k, members.iter().copied())
-                        .map(|s| format!("{path}.{s}")),
-                    ..err(&full, "unknown field")
-                });
+                return Err(unknown(
+                    &full,
+                    "unknown field",
+                    did_you_mean(k, members.iter().copied()).map(|s| format!("{path}.{s}")),
+                ));
             }
             let n = env_int(&full, v)?;
             self.put(&full, n.map_or(Value::Null, Value::Int));
@@ -433,7 +535,7 @@ impl Facts {
         match d.ty {
             Ty::Version => {
                 let parsed = version_from(full, v, false)?;
-                self.put_version(full, parsed);
+                self.put_version(full, Ok(parsed));
                 Ok(())
             }
             ty => {
@@ -489,9 +591,8 @@ fn typed_value(path: &str, ty: Ty, value: &Json) -> Result<Value, InputError> {
                     format!("expected one of {}, found {value}", dom.values().join(", ")),
                 )
             })?;
-            Value::Enum(dom.index_of(text).ok_or_else(|| InputError {
-                suggestion: did_you_mean(text, dom.values().iter().copied()),
-                ..err(
+            Value::Enum(dom.index_of(text).ok_or_else(|| {
+                domain(
                     path,
                     format!(
                         "`{text}` is not a valid {}; expected one of {}",
@@ -499,6 +600,7 @@ fn typed_value(path: &str, ty: Ty, value: &Json) -> Result<Value, InputError> {
                         dom.values().join(", ")
                     ),
                 )
+                .suggest(did_you_mean(text, dom.values().iter().copied()))
             })?)
         }
         Ty::Version | Ty::Object => return Err(err(path, "unsupported member type")),
@@ -510,7 +612,12 @@ fn int_from(path: &str, v: &Json) -> Result<i64, InputError> {
         return Ok(i);
     }
     match v.as_f64() {
+        // Whole floats are exact below 2^53; beyond that a float has lost the integer.
         Some(x) if x.fract() == 0.0 && x.abs() < 9.0e15 => Ok(x as i64),
+        Some(x) if x.fract() == 0.0 => Err(err(
+            path,
+            format!("{v} does not fit a 64-bit integer exactly"),
+        )),
         _ => Err(err(path, format!("expected an integer, found {v}"))),
     }
 }
@@ -535,15 +642,19 @@ fn env_int(path: &str, v: &Json) -> Result<Option<i64>, InputError> {
 }
 
 /// Reads a version given as a string ("9.19.0") or, where `array_ok`, as [9, 19, 0].
-/// `Ok(None)` is null (not installed); `Err(raw)` is text that does not parse.
-fn version_from(
-    path: &str,
-    v: &Json,
-    array_ok: bool,
-) -> Result<Result<Option<Version>, String>, InputError> {
+/// `Ok(None)` is null (not installed); text that does not parse as a version is an error (a
+/// word is not a version the rules could compare).
+fn version_from(path: &str, v: &Json, array_ok: bool) -> Result<Option<Version>, InputError> {
     match v {
-        Json::Null => Ok(Ok(None)),
-        Json::String(s) => Ok(Version::parse(s).map(Some).ok_or_else(|| s.clone())),
+        Json::Null => Ok(None),
+        Json::String(s) => Version::parse(s).map(Some).ok_or_else(|| {
+            domain(
+                path,
+                format!(
+                    "{s:?} is not a version (expected e.g. \"9.19.0\", \"2.8.3\" or \"1.29.0rc1\")"
+                ),
+            )
+        }),
         Json::Array(parts) if array_ok && (1..=3).contains(&parts.len()) => {
             let mut p = [0u32; 3];
             for (i, x) in parts.iter().enumerate() {
@@ -552,7 +663,7 @@ fn version_from(
                     .and_then(|n| u32::try_from(n).ok())
                     .ok_or_else(|| err(path, format!("expected version numbers, found {x}")))?;
             }
-            Ok(Ok(Some(Version::new(p[0], p[1], p[2]))))
+            Ok(Some(Version::new(p[0], p[1], p[2])))
         }
         _ => Err(err(
             path,
@@ -594,7 +705,7 @@ mod tests {
     fn versions_and_env() {
         let f = Facts::from_json(&json!({
             "cudnn_version": [9, 18, 1],
-            "cudnn_frontend_version": "not-a-version",
+            "cudnn_frontend_version": "1.29.0rc1",
             "env": {"NVTE_FLASH_ATTN": "0"},
             "device_compute_capability": [10, 3],
         }))
@@ -603,7 +714,14 @@ mod tests {
             f.get("cudnn_version"),
             Some(Value::Version(Version::new(9, 18, 1)))
         );
-        assert_eq!(f.get("cudnn_frontend_version"), Some(Value::BadVersion));
+        assert!(matches!(
+            f.get("cudnn_frontend_version"),
+            Some(Value::Version(_))
+        ));
+        // A word is not a version: an error, not a fact the rules would see.
+        let e = Facts::from_json(&json!({"cudnn_frontend_version": "not-a-version"})).unwrap_err();
+        assert_eq!(e.kind, InputErrorKind::Domain);
+        assert_eq!(e.path, "cudnn_frontend_version");
         assert_eq!(f.get("env.NVTE_FLASH_ATTN"), Some(Value::Int(0)));
         assert_eq!(f.get("sm"), Some(Value::Int(103)));
         assert!(Facts::from_json(&json!({"env": {"NVTE_FLASH_ATTN": "yes"}})).is_err());
@@ -628,5 +746,134 @@ mod tests {
         assert!(Facts::from_json(&json!({"batch_size": null})).is_err());
         assert!(Facts::from_json(&json!([1, 2])).is_err());
         assert!(Facts::from_json(&json!({"device_compute_capability": [1000, 0]})).is_err());
+    }
+
+    /// Every structural class the schema refuses, with the kind and the fact it names.
+    #[test]
+    fn impossible_inputs_are_refused() {
+        use InputErrorKind::{Constraint, Domain, Type};
+        let cases = [
+            (json!({"batch_size": 0}), Domain, "batch_size"),
+            (json!({"num_heads": -8}), Domain, "num_heads"),
+            (json!({"head_dim_qk": 0}), Domain, "head_dim_qk"),
+            (json!({"max_seqlen_kv": 0}), Domain, "max_seqlen_kv"),
+            (json!({"num_tokens_q": -1}), Domain, "num_tokens_q"),
+            (json!({"cp_size": 0}), Domain, "cp_size"),
+            (json!({"num_splits": 0}), Domain, "num_splits"),
+            (
+                json!({"attention_dropout": 1.5}),
+                Domain,
+                "attention_dropout",
+            ),
+            (
+                json!({"attention_dropout": -0.1}),
+                Domain,
+                "attention_dropout",
+            ),
+            (json!({"softcap": -1.0}), Domain, "softcap"),
+            (json!({"softmax_scale": 0.0}), Domain, "softmax_scale"),
+            (json!({"window_size": [-2, 0]}), Domain, "window_size.left"),
+            (
+                json!({"window_size": [128, -7]}),
+                Domain,
+                "window_size.right",
+            ),
+            (
+                json!({"inference": {"page_size": -1}}),
+                Domain,
+                "inference.page_size",
+            ),
+            (
+                json!({"core_attention_bias_shape": [1, 0, 1, 1]}),
+                Domain,
+                "core_attention_bias_shape.h",
+            ),
+            (
+                json!({"alibi_slopes_shape": [2, 0]}),
+                Domain,
+                "alibi_slopes_shape[1]",
+            ),
+            (json!({"cudnn_version": "9.x"}), Domain, "cudnn_version"),
+            (
+                json!({"flash_attn_versions": {"v2": "latest"}}),
+                Domain,
+                "flash_attn_versions.v2",
+            ),
+            (
+                json!({"device_compute_capability": [9, 5]}),
+                Constraint,
+                "device_compute_capability",
+            ),
+            (
+                json!({"device_compute_capability": [0, 0]}),
+                Constraint,
+                "device_compute_capability",
+            ),
+            (
+                json!({"num_heads": 8, "num_gqa_groups": 3}),
+                Constraint,
+                "num_gqa_groups",
+            ),
+            (
+                json!({"num_heads": 8, "num_gqa_groups": 16}),
+                Constraint,
+                "num_gqa_groups",
+            ),
+            // Only num_heads given: the error points at it.
+            (json!({"num_heads": 6}), Constraint, "num_heads"),
+            (
+                json!({"attn_mask_type": "causal", "window_size": [-1, 4]}),
+                Constraint,
+                "window_size",
+            ),
+            (
+                json!({"attn_mask_type": "no_mask", "window_size": [64, -1]}),
+                Constraint,
+                "window_size",
+            ),
+            (
+                json!({"inference": {"is_paged": true, "page_size": 0}}),
+                Constraint,
+                "inference",
+            ),
+            (json!({"batch_size": 1.5}), Type, "batch_size"),
+            (json!({"batch_size": 1e300}), Type, "batch_size"),
+            (
+                json!({"batch_size": 18446744073709551615u64}),
+                Type,
+                "batch_size",
+            ),
+            (
+                json!({"cudnn_version": [9, 4294967296u64, 0]}),
+                Type,
+                "cudnn_version",
+            ),
+        ];
+        for (config, kind, path) in cases {
+            let e = Facts::from_json(&config).expect_err(&config.to_string());
+            assert_eq!((e.kind, e.path.as_str()), (kind, path), "{config}: {e}");
+        }
+        // What TE accepts (and rewrites) stays an input: the rules see it as given.
+        for ok in [
+            json!({"attn_mask_type": "causal", "window_size": [-1, -1]}),
+            json!({"attn_mask_type": "causal", "window_size": [128, 128]}),
+            json!({"attn_mask_type": "no_mask", "window_size": [-1, 0]}),
+            json!({"window_size": [0, 0]}),
+            json!({"attention_dropout": 1.0, "softcap": 0.0}),
+            json!({"num_heads": 8, "num_gqa_groups": 1}),
+            json!({"inference": {"is_paged": false}}),
+            json!({"device_compute_capability": "sm_120"}),
+        ] {
+            Facts::from_json(&ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+    }
+
+    #[test]
+    fn every_family_default_is_valid() {
+        for schema in crate::facts::families() {
+            schema
+                .read(&json!({}))
+                .unwrap_or_else(|e| panic!("{}: {e}", schema.family));
+        }
     }
 }

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value as Json};
 
+use super::constraint::{Bound, Check, Constraint};
 use super::domains::Domain;
 use super::input::{Facts, InputError};
 
@@ -73,6 +74,8 @@ pub struct FieldDef {
     pub origin: Origin,
     /// The user cannot change it to make a backend eligible (the GPU): `why-not` reports it as such.
     pub fixed: bool,
+    /// Values outside it are refused when the input is read (`docs/facts.md`, "domain").
+    pub bound: Bound,
     pub doc: &'static str,
 }
 
@@ -89,8 +92,15 @@ pub(crate) const fn f(
         default,
         origin: Origin::Input,
         fixed: false,
+        bound: Bound::None,
         doc,
     }
+}
+
+/// The fact with a domain bound (checked when an input is read).
+pub(crate) const fn bounded(mut d: FieldDef, bound: Bound) -> FieldDef {
+    d.bound = bound;
+    d
 }
 
 pub(crate) const fn fixed(mut d: FieldDef) -> FieldDef {
@@ -106,6 +116,7 @@ pub(crate) const fn derived(path: &'static str, ty: Ty, doc: &'static str) -> Fi
         default: DefaultValue::Computed,
         origin: Origin::Derived,
         fixed: false,
+        bound: Bound::None,
         doc,
     }
 }
@@ -123,6 +134,7 @@ pub(crate) const fn probe(path: &'static str, doc: &'static str) -> FieldDef {
         default: DefaultValue::Computed,
         origin: Origin::Probe,
         fixed: true,
+        bound: Bound::None,
         doc,
     }
 }
@@ -152,6 +164,8 @@ pub struct Schema {
     by_path: HashMap<&'static str, usize>,
     pub(crate) read_key: ReadKey,
     pub(crate) derive: Derive,
+    /// Constraints across facts (checked after the derivations; see [`Constraint`]).
+    pub constraints: &'static [Constraint],
     pub(crate) check: CheckConfig,
     /// Default of a member of a structured fact once the object is present (`inference.page_size`).
     pub(crate) member_default: fn(object: &str, member: &str) -> super::Value,
@@ -190,9 +204,16 @@ impl Schema {
                 .collect(),
             read_key,
             derive,
+            constraints: &[],
             check: |_| Ok(()),
             member_default,
         }
+    }
+
+    /// The same family with constraints across its facts (see [`Constraint`]).
+    pub(crate) fn with_constraints(mut self, constraints: &'static [Constraint]) -> Schema {
+        self.constraints = constraints;
+        self
     }
 
     /// The same family with a whole-config check run before reading (see [`CheckConfig`]).
@@ -246,8 +267,9 @@ impl Schema {
 
     /// The fact catalogue as a markdown table (`attn-policy facts`, docs/facts.md).
     pub fn markdown_table(&self) -> String {
-        let mut out =
-            String::from("| fact | type | default | origin | meaning |\n|---|---|---|---|---|\n");
+        let mut out = String::from(
+            "| fact | type | domain | default | origin | meaning |\n|---|---|---|---|---|---|\n",
+        );
         for d in self.fields {
             let ty = if d.nullable {
                 format!("{}?", d.ty.name())
@@ -278,9 +300,60 @@ impl Schema {
                 Origin::Probe => "probe",
             };
             out.push_str(&format!(
-                "| `{}` | {ty} | {default} | {origin} | {} |\n",
+                "| `{}` | {ty} | {} | {default} | {origin} | {} |\n",
                 d.path,
+                d.bound.text(),
                 d.doc.replace('|', "\\|")
+            ));
+        }
+        out
+    }
+
+    /// docs/facts.md for this family: the fact table, then the constraints across facts.
+    pub fn markdown_page(&self) -> String {
+        format!(
+            "# Facts: the input schema\n\n\
+             Generated from `src/facts/` (family `{family}`: {about}; `attn-policy facts` prints \
+             the same table, and a test keeps this file current: `UPDATE_DOCS=1 cargo test --test \
+             docs` rewrites it).\n\
+             Input is the `config` object of conformance records (JSON or YAML). Absent keys take \
+             the default shown. Nullable types end in `?`; `fixed` facts describe the machine and \
+             are never proposed as changes by `why-not`. Probe facts are unknown until a live \
+             adapter answers them (`--probe NAME=true`); then rules that read them are \
+             three-valued.\n\n\
+             ## Facts\n\n\
+             `domain` is checked when an input is read, before any rule runs: a value outside it \
+             is an input error (exit 2) that names the key and where it was given \
+             (`file:line:col`, the flag, the preset or the environment variable). Versions must \
+             parse as versions, numbers must fit their type, and a key given twice in one object \
+             is an error.\n\n{}\n\
+             ## Constraints across facts\n\n\
+             Checked after the facts are read. `refused when read`: the framework refuses such \
+             an input before its selector runs, so it is an input error here too; `decided by \
+             the rules`: the selector judges such inputs itself, and the pack's rules must \
+             decline them with a reason.\n\n{}",
+            self.markdown_table(),
+            self.constraints_table(),
+            family = self.family,
+            about = self.about,
+        )
+    }
+
+    /// The family's constraints across facts as a markdown table (docs/facts.md).
+    pub fn constraints_table(&self) -> String {
+        let mut out =
+            String::from("| constraint | facts | enforced | requires |\n|---|---|---|---|\n");
+        for c in self.constraints {
+            let facts: Vec<String> = c.facts.iter().map(|f| format!("`{f}`")).collect();
+            let enforced = match c.check {
+                Check::Refuse(_) => "refused when read",
+                Check::DecidedBySelector => "decided by the rules",
+            };
+            out.push_str(&format!(
+                "| `{}` | {} | {enforced} | {} |\n",
+                c.name,
+                facts.join(", "),
+                c.doc.replace('|', "\\|")
             ));
         }
         out
@@ -294,6 +367,13 @@ impl Schema {
     /// Reads a config object of this family. See `docs/facts.md` for the fields and defaults.
     pub fn read(&'static self, config: &Json) -> Result<Facts, InputError> {
         Facts::read(self, config)
+    }
+
+    /// Reads a config object without checking bounds and constraints: for tests that compare
+    /// the constraints' checks with their expressions, never for deciding.
+    #[doc(hidden)]
+    pub fn read_unvalidated(&'static self, config: &Json) -> Result<Facts, InputError> {
+        Facts::read_with(self, config, false)
     }
 }
 

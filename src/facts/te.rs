@@ -7,9 +7,12 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value as Json};
 
+use super::constraint::{Bound, Check, Constraint};
 use super::domains::Domain;
-use super::input::{Facts, InputError};
-use super::schema::{DefaultValue as D, FieldDef, Schema, Ty, derived, f, fixed, opt, probe};
+use super::input::{Facts, InputError, InputErrorKind};
+use super::schema::{
+    DefaultValue as D, FieldDef, Schema, Ty, bounded, derived, f, fixed, opt, probe,
+};
 use super::value::Value;
 use Domain as Dom;
 
@@ -23,6 +26,7 @@ pub static TE: LazyLock<Schema> = LazyLock::new(|| {
         derive,
         member_default,
     )
+    .with_constraints(CONSTRAINTS)
 });
 
 /// Every fact. Order is the slot order (and the order of `docs/facts.md`).
@@ -52,40 +56,67 @@ pub static FIELDS: &[FieldDef] = &[
         D::Enum("sbhd_sbhd_sbhd"),
         "Memory layout of q, k, v.",
     ),
-    f(
-        "batch_size",
-        Ty::Int,
-        D::Int(1),
-        "Batch size (THD: number of sequences).",
+    bounded(
+        f(
+            "batch_size",
+            Ty::Int,
+            D::Int(1),
+            "Batch size (THD: number of sequences).",
+        ),
+        Bound::Positive,
     ),
-    f("num_heads", Ty::Int, D::Int(16), "Query heads."),
-    f("num_gqa_groups", Ty::Int, D::Int(16), "Key/value heads."),
-    f(
-        "max_seqlen_q",
-        Ty::Int,
-        D::Int(128),
-        "Max query length (bshd/sbhd under CP: multiplied by cp_size).",
+    bounded(
+        f("num_heads", Ty::Int, D::Int(16), "Query heads."),
+        Bound::Positive,
     ),
-    f(
-        "max_seqlen_kv",
-        Ty::Int,
-        D::Int(128),
-        "Max key/value length (same CP scaling).",
+    bounded(
+        f("num_gqa_groups", Ty::Int, D::Int(16), "Key/value heads."),
+        Bound::Positive,
     ),
-    f(
-        "num_tokens_q",
-        Ty::Int,
-        D::Int(0),
-        "Total query tokens when q is THD, else 0.",
+    bounded(
+        f(
+            "max_seqlen_q",
+            Ty::Int,
+            D::Int(128),
+            "Max query length (bshd/sbhd under CP: multiplied by cp_size).",
+        ),
+        Bound::Positive,
     ),
-    f(
-        "num_tokens_kv",
-        Ty::Int,
-        D::Int(0),
-        "Total key/value tokens when kv is THD, else 0.",
+    bounded(
+        f(
+            "max_seqlen_kv",
+            Ty::Int,
+            D::Int(128),
+            "Max key/value length (same CP scaling).",
+        ),
+        Bound::Positive,
     ),
-    f("head_dim_qk", Ty::Int, D::Int(64), "Q/K head size."),
-    f("head_dim_v", Ty::Int, D::Int(64), "V head size."),
+    bounded(
+        f(
+            "num_tokens_q",
+            Ty::Int,
+            D::Int(0),
+            "Total query tokens when q is THD, else 0.",
+        ),
+        Bound::NonNegative,
+    ),
+    bounded(
+        f(
+            "num_tokens_kv",
+            Ty::Int,
+            D::Int(0),
+            "Total key/value tokens when kv is THD, else 0.",
+        ),
+        Bound::NonNegative,
+    ),
+    bounded(
+        f("head_dim_qk", Ty::Int, D::Int(64), "Q/K head size."),
+        Bound::Positive,
+    ),
+    bounded(
+        f("head_dim_v", Ty::Int, D::Int(64), "V head size."),
+        Bound::Positive,
+    ),
     f(
         "attn_mask_type",
         Ty::Enum(Dom::AttnMaskType),
@@ -98,29 +129,38 @@ pub static FIELDS: &[FieldDef] = &[
         D::Null,
         "Sliding window [left, right] as given (-1 = unbounded); null = none given.",
     ),
-    opt(f(
-        "window_size.left",
-        Ty::Int,
-        D::Null,
-        "Left bound of the window as given (null when window_size is null).",
-    )),
-    opt(f(
-        "window_size.right",
-        Ty::Int,
-        D::Null,
-        "Right bound of the window as given (null when window_size is null).",
-    )),
+    bounded(
+        opt(f(
+            "window_size.left",
+            Ty::Int,
+            D::Null,
+            "Left bound of the window as given (null when window_size is null).",
+        )),
+        Bound::AtLeast(-1),
+    ),
+    bounded(
+        opt(f(
+            "window_size.right",
+            Ty::Int,
+            D::Null,
+            "Right bound of the window as given (null when window_size is null).",
+        )),
+        Bound::AtLeast(-1),
+    ),
     f(
         "bottom_right_diagonal",
         Ty::Bool,
         D::Bool(true),
         "Anchor of the SWA/ALiBi diagonal.",
     ),
-    f(
-        "softcap",
-        Ty::Float,
-        D::Float(0.0),
-        "tanh logit soft-capping; 0 = off.",
+    bounded(
+        f(
+            "softcap",
+            Ty::Float,
+            D::Float(0.0),
+            "tanh logit soft-capping; 0 = off.",
+        ),
+        Bound::NonNegative,
     ),
     f(
         "alibi_slopes_shape",
@@ -146,30 +186,42 @@ pub static FIELDS: &[FieldDef] = &[
         D::Null,
         "Shape [b, h, s_q, s_kv] of the bias tensor; null = none.",
     ),
-    opt(f(
-        "core_attention_bias_shape.b",
-        Ty::Int,
-        D::Null,
-        "Bias batch dimension.",
-    )),
-    opt(f(
-        "core_attention_bias_shape.h",
-        Ty::Int,
-        D::Null,
-        "Bias head dimension.",
-    )),
-    opt(f(
-        "core_attention_bias_shape.s_q",
-        Ty::Int,
-        D::Null,
-        "Bias query-length dimension.",
-    )),
-    opt(f(
-        "core_attention_bias_shape.s_kv",
-        Ty::Int,
-        D::Null,
-        "Bias key-length dimension.",
-    )),
+    bounded(
+        opt(f(
+            "core_attention_bias_shape.b",
+            Ty::Int,
+            D::Null,
+            "Bias batch dimension.",
+        )),
+        Bound::Positive,
+    ),
+    bounded(
+        opt(f(
+            "core_attention_bias_shape.h",
+            Ty::Int,
+            D::Null,
+            "Bias head dimension.",
+        )),
+        Bound::Positive,
+    ),
+    bounded(
+        opt(f(
+            "core_attention_bias_shape.s_q",
+            Ty::Int,
+            D::Null,
+            "Bias query-length dimension.",
+        )),
+        Bound::Positive,
+    ),
+    bounded(
+        opt(f(
+            "core_attention_bias_shape.s_kv",
+            Ty::Int,
+            D::Null,
+            "Bias key-length dimension.",
+        )),
+        Bound::Positive,
+    ),
     f(
         "core_attention_bias_requires_grad",
         Ty::Bool,
@@ -182,11 +234,14 @@ pub static FIELDS: &[FieldDef] = &[
         D::Bool(false),
         "THD has gaps between sequences.",
     ),
-    f(
-        "attention_dropout",
-        Ty::Float,
-        D::Float(0.0),
-        "Dropout probability.",
+    bounded(
+        f(
+            "attention_dropout",
+            Ty::Float,
+            D::Float(0.0),
+            "Dropout probability.",
+        ),
+        Bound::Probability,
     ),
     f(
         "context_parallel",
@@ -200,17 +255,23 @@ pub static FIELDS: &[FieldDef] = &[
         D::Enum("p2p"),
         "Context-parallel algorithm.",
     ),
-    f(
-        "cp_size",
-        Ty::Int,
-        D::Int(1),
-        "Total context-parallel group size.",
+    bounded(
+        f(
+            "cp_size",
+            Ty::Int,
+            D::Int(1),
+            "Total context-parallel group size.",
+        ),
+        Bound::Positive,
     ),
-    f(
-        "cp_size_a2a",
-        Ty::Int,
-        D::Int(1),
-        "a2a sub-group size for a2a+p2p.",
+    bounded(
+        f(
+            "cp_size_a2a",
+            Ty::Int,
+            D::Int(1),
+            "a2a sub-group size for a2a+p2p.",
+        ),
+        Bound::Positive,
     ),
     f(
         "deterministic",
@@ -279,24 +340,33 @@ pub static FIELDS: &[FieldDef] = &[
         D::Null,
         "Paged KV cache.",
     )),
-    opt(f(
-        "inference.page_size",
-        Ty::Int,
-        D::Null,
-        "Page size (tokens).",
-    )),
-    opt(f(
-        "inference.total_num_pages",
-        Ty::Int,
-        D::Null,
-        "Total pages.",
-    )),
-    opt(f(
-        "inference.max_pages_per_seq",
-        Ty::Int,
-        D::Null,
-        "cache_manager.max_pages_per_seq.",
-    )),
+    bounded(
+        opt(f(
+            "inference.page_size",
+            Ty::Int,
+            D::Null,
+            "Page size (tokens); 0 = not given (a cache that is not paged).",
+        )),
+        Bound::NonNegative,
+    ),
+    bounded(
+        opt(f(
+            "inference.total_num_pages",
+            Ty::Int,
+            D::Null,
+            "Total pages; 0 = not paged.",
+        )),
+        Bound::NonNegative,
+    ),
+    bounded(
+        opt(f(
+            "inference.max_pages_per_seq",
+            Ty::Int,
+            D::Null,
+            "cache_manager.max_pages_per_seq; 0 = not paged.",
+        )),
+        Bound::NonNegative,
+    ),
     f(
         "softmax_type",
         Ty::Enum(Dom::SoftmaxType),
@@ -315,12 +385,18 @@ pub static FIELDS: &[FieldDef] = &[
         D::Bool(false),
         "A CUDA graph is being captured.",
     ),
-    f("num_splits", Ty::Int, D::Int(1), "Split-KV count."),
-    f(
-        "softmax_scale",
-        Ty::Float,
-        D::Null,
-        "Scale applied before softmax; null = 1/sqrt(head_dim_qk) (what TE's DotProductAttention uses when none is given).",
+    bounded(
+        f("num_splits", Ty::Int, D::Int(1), "Split-KV count."),
+        Bound::Positive,
+    ),
+    bounded(
+        f(
+            "softmax_scale",
+            Ty::Float,
+            D::Null,
+            "Scale applied before softmax; null = 1/sqrt(head_dim_qk) (what TE's DotProductAttention uses when none is given).",
+        ),
+        Bound::Positive,
     ),
     f(
         "fp8_output",
@@ -416,7 +492,7 @@ pub static FIELDS: &[FieldDef] = &[
         "cudnn_frontend_version",
         Ty::Version,
         D::Null,
-        "nvidia-cudnn-frontend version; null = not installed; unparseable compares false.",
+        "nvidia-cudnn-frontend version; null = not installed.",
     ),
     f(
         "cutlass_dsl_version",
@@ -535,6 +611,156 @@ pub static FIELDS: &[FieldDef] = &[
     ),
 ];
 
+/// The pip package each library-version fact describes (`why-not` names the package to
+/// install, not the fact).
+pub const PACKAGES: &[(&str, &str)] = &[
+    ("flash_attn_versions.v2", "flash-attn"),
+    ("flash_attn_versions.v3", "flash-attn-3"),
+    ("flash_attn_versions.v4", "flash-attn-4"),
+    ("cudnn_frontend_version", "nvidia-cudnn-frontend"),
+    ("cutlass_dsl_version", "nvidia-cutlass-dsl"),
+];
+
+/// Compute capabilities of NVIDIA GPUs (CUDA 12 and 13: Maxwell sm50 to Blackwell sm121), as
+/// `(major, minor)`; the `compute_capability_exists` constraint's doc lists them (a test keeps
+/// the two equal). A config naming another one describes no GPU.
+pub const COMPUTE_CAPABILITIES: &[(i64, i64)] = &[
+    (5, 0),
+    (5, 2),
+    (5, 3),
+    (6, 0),
+    (6, 1),
+    (6, 2),
+    (7, 0),
+    (7, 2),
+    (7, 5),
+    (8, 0),
+    (8, 6),
+    (8, 7),
+    (8, 9),
+    (9, 0),
+    (10, 0),
+    (10, 1),
+    (10, 3),
+    (11, 0),
+    (12, 0),
+    (12, 1),
+];
+
+/// Constraints across te facts: what TransformerEngine refuses before its selector runs.
+pub static CONSTRAINTS: &[Constraint] = &[
+    Constraint {
+        name: "kv_heads_divide_heads",
+        doc: "`num_gqa_groups <= num_heads` and `num_heads % num_gqa_groups == 0`: \
+              DotProductAttention asserts it in its constructor, so the selector never sees \
+              other head counts.",
+        facts: &["num_gqa_groups", "num_heads"],
+        check: Check::Refuse(kv_heads_divide_heads),
+        expr: "num_gqa_groups <= num_heads and num_heads % num_gqa_groups == 0",
+        // Tying the two head counts multiplies the te pack's diagrams several times over.
+        searched: false,
+    },
+    Constraint {
+        name: "compute_capability_exists",
+        doc: "`device_compute_capability` is one a GPU has: 5.0, 5.2, 5.3, 6.0, 6.1, 6.2, 7.0, \
+              7.2, 7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 10.1, 10.3, 11.0, 12.0, 12.1 \
+              (`--sm 90` is 9.0).",
+        facts: &["device_compute_capability"],
+        check: Check::Refuse(compute_capability_exists),
+        expr: "sm in [50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121]",
+        searched: true,
+    },
+    Constraint {
+        name: "window_fits_mask",
+        doc: "A window TE's `check_set_window_size` accepts for the mask (DotProductAttention \
+              calls it before the selector): with a causal mask not `(-1, r)` for `r >= 1`; \
+              otherwise neither `(-1, r)` for `r >= 1` nor `(l, -1)` for `l >= 0`. \
+              (Windows TE rewrites with a warning, such as `(-1, -1)` under a causal mask, \
+              reach the selector as given.)",
+        facts: &["window_size", "attn_mask_type"],
+        check: Check::Refuse(window_fits_mask),
+        expr: "window_size == null or not ((window_size.left == -1 and window_size.right >= 1) \
+               or (attn_mask_type in [\"no_mask\", \"padding\", \"arbitrary\"] \
+               and window_size.left >= 0 and window_size.right == -1))",
+        searched: true,
+    },
+    Constraint {
+        name: "paged_cache_has_pages",
+        doc: "A paged KV cache (`inference.is_paged`) has `page_size`, `total_num_pages` and \
+              `max_pages_per_seq` >= 1 (0 means \"not given\" only without paging).",
+        facts: &["inference"],
+        check: Check::Refuse(paged_cache_has_pages),
+        expr: "inference == null or not inference.is_paged or (inference.page_size >= 1 \
+               and inference.total_num_pages >= 1 and inference.max_pages_per_seq >= 1)",
+        searched: true,
+    },
+];
+
+fn kv_heads_divide_heads(facts: &Facts) -> Option<String> {
+    let (h, g) = (facts.int("num_heads")?, facts.int("num_gqa_groups")?);
+    if g > h {
+        Some(format!(
+            "{g} KV heads exceed {h} query heads (num_heads): TE's DotProductAttention asserts \
+             num_heads % num_gqa_groups == 0"
+        ))
+    } else if g > 0 && h % g != 0 {
+        Some(format!(
+            "{g} KV heads do not divide {h} query heads (num_heads): TE's DotProductAttention \
+             asserts num_heads % num_gqa_groups == 0"
+        ))
+    } else {
+        None
+    }
+}
+
+fn compute_capability_exists(facts: &Facts) -> Option<String> {
+    let major = facts.int("device_compute_capability.major")?;
+    let minor = facts.int("device_compute_capability.minor")?;
+    if COMPUTE_CAPABILITIES.contains(&(major, minor)) {
+        return None;
+    }
+    let known: Vec<String> = COMPUTE_CAPABILITIES
+        .iter()
+        .map(|(a, b)| format!("{a}.{b}"))
+        .collect();
+    Some(format!(
+        "{major}.{minor} (sm{}) is not the compute capability of any GPU; known: {}",
+        major * 10 + minor,
+        known.join(", ")
+    ))
+}
+
+fn window_fits_mask(facts: &Facts) -> Option<String> {
+    let (l, r) = (
+        facts.int("window_size.left")?,
+        facts.int("window_size.right")?,
+    );
+    let mask = facts.text("attn_mask_type").unwrap_or("no_mask");
+    let causal = mask.contains("causal");
+    let bad = (l == -1 && r >= 1) || (!causal && l >= 0 && r == -1);
+    bad.then(|| {
+        format!(
+            "window [{l}, {r}] does not fit attn_mask_type `{mask}`: TE's check_set_window_size \
+             asserts {}",
+            if causal {
+                "(-1, 0) or (>=0, 0) for a causal mask"
+            } else {
+                "(-1, -1) or (>=0, >=0) for a mask without causality"
+            }
+        )
+    })
+}
+
+fn paged_cache_has_pages(facts: &Facts) -> Option<String> {
+    if facts.get("inference.is_paged") != Some(Value::Bool(true)) {
+        return None;
+    }
+    ["page_size", "total_num_pages", "max_pages_per_seq"]
+        .into_iter()
+        .find(|m| facts.int(&format!("inference.{m}")).is_some_and(|v| v < 1))
+        .map(|m| format!("a paged KV cache needs inference.{m} >= 1"))
+}
+
 /// Slot of a te-family fact path (for code that only ever reads te facts: the analysis space's
 /// TE derivations).
 pub fn slot(path: &str) -> Option<usize> {
@@ -549,6 +775,16 @@ fn read_key(facts: &mut Facts, key: &str, value: &Json) -> Result<bool, InputErr
             facts.set_int_list(key, value, &["b", "h", "s_q", "s_kv"], Some(4))?
         }
         "alibi_slopes_shape" => {
+            if let Some(bad) = value
+                .as_array()
+                .and_then(|a| a.iter().position(|x| x.as_i64().is_some_and(|n| n < 1)))
+            {
+                return Err(InputError::new(
+                    &format!("alibi_slopes_shape[{bad}]"),
+                    "a tensor dimension must be > 0",
+                )
+                .kind(InputErrorKind::Domain));
+            }
             let n = value.as_array().map(|a| a.len());
             facts.set_int_list(key, value, &[], None)?;
             if let Some(n) = n {
@@ -602,4 +838,23 @@ fn derive(facts: &mut Facts, given: &Map<String, Json>) {
     };
     facts.put("window.left", Value::Int(left));
     facts.put("window.right", Value::Int(right));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_compute_capability_doc_lists_the_table() {
+        let doc = CONSTRAINTS
+            .iter()
+            .find(|c| c.name == "compute_capability_exists")
+            .unwrap()
+            .doc;
+        let listed: Vec<String> = COMPUTE_CAPABILITIES
+            .iter()
+            .map(|(a, b)| format!("{a}.{b}"))
+            .collect();
+        assert!(doc.contains(&listed.join(", ")), "{doc}");
+    }
 }

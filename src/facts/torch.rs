@@ -16,9 +16,10 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value as Json};
 
+use super::constraint::{Bound, Check, Constraint};
 use super::domains::Domain;
 use super::input::{Facts, InputError};
-use super::schema::{DefaultValue as D, FieldDef, Schema, Ty, f, fixed, opt};
+use super::schema::{DefaultValue as D, FieldDef, Schema, Ty, bounded, f, fixed, opt};
 use super::value::Value;
 use crate::lang::Version;
 use Domain as Dom;
@@ -34,6 +35,7 @@ pub static TORCH: LazyLock<Schema> = LazyLock::new(|| {
         |_, _| Value::Null,
     )
     .with_check(check)
+    .with_constraints(CONSTRAINTS)
 });
 
 /// Every fact. Order is the slot order (and the order of the facts table).
@@ -57,50 +59,92 @@ pub static FIELDS: &[FieldDef] = &[
         D::Computed,
         "dtype of the value. Absent: `dtype`.",
     ),
-    f("batch", Ty::Int, D::Int(1), "query.size(0)."),
-    f(
-        "batch_k",
-        Ty::Int,
-        D::Computed,
-        "key.size(0). Absent: `batch`.",
+    bounded(
+        f("batch", Ty::Int, D::Int(1), "query.size(0)."),
+        Bound::NonNegative,
     ),
-    f(
-        "batch_v",
-        Ty::Int,
-        D::Computed,
-        "value.size(0). Absent: `batch`.",
+    bounded(
+        f(
+            "batch_k",
+            Ty::Int,
+            D::Computed,
+            "key.size(0). Absent: `batch`.",
+        ),
+        Bound::NonNegative,
     ),
-    f(
-        "heads_q",
-        Ty::Int,
-        D::Int(16),
-        "query.size(-3): query heads.",
+    bounded(
+        f(
+            "batch_v",
+            Ty::Int,
+            D::Computed,
+            "value.size(0). Absent: `batch`.",
+        ),
+        Bound::NonNegative,
     ),
-    f(
-        "heads_kv",
-        Ty::Int,
-        D::Int(16),
-        "key.size(-3): key heads (GQA: fewer than heads_q).",
+    bounded(
+        f(
+            "heads_q",
+            Ty::Int,
+            D::Int(16),
+            "query.size(-3): query heads.",
+        ),
+        Bound::Positive,
     ),
-    f(
-        "heads_v",
-        Ty::Int,
-        D::Computed,
-        "value.size(-3). Absent: `heads_kv`.",
+    bounded(
+        f(
+            "heads_kv",
+            Ty::Int,
+            D::Int(16),
+            "key.size(-3): key heads (GQA: fewer than heads_q).",
+        ),
+        Bound::Positive,
     ),
-    f("seqlen_q", Ty::Int, D::Int(128), "query.size(-2)."),
-    f("seqlen_kv", Ty::Int, D::Int(128), "key.size(-2)."),
-    f("head_dim_qk", Ty::Int, D::Int(64), "query.size(-1)."),
-    f(
-        "head_dim_k",
-        Ty::Int,
-        D::Computed,
-        "key.size(-1). Absent: `head_dim_qk`.",
+    bounded(
+        f(
+            "heads_v",
+            Ty::Int,
+            D::Computed,
+            "value.size(-3). Absent: `heads_kv`.",
+        ),
+        Bound::Positive,
     ),
-    f("head_dim_v", Ty::Int, D::Int(64), "value.size(-1)."),
-    f("dim_q", Ty::Int, D::Int(4), "query.dim()."),
-    f("dim_k", Ty::Int, D::Int(4), "key.dim()."),
-    f("dim_v", Ty::Int, D::Int(4), "value.dim()."),
+    bounded(
+        f("seqlen_q", Ty::Int, D::Int(128), "query.size(-2)."),
+        Bound::NonNegative,
+    ),
+    bounded(
+        f("seqlen_kv", Ty::Int, D::Int(128), "key.size(-2)."),
+        Bound::NonNegative,
+    ),
+    bounded(
+        f("head_dim_qk", Ty::Int, D::Int(64), "query.size(-1)."),
+        Bound::NonNegative,
+    ),
+    bounded(
+        f(
+            "head_dim_k",
+            Ty::Int,
+            D::Computed,
+            "key.size(-1). Absent: `head_dim_qk`.",
+        ),
+        Bound::NonNegative,
+    ),
+    bounded(
+        f("head_dim_v", Ty::Int, D::Int(64), "value.size(-1)."),
+        Bound::NonNegative,
+    ),
+    bounded(
+        f("dim_q", Ty::Int, D::Int(4), "query.dim()."),
+        Bound::NonNegative,
+    ),
+    bounded(
+        f("dim_k", Ty::Int, D::Int(4), "key.dim()."),
+        Bound::NonNegative,
+    ),
+    bounded(
+        f("dim_v", Ty::Int, D::Int(4), "value.dim()."),
+        Bound::NonNegative,
+    ),
     f(
         "stride_last_q",
         Ty::Int,
@@ -137,11 +181,14 @@ pub static FIELDS: &[FieldDef] = &[
         D::Bool(false),
         "query, key and value are nested tensors of strided layout (jagged nested tensors take PyTorch's Python path and are not modelled).",
     ),
-    f(
-        "nested_min_seqlen",
-        Ty::Int,
-        D::Int(1),
-        "Nested inputs: the shortest sequence of query, key and value.",
+    bounded(
+        f(
+            "nested_min_seqlen",
+            Ty::Int,
+            D::Int(1),
+            "Nested inputs: the shortest sequence of query, key and value.",
+        ),
+        Bound::NonNegative,
     ),
     f(
         "nested_ragged_heads",
@@ -308,24 +355,48 @@ pub static FIELDS: &[FieldDef] = &[
     ),
 ];
 
-/// Size facts a config may give, and their smallest value (PyTorch divides by head counts).
-const SIZES: &[(&str, i64)] = &[
-    ("batch", 0),
-    ("batch_k", 0),
-    ("batch_v", 0),
-    ("heads_q", 1),
-    ("heads_kv", 1),
-    ("heads_v", 1),
-    ("seqlen_q", 0),
-    ("seqlen_kv", 0),
-    ("head_dim_qk", 0),
-    ("head_dim_k", 0),
-    ("head_dim_v", 0),
-    ("dim_q", 0),
-    ("dim_k", 0),
-    ("dim_v", 0),
-    ("nested_min_seqlen", 0),
+/// Constraints across torch facts. PyTorch's SDPA judges head counts itself (its checks answer
+/// with a backend or an error), so those stay inputs for the rules; only a device no GPU is
+/// refused when read.
+pub static CONSTRAINTS: &[Constraint] = &[
+    Constraint {
+        name: "compute_capability_exists",
+        doc: "`sm` is the compute capability of a GPU (the te family's list: 50, 52, 53, 60, \
+              61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121).",
+        facts: &["sm"],
+        check: Check::Refuse(compute_capability_exists),
+        expr: "sm in [50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 121]",
+        searched: false,
+    },
+    Constraint {
+        name: "kv_heads_divide_heads",
+        doc: "`heads_q % heads_kv == 0` for grouped-query attention: SDPA's \
+              `check_grouped_query_attention` (and the math path's own check) decides such \
+              inputs, so the pack's rules decline them with PyTorch's reason.",
+        facts: &["heads_kv", "heads_q"],
+        check: Check::DecidedBySelector,
+        expr: "heads_q % heads_kv == 0",
+        searched: false,
+    },
 ];
+
+fn compute_capability_exists(facts: &Facts) -> Option<String> {
+    let sm = facts.int("sm")?;
+    if super::te::COMPUTE_CAPABILITIES
+        .iter()
+        .any(|(a, b)| a * 10 + b == sm)
+    {
+        return None;
+    }
+    let known: Vec<String> = super::te::COMPUTE_CAPABILITIES
+        .iter()
+        .map(|(a, b)| (a * 10 + b).to_string())
+        .collect();
+    Some(format!(
+        "sm{sm} is not the compute capability of any GPU; known: {}",
+        known.join(", ")
+    ))
+}
 
 /// The `layout` shorthand's values and the last-dimension stride each gives q, k and v.
 const LAYOUTS: &[(&str, i64)] = &[("bhsd", 1), ("bshd_view", 1), ("noncontig_lastdim", 2)];
@@ -350,7 +421,8 @@ fn suggest(mut e: InputError, word: &str, candidates: &[&str]) -> InputError {
     e
 }
 
-/// Whole-config checks: the device named once, shorthands with known values, sizes in range.
+/// Whole-config checks: the device named once, shorthands with known values (sizes are the
+/// facts' bounds, checked once the config is read).
 fn check(given: &Map<String, Json>) -> Result<(), InputError> {
     if let Some(torch) = given.get("torch").and_then(Json::as_object) {
         for (member, fact) in [
@@ -394,16 +466,6 @@ fn check(given: &Map<String, Json>) -> Result<(), InputError> {
             kind,
             MASK_KINDS,
         ));
-    }
-    for &(key, min) in SIZES {
-        if let Some(n) = given.get(key).and_then(Json::as_i64)
-            && n < min
-        {
-            return Err(InputError::new(
-                key,
-                format!("{n} is out of range (at least {min})"),
-            ));
-        }
     }
     Ok(())
 }

@@ -72,6 +72,9 @@ impl ArithOp {
 pub enum ExprKind {
     Int(i64),
     Float(f64),
+    /// A number written `X.Y` (`9.23`): a float, or the version `X.Y.0` where it is compared
+    /// with a version (`cudnn_version >= 9.23`), read from its text so `9.10` stays 9.10.
+    Decimal(f64, Version),
     Bool(bool),
     Str(String),
     Version(Version),

@@ -202,7 +202,7 @@ fn fold(pairs: Pairs<Rule>) -> Result<Expr, SyntaxError> {
                 _ => match rhs.kind {
                     // Fold `-1` into a literal so that windows read naturally.
                     ExprKind::Int(v) => ExprKind::Int(-v),
-                    ExprKind::Float(v) => ExprKind::Float(-v),
+                    ExprKind::Float(v) | ExprKind::Decimal(v, _) => ExprKind::Float(-v),
                     _ => ExprKind::Neg(Box::new(rhs)),
                 },
             };
@@ -273,7 +273,12 @@ fn build_primary(pair: Pair<Rule>) -> Result<Expr, SyntaxError> {
             if !v.is_finite() {
                 return Err(bad_number("number"));
             }
-            ExprKind::Float(v)
+            match Version::parse(text) {
+                Some(ver) if text.bytes().all(|b| b.is_ascii_digit() || b == b'.') => {
+                    ExprKind::Decimal(v, ver)
+                }
+                _ => ExprKind::Float(v),
+            }
         }
         Rule::version => ExprKind::Version(Version::parse(text).ok_or_else(|| SyntaxError {
             message: format!("`{text}` is not a valid version"),
@@ -310,7 +315,7 @@ mod tests {
     fn show(e: &Expr) -> String {
         match &e.kind {
             ExprKind::Int(v) => v.to_string(),
-            ExprKind::Float(v) => format!("{v:?}"),
+            ExprKind::Float(v) | ExprKind::Decimal(v, _) => format!("{v:?}"),
             ExprKind::Bool(v) => v.to_string(),
             ExprKind::Str(s) => format!("{s:?}"),
             ExprKind::Version(v) => format!("v{v}"),

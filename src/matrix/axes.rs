@@ -121,7 +121,9 @@ impl Name {
             },
         };
         let typed_by = match alias {
-            Alias::Sm => schema.slot("sm").unwrap_or(schema.slot(targets[0]).expect("alias target")),
+            Alias::Sm => schema
+                .slot("sm")
+                .unwrap_or(schema.slot(targets[0]).expect("alias target")),
             _ => schema.slot(targets[0]).expect("alias target"),
         };
         let f = &schema.fields[typed_by];
@@ -171,9 +173,7 @@ impl Name {
     pub fn parse(&self, schema: &Schema, text: &str) -> Result<Json, MatrixError> {
         let text = text.trim();
         let f = &schema.fields[self.typed_by];
-        let bad = |what: &str| {
-            MatrixError::Bad(format!("{}: `{text}` is not {what}", self.name))
-        };
+        let bad = |what: &str| MatrixError::Bad(format!("{}: `{text}` is not {what}", self.name));
         if text == "null" {
             return Ok(Json::Null);
         }
@@ -242,9 +242,7 @@ impl Name {
     pub fn default_values(&self, schema: &Schema) -> Option<Vec<Json>> {
         let f = &schema.fields[self.typed_by];
         match (self.alias, f.ty) {
-            (Alias::HeadDim, _) | (Alias::Fact, Ty::Int)
-                if self.name.starts_with("head_dim") =>
-            {
+            (Alias::HeadDim, _) | (Alias::Fact, Ty::Int) if self.name.starts_with("head_dim") => {
                 Some(HEAD_DIMS.iter().map(|&d| json!(d)).collect())
             }
             (Alias::Sm, _) | (Alias::Fact, Ty::Int) if self.name == "sm" => {

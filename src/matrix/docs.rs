@@ -124,7 +124,9 @@ impl Question {
                 other => return Err(MatrixError::Bad(format!("unknown flag {other}"))),
             }
         }
-        let need = |a: Option<AxisQuery>, f: &str| a.ok_or_else(|| MatrixError::Bad(format!("{f} missing")));
+        let need = |a: Option<AxisQuery>, f: &str| {
+            a.ok_or_else(|| MatrixError::Bad(format!("{f} missing")))
+        };
         Ok((
             pack,
             Query {
@@ -139,8 +141,8 @@ impl Question {
     /// Loads the pack (embedded) and builds the matrix.
     pub fn build(&self, budget: u64) -> Result<Matrix, MatrixError> {
         let (pack, q) = self.query()?;
-        let policy = Policy::embedded(&pack)
-            .map_err(|e| MatrixError::Bad(format!("pack {pack}: {e:?}")))?;
+        let policy =
+            Policy::embedded(&pack).map_err(|e| MatrixError::Bad(format!("pack {pack}: {e:?}")))?;
         build(&policy, &q, budget)
     }
 }

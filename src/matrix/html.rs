@@ -305,10 +305,7 @@ pub fn html_page(title: &str, intro: &str, sections: &[(String, String, &Matrix)
 impl Matrix {
     /// A page with this matrix alone.
     pub fn to_html(&self) -> String {
-        let title = format!(
-            "{}: {} × {}",
-            self.pack, self.rows.name, self.cols.name
-        );
+        let title = format!("{}: {} × {}", self.pack, self.rows.name, self.cols.name);
         html_page(&title, "", &[(String::new(), String::new(), self)])
     }
 }

@@ -334,7 +334,11 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
     for r in &rows {
         for c in &cols {
             let mut obj = base.clone();
-            for (path, x) in rn.sets(r, &fixed_names).into_iter().chain(cn.sets(c, &fixed_names)) {
+            for (path, x) in rn
+                .sets(r, &fixed_names)
+                .into_iter()
+                .chain(cn.sets(c, &fixed_names))
+            {
                 axes::insert_path(&mut obj, &path, x);
             }
             configs.push(Json::Object(obj));

@@ -163,10 +163,7 @@ impl Matrix {
                 if !self.cells[i].exact {
                     mark.push_str(" (?)");
                 }
-                out.push_str(&format!(
-                    " {}{mark} |",
-                    esc(Matrix::label(&self.cells[i]))
-                ));
+                out.push_str(&format!(" {}{mark} |", esc(Matrix::label(&self.cells[i]))));
             }
             out.push('\n');
         }

@@ -98,7 +98,13 @@ impl Matrix {
         };
         for (k, c) in self.caption().iter().enumerate() {
             for l in wrap(&c.replace('`', ""), chars) {
-                line(&mut body, &mut y, &l, 12.0, if k == 0 { "bold" } else { "normal" });
+                line(
+                    &mut body,
+                    &mut y,
+                    &l,
+                    12.0,
+                    if k == 0 { "bold" } else { "normal" },
+                );
             }
         }
         y += 10.0;
@@ -154,7 +160,9 @@ impl Matrix {
                         esc(&name)
                     )),
                 }
-                let mut mark = notes.of_cell[i].map(|n| format!("◆{n}")).unwrap_or_default();
+                let mut mark = notes.of_cell[i]
+                    .map(|n| format!("◆{n}"))
+                    .unwrap_or_default();
                 if !cell.exact {
                     mark.push_str(" (?)");
                 }

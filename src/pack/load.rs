@@ -731,6 +731,36 @@ fn link_pack(
         }
     }
 
+    let mut allow = Vec::new();
+    for name in &pack.allow {
+        let at = l.at(pack_file, name);
+        match Code::parse(&name.value) {
+            Some(code) if code.severity() == crate::diag::Severity::Warning => allow.push(code),
+            Some(code) => l.diags.push(
+                Diagnostic::new(
+                    Code::Name,
+                    format!("allow: `{code}` is an error; only warnings (W-...) can be allowed"),
+                )
+                .at(at),
+            ),
+            None => {
+                use strum::IntoEnumIterator;
+                let names: Vec<&str> = Code::iter()
+                    .filter(|c| c.severity() == crate::diag::Severity::Warning)
+                    .map(Code::name)
+                    .collect();
+                l.diags.push(
+                    Diagnostic::new(Code::Name, format!("allow: unknown code `{}`", name.value))
+                        .at(at)
+                        .help(
+                            crate::facts::did_you_mean(&name.value.to_ascii_uppercase(), names)
+                                .map(|s| format!("did you mean `{s}`?")),
+                        ),
+                );
+            }
+        }
+    }
+
     let hot = crate::policy::HotPath::build(&compiler.program, &rules, &backends, &preference);
     Policy {
         name: pack.name.value.clone(),
@@ -747,6 +777,7 @@ fn link_pack(
         executor_chains,
         executor_admits: admits,
         warnings: Diagnostics::default(),
+        allow,
         disabled_layers: 0,
         hot,
     }

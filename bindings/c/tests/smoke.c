@@ -82,6 +82,18 @@ int main(void) {
   CHECK(rc == ATTN_POLICY_CONFIG_ERROR && err, "not json rc=%d", rc);
   attn_policy_string_free(err);
   err = NULL;
+  /* An impossible config is refused with the key's position in the text. */
+  rc = attn_policy_select(p, "{\"num_heads\": 8,\n \"num_gqa_groups\": 3}", &d, &err);
+  CHECK(rc == ATTN_POLICY_CONFIG_ERROR && d == NULL, "kv heads rc=%d", rc);
+  CHECK(err && strstr(err, "config_json:2:2") && strstr(err, "num_gqa_groups"), "located: %s",
+        err ? err : "");
+  attn_policy_string_free(err);
+  err = NULL;
+  rc = attn_policy_select(p, "{\"num_heads\": 8, \"num_heads\": 4}", &d, &err);
+  CHECK(rc == ATTN_POLICY_CONFIG_ERROR && err && strstr(err, "duplicate key"), "duplicate: %s",
+        err ? err : "");
+  attn_policy_string_free(err);
+  err = NULL;
 
   /* NULL arguments and unknown packs. */
   rc = attn_policy_select(p, NULL, &d, &err);

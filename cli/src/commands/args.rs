@@ -2,11 +2,12 @@
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use serde_json::{Map, Value as Json, json};
 
-use attn_policy::facts::{Facts, presets};
+use attn_policy::facts::{ConfigText, Facts, InputError, InputErrorKind, Schema, presets};
 use attn_policy::{PackSpec, Policy};
 
 /// The attention configuration: a preset, a file, then flags, each overriding the previous.
@@ -18,13 +19,14 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "NAME")]
     pub preset: Option<String>,
     /// Set head_dim_qk and head_dim_v.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub head_dim: Option<i64>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub head_dim_qk: Option<i64>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub head_dim_v: Option<i64>,
-    /// GPU architecture as sm number: 80, 89, 90, 100, 103, 120.
+    /// GPU architecture as sm number: 80, 86, 89, 90, 100, 103, 120, ... (docs/facts.md lists
+    /// every compute capability; others are refused).
     #[arg(long, value_name = "SM")]
     pub sm: Option<u32>,
     /// cuDNN runtime version, e.g. 9.19.0.
@@ -42,26 +44,26 @@ pub struct ConfigArgs {
     /// Sliding window LEFT,RIGHT (-1 = unbounded), e.g. 128,0.
     #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
     pub window: Option<String>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub batch: Option<i64>,
     /// Query heads (num_heads).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub heads: Option<i64>,
     /// Key/value heads (num_gqa_groups).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub kv_heads: Option<i64>,
     /// Set max_seqlen_q and max_seqlen_kv.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seqlen: Option<i64>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seqlen_q: Option<i64>,
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seqlen_kv: Option<i64>,
     /// Context-parallel algorithm: p2p, all_gather, a2a, a2a+p2p (turns context_parallel on).
     #[arg(long, value_name = "TYPE")]
     pub cp_comm_type: Option<String>,
     /// Context-parallel group size (turns context_parallel on when > 1).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub cp_size: Option<i64>,
     /// Inference (is_training = false).
     #[arg(long)]
@@ -72,12 +74,17 @@ pub struct ConfigArgs {
     /// Set any fact: PATH=JSON, e.g. --set softcap=30 --set 'flash_attn_versions.v3="3.0.0"'.
     #[arg(long = "set", value_name = "PATH=JSON")]
     pub sets: Vec<String>,
-    /// Set an environment switch: NAME=VALUE, e.g. --env NVTE_FLASH_ATTN=0.
+    /// Set an environment switch: NAME=VALUE, e.g. --env NVTE_FLASH_ATTN=0 (overrides the
+    /// shell's value).
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub envs: Vec<String>,
     /// Answer a probe fact: NAME=true|false, e.g. --probe fused_attn_graph=true.
     #[arg(long = "probe", value_name = "NAME=BOOL")]
     pub probes: Vec<String>,
+    /// Ignore the shell's environment variables that the pack family's selector reads (NVTE_*
+    /// for te packs; read by default, as the selector reads them).
+    #[arg(long)]
+    pub no_env: bool,
     // ---- flags of the torch family (PyTorch SDPA)
     /// torch: the attn_mask, as a kind: none, bool ([b, hq, sq, skv]), bool_bcast
     /// ([1, 1, sq, skv]) or float ([b, 1, sq, skv] in the query dtype).
@@ -164,38 +171,152 @@ fn merge(into: &mut Map<String, Json>, from: &Json) {
     }
 }
 
+/// Where an input key's value came from (the decision's provenance, and an error's location).
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// The shell environment (as the family's selector reads it), by variable name.
+    Shell(String),
+    Preset(String),
+    /// The config file or stdin, with the position of every key.
+    File(Arc<ConfigText>),
+    /// A command-line flag as written (`--kv-heads`, `--set softcap`, `--env NVTE_FLASH_ATTN`).
+    Flag(String),
+}
+
+impl Source {
+    /// The provenance word (`shell`, `preset`, `config`, `flag`).
+    pub fn word(&self) -> &'static str {
+        match self {
+            Source::Shell(_) => "shell",
+            Source::Preset(_) => "preset",
+            Source::File(_) => "config",
+            Source::Flag(_) => "flag",
+        }
+    }
+
+    /// Where the value at `path` was given: `file:line:col`, the flag, the preset, `$VAR`.
+    pub fn locate(&self, path: &str) -> String {
+        match self {
+            Source::Shell(var) => format!("${var} (shell environment; --no-env ignores it)"),
+            Source::Preset(name) => format!("preset `{name}`"),
+            Source::File(text) => text.locate(path).unwrap_or_else(|| text.name.clone()),
+            Source::Flag(flag) => flag.clone(),
+        }
+    }
+}
+
 /// Where each input key of a merged config came from: (dotted key, source word), one entry
 /// per leaf value (a scalar, a list, `window_size`), in the order they were last set.
 pub type Sources = Vec<(String, &'static str)>;
 
-/// Records that `value` was written at `path` by `word`. `replace`: the write replaced the
-/// whole subtree at `path` (a flag); otherwise it merged into it (a preset or a file).
-fn record(sources: &mut Sources, path: &str, value: &Json, word: &'static str, replace: bool) {
-    let under =
-        |k: &str, p: &str| k.len() > p.len() && k.starts_with(p) && k.as_bytes()[p.len()] == b'.';
-    if replace {
-        sources.retain(|(k, _)| k != path && !under(k, path));
-    }
-    match value.as_object() {
-        Some(members) if !path.ends_with("window_size") => {
-            for (k, v) in members {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
-                if p != "id" {
-                    record(sources, &p, v, word, false);
+/// A merged config object and where each of its keys came from.
+#[derive(Clone, Debug, Default)]
+pub struct Input {
+    pub json: Json,
+    /// (dotted key, source), one per leaf value, in the order they were last set.
+    pub sources: Vec<(String, Source)>,
+}
+
+impl Input {
+    /// Records that `value` was written at `path` by `source`. `replace`: the write replaced the
+    /// whole subtree at `path` (a flag); otherwise it merged into it (a preset or a file).
+    fn record(&mut self, path: &str, value: &Json, source: &Source, replace: bool) {
+        let under = |k: &str, p: &str| {
+            k.len() > p.len() && k.starts_with(p) && k.as_bytes()[p.len()] == b'.'
+        };
+        if replace {
+            self.sources.retain(|(k, _)| k != path && !under(k, path));
+        }
+        match value.as_object() {
+            Some(members) if !path.ends_with("window_size") => {
+                for (k, v) in members {
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    if p != "id" {
+                        self.record(&p, v, source, false);
+                    }
                 }
             }
-        }
-        _ if path.is_empty() => {}
-        _ => {
-            // A leaf replaces what was at, under or above it (an object replaced a scalar).
-            sources.retain(|(k, _)| k != path && !under(k, path) && !under(path, k));
-            sources.push((path.to_string(), word));
+            _ if path.is_empty() => {}
+            _ => {
+                // A leaf replaces what was at, under or above it (an object replaced a scalar).
+                self.sources
+                    .retain(|(k, _)| k != path && !under(k, path) && !under(path, k));
+                self.sources.push((path.to_string(), source.clone()));
+            }
         }
     }
+
+    /// Where the value at `path` (`num_gqa_groups`, `window_size.left`, `window_size[1]`) was
+    /// given: its own source, else its closest ancestor's, else a member's.
+    pub fn locate(&self, path: &str) -> Option<String> {
+        let top = path.split('[').next().unwrap_or(path);
+        let mut p = top;
+        loop {
+            if let Some((_, s)) = self.sources.iter().rev().find(|(k, _)| k == p) {
+                return Some(s.locate(path));
+            }
+            match p.rfind('.') {
+                Some(i) => p = &p[..i],
+                None => break,
+            }
+        }
+        self.sources
+            .iter()
+            .rev()
+            .find(|(k, _)| k.starts_with(top) && k.as_bytes().get(top.len()) == Some(&b'.'))
+            .map(|(_, s)| s.locate(path))
+    }
+
+    /// The facts of `schema`'s family; an error says where the offending value was given.
+    pub fn facts_of(&self, schema: &'static Schema) -> Result<Facts, InputError> {
+        schema.read(&self.json).map_err(|e| {
+            let at = self.locate(&e.path);
+            e.at(at)
+        })
+    }
+
+    /// Provenance as (input key, source word) pairs (the explanation's `provenance`).
+    pub fn provenance(&self) -> Sources {
+        self.sources
+            .iter()
+            .map(|(k, s)| (k.clone(), s.word()))
+            .collect()
+    }
+
+    /// The environment variables that came from the shell, with their values.
+    pub fn shell_values(&self) -> Vec<(String, String)> {
+        self.sources
+            .iter()
+            .filter_map(|(k, s)| match s {
+                Source::Shell(var) => Some((
+                    var.clone(),
+                    self.json
+                        .pointer(&format!("/{}", k.replace('.', "/")))
+                        .and_then(Json::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// The environment variables a family's selector reads (its `env.*` facts): NVTE_* for te,
+/// TORCH_CUDNN_SDPA_* for torch.
+pub fn env_variables(schema: &'static Schema) -> impl Iterator<Item = &'static str> {
+    schema
+        .fields
+        .iter()
+        .filter_map(|d| d.path.strip_prefix("env."))
+}
+
+fn flag_error(flag: &str, path: &str, message: impl Into<String>) -> InputError {
+    InputError::new(path, message).at(Some(flag.to_string()))
 }
 
 impl ConfigArgs {
@@ -222,8 +343,8 @@ impl ConfigArgs {
     }
 
     /// Refuses flags of another pack family than `family` (they would set facts its packs do
-    /// not have).
-    pub fn check_family(&self, family: &str) -> Result<(), String> {
+    /// not have); the error is located at the flag.
+    pub fn check_family(&self, family: &str) -> Result<(), InputError> {
         for flag in self.given_flags() {
             let Some((owner, _)) = FAMILY_FLAGS.iter().find(|(_, flags)| flags.contains(&flag))
             else {
@@ -234,86 +355,280 @@ impl ConfigArgs {
                     "te" => "a TransformerEngine flag",
                     _ => "a PyTorch SDPA flag",
                 };
-                return Err(format!(
-                    "{flag} is {whose} (pack family `{owner}`); this pack's family is \
-                     `{family}`, whose facts it does not set. Set {family} facts with \
-                     --set PATH=JSON or a config file (list them with `attn-policy facts --pack \
-                     PACK`)"
+                return Err(flag_error(
+                    flag,
+                    "",
+                    format!(
+                        "{flag} is {whose} (pack family `{owner}`); this pack's family is \
+                         `{family}`, whose facts it does not set. Set {family} facts with \
+                         --set PATH=JSON or a config file (list them with `attn-policy facts \
+                         --pack PACK`)"
+                    ),
                 ));
             }
         }
         Ok(())
     }
 
-    /// The merged config object for a pack of `family`, its flags mapped onto that family's
-    /// facts; flags of another family are refused.
-    pub fn to_json_for(&self, family: &str) -> Result<Json, String> {
+    /// The merged input (before typing) for a pack of `schema`'s family: the shell environment
+    /// (unless --no-env), a preset, a file, then flags mapped onto the family's facts, each
+    /// overriding the previous. Flags of another family are refused.
+    pub fn input_for(&self, schema: &'static Schema) -> Result<Input, InputError> {
+        let family = schema.family;
         self.check_family(family)?;
-        if family != "torch" {
-            return self.to_json();
-        }
+        let mut input = Input::default();
         let mut obj = Map::new();
-        self.merge_file(&mut obj)?;
-        let mut set = |k: &str, v: Json| insert_path(&mut obj, k, v);
+        if !self.no_env {
+            for var in env_variables(schema) {
+                if let Some(value) = std::env::var_os(var) {
+                    let value = Json::String(value.to_string_lossy().into_owned());
+                    let path = format!("env.{var}");
+                    input.record(&path, &value, &Source::Shell(var.to_string()), true);
+                    insert_path(&mut obj, &path, value);
+                }
+            }
+        }
+        if let Some(name) = &self.preset {
+            let p = presets::find(name).ok_or_else(|| {
+                flag_error(
+                    "--preset",
+                    "",
+                    format!("unknown preset `{name}`; see `attn-policy presets`"),
+                )
+                .suggest(attn_policy::facts::did_you_mean(name, presets::names()))
+            })?;
+            let config = (p.config)();
+            input.record("", &config, &Source::Preset(name.clone()), false);
+            merge(&mut obj, &config);
+        }
+        if let Some(path) = &self.config {
+            let (name, text) = if path.as_os_str() == "-" {
+                let mut s = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut s)
+                    .map_err(|e| flag_error("<stdin>", "", format!("cannot read stdin: {e}")))?;
+                ("<stdin>".to_string(), s)
+            } else {
+                let name = path.display().to_string();
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| flag_error(&name, "", format!("cannot read it: {e}")))?;
+                (name, text)
+            };
+            // A whole conformance record is accepted too: its `config` is the input (with a
+            // PyTorch record's `torch` device object).
+            let text = ConfigText::parse(&name, &text)?.into_config();
+            if !text.value.is_object() {
+                return Err(InputError::new(
+                    "",
+                    format!("expected a config object, found {}", kind(&text.value)),
+                )
+                .kind(InputErrorKind::Syntax)
+                .at(Some(name)));
+            }
+            let value = text.value.clone();
+            input.record("", &value, &Source::File(Arc::new(text)), false);
+            merge(&mut obj, &value);
+        }
+        let mut set = |flag: &str, k: &str, v: Json| {
+            input.record(k, &v, &Source::Flag(flag.to_string()), true);
+            insert_path(&mut obj, k, v)
+        };
+        if family == "torch" {
+            self.torch_flags(&mut set)?;
+        } else {
+            self.te_flags(&mut set)?;
+        }
+        for s in &self.sets {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| flag_error("--set", "", format!("expects PATH=JSON, got `{s}`")))?;
+            let value: Json =
+                serde_json::from_str(v).unwrap_or_else(|_| Json::String(v.to_string()));
+            set(&format!("--set {}", k.trim()), k.trim(), value);
+        }
+        for s in &self.envs {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| flag_error("--env", "", format!("expects NAME=VALUE, got `{s}`")))?;
+            set(
+                &format!("--env {}", k.trim()),
+                &format!("env.{}", k.trim()),
+                json!(v.trim()),
+            );
+        }
+        for s in &self.probes {
+            let (k, v) = s.split_once('=').ok_or_else(|| {
+                flag_error("--probe", "", format!("expects NAME=true|false, got `{s}`"))
+            })?;
+            let flag = format!("--probe {}", k.trim());
+            let b = match v.trim() {
+                "true" | "yes" | "1" => Json::Bool(true),
+                "false" | "no" | "0" => Json::Bool(false),
+                "unknown" | "null" => Json::Null,
+                other => {
+                    return Err(flag_error(
+                        &flag,
+                        &format!("probe.{}", k.trim()),
+                        format!("expected true, false or unknown, got `{other}`"),
+                    ));
+                }
+            };
+            set(&flag, &format!("probe.{}", k.trim()), b);
+        }
+        input.json = Json::Object(obj);
+        Ok(input)
+    }
+
+    /// The te family's flags: TransformerEngine's `AttentionParams` names.
+    fn te_flags(&self, set: &mut dyn FnMut(&str, &str, Json)) -> Result<(), InputError> {
         if let Some(d) = self.head_dim {
-            set("head_dim_qk", json!(d));
-            set("head_dim_v", json!(d));
+            set("--head-dim", "head_dim_qk", json!(d));
+            set("--head-dim", "head_dim_v", json!(d));
         }
         if let Some(d) = self.head_dim_qk {
-            set("head_dim_qk", json!(d));
+            set("--head-dim-qk", "head_dim_qk", json!(d));
         }
         if let Some(d) = self.head_dim_v {
-            set("head_dim_v", json!(d));
+            set("--head-dim-v", "head_dim_v", json!(d));
         }
         if let Some(sm) = self.sm {
-            set("sm", json!(sm));
+            set(
+                "--sm",
+                "device_compute_capability",
+                json!([sm / 10, sm % 10]),
+            );
         }
         if let Some(v) = &self.cudnn {
-            set("cudnn_version", json!(v));
+            set("--cudnn", "cudnn_version", json!(v));
         }
         if let Some(v) = &self.dtype {
-            set("dtype", json!(v));
+            set("--dtype", "qkv_dtype", json!(v));
         }
-        for (flag, key) in [
-            (self.batch, "batch"),
-            (self.heads, "heads_q"),
-            (self.kv_heads, "heads_kv"),
+        if let Some(v) = &self.layout {
+            set("--layout", "qkv_layout", json!(v));
+        }
+        if let Some(v) = &self.mask {
+            set("--mask", "attn_mask_type", json!(v));
+        }
+        if let Some(w) = &self.window {
+            let parts: Vec<&str> = w.split(',').map(str::trim).collect();
+            let parsed: Option<Vec<i64>> = parts.iter().map(|p| p.parse().ok()).collect();
+            match parsed {
+                Some(v) if v.len() == 2 => set("--window", "window_size", json!(v)),
+                _ if w == "none" || w == "null" => set("--window", "window_size", Json::Null),
+                _ => {
+                    return Err(flag_error(
+                        "--window",
+                        "window_size",
+                        format!("expects LEFT,RIGHT (e.g. 128,0 or -1,-1) or none, got `{w}`"),
+                    ));
+                }
+            }
+        }
+        for (flag, name, value) in [
+            ("--batch", "batch_size", self.batch),
+            ("--heads", "num_heads", self.heads),
+            ("--kv-heads", "num_gqa_groups", self.kv_heads),
         ] {
-            if let Some(v) = flag {
-                set(key, json!(v));
+            if let Some(v) = value {
+                set(flag, name, json!(v));
             }
         }
         if let Some(s) = self.seqlen {
-            set("seqlen_q", json!(s));
-            set("seqlen_kv", json!(s));
+            set("--seqlen", "max_seqlen_q", json!(s));
+            set("--seqlen", "max_seqlen_kv", json!(s));
         }
         if let Some(s) = self.seqlen_q {
-            set("seqlen_q", json!(s));
+            set("--seqlen-q", "max_seqlen_q", json!(s));
         }
         if let Some(s) = self.seqlen_kv {
-            set("seqlen_kv", json!(s));
+            set("--seqlen-kv", "max_seqlen_kv", json!(s));
+        }
+        if let Some(t) = &self.cp_comm_type {
+            set("--cp-comm-type", "context_parallel", json!(true));
+            set("--cp-comm-type", "cp_comm_type", json!(t));
+            if self.cp_size.is_none() {
+                let size = if t == "a2a+p2p" { 4 } else { 2 };
+                set("--cp-comm-type", "cp_size", json!(size));
+                if t == "a2a+p2p" {
+                    set("--cp-comm-type", "cp_size_a2a", json!(2));
+                }
+            }
+        }
+        if let Some(n) = self.cp_size {
+            set("--cp-size", "cp_size", json!(n));
+            set("--cp-size", "context_parallel", json!(n > 1));
+        }
+        if self.inference {
+            set("--inference", "is_training", json!(false));
         }
         if self.deterministic {
-            set("deterministic", json!(true));
+            set("--deterministic", "deterministic", json!(true));
+        }
+        Ok(())
+    }
+
+    /// The torch family's flags: PyTorch SDPA's `sdp_params` and process state.
+    fn torch_flags(&self, set: &mut dyn FnMut(&str, &str, Json)) -> Result<(), InputError> {
+        if let Some(d) = self.head_dim {
+            set("--head-dim", "head_dim_qk", json!(d));
+            set("--head-dim", "head_dim_v", json!(d));
+        }
+        if let Some(d) = self.head_dim_qk {
+            set("--head-dim-qk", "head_dim_qk", json!(d));
+        }
+        if let Some(d) = self.head_dim_v {
+            set("--head-dim-v", "head_dim_v", json!(d));
+        }
+        if let Some(sm) = self.sm {
+            set("--sm", "sm", json!(sm));
+        }
+        if let Some(v) = &self.cudnn {
+            set("--cudnn", "cudnn_version", json!(v));
+        }
+        if let Some(v) = &self.dtype {
+            set("--dtype", "dtype", json!(v));
+        }
+        for (flag, key, value) in [
+            ("--batch", "batch", self.batch),
+            ("--heads", "heads_q", self.heads),
+            ("--kv-heads", "heads_kv", self.kv_heads),
+        ] {
+            if let Some(v) = value {
+                set(flag, key, json!(v));
+            }
+        }
+        if let Some(s) = self.seqlen {
+            set("--seqlen", "seqlen_q", json!(s));
+            set("--seqlen", "seqlen_kv", json!(s));
+        }
+        if let Some(s) = self.seqlen_q {
+            set("--seqlen-q", "seqlen_q", json!(s));
+        }
+        if let Some(s) = self.seqlen_kv {
+            set("--seqlen-kv", "seqlen_kv", json!(s));
+        }
+        if self.deterministic {
+            set("--deterministic", "deterministic", json!(true));
         }
         if let Some(m) = &self.attn_mask {
             let kind = if m == "none" { Json::Null } else { json!(m) };
-            set("attn_mask", kind);
+            set("--attn-mask", "attn_mask", kind);
         }
         if self.causal {
-            set("is_causal", json!(true));
+            set("--causal", "is_causal", json!(true));
         }
         if let Some(p) = self.dropout {
-            set("dropout_p", json!(p));
+            set("--dropout", "dropout_p", json!(p));
         }
         if self.enable_gqa {
-            set("enable_gqa", json!(true));
+            set("--enable-gqa", "enable_gqa", json!(true));
         }
         if self.requires_grad {
-            set("requires_grad", json!(true));
+            set("--requires-grad", "requires_grad", json!(true));
         }
         if let Some(l) = &self.tensor_layout {
-            set("layout", json!(l));
+            set("--tensor-layout", "layout", json!(l));
         }
         for b in &self.disable {
             let fact = match b.as_str() {
@@ -322,252 +637,36 @@ impl ConfigArgs {
                 "math" => "math_sdp_enabled",
                 "cudnn" => "cudnn_sdp_enabled",
                 other => {
-                    return Err(format!(
-                        "--disable {other}: expected flash, efficient, math or cudnn"
-                    ));
+                    return Err(flag_error(
+                        &format!("--disable {other}"),
+                        "",
+                        "expected flash, efficient, math or cudnn",
+                    )
+                    .kind(InputErrorKind::Domain));
                 }
             };
-            set(fact, json!(false));
-        }
-        self.apply_sets_and_envs(&mut obj)?;
-        Ok(Json::Object(obj))
-    }
-
-    /// The config file (or stdin), merged into `obj`.
-    fn merge_file(&self, obj: &mut Map<String, Json>) -> Result<(), String> {
-        if let Some(path) = &self.config {
-            let text = if path.as_os_str() == "-" {
-                let mut s = String::new();
-                std::io::stdin()
-                    .read_to_string(&mut s)
-                    .map_err(|e| format!("cannot read stdin: {e}"))?;
-                s
-            } else {
-                std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-            };
-            let value: Json = match serde_json::from_str(&text) {
-                Ok(v) => v,
-                Err(json_err) => serde_saphyr::from_str(&text).map_err(|e| {
-                    format!(
-                        "{}: neither JSON ({json_err}) nor YAML ({})",
-                        path.display(),
-                        e.without_snippet()
-                    )
-                })?,
-            };
-            // Accept a whole conformance record too (a PyTorch record's `torch` object with it).
-            let device = value.get("torch").cloned();
-            let mut value = value.get("config").cloned().unwrap_or(value);
-            if let (Some(torch), Some(cfg)) = (device, value.as_object_mut()) {
-                cfg.entry("torch").or_insert(torch);
-            }
-            if !value.is_object() {
-                return Err(format!("{}: expected a config object", path.display()));
-            }
-            merge(obj, &value);
+            set(&format!("--disable {b}"), fact, json!(false));
         }
         Ok(())
     }
 
-    /// `--set`, `--env` (and, for the te family, `--probe`) into `obj`.
-    fn apply_sets_and_envs(&self, obj: &mut Map<String, Json>) -> Result<(), String> {
-        let mut set = |k: &str, v: Json| insert_path(obj, k, v);
-        for s in &self.sets {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| format!("--set expects PATH=JSON, got `{s}`"))?;
-            let value: Json =
-                serde_json::from_str(v).unwrap_or_else(|_| Json::String(v.to_string()));
-            set(k.trim(), value);
-        }
-        for s in &self.envs {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| format!("--env expects NAME=VALUE, got `{s}`"))?;
-            set(&format!("env.{}", k.trim()), json!(v.trim()));
-        }
-        Ok(())
+    /// The typed facts of `policy`'s family, and the input they were read from (its
+    /// provenance and the locations of its values).
+    pub fn facts_for(&self, policy: &Policy) -> Result<(Facts, Input), InputError> {
+        let input = self.input_for(policy.schema)?;
+        let facts = input.facts_of(policy.schema)?;
+        Ok((facts, input))
     }
+}
 
-    /// The merged config object (before typing).
-    pub fn to_json(&self) -> Result<Json, String> {
-        self.to_json_with_sources().map(|(json, _)| json)
-    }
-
-    /// The merged config object and where each of its keys came from: `preset`, `config` (the
-    /// file or stdin) or `flag`.
-    pub fn to_json_with_sources(&self) -> Result<(Json, Sources), String> {
-        let mut obj = Map::new();
-        let mut sources = Sources::new();
-        if let Some(name) = &self.preset {
-            let p = presets::find(name).ok_or_else(|| {
-                let hint = attn_policy::facts::did_you_mean(name, presets::names())
-                    .map(|h| format!(" (did you mean `{h}`?)"))
-                    .unwrap_or_default();
-                format!("unknown preset `{name}`{hint}; see `attn-policy presets`")
-            })?;
-            let config = (p.config)();
-            record(&mut sources, "", &config, "preset", false);
-            merge(&mut obj, &config);
-        }
-        if let Some(path) = &self.config {
-            let text = if path.as_os_str() == "-" {
-                let mut s = String::new();
-                std::io::stdin()
-                    .read_to_string(&mut s)
-                    .map_err(|e| format!("cannot read stdin: {e}"))?;
-                s
-            } else {
-                std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-            };
-            let value: Json = match serde_json::from_str(&text) {
-                Ok(v) => v,
-                Err(json_err) => serde_saphyr::from_str(&text).map_err(|e| {
-                    format!(
-                        "{}: neither JSON ({json_err}) nor YAML ({})",
-                        path.display(),
-                        e.without_snippet()
-                    )
-                })?,
-            };
-            // Accept a whole conformance record too.
-            let value = value.get("config").cloned().unwrap_or(value);
-            if !value.is_object() {
-                return Err(format!("{}: expected a config object", path.display()));
-            }
-            record(&mut sources, "", &value, "config", false);
-            merge(&mut obj, &value);
-        }
-        let mut set = |k: &str, v: Json| {
-            record(&mut sources, k, &v, "flag", true);
-            insert_path(&mut obj, k, v)
-        };
-        if let Some(d) = self.head_dim {
-            set("head_dim_qk", json!(d));
-            set("head_dim_v", json!(d));
-        }
-        if let Some(d) = self.head_dim_qk {
-            set("head_dim_qk", json!(d));
-        }
-        if let Some(d) = self.head_dim_v {
-            set("head_dim_v", json!(d));
-        }
-        if let Some(sm) = self.sm {
-            set("device_compute_capability", json!([sm / 10, sm % 10]));
-        }
-        if let Some(v) = &self.cudnn {
-            set("cudnn_version", json!(v));
-        }
-        if let Some(v) = &self.dtype {
-            set("qkv_dtype", json!(v));
-        }
-        if let Some(v) = &self.layout {
-            set("qkv_layout", json!(v));
-        }
-        if let Some(v) = &self.mask {
-            set("attn_mask_type", json!(v));
-        }
-        if let Some(w) = &self.window {
-            let parts: Vec<&str> = w.split(',').map(str::trim).collect();
-            let parsed: Option<Vec<i64>> = parts.iter().map(|p| p.parse().ok()).collect();
-            match parsed {
-                Some(v) if v.len() == 2 => set("window_size", json!(v)),
-                _ if w == "none" || w == "null" => set("window_size", Json::Null),
-                _ => {
-                    return Err(format!(
-                        "--window expects LEFT,RIGHT (e.g. 128,0 or -1,-1), got `{w}`"
-                    ));
-                }
-            }
-        }
-        for (flag, key) in [
-            (self.batch, "batch_size"),
-            (self.heads, "num_heads"),
-            (self.kv_heads, "num_gqa_groups"),
-        ] {
-            if let Some(v) = flag {
-                set(key, json!(v));
-            }
-        }
-        if let Some(s) = self.seqlen {
-            set("max_seqlen_q", json!(s));
-            set("max_seqlen_kv", json!(s));
-        }
-        if let Some(s) = self.seqlen_q {
-            set("max_seqlen_q", json!(s));
-        }
-        if let Some(s) = self.seqlen_kv {
-            set("max_seqlen_kv", json!(s));
-        }
-        if let Some(t) = &self.cp_comm_type {
-            set("context_parallel", json!(true));
-            set("cp_comm_type", json!(t));
-            if self.cp_size.is_none() {
-                set("cp_size", json!(if t == "a2a+p2p" { 4 } else { 2 }));
-                if t == "a2a+p2p" {
-                    set("cp_size_a2a", json!(2));
-                }
-            }
-        }
-        if let Some(n) = self.cp_size {
-            set("cp_size", json!(n));
-            set("context_parallel", json!(n > 1));
-        }
-        if self.inference {
-            set("is_training", json!(false));
-        }
-        if self.deterministic {
-            set("deterministic", json!(true));
-        }
-        for s in &self.sets {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| format!("--set expects PATH=JSON, got `{s}`"))?;
-            let value: Json =
-                serde_json::from_str(v).unwrap_or_else(|_| Json::String(v.to_string()));
-            set(k.trim(), value);
-        }
-        for s in &self.envs {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| format!("--env expects NAME=VALUE, got `{s}`"))?;
-            set(&format!("env.{}", k.trim()), json!(v.trim()));
-        }
-        for s in &self.probes {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| format!("--probe expects NAME=true|false, got `{s}`"))?;
-            let b = match v.trim() {
-                "true" | "yes" | "1" => Json::Bool(true),
-                "false" | "no" | "0" => Json::Bool(false),
-                "unknown" | "null" => Json::Null,
-                other => {
-                    return Err(format!(
-                        "--probe {k}: expected true, false or unknown, got `{other}`"
-                    ));
-                }
-            };
-            set(&format!("probe.{}", k.trim()), b);
-        }
-        Ok((Json::Object(obj), sources))
-    }
-
-    /// The facts of `policy`'s family with where each came from (the te family records
-    /// `preset`, `config` and `flag`; other families record nothing yet).
-    pub fn facts_for_with_sources(&self, policy: &Policy) -> Result<(Facts, Sources), String> {
-        let family = policy.schema.family;
-        let (json, sources) = if family == "te" {
-            self.check_family(family)?;
-            self.to_json_with_sources()?
-        } else {
-            (self.to_json_for(family)?, Sources::new())
-        };
-        let facts = policy
-            .read_facts(&json)
-            .map_err(|e| format!("invalid config: {e}"))?;
-        Ok((facts, sources))
+fn kind(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "an object",
     }
 }
 

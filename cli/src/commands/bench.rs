@@ -24,6 +24,9 @@ pub struct BenchArgs {
     /// Passes over the inputs.
     #[arg(long, default_value_t = 20)]
     pub passes: usize,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(a: BenchArgs) -> i32 {
@@ -33,17 +36,19 @@ pub fn run(a: BenchArgs) -> i32 {
         Err(code) => return code,
     };
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // Structurally invalid records are input errors: never decided, so not timed.
+    let mut input_errors = 0;
     let facts: Vec<Facts> = match &a.corpus {
         Some(path) => match attn_policy::corpus::read_corpus(path) {
             Ok(recs) => {
                 let mut out = Vec::with_capacity(recs.len());
                 for r in recs {
-                    match Facts::from_json(&r.config) {
+                    match r.facts() {
                         Ok(mut f) => {
                             f.set_all_probes(true);
                             out.push(f);
                         }
-                        Err(e) => return super::fail(format!("record {}: {e}", r.id)),
+                        Err(_) => input_errors += 1,
                     }
                 }
                 out
@@ -94,6 +99,25 @@ pub fn run(a: BenchArgs) -> i32 {
     }
     let (median, p99) = median_p99(&mut streamed);
     let te_us = 153.0;
+    let warm_figures = (!warm.is_empty()).then(|| median_p99(&mut warm));
+    if a.json {
+        let doc = serde_json::json!({
+            "pack": policy.name,
+            "rules": policy.rules.len(),
+            "backends": policy.backends.len(),
+            "load_ms": load_ms,
+            "inputs": facts.len(),
+            "input_errors": input_errors,
+            "passes": a.passes,
+            "median_ns": median,
+            "p99_ns": p99,
+            "warm_median_ns": warm_figures.map(|w| w.0),
+            "warm_p99_ns": warm_figures.map(|w| w.1),
+            "te_selector_median_us": te_us,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).expect("json"));
+        return super::EXIT_OK;
+    }
     println!(
         "pack                 {} ({} rules, {} backends)",
         policy.name,
@@ -101,10 +125,18 @@ pub fn run(a: BenchArgs) -> i32 {
         policy.backends.len()
     );
     println!("pack load+check      {load_ms:.2} ms");
-    println!("inputs               {} ({} passes)", facts.len(), a.passes);
+    println!(
+        "inputs               {} ({} passes){}",
+        facts.len(),
+        a.passes,
+        if input_errors > 0 {
+            format!("; {input_errors} input errors not decided")
+        } else {
+            String::new()
+        }
+    );
     println!("median per decision  {median:.0} ns (batch medians; p99 {p99:.0} ns)");
-    if !warm.is_empty() {
-        let (w, wp99) = median_p99(&mut warm);
+    if let Some((w, wp99)) = warm_figures {
         println!("  facts warm in cache {w:.0} ns (p99 {wp99:.0} ns; streamed above)");
     }
     println!(

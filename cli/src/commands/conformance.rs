@@ -9,11 +9,18 @@ use attn_policy::conformance;
 use attn_policy::corpus::read_corpus;
 
 #[derive(Args, Debug)]
-#[command(after_help = "\
+#[command(after_help = concat!("\
+Records whose config is structurally invalid (docs/facts.md: KV heads that do not divide the query
+heads, a dropout above 1, a word for a version) are input errors: listed with their line, not
+decided, and not in the agreement rate, with or without --parity. The shell environment is
+never read: each record's `env` is its environment.
+
 Examples:
   attn-policy conformance ../shared/conformance/te-2.20.2-corpus-a.jsonl.gz --parity
   attn-policy conformance corpus.jsonl --json --top 20
-  attn-policy conformance corpus.jsonl.gz --parity --min-rate 1.0")]
+  attn-policy conformance corpus.jsonl.gz --parity --min-rate 1.0
+
+", crate::exit_codes!()))]
 pub struct ConformanceArgs {
     /// Corpus: JSON lines (`.jsonl`) or gzip-compressed (`.jsonl.gz`), one record per line.
     pub file: PathBuf,
@@ -25,8 +32,9 @@ pub struct ConformanceArgs {
     /// How many classes of disagreement to list.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub top: usize,
-    /// Exit with status 1 when the agreement rate is below this fraction (e.g. 1.0).
-    #[arg(long, value_name = "RATE")]
+    /// Exit with status 1 when the agreement rate (over valid records) is below this fraction
+    /// (e.g. 1.0).
+    #[arg(long, value_name = "RATE", value_parser = rate)]
     pub min_rate: Option<f64>,
 }
 
@@ -49,7 +57,30 @@ pub fn run(a: ConformanceArgs) -> i32 {
         print!("{}", report.to_text(a.top));
     }
     match a.min_rate {
-        Some(min) if report.rate() < min => 1,
-        _ => 0,
+        Some(min) if report.rate() < min => {
+            eprintln!(
+                "error: --min-rate {min}: agreement {}/{} valid records = {:.4} is below it ({} \
+                 disagree; largest class: {})",
+                report.agree,
+                report.valid(),
+                report.rate(),
+                report.disagree(),
+                report
+                    .largest_classes()
+                    .first()
+                    .map(|(k, c)| format!("{} x {}, e.g. {}", c.count, k.0, c.example))
+                    .unwrap_or_else(|| "-".into())
+            );
+            super::EXIT_FOUND
+        }
+        _ => super::EXIT_OK,
+    }
+}
+
+/// A fraction in [0, 1].
+pub fn rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!("expected a fraction in [0, 1], got `{s}`")),
     }
 }

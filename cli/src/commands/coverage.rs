@@ -10,14 +10,17 @@ use attn_policy::corpus::read_corpus;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
-Like `opa test --coverage`: every rule with the number of records where it fired, then the rules
-no record exercised. Unanswered probes count as \"supported\".
+Like `opa test --coverage`: every rule id with the number of records where it fired (a rule that
+declines several backends counts once per record), then the rule ids no record exercised.
+Unanswered probes count as \"supported\". Records whose config is structurally invalid are input
+errors (listed with their line, not decided). The shell environment is never read.
 
 Examples:
   attn-policy coverage corpus.jsonl.gz
   attn-policy coverage corpus.jsonl --rules rules/te --json
 
-Exit codes: 0 every rule exercised, 1 some rule never fired, 2 bad input.")]
+Exit codes: 0 every rule exercised (and at least --min-ratio), 1 some rule never fired (or the
+ratio is below --min-ratio), 2 bad input.")]
 pub struct CoverageArgs {
     /// Conformance corpus (.jsonl or .jsonl.gz, one {"id", "config"} record per line).
     pub corpus: PathBuf,
@@ -26,6 +29,9 @@ pub struct CoverageArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Exit 0 when at least this fraction of rule ids fired (default: every rule must fire).
+    #[arg(long, value_name = "RATIO", value_parser = super::conformance::rate)]
+    pub min_ratio: Option<f64>,
 }
 
 pub fn run(a: CoverageArgs) -> i32 {
@@ -44,21 +50,46 @@ pub fn run(a: CoverageArgs) -> i32 {
             serde_json::to_string_pretty(&r).expect("serialisable")
         );
     } else {
-        println!("{} record(s), {} invalid", r.records, r.invalid.len());
+        println!(
+            "{} record(s), {} input error(s) (not decided)",
+            r.records,
+            r.input_errors.len()
+        );
         for c in &r.rules {
-            println!("{:>8}  {:<12} {}", c.fired, c.rule, c.backend);
+            println!("{:>8}  {:<12} {}", c.fired, c.rule, c.backends.join(", "));
         }
         println!(
-            "\nrule coverage {:.1}% ({} of {} rules never fired{}{})",
+            "\nrule coverage {:.1}% ({} of {} rule ids never fired{}{})",
             r.ratio * 100.0,
             r.never_fired.len(),
             r.rules.len(),
             if r.never_fired.is_empty() { "" } else { ": " },
             r.never_fired.join(", ")
         );
-        for e in &r.invalid {
-            eprintln!("invalid record: {e}");
+        if let Some(e) = r.input_errors.first() {
+            println!(
+                "input errors: {}, e.g. line {} ({}): {}",
+                r.input_errors.len(),
+                e.line,
+                e.id,
+                e.error
+            );
         }
     }
-    if r.never_fired.is_empty() { 0 } else { 1 }
+    let enough = match a.min_ratio {
+        Some(min) => r.ratio >= min,
+        None => r.never_fired.is_empty(),
+    };
+    if enough {
+        super::EXIT_OK
+    } else {
+        if let Some(min) = a.min_ratio {
+            eprintln!(
+                "error: --min-ratio {min}: rule coverage {:.4} is below it ({} rule ids never fired)",
+                r.ratio,
+                r.never_fired.len()
+            );
+        }
+        super::EXIT_FOUND
+    }
 }

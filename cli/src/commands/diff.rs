@@ -133,8 +133,14 @@ pub fn run(a: DiffArgs) -> i32 {
             serde_json::to_string_pretty(&report).expect("serialisable")
         );
     } else {
+        if !report.complete {
+            println!(
+                "INCOMPLETE: the search ran out of budget, an evaluation stayed unknown, or a \
+                 region had no example found; what follows is not the whole answer"
+            );
+        }
         println!(
-            "{} region(s) decide differently{} ({} classes examined, {} diagram nodes{})",
+            "{} region(s) decide differently{} ({} classes examined, {} diagram nodes)",
             report.regions.len(),
             if report.regions_truncated {
                 " (the first of more: raise --max-regions or narrow with --where)"
@@ -143,7 +149,6 @@ pub fn run(a: DiffArgs) -> i32 {
             },
             report.classes_examined,
             report.diagram_nodes,
-            if report.complete { "" } else { ", INCOMPLETE" }
         );
         if report.regions_unverified > 0 {
             println!(
@@ -151,27 +156,53 @@ pub fn run(a: DiffArgs) -> i32 {
                 report.regions_unverified
             );
         }
-        for (i, r) in report.regions.iter().enumerate() {
-            let cons: Vec<String> = r
-                .constraints
-                .values()
-                .filter_map(|v| v.as_str().map(super::gaps::parenthesised))
-                .collect();
-            let show = |b: &Option<String>, v: &Option<String>| match (b, v) {
-                (None, _) => "none".to_string(),
-                (Some(b), None) => b.clone(),
-                (Some(b), Some(v)) => format!("{b} ({v})"),
+        let show = |b: &Option<String>, v: &Option<String>| match (b, v) {
+            (None, _) => "none".to_string(),
+            (Some(b), None) => b.clone(),
+            (Some(b), Some(v)) => format!("{b} ({v})"),
+        };
+        // Summary first: per backend pair and deciding rules, how many regions, and the
+        // shortest of them.
+        let mut groups: Vec<(String, String, usize, String)> = Vec::new();
+        for r in &report.regions {
+            let pair = format!(
+                "{} -> {}",
+                show(&r.old, &r.old_variant),
+                show(&r.new, &r.new_variant)
+            );
+            let rules = if r.rules.is_empty() {
+                "-".to_string()
+            } else {
+                r.rules.join(", ")
             };
+            let text = super::gaps::where_text(&r.constraints);
+            match groups
+                .iter_mut()
+                .find(|(p, k, _, _)| *p == pair && *k == rules)
+            {
+                Some((_, _, n, rep)) => {
+                    *n += 1;
+                    if text.len() < rep.len() {
+                        *rep = text;
+                    }
+                }
+                None => groups.push((pair, rules, 1, text)),
+            }
+        }
+        if !groups.is_empty() {
+            println!("\nsummary (regions by backend pair and the rules that differ there):");
+            groups.sort_by_key(|g| std::cmp::Reverse(g.2));
+            for (pair, rules, n, rep) in &groups {
+                println!("  {n:>3} region(s)  {pair}  (rules: {rules})\n               e.g. {rep}");
+            }
+        }
+        for (i, r) in report.regions.iter().enumerate() {
             println!(
                 "\n{}. {} -> {}\n   where {}\n   rules: {}\n   example: {}",
                 i + 1,
                 show(&r.old, &r.old_variant),
                 show(&r.new, &r.new_variant),
-                if cons.is_empty() {
-                    "everywhere".to_string()
-                } else {
-                    cons.join(" and ")
-                },
+                super::gaps::where_text(&r.constraints),
                 if r.rules.is_empty() {
                     "-".to_string()
                 } else {

@@ -2,18 +2,24 @@
 
 use clap::Args;
 
-use super::args::{ConfigArgs, Format, OutputArgs, PackArgs};
+use super::args::{ConfigArgs, Format, Input, OutputArgs, PackArgs};
 use attn_policy::Explanation;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
+NVTE_* variables of the shell are read as TransformerEngine reads them; --env NAME=VALUE
+overrides one, --no-env ignores them all. The JSON output's `provenance` says where each input
+key came from (shell, preset, config, flag) and `input` echoes every fact decided on.
+
 Examples:
   attn-policy explain --preset gemma4-global-cp-p2p
   attn-policy explain --preset gemma4-global --sm 90 --format te
-  attn-policy explain record.json --json --parity
+  attn-policy explain examples/gemma4-global.json --json --parity
   attn-policy explain --head-dim 260 --sm 100 --mask causal --probe fused_attn_graph=true
   attn-policy explain --pack torch --head-dim 512 --heads 32 --kv-heads 8 --enable-gqa
-  attn-policy explain --pack torch record.json --disable cudnn --json")]
+  attn-policy explain --pack torch record.json --disable cudnn --json
+
+Exit codes: 0 selected, 1 no backend can serve the input, 2 bad input or bad rules.")]
 pub struct ExplainArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -28,14 +34,17 @@ pub fn run(a: ExplainArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let (facts, sources) = match a.config.facts_for_with_sources(&policy) {
+    let (facts, input) = match a.config.facts_for(&policy) {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
     let decision = policy.decide(&facts);
-    let ex = Explanation::new(&policy, &facts, &decision).with_provenance(sources);
+    let ex = Explanation::new(&policy, &facts, &decision).with_provenance(input.provenance());
     match a.output.format() {
-        Format::Human => print!("{}", ex.to_text(a.output.stdout_color())),
+        Format::Human => {
+            print!("{}", ex.to_text(a.output.stdout_color()));
+            print!("{}", shell_note(&input));
+        }
         Format::Json => println!("{}", ex.to_json_string(true)),
         Format::Te => println!(
             "{}",
@@ -43,4 +52,18 @@ pub fn run(a: ExplainArgs) -> i32 {
         ),
     }
     ex.exit_code()
+}
+
+/// One line naming the environment variables taken from the shell (they change decisions
+/// without appearing on the command line).
+pub fn shell_note(input: &Input) -> String {
+    let vars = input.shell_values();
+    if vars.is_empty() {
+        return String::new();
+    }
+    let list: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(
+        "\nfrom the shell environment: {} (--env NAME=VALUE overrides, --no-env ignores)\n",
+        list.join(" ")
+    )
 }

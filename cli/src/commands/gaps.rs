@@ -94,11 +94,19 @@ pub fn run(a: GapsArgs) -> i32 {
 }
 
 fn human(pack: &str, r: &GapReport, secs: f64) -> String {
+    let mut out = String::new();
+    if !r.complete {
+        out.push_str(
+            "INCOMPLETE: the search ran out of budget, an evaluation stayed unknown, or a region \
+             had no example found; what follows is not the whole answer (raise --budget or \
+             narrow with --where)\n",
+        );
+    }
     let what = match &r.only {
         Some(b) => format!("only {b} serves (every other backend is declined)"),
         None => "no backend is selected".to_string(),
     };
-    let mut out = format!(
+    out.push_str(&format!(
         "pack `{pack}`: {} region(s) where {what}{}\n",
         r.regions.len(),
         if r.regions_truncated {
@@ -106,22 +114,41 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
         } else {
             ""
         }
-    );
-    for (i, g) in r.regions.iter().enumerate() {
-        let cons: Vec<String> = g
-            .constraints
-            .values()
-            .filter_map(|v| v.as_str().map(parenthesised))
-            .collect();
-        out.push_str(&format!(
-            "\n{}. {}\n",
-            i + 1,
-            if cons.is_empty() {
-                "everywhere".to_string()
-            } else {
-                cons.join(" and ")
+    ));
+    // Summary first: regions grouped by the rules that decline there, with the shortest
+    // region of each group as its representative.
+    let mut groups: Vec<(Vec<String>, usize, String)> = Vec::new();
+    for g in &r.regions {
+        let mut rules: Vec<String> = g.declined_by.values().flatten().cloned().collect();
+        rules.sort();
+        rules.dedup();
+        let text = where_text(&g.constraints);
+        match groups.iter_mut().find(|(k, _, _)| *k == rules) {
+            Some((_, n, rep)) => {
+                *n += 1;
+                if text.len() < rep.len() {
+                    *rep = text;
+                }
             }
-        ));
+            None => groups.push((rules, 1, text)),
+        }
+    }
+    if !groups.is_empty() {
+        out.push_str("\nsummary (regions by the rules that decline there):\n");
+        groups.sort_by_key(|g| std::cmp::Reverse(g.1));
+        for (rules, n, rep) in &groups {
+            out.push_str(&format!(
+                "  {n:>3} region(s)  declined by {}\n               e.g. {rep}\n",
+                if rules.is_empty() {
+                    "-".to_string()
+                } else {
+                    rules.join(", ")
+                }
+            ));
+        }
+    }
+    for (i, g) in r.regions.iter().enumerate() {
+        out.push_str(&format!("\n{}. {}\n", i + 1, where_text(&g.constraints)));
         out.push_str(&format!(
             "   example: {}\n",
             serde_json::to_string(&g.example).expect("json")
@@ -139,11 +166,7 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
         r.diagram_nodes,
         r.facts_enumerated,
         secs,
-        if r.complete {
-            ""
-        } else {
-            " (INCOMPLETE: budget exhausted, an evaluation stayed unknown, or a region without a found example)"
-        }
+        if r.complete { "" } else { " (INCOMPLETE)" }
     ));
     if r.regions_unverified > 0 {
         out.push_str(&format!(
@@ -156,6 +179,19 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
     out.push_str(&r.assumptions.join("; "));
     out.push('\n');
     out
+}
+
+/// A region's constraints joined with `and` (`everywhere` when it has none).
+pub fn where_text(constraints: &serde_json::Map<String, serde_json::Value>) -> String {
+    let cons: Vec<String> = constraints
+        .values()
+        .filter_map(|v| v.as_str().map(parenthesised))
+        .collect();
+    if cons.is_empty() {
+        "everywhere".to_string()
+    } else {
+        cons.join(" and ")
+    }
 }
 
 /// A constraint ready to be joined with `and` (one containing `or` is parenthesised).

@@ -11,17 +11,18 @@
 use clap::Args;
 use serde_json::{Value as Json, json};
 
-use super::args::{ConfigArgs, Format, OutputArgs};
+use super::args::{ConfigArgs, Format, Input, OutputArgs};
 use attn_policy::Explanation;
-use attn_policy::facts::{Facts, Value};
+use attn_policy::facts::te::TE;
+use attn_policy::facts::{Facts, InputError, Value};
 use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
 use attn_policy_adapters::run::{RunOptions, RunReport, VerifyMode, run_on};
 use attn_policy_adapters::{LiveDevice, Registry, live_device, problem_from_facts};
 
-/// Exit codes of `run` (docs/executors.md).
-const EXIT_NO_BACKEND: i32 = 1;
-const EXIT_NOTHING_RAN: i32 = 4;
-const EXIT_VERIFICATION_FAILED: i32 = 5;
+/// Exit codes of `run` (the table of every command: docs/cli.md, `--help`).
+const EXIT_NO_BACKEND: i32 = super::EXIT_FOUND;
+const EXIT_NOTHING_RAN: i32 = super::EXIT_NOT_RUN;
+const EXIT_VERIFICATION_FAILED: i32 = super::EXIT_VERIFY_FAILED;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
@@ -139,8 +140,12 @@ fn merge_into(config: &mut Json, extra: &Json) {
     }
 }
 
-fn facts_of(config: &Json) -> Result<Facts, String> {
-    Facts::from_json(config).map_err(|e| format!("invalid config: {e}"))
+/// The te facts of a merged config; an error says where the offending value was given.
+fn facts_of(config: &Json, input: &Input) -> Result<Facts, InputError> {
+    TE.read(config).map_err(|e| {
+        let at = input.locate(&e.path);
+        e.at(at)
+    })
 }
 
 pub fn run(a: RunArgs) -> i32 {
@@ -160,15 +165,14 @@ pub fn run(a: RunArgs) -> i32 {
             policy.name
         ));
     }
-    if let Err(e) = a.config.check_family(family) {
-        return super::fail(e);
-    }
-    let (mut config, mut sources) = match a.config.to_json_with_sources() {
-        Ok(c) => c,
+    let input = match a.config.input_for(policy.schema) {
+        Ok(i) => i,
         Err(e) => return super::fail(e),
     };
+    let (mut config, mut sources) = (input.json.clone(), input.provenance());
+    let note = super::explain::shell_note(&input);
     // Live device facts: the decision is for the device the executors run on.
-    let configured = match facts_of(&config) {
+    let configured = match facts_of(&config, &input) {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
@@ -181,7 +185,7 @@ pub fn run(a: RunArgs) -> i32 {
         let live_config = d.te_config();
         let mut with_live = config.clone();
         merge_into(&mut with_live, &live_config);
-        let live_facts = match facts_of(&with_live) {
+        let live_facts = match facts_of(&with_live, &input) {
             Ok(f) => f,
             Err(e) => return super::fail(e),
         };
@@ -211,7 +215,7 @@ pub fn run(a: RunArgs) -> i32 {
             device.used = true;
         }
     }
-    let mut facts = match facts_of(&config) {
+    let mut facts = match facts_of(&config, &input) {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
@@ -235,7 +239,7 @@ pub fn run(a: RunArgs) -> i32 {
     let decision = policy.decide(&facts);
     let ex = Explanation::new(&policy, &facts, &decision).with_provenance(sources);
     let Some(selected) = decision.selected else {
-        print_outcome(&a, color, &ex, &device, None, None);
+        print_outcome(&a, color, &ex, &device, &note, None, None);
         eprintln!(
             "error: no backend of pack `{}` can serve this configuration",
             policy.name
@@ -279,7 +283,7 @@ pub fn run(a: RunArgs) -> i32 {
             let ex = ex.with_executor_chain(w.attempts);
             let report = w.output;
             let problem = problem.as_ref().ok();
-            print_outcome(&a, color, &ex, &device, Some(&report), None);
+            print_outcome(&a, color, &ex, &device, &note, Some(&report), None);
             if a.output.format() == Format::Human
                 && let Some(p) = problem
             {
@@ -304,7 +308,7 @@ pub fn run(a: RunArgs) -> i32 {
                 }
                 _ => e.to_string(),
             };
-            print_outcome(&a, color, &ex, &device, None, Some(&message));
+            print_outcome(&a, color, &ex, &device, &note, None, Some(&message));
             eprintln!(
                 "error: pack `{}` selected {backend}, but {message}",
                 policy.name
@@ -321,6 +325,7 @@ fn print_outcome(
     color: bool,
     ex: &Explanation,
     device: &DeviceFacts,
+    shell_note: &str,
     report: Option<&RunReport>,
     error: Option<&str>,
 ) {
@@ -340,6 +345,7 @@ fn print_outcome(
         }
         Format::Human => {
             print!("{}", ex.to_text(color));
+            print!("{shell_note}");
             println!();
             if let Some(backend) = &ex.selected {
                 println!(

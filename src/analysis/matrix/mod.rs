@@ -44,7 +44,7 @@ use crate::facts::{Facts, Value};
 use crate::policy::Policy;
 
 use super::mdd::{FALSE, Id, Mdd, PolicyDiagrams, TRUE};
-use super::regions::add_policy;
+use super::regions::{add_policy, validity};
 use super::space::{Space, SpaceBuilder};
 
 mod specialize;
@@ -149,6 +149,12 @@ pub fn analyse(policy: &Policy, q: &GridQuery, budget: u64) -> Result<GridAnalys
     let spec = specialize(policy, &plan.substitute);
     let mut b = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut b, &spec);
+    // Only inputs the family accepts (docs/facts.md): a cell's outcomes are those of valid
+    // inputs, so each has an example that reads (as `gaps` and `diff` search).
+    let valid = validity(&[&spec], None);
+    if let Some(r) = &valid {
+        b.root(&r.program, r.cond.node);
+    }
     let mut splits = BTreeSet::new();
     for f in &facts {
         for &s in &plan.cofactor {
@@ -164,6 +170,13 @@ pub fn analyse(policy: &Policy, q: &GridQuery, budget: u64) -> Result<GridAnalys
     let mut m = Mdd::for_policies(&space, &[&spec]);
     m.budget = usize::try_from(budget).unwrap_or(usize::MAX);
     let d = PolicyDiagrams::build(&mut m, &spec);
+    let valid_id = match &valid {
+        Some(r) => {
+            let rp = m.program(&r.program);
+            m.condition(rp, r.cond.node)
+        }
+        None => TRUE,
+    };
     let parts = Parts::of(&d);
     let row_pinned: Vec<usize> = plan
         .cofactor
@@ -183,11 +196,12 @@ pub fn analyse(policy: &Policy, q: &GridQuery, budget: u64) -> Result<GridAnalys
                 all[rv] = m.relation_at(rv, &all);
             }
             let drc = m.restrict_all(&dr, &all);
+            let valid_cell = m.restrict_all(&[valid_id], &all)[0];
             let cell = analyse_cell(
                 policy,
-                &space,
                 &mut m,
                 &parts.with(&d, &drc),
+                valid_cell,
                 &mut all,
                 &facts[i],
                 &q.configs[i],
@@ -236,32 +250,50 @@ impl Plan {
         let on_axis = |s: usize| q.row_slots.contains(&s) || q.col_slots.contains(&s);
         // Axis facts are pinned even if listed free; probes stay as the space answers them.
         let pinned = |s: usize| {
-            on_axis(s)
-                || (!q.free_slots.contains(&s) && schema.fields[s].origin != Origin::Probe)
+            on_axis(s) || (!q.free_slots.contains(&s) && schema.fields[s].origin != Origin::Probe)
         };
         let constant = |s: usize| {
             pinned(s) && !on_axis(s) && facts.iter().all(|f| f.values()[s] == facts[0].values()[s])
         };
-        let mut sub: Vec<bool> = (0..n).map(|s| {
-            constant(s) && schema.fields[s].origin == Origin::Input
-        }).collect();
+        let mut sub: Vec<bool> = (0..n)
+            .map(|s| constant(s) && schema.fields[s].origin == Origin::Input)
+            .collect();
         // The te family's derived facts: `sm` from the compute capability; the window bounds
         // from `window_size` and (when it is null) the mask. A group is replaced only whole,
         // else the space derives them from vars (and reads the mask as a var).
         let slot = |p: &str| schema.slot(p);
-        let group = |paths: &[&str]| -> Vec<usize> { paths.iter().filter_map(|p| slot(p)).collect() };
-        let cc = group(&["device_compute_capability", "device_compute_capability.major", "device_compute_capability.minor", "sm"]);
+        let group =
+            |paths: &[&str]| -> Vec<usize> { paths.iter().filter_map(|p| slot(p)).collect() };
+        let cc = group(&[
+            "device_compute_capability",
+            "device_compute_capability.major",
+            "device_compute_capability.minor",
+            "sm",
+        ]);
         if !cc.is_empty() {
-            let all = cc.iter().filter(|&&s| schema.fields[s].origin == Origin::Input).all(|&s| constant(s));
+            let all = cc
+                .iter()
+                .filter(|&&s| schema.fields[s].origin == Origin::Input)
+                .all(|&s| constant(s));
             for &s in &cc {
                 sub[s] = all;
             }
         }
-        let window = group(&["window_size", "window_size.left", "window_size.right", "window.left", "window.right"]);
+        let window = group(&[
+            "window_size",
+            "window_size.left",
+            "window_size.right",
+            "window.left",
+            "window.right",
+        ]);
         if !window.is_empty() {
-            let inputs_constant = window.iter().filter(|&&s| schema.fields[s].origin == Origin::Input).all(|&s| constant(s));
+            let inputs_constant = window
+                .iter()
+                .filter(|&&s| schema.fields[s].origin == Origin::Input)
+                .all(|&s| constant(s));
             let mask = slot("attn_mask_type");
-            let window_null = slot("window_size").is_some_and(|s| facts[0].values()[s] == Value::Null);
+            let window_null =
+                slot("window_size").is_some_and(|s| facts[0].values()[s] == Value::Null);
             let all = inputs_constant && (!window_null || mask.is_some_and(constant));
             for &s in &window {
                 sub[s] = all;
@@ -298,7 +330,10 @@ impl Plan {
         let cofactor = (0..n)
             .filter(|&s| pinned(s) && substitute[s] == Subst::Keep && !follows[s])
             .collect();
-        Plan { substitute, cofactor }
+        Plan {
+            substitute,
+            cofactor,
+        }
     }
 }
 
@@ -323,7 +358,11 @@ impl Parts {
             .iter()
             .map(|vs| vs.iter().map(|_| it.next().expect("id")).collect())
             .collect();
-        let first_pref = d.first_pref.iter().map(|_| it.next().expect("id")).collect();
+        let first_pref = d
+            .first_pref
+            .iter()
+            .map(|_| it.next().expect("id"))
+            .collect();
         PolicyDiagrams {
             rule: Vec::new(),
             app: d.app.clone(),
@@ -337,12 +376,7 @@ impl Parts {
 
 /// Per diagram var, the class of the pinned slots' values (members of an absent object and
 /// unpinned vars free).
-fn pins(
-    space: &Space,
-    m: &Mdd,
-    slots: &[usize],
-    f: &Facts,
-) -> Result<Vec<Option<u32>>, GridError> {
+fn pins(space: &Space, m: &Mdd, slots: &[usize], f: &Facts) -> Result<Vec<Option<u32>>, GridError> {
     let mut out = vec![None; m.nvars()];
     for (i, v) in space.vars.iter().enumerate() {
         if !slots.contains(&v.slot) {
@@ -379,16 +413,17 @@ fn named(policy: &Policy, o: Option<(u16, usize)>) -> Outcome {
 
 fn analyse_cell(
     policy: &Policy,
-    space: &Space,
     m: &mut Mdd,
     d: &PolicyDiagrams,
+    valid: Id,
     all: &mut [Option<u32>],
     facts: &Facts,
     config: &Json,
 ) -> CellAnalysis {
+    let space = m.space;
     let at_defaults = outcome_of(policy, facts);
     let mut outs: Vec<(Outcome, Id)> = d
-        .outcomes_within(m, policy, TRUE)
+        .outcomes_within(m, policy, valid)
         .into_iter()
         .map(|(o, x)| (named(policy, o), x))
         .collect();
@@ -444,7 +479,8 @@ fn analyse_cell(
         if f == FALSE {
             continue;
         }
-        match verified_example(policy, m, f, &near, config, facts, o) {
+        let found = verified_example(policy, m, f, &near, config, facts, o);
+        match found {
             Some(r) => {
                 reachable.push(r);
                 reachable_ids.push(x);
@@ -489,19 +525,56 @@ fn verified_example(
     if let Some(o) = example.as_object_mut() {
         o.remove("probe");
     }
-    let decides = |changes: &Map<String, Json>| -> Option<Facts> {
+    let strict = |changes: &Map<String, Json>| -> Option<Facts> {
         let mut merged = config.clone();
         merge(&mut merged, &Json::Object(changes.clone()));
         let ef = read_cell(policy, &merged).ok()?;
         (outcome_of(policy, &ef) == want).then_some(ef)
     };
-    let ef = decides(example.as_object()?)?;
+    // Like `gaps`, the analysis does not tie the constraints a family marks unsearched (te's
+    // head counts): an outcome found only where they fail is still listed, with such an
+    // example, when no valid one exists (docs/matrix.md says so).
+    let decides_untied = |changes: &Map<String, Json>| -> Option<Facts> {
+        let mut merged = config.clone();
+        merge(&mut merged, &Json::Object(changes.clone()));
+        let e = read_cell(policy, &merged).err()?;
+        let untied = e.kind == crate::facts::InputErrorKind::Constraint
+            && policy
+                .schema
+                .constraints
+                .iter()
+                .any(|c| !c.searched && c.facts.contains(&e.path.as_str()));
+        if !untied {
+            return None;
+        }
+        let mut ef = policy.schema.read_unvalidated(&merged).ok()?;
+        ef.set_all_probes(true);
+        (outcome_of(policy, &ef) == want).then_some(ef)
+    };
+    let decides = |changes: &Map<String, Json>| strict(changes).or_else(|| decides_untied(changes));
+    // A valid example first; te's head counts moved to counts TE accepts next; else one
+    // refused only by an untied constraint.
+    let moved = || {
+        super::regions::head_count_candidates(&example)
+            .into_iter()
+            .find_map(|e| strict(e.as_object()?).map(|ef| (e, ef)))
+    };
+    let (example, ef) = match strict(example.as_object()?) {
+        Some(ef) => (example.clone(), ef),
+        None => match moved().filter(|_| policy.schema.family == "te") {
+            Some(found) => found,
+            None => (example.clone(), decides_untied(example.as_object()?)?),
+        },
+    };
     // The keys whose facts differ from the cell's.
     let mut changes = Map::new();
     for (k, v) in example.as_object()? {
         let differs = (0..facts.values().len()).any(|s| {
             let path = policy.schema.fields[s].path;
-            (path == k || path.strip_prefix(k.as_str()).is_some_and(|r| r.starts_with('.')))
+            (path == k
+                || path
+                    .strip_prefix(k.as_str())
+                    .is_some_and(|r| r.starts_with('.')))
                 && policy.schema.fields[s].origin == Origin::Input
                 && ef.values()[s] != facts.values()[s]
         });

@@ -117,10 +117,9 @@ impl<'s> Mdd<'s> {
         self.space.materialize(&assign, &mut vals);
         match self.rels[r - self.space.vars.len()].clone() {
             Rel::Ord { x, y } => {
-                let (Value::Int(a), Value::Int(b)) = (
-                    vals[self.space.vars[x].slot],
-                    vals[self.space.vars[y].slot],
-                ) else {
+                let (Value::Int(a), Value::Int(b)) =
+                    (vals[self.space.vars[x].slot], vals[self.space.vars[y].slot])
+                else {
                     return None;
                 };
                 Some(match a.cmp(&b) {
@@ -189,8 +188,8 @@ impl<'s> Mdd<'s> {
         let nv = self.space.vars.len();
         for cube in cubes {
             let mut literal_reads: Vec<usize> = Vec::new();
-            for r in nv..self.nvars() {
-                if cube[r].as_ref().is_some_and(|s| s.len() < self.ncls[r]) {
+            for (r, set) in cube.iter().enumerate().take(self.nvars()).skip(nv) {
+                if set.as_ref().is_some_and(|s| s.len() < self.ncls[r]) {
                     literal_reads.extend(self.relation_facts(r));
                 }
             }

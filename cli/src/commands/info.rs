@@ -1,0 +1,296 @@
+//! Commands that describe the tool itself: `presets`, `facts`, `explain-code`,
+//! `completions`, `man`, and the `--version` text.
+
+use clap::{Args, CommandFactory};
+use serde_json::{Value as Json, json};
+
+use attn_policy::diag::Code;
+use attn_policy::facts::presets::{self, PRESETS};
+use attn_policy::facts::schema::Origin;
+use attn_policy::facts::te::TE;
+
+#[derive(Args, Debug)]
+#[command(after_help = concat!("\
+Examples:
+  attn-policy presets
+  attn-policy presets --show gemma4-global        # every fact and probe answer it decides on
+  attn-policy explain --preset gemma4-global --sm 90
+
+", crate::exit_codes!()))]
+pub struct PresetsArgs {
+    /// Print one preset resolved: the config it sets, every fact as decided on, probe answers.
+    #[arg(long, value_name = "NAME")]
+    pub show: Option<String>,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn presets(a: PresetsArgs) -> i32 {
+    let Some(name) = a.show else {
+        if a.json {
+            let list: Vec<Json> = PRESETS
+                .iter()
+                .map(|p| json!({"name": p.name, "about": p.about, "config": (p.config)()}))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&list).expect("json"));
+        } else {
+            for p in PRESETS {
+                println!("{:<30} {}", p.name, p.about);
+            }
+        }
+        return super::EXIT_OK;
+    };
+    let Some(p) = presets::find(&name) else {
+        let hint = attn_policy::facts::did_you_mean(&name, presets::names())
+            .map(|h| format!(" (did you mean `{h}`?)"))
+            .unwrap_or_default();
+        return super::fail(format!(
+            "--show: unknown preset `{name}`{hint}; see `attn-policy presets`"
+        ));
+    };
+    let config = (p.config)();
+    let facts = match TE.read(&config) {
+        Ok(f) => f,
+        Err(e) => return super::fail(e.at(Some(format!("preset `{name}`")))),
+    };
+    let resolved: serde_json::Map<String, Json> = attn_policy::Explanation::input_of(&facts)
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_json()))
+        .collect();
+    let set_by_preset = |path: &str| {
+        let pointer = format!("/{}", path.replace('.', "/"));
+        config.pointer(&pointer).is_some()
+            || path
+                .split_once('.')
+                .is_some_and(|(top, _)| config.get(top).is_some_and(|v| !v.is_object()))
+    };
+    if a.json {
+        let probes: serde_json::Map<String, Json> = TE
+            .fields
+            .iter()
+            .filter(|d| d.origin == Origin::Probe)
+            .map(|d| (d.path.to_string(), resolved[d.path].clone()))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "name": p.name, "about": p.about, "config": config,
+                "facts": resolved, "probes": probes,
+            }))
+            .expect("json")
+        );
+        return super::EXIT_OK;
+    }
+    println!("{}: {}", p.name, p.about);
+    println!("(* = set by the preset; the rest are defaults or derived)\n");
+    let width = TE.fields.iter().map(|d| d.path.len()).max().unwrap_or(0);
+    for d in TE.fields {
+        if d.origin == Origin::Probe {
+            continue;
+        }
+        let mark = if set_by_preset(d.path) { "*" } else { " " };
+        println!(
+            "{mark} {:<width$}  {}",
+            d.path,
+            serde_json::to_string(&resolved[d.path]).expect("json")
+        );
+    }
+    println!("\nprobe answers (a live adapter's; --probe NAME=... overrides):");
+    for d in TE.fields.iter().filter(|d| d.origin == Origin::Probe) {
+        let answer = match &resolved[d.path] {
+            Json::Bool(b) => b.to_string(),
+            other => other.as_str().unwrap_or("unknown").to_string(),
+        };
+        println!("  {:<width$}  {answer}", d.path);
+    }
+    super::EXIT_OK
+}
+
+#[derive(Args, Debug)]
+pub struct FactsArgs {
+    /// Print as JSON: every fact (path, type, nullable, domain, default, origin, fixed, doc)
+    /// and the constraints across facts.
+    #[arg(long)]
+    pub json: bool,
+    /// The facts of this pack's family (`--pack torch`: PyTorch SDPA's).
+    #[command(flatten)]
+    pub pack: super::args::PackArgs,
+}
+
+pub fn facts(a: FactsArgs) -> i32 {
+    let schema = match a.pack.load(false) {
+        Ok(policy) => policy.schema,
+        Err(code) => return code,
+    };
+    if !a.json {
+        print!("{}", schema.markdown_table());
+        println!("\nConstraints across facts:\n");
+        print!("{}", schema.constraints_table());
+        return super::EXIT_OK;
+    }
+    let fields: Vec<Json> = schema
+        .fields
+        .iter()
+        .map(|d| {
+            json!({
+                "path": d.path,
+                "type": d.ty.name(),
+                "nullable": d.nullable,
+                "domain": d.bound.text(),
+                "default": format!("{:?}", d.default),
+                "origin": match d.origin {
+                    Origin::Input => "input",
+                    Origin::Derived => "derived",
+                    Origin::Probe => "probe",
+                },
+                "fixed": d.fixed,
+                "doc": d.doc,
+            })
+        })
+        .collect();
+    let constraints: Vec<Json> = schema
+        .constraints
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "facts": c.facts,
+                "enforced": match c.check {
+                    attn_policy::facts::Check::Refuse(_) => "refused",
+                    attn_policy::facts::Check::DecidedBySelector => "rules",
+                },
+                "expr": c.expr,
+                "doc": c.doc,
+            })
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(
+            &json!({"family": schema.family, "facts": fields, "constraints": constraints})
+        )
+        .expect("json")
+    );
+    super::EXIT_OK
+}
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Examples:\n  attn-policy explain-code E-TYPE\n  attn-policy explain-code w-subsumed"
+)]
+pub struct ExplainCodeArgs {
+    /// A diagnostic code as `check` and load errors print it (case does not matter).
+    pub code: String,
+}
+
+pub fn explain_code(a: ExplainCodeArgs) -> i32 {
+    use strum::IntoEnumIterator;
+    let Some(code) = Code::parse(&a.code) else {
+        let names: Vec<&str> = Code::iter().map(Code::name).collect();
+        let hint = attn_policy::facts::did_you_mean(&a.code.to_ascii_uppercase(), names.clone())
+            .map(|h| format!(" (did you mean `{h}`?)"))
+            .unwrap_or_default();
+        return super::fail(format!(
+            "unknown diagnostic code `{}`{hint}; codes: {}",
+            a.code,
+            names.join(", ")
+        ));
+    };
+    println!(
+        "{} ({}, reported by {}): {}\n",
+        code.name(),
+        code.severity().word(),
+        code.reported_by(),
+        code.summary()
+    );
+    println!("{}", textwrap(code.long(), 96));
+    super::EXIT_OK
+}
+
+/// Wraps a paragraph at `width` columns (the long texts are single lines).
+fn textwrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = 0;
+    for word in text.split_whitespace() {
+        if line > 0 && line + 1 + word.len() > width {
+            out.push('\n');
+            line = 0;
+        } else if line > 0 {
+            out.push(' ');
+            line += 1;
+        }
+        out.push_str(word);
+        line += word.len();
+    }
+    out
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Examples:
+  attn-policy completions bash > /etc/bash_completion.d/attn-policy
+  attn-policy completions zsh > \"${fpath[1]}/_attn-policy\"
+  attn-policy completions fish > ~/.config/fish/completions/attn-policy.fish")]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+pub fn completions(a: CompletionsArgs) -> i32 {
+    let mut cmd = super::Cli::command();
+    clap_complete::generate(a.shell, &mut cmd, "attn-policy", &mut std::io::stdout());
+    super::EXIT_OK
+}
+
+pub fn man() -> i32 {
+    let cmd = super::Cli::command();
+    let mut out = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(cmd).render(&mut out) {
+        return super::fail(format!("cannot render the man page: {e}"));
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().write_all(&out);
+    super::EXIT_OK
+}
+
+/// `--version` (see [`long_version`]).
+pub static LONG_VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(long_version);
+
+/// `--version`: the crate version, the embedded packs (with the TransformerEngine version a
+/// pack mirrors), and the features this build was compiled with.
+fn long_version() -> String {
+    let mut out = format!("{}\n", env!("CARGO_PKG_VERSION"));
+    out.push_str("embedded packs:\n");
+    for name in attn_policy::pack::embedded::pack_names() {
+        let text = attn_policy::pack::embedded::file(name, "pack.yaml").unwrap_or_default();
+        let te = text
+            .split("TransformerEngine ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()));
+        match te {
+            Some(v) => out.push_str(&format!("  {name:<8} TransformerEngine {v}\n")),
+            None => out.push_str(&format!("  {name:<8} (this project's executors)\n")),
+        }
+    }
+    let features: Vec<&str> = [
+        ("cuda", cfg!(feature = "cuda")),
+        ("cudnn", cfg!(feature = "cudnn")),
+        ("frost", cfg!(feature = "frost")),
+    ]
+    .into_iter()
+    .filter(|(_, on)| *on)
+    .map(|(f, _)| f)
+    .collect();
+    out.push_str(&format!(
+        "features: {}",
+        if features.is_empty() {
+            "none (CPU reference executor only)".to_string()
+        } else {
+            features.join(", ")
+        }
+    ));
+    out
+}
