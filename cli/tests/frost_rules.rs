@@ -7,7 +7,7 @@
 //! 4.7.1), with the probes answered as the PR measured there: FROST returns its plan, the C++
 //! fused path has no d512 graph.
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 use serde_json::Value as Json;
 
@@ -20,14 +20,18 @@ const BASE: &[&str] = &[
     "fused_attn_graph=false",
 ];
 
-fn explain(extra: &[&str], format: &str) -> Json {
-    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+/// `explain BASE EXTRA`, whatever it exits with.
+fn explain_output(extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attn-policy"))
         .arg("explain")
         .args(BASE)
         .args(extra)
-        .args(["--format", format])
         .output()
-        .expect("binary runs");
+        .expect("binary runs")
+}
+
+fn explain(extra: &[&str], format: &str) -> Json {
+    let out = explain_output(&[extra, &["--format", format]].concat());
     assert_ne!(
         out.status.code(),
         Some(2),
@@ -371,12 +375,7 @@ fn fr25_noncausal_window_cross() {
 fn fr26_window_validation() {
     // A bound below -1 is no window: since issue 15 such an input is refused when read (exit
     // 2, at the flag) before FR.26 could see it; FR.26 stays as TE's own check.
-    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
-        .arg("explain")
-        .args(BASE)
-        .arg("--window=-2,0")
-        .output()
-        .expect("binary runs");
+    let out = explain_output(&["--window=-2,0"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--window") && err.contains(">= -1"), "{err}");
@@ -399,12 +398,7 @@ fn fr27_cudnn_frontend_floor() {
         vec!["FR.27".to_string()]
     );
     // A version that does not parse is an input error (exit 2), never a fact a rule sees.
-    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
-        .arg("explain")
-        .args(BASE)
-        .args(["--set", r#"cudnn_frontend_version="1.29.x-custom""#])
-        .output()
-        .expect("binary runs");
+    let out = explain_output(&["--set", r#"cudnn_frontend_version="1.29.x-custom""#]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a version"));
 }
