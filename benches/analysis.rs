@@ -4,6 +4,9 @@
 //! without FROST's FR.22 and against the small `mini` fixture, over the whole space. Prints one
 //! table; run with `cargo bench --bench analysis`.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::time::Instant;
 
 use attn_policy::Policy;
@@ -12,18 +15,7 @@ use attn_policy::analysis::regions::{
     DEFAULT_BUDGET, DEFAULT_MAX_REGIONS, Restriction, diff, gaps,
 };
 
-const SLICE: &str = "256 < head_dim_qk <= 512 and head_dim_v == head_dim_qk and context_parallel \
-    and qkv_dtype == \"bf16\" and not fp8 and core_attention_bias_type == \"no_bias\" \
-    and attention_dropout == 0.0 and softmax_type == \"vanilla\" and num_splits == 1 \
-    and not has_score_mod and not has_score_mod_bprop and inference == null \
-    and alibi_slopes_shape == null and qkv_layout == \"bshd_bshd_bshd\" \
-    and attn_mask_type == \"causal\" and not return_max_logit and not deterministic \
-    and not cuda_graph and not checkpoint_core_attention and not fp8_output and softcap == 0.0 \
-    and window_size == null and is_training and max_seqlen_q == 8192 and max_seqlen_kv == 8192 \
-    and num_heads == 16 and num_gqa_groups == 16 and cp_size == 2 and cp_size_a2a == 2 \
-    and batch_size == 2 and flash_attn_versions.v2 == 2.7.4 and flash_attn_versions.v3 == null \
-    and flash_attn_versions.v4 == null and cudnn_version == 9.19.0 \
-    and cudnn_frontend_version == 1.29.0 and cutlass_dsl_version == 4.7.1";
+use common::TE_SLICE;
 
 fn main() {
     let p = Policy::embedded("te").expect("te pack");
@@ -44,12 +36,12 @@ fn main() {
     let cases = [
         (
             "gaps sm90 CP slice",
-            format!("sm == 90 and {SLICE}"),
+            format!("sm == 90 and {TE_SLICE}"),
             u64::MAX,
         ),
         (
             "gaps sm100/103 CP slice",
-            format!("sm in [100, 103] and {SLICE}"),
+            format!("sm in [100, 103] and {TE_SLICE}"),
             budget,
         ),
         ("gaps full pack", "true".to_string(), budget),
@@ -73,21 +65,7 @@ fn main() {
         );
     }
     // diff: te against te without FR.22 (every region listed), and against `mini` (50 listed).
-    let dir = std::env::temp_dir().join(format!("attn-policy-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    for e in std::fs::read_dir("rules/te").expect("rules/te") {
-        let e = e.expect("entry");
-        std::fs::copy(e.path(), dir.join(e.file_name())).expect("copy");
-    }
-    let f = dir.join("frost_attention.yaml");
-    let text = std::fs::read_to_string(&f).expect("frost rules");
-    let (a, b) = (
-        text.find("  - id: FR.22\n").expect("FR.22"),
-        text.find("  - id: FR.23\n").expect("FR.23"),
-    );
-    std::fs::write(&f, format!("{}{}", &text[..a], &text[b..])).expect("write");
-    let nowin = Policy::from_dir(&dir).expect("te without FR.22");
+    let (dir, nowin) = common::te_without_fr22("bench");
     let mini = Policy::from_dir("tests/fixtures/analysis/mini").expect("mini");
     for (name, other, listed) in [
         ("diff te vs te without FR.22", &nowin, usize::MAX),

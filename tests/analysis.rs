@@ -1,6 +1,8 @@
 //! Analysis (issue 4): gaps, diff, check, why-not on fixture packs, with brute-force soundness
 //! checks on a reduced domain, plus facts about the te pack's known regions.
 
+mod common;
+
 use std::collections::BTreeSet;
 
 use attn_policy::Policy;
@@ -10,6 +12,8 @@ use attn_policy::analysis::why_not::why_not;
 use attn_policy::decision::Status;
 use attn_policy::facts::Facts;
 use serde_json::{Value as Json, json};
+
+use common::TE_SLICE;
 
 fn fixture(name: &str) -> Policy {
     Policy::from_dir(format!("tests/fixtures/analysis/{name}")).expect("fixture loads")
@@ -366,22 +370,6 @@ fn why_not_proposes_verified_minimal_changes() {
     assert!(why_not(&p, "Nope", &cfg).is_err());
 }
 
-/// A slice of the te pack around the issue's example: context parallelism, head_dim in
-/// (256, 512], one representative training setup (bf16, bshd, causal, no bias/dropout/window,
-/// pinned library versions). The full pack is too large to enumerate in CI (docs/analysis.md).
-const TE_SLICE: &str = "256 < head_dim_qk <= 512 and head_dim_v == head_dim_qk and context_parallel \
-    and qkv_dtype == \"bf16\" and not fp8 and core_attention_bias_type == \"no_bias\" \
-    and attention_dropout == 0.0 and softmax_type == \"vanilla\" and num_splits == 1 \
-    and not has_score_mod and not has_score_mod_bprop and inference == null \
-    and alibi_slopes_shape == null and qkv_layout == \"bshd_bshd_bshd\" \
-    and attn_mask_type == \"causal\" and not return_max_logit and not deterministic \
-    and not cuda_graph and not checkpoint_core_attention and not fp8_output and softcap == 0.0 \
-    and window_size == null and is_training and max_seqlen_q == 8192 and max_seqlen_kv == 8192 \
-    and num_heads == 16 and num_gqa_groups == 16 and cp_size == 2 and cp_size_a2a == 2 \
-    and batch_size == 2 and flash_attn_versions.v2 == 2.7.4 and flash_attn_versions.v3 == null \
-    and flash_attn_versions.v4 == null and cudnn_version == 9.19.0 \
-    and cudnn_frontend_version == 1.29.0 and cutlass_dsl_version == 4.7.1";
-
 #[test]
 fn te_sm90_cp_head_dim_256_512_has_no_backend_and_frost_closes_it_on_blackwell() {
     let p = Policy::embedded("te").unwrap();
@@ -466,22 +454,7 @@ fn te_slice_any_cp() -> String {
 #[test]
 fn te_diff_deleting_frost_window_p2p_rule_shows_exactly_the_windowed_p2p_regions() {
     let old = Policy::embedded("te").unwrap();
-    let dir = std::env::temp_dir().join(format!("attn-policy-te-nowin-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir("rules/te").unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
-    let f = dir.join("frost_attention.yaml");
-    let text = std::fs::read_to_string(&f).unwrap();
-    let (a, b) = (
-        text.find("  - id: FR.22\n").unwrap(),
-        text.find("  - id: FR.23\n").unwrap(),
-    );
-    assert!(text[a..b].contains("cp and has_win and cp_comm_type in [\"p2p\", \"a2a+p2p\"]"));
-    std::fs::write(&f, format!("{}{}", &text[..a], &text[b..])).unwrap();
-    let new = Policy::from_dir(&dir).unwrap();
+    let (dir, new) = common::te_without_fr22("te-nowin");
     let slice = te_slice_any_cp();
     assert!(!slice.contains("context_parallel") && !slice.contains("window_size"));
     let w = Restriction::parse(&slice).unwrap();

@@ -4,6 +4,8 @@
 //! Markdown and JSON renderings as reviewed snapshots, the HTML and SVG parsed and checked for
 //! external references, and `diff --format matrix` on a known rule deletion.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use attn_policy::Policy;
@@ -484,21 +486,7 @@ fn svg_is_well_formed_and_self_contained() {
 #[test]
 fn diff_matrix_shows_the_frost_window_rule_deletion() {
     let old = Policy::embedded("te").unwrap();
-    let dir = std::env::temp_dir().join(format!("attn-policy-matrix-nowin-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir("rules/te").unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
-    let f = dir.join("frost_attention.yaml");
-    let text = std::fs::read_to_string(&f).unwrap();
-    let (a, b) = (
-        text.find("  - id: FR.22\n").unwrap(),
-        text.find("  - id: FR.23\n").unwrap(),
-    );
-    std::fs::write(&f, format!("{}{}", &text[..a], &text[b..])).unwrap();
-    let new = Policy::from_dir(&dir).unwrap();
+    let (dir, new) = common::te_without_fr22("matrix-nowin");
     let q = query(
         "cp_comm_type",
         "head_dim=128,256,264,512",

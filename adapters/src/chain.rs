@@ -404,20 +404,25 @@ mod tests {
         a.iter().map(|a| (a.executor.as_str(), a.outcome)).collect()
     }
 
+    /// [`walk`] for backend `B` with the default options, as most tests here need.
+    fn walk_b<T>(
+        r: &Registry,
+        chain: &[&str],
+        problem: Result<&AttentionProblem, &NotExpressible>,
+        run: impl FnMut(&dyn Executor, &AttentionProblem) -> Result<T, ExecError>,
+    ) -> Result<Walked<T>, ChainError> {
+        walk(r, "B", chain, problem, &ChainOptions::default(), run)
+    }
+
     use ExecutorOutcome::{Failed, NotTried, Ran, Refused, Unavailable};
 
     #[test]
     fn the_first_entry_that_can_run_runs_and_the_rest_are_not_tried() {
         let r = registry(true);
         let p = problem(64, 32);
-        let w = walk(
-            &r,
-            "B",
-            &["fake_gpu", "reference"],
-            Ok(&p),
-            &ChainOptions::default(),
-            |ex, p| run_on(ex, p, 7, &opts()),
-        )
+        let w = walk_b(&r, &["fake_gpu", "reference"], Ok(&p), |ex, p| {
+            run_on(ex, p, 7, &opts())
+        })
         .expect("fake_gpu runs");
         assert_eq!(
             outcomes(&w.attempts),
@@ -434,12 +439,10 @@ mod tests {
         // Unavailable: the probe's reason.
         let r = registry(false);
         let p = problem(64, 32);
-        let w = walk(
+        let w = walk_b(
             &r,
-            "B",
             &["torch_flash", "fake_gpu", "reference"],
             Ok(&p),
-            &ChainOptions::default(),
             |ex, p| run_on(ex, p, 1, &opts()),
         )
         .expect("reference runs");
@@ -468,14 +471,9 @@ mod tests {
             (problem(256, 32), "head_dim_qk 256 outside"),
             (problem(64, 96), "seqlen_q above 64"),
         ] {
-            let w = walk(
-                &r,
-                "B",
-                &["fake_gpu", "reference"],
-                Ok(&p),
-                &ChainOptions::default(),
-                |ex, p| run_on(ex, p, 1, &opts()),
-            )
+            let w = walk_b(&r, &["fake_gpu", "reference"], Ok(&p), |ex, p| {
+                run_on(ex, p, 1, &opts())
+            })
             .expect("reference runs");
             assert_eq!(
                 outcomes(&w.attempts),
@@ -491,33 +489,24 @@ mod tests {
     fn a_refusal_found_while_running_moves_on_and_a_failure_stops() {
         let r = registry(true);
         let p = problem(64, 32);
-        let w = walk(
-            &r,
-            "B",
-            &["fake_gpu", "reference"],
-            Ok(&p),
-            &ChainOptions::default(),
-            |ex, p| {
-                if ex.name() == "fake_gpu" {
-                    Err(ExecError::Unsupported {
-                        reason: "no plan for this graph".into(),
-                    })
-                } else {
-                    run_on(ex, p, 1, &opts())
-                }
-            },
-        )
+        let w = walk_b(&r, &["fake_gpu", "reference"], Ok(&p), |ex, p| {
+            if ex.name() == "fake_gpu" {
+                Err(ExecError::Unsupported {
+                    reason: "no plan for this graph".into(),
+                })
+            } else {
+                run_on(ex, p, 1, &opts())
+            }
+        })
         .expect("reference runs");
         assert_eq!(
             outcomes(&w.attempts),
             [("fake_gpu", Refused), ("reference", Ran)]
         );
-        let err = walk(
+        let err = walk_b(
             &r,
-            "B",
             &["fake_gpu", "reference"],
             Ok(&p),
-            &ChainOptions::default(),
             |_, _| -> Result<(), ExecError> {
                 Err(ExecError::Backend {
                     library: "cuda",
@@ -574,12 +563,10 @@ mod tests {
             value: "0.1".into(),
             why: "executors apply no dropout".into(),
         };
-        let err = walk(
+        let err = walk_b(
             &r,
-            "B",
             &["fake_gpu", "torch_flash", "reference"],
             Err(&why),
-            &ChainOptions::default(),
             |_, _| Ok(()),
         )
         .expect_err("nothing runs");
@@ -610,20 +597,9 @@ mod tests {
         let r = registry(true);
         let p = problem(64, 32);
         let empty: [&str; 0] = [];
-        let err = walk(&r, "B", &empty, Ok(&p), &ChainOptions::default(), |_, _| {
-            Ok(())
-        })
-        .expect_err("nothing to walk");
+        let err = walk_b(&r, &empty, Ok(&p), |_, _| Ok(())).expect_err("nothing to walk");
         assert!(matches!(err, ChainError::Empty { .. }), "{err}");
-        let w = walk(
-            &r,
-            "B",
-            &["nope", "reference"],
-            Ok(&p),
-            &ChainOptions::default(),
-            |_, _| Ok(()),
-        )
-        .expect("reference runs");
+        let w = walk_b(&r, &["nope", "reference"], Ok(&p), |_, _| Ok(())).expect("reference runs");
         assert_eq!(
             outcomes(&w.attempts),
             [("nope", Unavailable), ("reference", Ran)]

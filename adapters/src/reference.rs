@@ -279,6 +279,21 @@ fn backward_impl(
         }
         (dqs, dk, dvv)
     });
+    scatter_group_grads(p, &jobs, results)
+}
+
+/// One (batch, KV group) job's gradients: dQ of each query head in the group, then dK and dV.
+type GroupGrads = (Vec<Vec<f64>>, Vec<f64>, Vec<f64>);
+
+/// Writes every job's gradients into full-size dQ, dK, dV in the problem's strides (shared by
+/// both backward passes: they differ in the math, not in where the results go).
+fn scatter_group_grads(
+    p: &AttentionProblem,
+    jobs: &[(usize, usize)],
+    results: Vec<GroupGrads>,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (sq, skv, dqk, dv) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let ratio = p.group_size();
     let mut dq = vec![0.0; p.q_span()];
     let mut dk = vec![0.0; p.k_span()];
     let mut dvo = vec![0.0; p.v_span()];
@@ -424,17 +439,7 @@ pub fn backward_f64_from_stats(
         }
         (dqs, dk, dvv)
     });
-    let mut dq = vec![0.0; p.q_span()];
-    let mut dk = vec![0.0; p.k_span()];
-    let mut dvo = vec![0.0; p.v_span()];
-    for (&(bi, g), (dqs, dkh, dvh)) in jobs.iter().zip(results) {
-        for (r, dqh) in dqs.iter().enumerate() {
-            scatter(&mut dq, dqh, &p.layout.q, bi, g * ratio + r, sq, dqk);
-        }
-        scatter(&mut dk, &dkh, &p.layout.k, bi, g, p.seqlen_kv, dqk);
-        scatter(&mut dvo, &dvh, &p.layout.v, bi, g, p.seqlen_kv, dv);
-    }
-    (dq, dk, dvo)
+    scatter_group_grads(p, &jobs, results)
 }
 
 /// Textbook attention with every stored intermediate (scores, probabilities, dP, dS, outputs)

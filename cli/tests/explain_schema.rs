@@ -4,8 +4,9 @@
 //! Also: the schema rejects broken documents, and the model's TE tuple agrees with the
 //! conformance comparison's view of the same decision.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 use attn_policy::conformance::{record_facts, te_view};
 use attn_policy::corpus::read_corpus;
@@ -13,6 +14,8 @@ use attn_policy::explain::FactValue;
 use attn_policy::facts::presets::PRESETS;
 use attn_policy::{Explanation, Facts, PackSource, Policy, load_pack};
 use serde_json::{Value as Json, json};
+
+use common::words;
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
@@ -70,17 +73,9 @@ fn te_policies() -> Vec<(&'static str, Policy)> {
     ]
 }
 
+/// The JSON document the binary prints for `args` (whatever its exit code).
 fn bin(args: &[&str]) -> Json {
-    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
-        .args(args)
-        .output()
-        .expect("binary runs");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{args:?}: not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    common::json_of(args, &common::run(args))
 }
 
 #[test]
@@ -115,40 +110,18 @@ fn real_explanations_match_the_schema() {
             Explanation::new(&native, &facts, &d).to_json(),
         ));
     }
-    let explain = bin(&[
-        "explain",
-        "--preset",
-        "gemma4-global",
-        "--sm",
-        "90",
-        "--probe",
-        "fused_attn_graph=true",
-        "--json",
-    ]);
+    let explain = bin(&words(
+        "explain --preset gemma4-global --sm 90 --probe fused_attn_graph=true --json",
+    ));
     assert_eq!(explain["provenance"]["head_dim_qk"], "preset");
     assert_eq!(explain["provenance"]["device_compute_capability"], "flag");
     assert_eq!(explain["provenance"]["probe.fused_attn_graph"], "flag");
     assert_eq!(explain["input"]["sm"], 90);
     docs.push(("cli explain --json".into(), explain));
-    let run = bin(&[
-        "run",
-        "--pack",
-        "native",
-        "--head-dim",
-        "64",
-        "--seqlen",
-        "64",
-        "--heads",
-        "2",
-        "--kv-heads",
-        "1",
-        "--forward-only",
-        "--verify",
-        "never",
-        "--probe",
-        "cuda_device=false",
-        "--json",
-    ]);
+    let run = bin(&words(
+        "run --pack native --head-dim 64 --seqlen 64 --heads 2 --kv-heads 1 --forward-only \
+         --verify never --probe cuda_device=false --json",
+    ));
     let run_doc = run["decision"].clone();
     assert_eq!(run_doc["executor"], run["run"]["executor"]);
     assert_eq!(

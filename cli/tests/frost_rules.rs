@@ -7,7 +7,7 @@
 //! 4.7.1), with the probes answered as the PR measured there: FROST returns its plan, the C++
 //! fused path has no d512 graph.
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 use serde_json::Value as Json;
 
@@ -20,14 +20,18 @@ const BASE: &[&str] = &[
     "fused_attn_graph=false",
 ];
 
-fn explain(extra: &[&str], format: &str) -> Json {
-    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+/// `explain BASE EXTRA`, whatever it exits with.
+fn explain_output(extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_attn-policy"))
         .arg("explain")
         .args(BASE)
         .args(extra)
-        .args(["--format", format])
         .output()
-        .expect("binary runs");
+        .expect("binary runs")
+}
+
+fn explain(extra: &[&str], format: &str) -> Json {
+    let out = explain_output(&[extra, &["--format", format]].concat());
     assert_ne!(
         out.status.code(),
         Some(2),
@@ -79,6 +83,11 @@ fn check(rule: &str, trigger: &[&str], neighbour: &[&str]) {
     );
 }
 
+/// [`check`] for a rule about one fact given with `--set` (`fact=value` on both sides).
+fn check_set(rule: &str, trigger: &str, neighbour: &str) {
+    check(rule, &["--set", trigger], &["--set", neighbour]);
+}
+
 #[test]
 fn base_selects_frost() {
     assert!(frost_selected(&[]));
@@ -118,11 +127,7 @@ fn fr03_dtype() {
 
 #[test]
 fn fr04_quantized_qkv_type() {
-    check(
-        "FR.4",
-        &["--set", r#"qkv_type="Float8Tensor""#],
-        &["--set", r#"qkv_type="Tensor""#],
-    );
+    check_set("FR.4", r#"qkv_type="Float8Tensor""#, r#"qkv_type="Tensor""#);
 }
 
 #[test]
@@ -186,47 +191,35 @@ fn fr10_masks() {
 
 #[test]
 fn fr11_bias() {
-    check(
+    check_set(
         "FR.11",
-        &["--set", r#"core_attention_bias_type="alibi""#],
-        &["--set", r#"core_attention_bias_type="no_bias""#],
+        r#"core_attention_bias_type="alibi""#,
+        r#"core_attention_bias_type="no_bias""#,
     );
 }
 
 #[test]
 fn fr12_dropout() {
-    check(
-        "FR.12",
-        &["--set", "attention_dropout=0.1"],
-        &["--set", "attention_dropout=0.0"],
-    );
+    check_set("FR.12", "attention_dropout=0.1", "attention_dropout=0.0");
 }
 
 #[test]
 fn fr13_softcap() {
-    check(
-        "FR.13",
-        &["--set", "softcap=30.0"],
-        &["--set", "softcap=0.0"],
-    );
+    check_set("FR.13", "softcap=30.0", "softcap=0.0");
 }
 
 #[test]
 fn fr14_softmax() {
-    check(
+    check_set(
         "FR.14",
-        &["--set", r#"softmax_type="off-by-one""#],
-        &["--set", r#"softmax_type="vanilla""#],
+        r#"softmax_type="off-by-one""#,
+        r#"softmax_type="vanilla""#,
     );
 }
 
 #[test]
 fn fr15_max_logit() {
-    check(
-        "FR.15",
-        &["--set", "return_max_logit=true"],
-        &["--set", "return_max_logit=false"],
-    );
+    check_set("FR.15", "return_max_logit=true", "return_max_logit=false");
 }
 
 #[test]
@@ -244,11 +237,7 @@ fn fr16_kv_cache() {
 
 #[test]
 fn fr17_score_mod() {
-    check(
-        "FR.17",
-        &["--set", "has_score_mod=true"],
-        &["--set", "has_score_mod=false"],
-    );
+    check_set("FR.17", "has_score_mod=true", "has_score_mod=false");
     // score_mod_bprop without score_mod must still end with no FROST (and no backend at all).
     assert_eq!(
         frost_declines(&["--set", "has_score_mod_bprop=true"]),
@@ -259,29 +248,21 @@ fn fr17_score_mod() {
 
 #[test]
 fn fr18_num_splits() {
-    check(
-        "FR.18",
-        &["--set", "num_splits=2"],
-        &["--set", "num_splits=1"],
-    );
+    check_set("FR.18", "num_splits=2", "num_splits=1");
 }
 
 #[test]
 fn fr19_checkpoint_core_attention() {
-    check(
+    check_set(
         "FR.19",
-        &["--set", "checkpoint_core_attention=true"],
-        &["--set", "checkpoint_core_attention=false"],
+        "checkpoint_core_attention=true",
+        "checkpoint_core_attention=false",
     );
 }
 
 #[test]
 fn fr20_cuda_graph() {
-    check(
-        "FR.20",
-        &["--set", "cuda_graph=true"],
-        &["--set", "cuda_graph=false"],
-    );
+    check_set("FR.20", "cuda_graph=true", "cuda_graph=false");
 }
 
 #[test]
@@ -394,12 +375,7 @@ fn fr25_noncausal_window_cross() {
 fn fr26_window_validation() {
     // A bound below -1 is no window: since issue 15 such an input is refused when read (exit
     // 2, at the flag) before FR.26 could see it; FR.26 stays as TE's own check.
-    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
-        .arg("explain")
-        .args(BASE)
-        .arg("--window=-2,0")
-        .output()
-        .expect("binary runs");
+    let out = explain_output(&["--window=-2,0"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--window") && err.contains(">= -1"), "{err}");
@@ -409,10 +385,10 @@ fn fr26_window_validation() {
 
 #[test]
 fn fr27_cudnn_frontend_floor() {
-    check(
+    check_set(
         "FR.27",
-        &["--set", r#"cudnn_frontend_version="1.28.0""#],
-        &["--set", r#"cudnn_frontend_version="1.29.0""#],
+        r#"cudnn_frontend_version="1.28.0""#,
+        r#"cudnn_frontend_version="1.29.0""#,
     );
     // Pre-releases count below the floor; a missing package declines.
     let rc = ["--set", r#"cudnn_frontend_version="1.29.0rc1""#];
@@ -422,22 +398,17 @@ fn fr27_cudnn_frontend_floor() {
         vec!["FR.27".to_string()]
     );
     // A version that does not parse is an input error (exit 2), never a fact a rule sees.
-    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
-        .arg("explain")
-        .args(BASE)
-        .args(["--set", r#"cudnn_frontend_version="1.29.x-custom""#])
-        .output()
-        .expect("binary runs");
+    let out = explain_output(&["--set", r#"cudnn_frontend_version="1.29.x-custom""#]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a version"));
 }
 
 #[test]
 fn fr28_cutlass_dsl_floor() {
-    check(
+    check_set(
         "FR.28",
-        &["--set", r#"cutlass_dsl_version="4.6.2""#],
-        &["--set", r#"cutlass_dsl_version="4.7.0""#],
+        r#"cutlass_dsl_version="4.6.2""#,
+        r#"cutlass_dsl_version="4.7.0""#,
     );
     assert_eq!(
         frost_declines(&["--set", r#"cutlass_dsl_version="4.7.0rc1""#]),

@@ -6,36 +6,14 @@
 //! executor can be available); `run_gpu.rs` holds the GPU cases.
 #![cfg(not(feature = "cuda"))]
 
-use std::process::{Command, Output};
+mod common;
 
+use common::{run, text, words};
 use serde_json::Value as Json;
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attn-policy"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// `run ARGS --json`: the exit code and the document.
 fn run_json(args: &[&str]) -> (i32, Json) {
-    let o = run(&[args, &["--json"]].concat());
-    let doc: Json = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "`run {}` printed no JSON ({e}): {}",
-            args.join(" "),
-            text(&o)
-        )
-    });
-    (o.status.code().unwrap_or(-1), doc)
+    common::run_json(&[args, &["--json"]].concat())
 }
 
 fn outcomes(doc: &Json) -> Vec<(String, String)> {
@@ -63,19 +41,9 @@ const SMALL: [&str; 4] = ["--seqlen", "64", "--batch", "1"];
 
 #[test]
 fn te_runs_a_small_problem_on_the_reference_as_a_reported_substitute() {
-    let (code, doc) = run_json(&[
-        "run",
-        "--pack",
-        "te",
-        "--head-dim",
-        "64",
-        "--seqlen",
-        "64",
-        "--heads",
-        "2",
-        "--kv-heads",
-        "1",
-    ]);
+    let (code, doc) = run_json(&words(
+        "run --pack te --head-dim 64 --seqlen 64 --heads 2 --kv-heads 1",
+    ));
     assert_eq!(code, 0, "{doc:#}");
     // The JSON contract: what existed (decision, run) and what the chain adds.
     assert_eq!(doc["backend"], "UnfusedDotProductAttention");
@@ -255,16 +223,9 @@ fn gemma4_presets_run_or_say_why_not() {
 
 #[test]
 fn no_substitute_exits_4_and_runs_nothing() {
-    let (code, doc) = run_json(&[
-        "run",
-        "--pack",
-        "te",
-        "--head-dim",
-        "64",
-        "--seqlen",
-        "64",
-        "--no-substitute",
-    ]);
+    let (code, doc) = run_json(&words(
+        "run --pack te --head-dim 64 --seqlen 64 --no-substitute",
+    ));
     assert_eq!(code, 4, "{doc:#}");
     assert_eq!(
         outcomes(&doc),
@@ -274,19 +235,9 @@ fn no_substitute_exits_4_and_runs_nothing() {
     let err = doc["error"].as_str().unwrap_or_default();
     assert!(err.contains("--no-substitute"), "{err}");
     // The backend's own executor may run: native's `reference` backend on the reference.
-    let o = run(&[
-        "run",
-        "--head-dim",
-        "64",
-        "--seqlen",
-        "64",
-        "--heads",
-        "2",
-        "--kv-heads",
-        "1",
-        "--forward-only",
-        "--no-substitute",
-    ]);
+    let o = run(&words(
+        "run --head-dim 64 --seqlen 64 --heads 2 --kv-heads 1 --forward-only --no-substitute",
+    ));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
         text(&o).contains("executor:  selected reference; ran on reference\n"),

@@ -11,38 +11,16 @@
 //! docs/executors.md "Proof on the H200" for the recipe.
 #![cfg(feature = "cuda")]
 
-use std::process::{Command, Output};
+mod common;
 
+use common::{bin, run, text, words};
 use serde_json::Value as Json;
 
-fn bin() -> String {
-    std::env::var("ATTN_POLICY_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_attn-policy").into())
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(bin())
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
+/// `run ARGS --json`, logged for the GPU machine's record: the exit code and the document.
 fn run_json(args: &[&str]) -> (i32, Json) {
-    let o = run(&[args, &["--json"]].concat());
-    let doc: Json = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "`run {}` printed no JSON ({e}): {}",
-            args.join(" "),
-            text(&o)
-        )
-    });
+    let full = [args, &["--json"]].concat();
+    let o = run(&full);
+    let doc = common::json_of(&full, &o);
     println!(
         "run {}: exit {:?}, backend {}, executor {}, chain {}",
         args.join(" "),
@@ -57,22 +35,10 @@ fn run_json(args: &[&str]) -> (i32, Json) {
 /// The live device as `run` sees it, or `None` (printed: SKIPPED) without one; `Some(false)`
 /// when it is not an sm_90 device (the expectations below are the H200's).
 fn h200() -> Option<bool> {
-    let (_, doc) = run_json(&[
-        "run",
-        "--pack",
-        "native",
-        "--head-dim",
-        "64",
-        "--seqlen",
-        "16",
-        "--heads",
-        "1",
-        "--kv-heads",
-        "1",
-        "--forward-only",
-        "--verify",
-        "never",
-    ]);
+    let (_, doc) = run_json(&words(
+        "run --pack native --head-dim 64 --seqlen 16 --heads 1 --kv-heads 1 --forward-only \
+         --verify never",
+    ));
     let d = &doc["device"];
     if d["available"] != true {
         println!("SKIPPED: no CUDA device for `run`: {}", d["reason"]);
@@ -163,15 +129,9 @@ fn gemma4_sliding_live_runs_on_cudnn_at_real_size() {
         doc["run"]["forward_ms"], doc["run"]["backward_ms"]
     );
     // The backend's own executor ran, so --no-substitute changes nothing.
-    let (code, doc) = run_json(&[
-        "run",
-        "--pack",
-        "te",
-        "--preset",
-        "gemma4-sliding",
-        "--no-substitute",
-        "--forward-only",
-    ]);
+    let (code, doc) = run_json(&words(
+        "run --pack te --preset gemma4-sliding --no-substitute --forward-only",
+    ));
     assert_eq!((code, &doc["executor"]), (0, &Json::from("cudnn")));
 }
 
@@ -197,18 +157,9 @@ fn small_live_cases_run_on_the_real_executors_and_verify() {
         println!("{preset} s{seqlen} on {executor}: {}", v["checks"]);
     }
     // The human output names the device and what the config said.
-    let o = run(&[
-        "run",
-        "--pack",
-        "te",
-        "--preset",
-        "gemma4-global",
-        "--seqlen",
-        "128",
-        "--batch",
-        "1",
-        "--forward-only",
-    ]);
+    let o = run(&words(
+        "run --pack te --preset gemma4-global --seqlen 128 --batch 1 --forward-only",
+    ));
     let out = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(
@@ -230,18 +181,9 @@ fn as_configured_runs_what_the_chain_can_run_here() {
     if h200() != Some(true) {
         return;
     }
-    let (code, doc) = run_json(&[
-        "run",
-        "--pack",
-        "te",
-        "--preset",
-        "gemma4-global",
-        "--as-configured",
-        "--seqlen",
-        "128",
-        "--batch",
-        "1",
-    ]);
+    let (code, doc) = run_json(&words(
+        "run --pack te --preset gemma4-global --as-configured --seqlen 128 --batch 1",
+    ));
     assert_eq!(code, 0, "{doc:#}");
     assert_eq!(doc["device"]["used"], false);
     assert_eq!(doc["decision"]["input"]["sm"], 100);
@@ -273,14 +215,9 @@ fn as_configured_sliding_substitutes_chunked_for_a_cudnn_of_another_version() {
     if h200() != Some(true) {
         return;
     }
-    let (code, doc) = run_json(&[
-        "run",
-        "--pack",
-        "te",
-        "--preset",
-        "gemma4-sliding",
-        "--as-configured",
-    ]);
+    let (code, doc) = run_json(&words(
+        "run --pack te --preset gemma4-sliding --as-configured",
+    ));
     assert_eq!(code, 0, "{doc:#}");
     assert_eq!(doc["backend"], "FlashAttention");
     assert_eq!(outcome(&doc, 0), ("torch_flash", "unavailable"));

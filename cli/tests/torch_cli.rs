@@ -1,15 +1,11 @@
 //! `attn-policy` with the `torch` pack: explain, facts, flags of the other family refused.
 
-use std::process::{Command, Output};
+mod common;
 
+use std::process::Output;
+
+use common::{run, words};
 use serde_json::Value as Json;
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_attn-policy"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
 
 fn json(o: &Output) -> Json {
     serde_json::from_slice(&o.stdout).expect("JSON on stdout")
@@ -35,21 +31,9 @@ fn declined_by(ex: &Json, name: &str) -> Vec<String> {
 
 #[test]
 fn hopper_head_dim_512_with_gqa_is_served_by_math_only() {
-    let o = run(&[
-        "explain",
-        "--pack",
-        "torch",
-        "--head-dim",
-        "512",
-        "--heads",
-        "32",
-        "--kv-heads",
-        "8",
-        "--enable-gqa",
-        "--sm",
-        "90",
-        "--json",
-    ]);
+    let o = run(&words(
+        "explain --pack torch --head-dim 512 --heads 32 --kv-heads 8 --enable-gqa --sm 90 --json",
+    ));
     assert_eq!(o.status.code(), Some(0));
     let ex = json(&o);
     assert_eq!(ex["selected"], "math");
@@ -62,20 +46,9 @@ fn hopper_head_dim_512_with_gqa_is_served_by_math_only() {
     assert_eq!(rule["values"]["head_dim_qk"], 512);
     assert_eq!(rule["values"]["cudnn_version"], "9.19.0");
     // Math off too: no backend, exit 1.
-    let none = run(&[
-        "explain",
-        "--pack",
-        "torch",
-        "--head-dim",
-        "512",
-        "--heads",
-        "32",
-        "--kv-heads",
-        "8",
-        "--enable-gqa",
-        "--disable",
-        "math",
-    ]);
+    let none = run(&words(
+        "explain --pack torch --head-dim 512 --heads 32 --kv-heads 8 --enable-gqa --disable math",
+    ));
     assert_eq!(none.status.code(), Some(1));
 }
 
@@ -159,16 +132,9 @@ fn flags_of_the_other_family_are_refused_with_exit_2() {
     let o = run(&["explain", "--pack", "torch", "--set", "num_heads=8"]);
     assert_eq!(o.status.code(), Some(2));
     // --set works for any torch fact
-    let o = run(&[
-        "explain",
-        "--pack",
-        "torch",
-        "--set",
-        "flash_sdp_enabled=false",
-        "--set",
-        "cudnn_sdp_enabled=false",
-        "--json",
-    ]);
+    let o = run(&words(
+        "explain --pack torch --set flash_sdp_enabled=false --set cudnn_sdp_enabled=false --json",
+    ));
     assert_eq!(json(&o)["selected"], "efficient");
 }
 
