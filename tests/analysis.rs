@@ -276,6 +276,99 @@ fn diff_equals_brute_force_on_reduced_domain() {
     }
 }
 
+/// Regions omit the facts whose value does not change the outcome there (issue 15: the EXPAND
+/// step on each listed cube). In `mini`, nothing is selected with context parallelism below
+/// sm80 whatever the window: before, the cover's cube kept `window_size == null` (wider
+/// windows reached invalid ones, `window_fits_mask`) and listed every window shape apart.
+/// Brute force: every valid member of each (widened) region of the reduced domain, every
+/// window and mask included, is a gap; and diff's `widened` regions hold only inputs decided
+/// as they say, while `constraints` stays a disjoint cover.
+#[test]
+fn regions_omit_facts_that_do_not_matter() {
+    let p = fixture("mini");
+    let (report, _) = gaps(&p, None, DEFAULT_BUDGET, usize::MAX);
+    assert!(report.complete && !report.regions_truncated);
+    let json = serde_json::to_value(&report).unwrap();
+    let short = json["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["constraints"].get("context_parallel").is_some()
+                && r["constraints"].get("sm").is_some()
+                && r["constraints"].as_object().unwrap().len() == 2
+        })
+        .unwrap_or_else(|| panic!("no region `context_parallel and sm <= 79`: {json:#}"));
+    assert_eq!(short["constraints"]["sm"], json!("sm <= 79"));
+    let region = Restriction::of_constraints(short["constraints"].as_object().unwrap()).unwrap();
+    let mut windows_in_region = BTreeSet::new();
+    for cfg in reduced_domain() {
+        let Ok(f) = Facts::from_json(&cfg) else {
+            continue;
+        };
+        if region.holds(&f) {
+            assert_eq!(p.decide(&f).selected, None, "{cfg}");
+            windows_in_region.insert((
+                cfg["window_size"].to_string(),
+                cfg["attn_mask_type"].to_string(),
+            ));
+        }
+    }
+    // Every window of the domain that TE accepts for its mask lies in the one region.
+    assert_eq!(windows_in_region.len(), 9, "{windows_in_region:?}");
+    for r in &report.regions {
+        let region = Restriction::of_constraints(&r.constraints).unwrap();
+        for cfg in reduced_domain() {
+            let Ok(f) = Facts::from_json(&cfg) else {
+                continue;
+            };
+            if region.holds(&f) {
+                assert_eq!(p.decide(&f).selected, None, "{cfg} in {:?}", r.constraints);
+            }
+        }
+    }
+
+    let new = fixture("mini-nowin");
+    let (d, _) = diff(&p, &new, None, DEFAULT_BUDGET, usize::MAX);
+    assert!(d.complete && !d.regions.is_empty());
+    assert!(
+        d.regions
+            .iter()
+            .any(|r| r.widened.len() < r.constraints.len())
+    );
+    let name = |q: &Policy, f: &Facts| {
+        q.decide(f)
+            .selected
+            .map(|b| q.backends[b as usize].name.clone())
+    };
+    for r in &d.regions {
+        let (wide, cube) = (
+            Restriction::of_constraints(&r.widened).unwrap(),
+            Restriction::of_constraints(&r.constraints).unwrap(),
+        );
+        let mut members = 0;
+        for cfg in reduced_domain() {
+            let Ok(f) = Facts::from_json(&cfg) else {
+                continue;
+            };
+            if wide.holds(&f) {
+                members += 1;
+                assert_eq!(
+                    (name(&p, &f), name(&new, &f)),
+                    (r.old.clone(), r.new.clone()),
+                    "{cfg}"
+                );
+            } else {
+                assert!(
+                    !cube.holds(&f),
+                    "{cfg}: in the cube, not in the widened region"
+                );
+            }
+        }
+        assert!(members > 0);
+    }
+}
+
 #[test]
 fn where_restricts_the_search() {
     let p = fixture("mini");

@@ -12,7 +12,7 @@ use crate::lang::parse_expr;
 use crate::policy::Policy;
 use crate::typecheck::Compiler;
 
-use super::mdd::{Bits, Cube, FALSE, Id, Mdd, PolicyDiagrams, TRUE};
+use super::mdd::{Bits, Cube, FALSE, Id, Mdd, PolicyDiagrams, TRUE, cube_within};
 use super::search::Cond;
 use super::space::{Space, SpaceBuilder, mask_of};
 
@@ -226,7 +226,9 @@ fn constraints(space: &Space, sets: &[Option<Vec<u32>>]) -> Map<String, Json> {
 /// One region of `gaps` output.
 #[derive(Clone, Debug, Serialize)]
 pub struct GapRegion {
-    /// Per fact, an expression its value satisfies throughout the region.
+    /// Per fact, an expression its value satisfies throughout the region: a cube of the
+    /// cover widened to every value of each fact that does not change the outcome for any
+    /// valid input of the region ([`Mdd::widen_inside`]).
     pub constraints: Map<String, Json>,
     /// One configuration of the region (conformance `config` format).
     pub example: Json,
@@ -243,8 +245,8 @@ pub struct GapReport {
     /// so selected); otherwise where no backend is selected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub only: Option<String>,
-    /// A cover of the gaps: their union is exactly the set of inputs where nothing is
-    /// selected (regions may overlap), largest first.
+    /// A cover of the gaps: their union is exactly the set of (valid) inputs where nothing
+    /// is selected (regions may overlap), largest first.
     pub regions: Vec<GapRegion>,
     /// More regions exist than `--max-regions` allowed to list.
     pub regions_truncated: bool,
@@ -260,6 +262,9 @@ pub struct GapReport {
     /// Cubes of the cover for which the bounded example search found no input: not listed
     /// (they may be empty, see `Mdd::example`); while any exist the result is not complete.
     pub regions_unverified: usize,
+    /// Cubes of the cover that, widened, lay inside a region listed before them: not listed
+    /// (the union of the listed regions is still exactly the gaps).
+    pub regions_merged: usize,
     /// Some input selects nothing (exact when `complete`).
     pub gaps_exist: bool,
     pub assumptions: Vec<String>,
@@ -407,23 +412,40 @@ pub fn validity_with(
     )
 }
 
-/// Builds the diagram manager and the diagram of the searched inputs (valid, within `--where`).
+/// Builds the diagram manager, the diagram of the searched inputs (valid, within `--where`)
+/// and that of the valid inputs alone.
 fn manager<'s>(
     space: &'s Space,
     packs: &[&Policy],
     restrict: Option<&Restriction>,
     valid: Option<&Restriction>,
     budget: u64,
-) -> (Mdd<'s>, Id) {
+) -> (Mdd<'s>, Id, Id) {
     let mut m = Mdd::for_policies(space, packs);
     m.budget = usize::try_from(budget).unwrap_or(usize::MAX);
-    let mut acc = TRUE;
-    for r in restrict.into_iter().chain(valid) {
+    let (mut acc, mut valid_id) = (TRUE, TRUE);
+    for (r, is_valid) in restrict
+        .into_iter()
+        .map(|r| (r, false))
+        .chain(valid.map(|r| (r, true)))
+    {
         let rp = m.program(&r.program);
         let c = m.condition(rp, r.cond.node);
         acc = m.and(acc, c);
+        if is_valid {
+            valid_id = c;
+        }
     }
-    (m, acc)
+    (m, acc, valid_id)
+}
+
+/// Where a listed cube of `f` may be widened ([`Mdd::widen_inside`]): `f` or an input the
+/// family does not accept (`not valid`). A fact whose value does not change the outcome for
+/// any valid input of the region is then dropped from its constraints, as a bound's classes
+/// are (`dont_cares`).
+fn widening_care(m: &mut Mdd, f: Id, valid: Id) -> Id {
+    let invalid = m.not(valid);
+    m.or(f, invalid)
 }
 
 /// Finds every region of the space where no backend is selected: the diagram of "nothing
@@ -454,32 +476,48 @@ pub fn gaps_only(
     }
     let space = b.build();
     let nb = policy.backends.len();
-    let (mut m, acc) = manager(&space, &[policy], restrict, valid.as_ref(), budget);
+    let (mut m, acc, valid_id) = manager(&space, &[policy], restrict, valid.as_ref(), budget);
     let d = PolicyDiagrams::build(&mut m, policy);
     let none = match only {
         Some(b) => d.only_within(&mut m, b, acc),
         None => d.none_within(&mut m, policy, acc),
     };
-    let (cubes, listed_all) = if m.exhausted {
-        (Vec::new(), true)
-    } else {
-        m.cover(none, max_regions)
-    };
-    let mut unverified = 0;
-    let regions: Vec<GapRegion> = cubes
-        .iter()
-        .filter_map(|cube| {
+    // Listed regions are widened cubes ([`Mdd::widen_inside`]); a widened region may hold
+    // cubes the cover lists after it. So the cover runs in rounds over what no listed region
+    // holds yet, until `max_regions` are listed or the cover is complete.
+    let care = widening_care(&mut m, none, valid_id);
+    let (mut unverified, mut merged) = (0, 0);
+    let mut listed: Vec<Cube> = Vec::new();
+    let mut regions: Vec<GapRegion> = Vec::new();
+    let mut rest = none;
+    let listed_all = loop {
+        if m.exhausted {
+            regions.clear();
+            break true;
+        }
+        let room = max_regions.saturating_sub(regions.len());
+        let (cubes, all) = m.cover(rest, room);
+        let before = regions.len();
+        for cube in &cubes {
             let Some(example) = example_of(&mut m, cube) else {
                 unverified += 1;
-                return None;
+                let c = m.cube(cube);
+                rest = m.minus(rest, c);
+                continue;
             };
+            let wide = m.widen_inside(care, cube);
+            // Inside a region listed before: it adds no gap to the union (left out, counted).
+            if listed.iter().any(|l| cube_within(&wide, l)) {
+                merged += 1;
+                continue;
+            }
             let mut declined_by = BTreeMap::new();
             let mut not_applicable = BTreeMap::new();
             for bk in (0..nb).filter(|&bk| Some(bk) != only) {
                 let rules: Vec<usize> = (0..policy.rules.len())
                     .filter(|&r| policy.rules[r].backend as usize == bk)
                     .collect();
-                // Rules declining everywhere in the region; else those declining in part of it.
+                // Rules declining everywhere in the cube; else those declining in part of it.
                 let mut ids: Vec<String> = rules
                     .iter()
                     .filter(|&&r| m.holds_on(d.rule[r], cube))
@@ -506,14 +544,26 @@ pub fn gaps_only(
                     not_applicable.insert(policy.backends[bk].name.clone(), na);
                 }
             }
-            Some(GapRegion {
-                constraints: cube_constraints(&m, cube),
+            let c = m.cube(&wide);
+            rest = m.minus(rest, c);
+            regions.push(GapRegion {
+                constraints: cube_constraints(&m, &wide),
                 example,
                 declined_by,
                 not_applicable,
-            })
-        })
-        .collect();
+            });
+            listed.push(wide);
+        }
+        // Complete, or the listing is full, or a round listed nothing new (every cube was
+        // inside a listed region or unverified, and the cover was cut: another round then
+        // makes progress, since each of them left `rest`).
+        if all {
+            break true;
+        }
+        if regions.len() >= max_regions || (cubes.is_empty() && regions.len() == before) {
+            break false;
+        }
+    };
     let gaps_exist = !m.exhausted && (!regions.is_empty() || !listed_all);
     let report = GapReport {
         only: only.map(|b| policy.backends[b].name.clone()),
@@ -525,6 +575,7 @@ pub fn gaps_only(
         facts_enumerated: space.vars.len(),
         complete: !m.exhausted && m.unknown == 0 && unverified == 0,
         regions_unverified: unverified,
+        regions_merged: merged,
         // A feasible path was found (listed, or cut by --max-regions).
         gaps_exist,
         assumptions: assumptions_for(policy.schema),
@@ -534,7 +585,14 @@ pub fn gaps_only(
 
 #[derive(Clone, Debug, Serialize)]
 pub struct DiffRegion {
+    /// Per fact, an expression its value satisfies throughout the region: a cube of the
+    /// disjoint cover (no two regions' `constraints` share an input).
     pub constraints: Map<String, Json>,
+    /// `constraints` without the facts whose value does not change the decisions there: the
+    /// cube widened to every value of such a fact as long as every valid input of it is
+    /// decided `old` -> `new` ([`Mdd::widen_inside`]). What the text prints; widened regions
+    /// may overlap each other (the same pair of outcomes on both).
+    pub widened: Map<String, Json>,
     pub example: Json,
     /// The backend the old pack selects (TE's name; null: none).
     pub old: Option<String>,
@@ -650,7 +708,7 @@ pub fn diff(
     let same_skeleton = skeleton(old) == skeleton(new);
     let so: BTreeSet<&String> = ko.iter().collect();
     let sn: BTreeSet<&String> = kn.iter().collect();
-    let (mut m, mut acc) = manager(&space, &[old, new], restrict, valid.as_ref(), budget);
+    let (mut m, mut acc, valid_id) = manager(&space, &[old, new], restrict, valid.as_ref(), budget);
     let dold = PolicyDiagrams::build(&mut m, old);
     let dnew = PolicyDiagrams::build(&mut m, new);
     // Rules present in one pack only (or changed).
@@ -720,6 +778,7 @@ pub fn diff(
             let room = max_regions.saturating_sub(regions.len());
             let (cubes, all) = m.cover_disjoint(both, room);
             listed_all &= all;
+            let care = widening_care(&mut m, both, valid_id);
             for cube in &cubes {
                 // Rules differing everywhere in the region; else those differing in part of it.
                 let mut rules: BTreeSet<String> = rule_diffs
@@ -751,8 +810,10 @@ pub fn diff(
                     unverified += 1;
                     continue;
                 };
+                let wide = m.widen_inside(care, cube);
                 regions.push(DiffRegion {
                     constraints: cube_constraints(&m, cube),
+                    widened: cube_constraints(&m, &wide),
                     example,
                     old: o,
                     new: n,

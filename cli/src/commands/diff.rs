@@ -13,7 +13,9 @@ use attn_policy::{PackSpec, Policy};
 Semantic diff over the same equivalence classes as `gaps`: every region whose selected backend
 (or variant) changes, with the rules that fire in one pack and not the other there. Exact: per
 pack, the decision diagram of each outcome; the regions are a disjoint cover of every pair of
-differing outcomes (listing cut at --max-regions, which says so).
+differing outcomes (listing cut at --max-regions, which says so). Each region is printed
+without the facts whose value does not change its two decisions, so printed regions may
+overlap; --json keeps the disjoint cubes in `constraints` and the printed ones in `widened`.
 
 With --format matrix, both packs' support matrices of one query (--rows, --cols, --fix,
 --free as for `attn-policy matrix`) side by side as Markdown, each row's old cells above its
@@ -31,7 +33,7 @@ pub struct DiffArgs {
     pub old: String,
     /// New pack: a folder or an embedded pack name.
     pub new: String,
-    /// Print {"regions": [{"constraints", "example", "old", "new", "rules"}]} as JSON.
+    /// Print {"regions": [{"constraints", "widened", "example", "old", "new", "rules"}]} as JSON.
     #[arg(long)]
     pub json: bool,
     /// Only compare inputs where this condition holds (fact schema names).
@@ -175,7 +177,7 @@ pub fn run(a: DiffArgs) -> i32 {
             } else {
                 r.rules.join(", ")
             };
-            let text = super::gaps::where_text(&r.constraints);
+            let text = super::gaps::where_text(&r.widened);
             match groups
                 .iter_mut()
                 .find(|(p, k, _, _)| *p == pair && *k == rules)
@@ -202,7 +204,7 @@ pub fn run(a: DiffArgs) -> i32 {
                 i + 1,
                 show(&r.old, &r.old_variant),
                 show(&r.new, &r.new_variant),
-                super::gaps::where_text(&r.constraints),
+                super::gaps::where_text(&r.widened),
                 if r.rules.is_empty() {
                     "-".to_string()
                 } else {

@@ -15,7 +15,8 @@ Exact and exhaustive: facts are split into equivalence classes at the constants 
 compare them with (residues for `%`, every enum value); every condition becomes a decision
 diagram over those classes, and \"nothing selected\" is computed over the whole space at once.
 Regions are a cover of that set (their union is exactly the gaps; they may overlap), largest
-first. Probe facts are answered \"supported\". See docs/analysis.md.
+first; each omits the facts whose value does not change the outcome anywhere in it. Probe
+facts are answered \"supported\". See docs/analysis.md.
 
 Examples:
   attn-policy gaps
@@ -168,6 +169,13 @@ fn human(pack: &str, r: &GapReport, secs: f64) -> String {
         secs,
         if r.complete { "" } else { " (INCOMPLETE)" }
     ));
+    if r.regions_merged > 0 {
+        out.push_str(&format!(
+            "{} more region(s) of the cover not listed: with the facts that do not matter \
+             dropped, each lies inside a region listed above\n",
+            r.regions_merged
+        ));
+    }
     if r.regions_unverified > 0 {
         out.push_str(&format!(
             "{} region(s) not listed: no example found in them (they may be empty: conditions \

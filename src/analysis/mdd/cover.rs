@@ -283,3 +283,49 @@ impl<'s> Mdd<'s> {
         x
     }
 }
+
+impl<'s> Mdd<'s> {
+    /// The EXPAND step of two-level minimisation on a listed cube, exact (a diagram check,
+    /// never sampled): each var the cube constrains is widened to its whole domain when the
+    /// widened cube still lies inside `care` (`cube(widened) and not care` is false), else
+    /// restored. `care` is the set covered joined with what no input is (`f or not valid`):
+    /// the widened cube then holds no input outside `f` that the cube did not.
+    ///
+    /// Order (fixed, so the result depends only on the diagrams): relation variables first
+    /// (in their index order), then members of objects, then the other facts, each group in
+    /// the space's var order. A fact some still-constrained relation variable of the cube
+    /// reads is kept (the relation is stated over it), and so is an object whose members are
+    /// still constrained (a member's constraint cannot be written for an absent object).
+    /// Widening a relation variable also admits its values that no input has with the cube's
+    /// facts, so the check is, if anything, stricter than needed: sound, possibly not minimal.
+    pub fn widen_inside(&self, care: Id, cube: &Cube) -> Cube {
+        let nv = self.space.vars.len();
+        let mut out = cube.clone();
+        let members = (0..nv).filter(|&v| self.space.vars[v].parent.is_some());
+        let objects_and_plain = (0..nv).filter(|&v| self.space.vars[v].parent.is_none());
+        let order: Vec<usize> = (nv..self.nvars())
+            .chain(members)
+            .chain(objects_and_plain)
+            .collect();
+        for v in order {
+            let Some(set) = out[v].take() else { continue };
+            let held = v < nv
+                && ((0..self.rels.len())
+                    .any(|k| out[nv + k].is_some() && self.rel_vars(k).contains(&v))
+                    || (0..nv).any(|u| self.space.vars[u].parent == Some(v) && out[u].is_some()));
+            if held || !self.holds_on(care, &out) {
+                out[v] = Some(set);
+            }
+        }
+        out
+    }
+}
+
+/// Whether every class of `inner` is a class of `outer`, var by var (`None`: every class).
+pub fn cube_within(inner: &Cube, outer: &Cube) -> bool {
+    inner.iter().zip(outer).all(|(i, o)| match (i, o) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(i), Some(o)) => i.minus(o).is_empty(),
+    })
+}

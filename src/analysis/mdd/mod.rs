@@ -84,6 +84,7 @@ use crate::eval::program::{NodeId, Program};
 use crate::facts::Value;
 
 pub use bits::Bits;
+pub use cover::cube_within;
 pub use queries::PolicyDiagrams;
 pub use relations::Rel;
 pub use restrict::Pins;
