@@ -314,7 +314,7 @@ mod tests {
     };
     use crate::problem::DType;
     use crate::registry::RegistryEntry;
-    use crate::run::{RunOptions, VerifyMode, run_on};
+    use crate::trial::{RunOptions, VerifyMode, run_on};
     use std::sync::Arc;
 
     /// A stand-in for a GPU executor: the reference's numerics under another name, with a

@@ -105,7 +105,7 @@ pub enum ExecError {
         /// Why.
         reason: String,
     },
-    /// Verification against the reference failed (used by [`crate::run`]).
+    /// Verification against the reference failed (used by [`crate::trial`]).
     #[error("verification failed: {reason}")]
     Verification {
         /// Which quantity and by how much.

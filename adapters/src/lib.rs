@@ -11,7 +11,8 @@
 //!   (feature `frost`). [`host`]: manifests of the executors a Python host provides.
 //! - [`chain`]: walks a backend's executor chain (the pack's `executors:`), recording each
 //!   entry's outcome. [`live`]: the live device facts (compute capability, loaded cuDNN).
-//! - [`run`]: what `attn-policy run` calls: random inputs, execute, time, verify.
+//! - [`trial`]: what `attn-policy run` calls on an executor: random inputs, execute, time,
+//!   verify (named apart from the command and the `run_*` functions).
 //!
 //! GPU code sits behind features (`cuda`, `cudnn`, `frost`) and loads CUDA at run time (cudarc
 //! dynamic loading), so the crate builds and tests on machines without CUDA; callers need no
@@ -31,7 +32,7 @@ pub mod problem;
 pub mod reference;
 pub mod registry;
 pub mod rng;
-pub mod run;
+pub mod trial;
 
 pub use chain::{ChainError, ChainOptions, Walked};
 pub use executor::{

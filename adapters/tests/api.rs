@@ -3,7 +3,7 @@
 
 use attn_policy_adapters::reference::{self, backward_f64, forward_f64};
 use attn_policy_adapters::rng::Rng;
-use attn_policy_adapters::run::{RunOptions, VerifyMode, run_random};
+use attn_policy_adapters::trial::{RunOptions, VerifyMode, run_random};
 use attn_policy_adapters::{
     AttentionProblem, DType, DiagonalAlignment, ExecError, LayoutKind, MaskSpec, Registry, Strides,
 };

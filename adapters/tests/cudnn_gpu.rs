@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use attn_policy_adapters::cudnn::{CudnnError, CudnnExecutor, Direction, IoPtrs, ProbeAnswer};
-use attn_policy_adapters::run::{RunOptions, VerifyMode, random_inputs, run_on};
+use attn_policy_adapters::trial::{RunOptions, VerifyMode, random_inputs, run_on};
 use attn_policy_adapters::{
     AttentionProblem, BackwardInputs, DType, DiagonalAlignment, Executor, ForwardInputs,
     LayoutKind, MaskSpec,

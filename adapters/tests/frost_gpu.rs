@@ -55,7 +55,7 @@ fn d512_forward_is_frost_or_refused_by_name() {
             println!("refused as required: {e}");
             assert!(!plans.is_empty());
             // the host path refuses too, before running anything
-            let inp = attn_policy_adapters::run::random_inputs(&p, 3);
+            let inp = attn_policy_adapters::trial::random_inputs(&p, 3);
             let r = ex.forward(
                 &p,
                 &ForwardInputs {

@@ -7,7 +7,7 @@
 //! - validation: mismatched inputs are refused before any launch.
 
 use attn_policy_adapters::chunked::{Chunked, ChunkedConfig};
-use attn_policy_adapters::run::{random_inputs, verify};
+use attn_policy_adapters::trial::{random_inputs, verify};
 use attn_policy_adapters::{
     AttentionProblem, BackwardInputs, DType, DiagonalAlignment, ExecError, Executor, ForwardInputs,
     HostTensor, LayoutKind, MaskSpec, Strides,

@@ -301,7 +301,7 @@ fn run_mock(
 mod tests {
     use super::*;
     use crate::problem::{DiagonalAlignment, LayoutKind, MaskSpec, Strides};
-    use crate::run::{random_inputs, verify};
+    use crate::trial::{random_inputs, verify};
 
     fn check(p: &AttentionProblem, chunk: usize, seed: u64) {
         let cfg = ChunkedConfig {

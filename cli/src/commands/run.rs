@@ -16,7 +16,7 @@ use attn_policy::Explanation;
 use attn_policy::facts::te::TE;
 use attn_policy::facts::{Facts, InputError, Value};
 use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
-use attn_policy_adapters::run::{RunOptions, RunReport, VerifyMode, run_on};
+use attn_policy_adapters::trial::{RunOptions, RunReport, VerifyMode, run_on};
 use attn_policy_adapters::{LiveDevice, Registry, live_device, problem_from_facts};
 
 /// Exit codes of `run` (the table of every command: docs/cli.md, `--help`).
