@@ -634,6 +634,16 @@ fn version_completions_man_and_explain_code() {
         "{v}"
     );
     assert!(v.contains("native") && v.contains("features:"), "{v}");
+    // Each pack line names what it mirrors: the torch pack is PyTorch's SDPA, not ours.
+    let line = |pack: &str| {
+        v.lines()
+            .find(|l| l.split_whitespace().next() == Some(pack))
+            .unwrap_or_else(|| panic!("no line for {pack}: {v}"))
+            .to_string()
+    };
+    assert!(line("te").contains("TransformerEngine 2.20.2"), "{v}");
+    assert!(line("torch").contains("PyTorch 2.11"), "{v}");
+    assert!(line("native").contains("this project's executors"), "{v}");
     for shell in ["bash", "zsh", "fish"] {
         let o = run(&["completions", shell]);
         assert_eq!(o.code, Some(0));

@@ -265,13 +265,19 @@ fn long_version() -> String {
     out.push_str("embedded packs:\n");
     for name in attn_policy::pack::embedded::pack_names() {
         let text = attn_policy::pack::embedded::file(name, "pack.yaml").unwrap_or_default();
-        let te = text
-            .split("TransformerEngine ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()));
-        match te {
-            Some(v) => out.push_str(&format!("  {name:<8} TransformerEngine {v}\n")),
+        // The selector a pack mirrors, as its pack.yaml names it ("TransformerEngine 2.20.2",
+        // "PyTorch 2.11"); a pack that mirrors none describes this project's executors.
+        let upstream = ["TransformerEngine", "PyTorch"]
+            .into_iter()
+            .find_map(|who| {
+                text.split(&format!("{who} "))
+                    .skip(1)
+                    .filter_map(|rest| rest.split_whitespace().next())
+                    .find(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
+                    .map(|v| format!("{who} {v}"))
+            });
+        match upstream {
+            Some(u) => out.push_str(&format!("  {name:<8} {u}\n")),
             None => out.push_str(&format!("  {name:<8} (this project's executors)\n")),
         }
     }
