@@ -172,65 +172,66 @@ fn impossible_flags_are_refused_at_the_flag() {
 #[test]
 fn impossible_files_are_refused_at_file_line_col() {
     let d = dir();
-    let json = d.join("c.json");
-    std::fs::write(
-        &json,
-        "{\n  \"num_heads\": 8,\n  \"num_gqa_groups\": 3\n}\n",
-    )
-    .unwrap();
-    refused(
-        &run(&["explain", json.to_str().unwrap()]),
-        "c.json:3:3",
-        "num_gqa_groups",
-    );
-    std::fs::write(&json, "{\"head_dim_qk\": 64,\n \"head_dim_qk\": 128}").unwrap();
-    refused(
-        &run(&["explain", json.to_str().unwrap()]),
-        "c.json:2:2",
-        "duplicate key",
-    );
-    std::fs::write(&json, "{\"window_size\": [128, -3]}").unwrap();
-    refused(
-        &run(&["explain", json.to_str().unwrap()]),
-        "c.json:1:2",
-        "window_size.right",
-    );
-    std::fs::write(&json, "{\"cudnn_version\": \"nine\"}").unwrap();
-    refused(
-        &run(&["explain", json.to_str().unwrap()]),
-        "c.json:1:2",
-        "not a version",
-    );
-    std::fs::write(&json, "{\"num_heads\": 8,,}").unwrap();
-    refused(
-        &run(&["explain", json.to_str().unwrap()]),
-        "c.json:1:",
-        "not JSON",
-    );
-    let yaml = d.join("c.yaml");
-    std::fs::write(&yaml, "head_dim_qk: 64\nattention_dropout: 2.0\n").unwrap();
-    refused(
-        &run(&["explain", yaml.to_str().unwrap()]),
-        "c.yaml:2:1",
-        "attention_dropout",
-    );
-    std::fs::write(&yaml, "head_dim_qk: 64\nhead_dim_qk: 128\n").unwrap();
-    refused(
-        &run(&["explain", yaml.to_str().unwrap()]),
-        "c.yaml:2",
-        "duplicate",
-    );
-    // A whole conformance record: the config inside it.
-    std::fs::write(
-        &json,
-        "{\"id\": \"r\", \"config\": {\"device_compute_capability\": [9, 5]}}",
-    )
-    .unwrap();
-    refused(
-        &run(&["explain", json.to_str().unwrap()]),
-        "c.json:1:24",
-        "9.5",
-    );
+    // (file name, its text, where the error must point, what it must name)
+    let cases = [
+        (
+            "c.json",
+            "{\n  \"num_heads\": 8,\n  \"num_gqa_groups\": 3\n}\n",
+            "c.json:3:3",
+            "num_gqa_groups",
+        ),
+        (
+            "c.json",
+            "{\"head_dim_qk\": 64,\n \"head_dim_qk\": 128}",
+            "c.json:2:2",
+            "duplicate key",
+        ),
+        (
+            "c.json",
+            "{\"window_size\": [128, -3]}",
+            "c.json:1:2",
+            "window_size.right",
+        ),
+        (
+            "c.json",
+            "{\"cudnn_version\": \"nine\"}",
+            "c.json:1:2",
+            "not a version",
+        ),
+        ("c.json", "{\"num_heads\": 8,,}", "c.json:1:", "not JSON"),
+        (
+            "c.yaml",
+            "head_dim_qk: 64\nattention_dropout: 2.0\n",
+            "c.yaml:2:1",
+            "attention_dropout",
+        ),
+        (
+            "c.yaml",
+            "head_dim_qk: 64\nhead_dim_qk: 128\n",
+            "c.yaml:2",
+            "duplicate",
+        ),
+        // A whole conformance record: the config inside it.
+        (
+            "c.json",
+            "{\"id\": \"r\", \"config\": {\"device_compute_capability\": [9, 5]}}",
+            "c.json:1:24",
+            "9.5",
+        ),
+        // A version that is a word was a `BadVersion` fact the rules saw; now it is refused.
+        (
+            "c.json",
+            "{\"device_compute_capability\": [10, 0], \"head_dim_qk\": 512, \"head_dim_v\": 512,\n \
+             \"cudnn_frontend_version\": \"1.29.dev-local\"}",
+            "c.json:2:2",
+            "cudnn_frontend_version",
+        ),
+    ];
+    for (name, text, at, what) in cases {
+        let file = d.join(name);
+        std::fs::write(&file, text).unwrap();
+        refused(&run(&["explain", file.to_str().unwrap()]), at, what);
+    }
     // stdin has a name too.
     let o = run_with(
         cmd()
@@ -238,18 +239,6 @@ fn impossible_files_are_refused_at_file_line_col() {
             .write_stdin("{\"num_splits\": 0}"),
     );
     refused(&o, "<stdin>:1:2", "num_splits");
-    // A version that is a word was a `BadVersion` fact the rules saw; now it is refused.
-    std::fs::write(
-        &json,
-        "{\"device_compute_capability\": [10, 0], \"head_dim_qk\": 512, \"head_dim_v\": 512,\n \
-         \"cudnn_frontend_version\": \"1.29.dev-local\"}",
-    )
-    .unwrap();
-    refused(
-        &run(&["explain", json.to_str().unwrap()]),
-        "c.json:2:2",
-        "cudnn_frontend_version",
-    );
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -479,8 +479,9 @@ impl ConfigArgs {
         Ok(input)
     }
 
-    /// The te family's flags: TransformerEngine's `AttentionParams` names.
-    fn te_flags(&self, set: &mut dyn FnMut(&str, &str, Json)) -> Result<(), InputError> {
+    /// `--head-dim` (both dims), `--head-dim-qk`, `--head-dim-v`: the same fact names in
+    /// every family.
+    fn head_dim_flags(&self, set: &mut dyn FnMut(&str, &str, Json)) {
         if let Some(d) = self.head_dim {
             set("--head-dim", "head_dim_qk", json!(d));
             set("--head-dim", "head_dim_v", json!(d));
@@ -491,6 +492,40 @@ impl ConfigArgs {
         if let Some(d) = self.head_dim_v {
             set("--head-dim-v", "head_dim_v", json!(d));
         }
+    }
+
+    /// `--batch`, `--heads`, `--kv-heads` and the sequence lengths, under a family's fact
+    /// names (`counts`: batch, query heads, KV heads; `seqlens`: query, key/value).
+    fn size_flags(
+        &self,
+        set: &mut dyn FnMut(&str, &str, Json),
+        counts: [&str; 3],
+        seqlens: [&str; 2],
+    ) {
+        for (flag, key, value) in [
+            ("--batch", counts[0], self.batch),
+            ("--heads", counts[1], self.heads),
+            ("--kv-heads", counts[2], self.kv_heads),
+        ] {
+            if let Some(v) = value {
+                set(flag, key, json!(v));
+            }
+        }
+        if let Some(s) = self.seqlen {
+            set("--seqlen", seqlens[0], json!(s));
+            set("--seqlen", seqlens[1], json!(s));
+        }
+        if let Some(s) = self.seqlen_q {
+            set("--seqlen-q", seqlens[0], json!(s));
+        }
+        if let Some(s) = self.seqlen_kv {
+            set("--seqlen-kv", seqlens[1], json!(s));
+        }
+    }
+
+    /// The te family's flags: TransformerEngine's `AttentionParams` names.
+    fn te_flags(&self, set: &mut dyn FnMut(&str, &str, Json)) -> Result<(), InputError> {
+        self.head_dim_flags(set);
         if let Some(sm) = self.sm {
             set(
                 "--sm",
@@ -525,25 +560,11 @@ impl ConfigArgs {
                 }
             }
         }
-        for (flag, name, value) in [
-            ("--batch", "batch_size", self.batch),
-            ("--heads", "num_heads", self.heads),
-            ("--kv-heads", "num_gqa_groups", self.kv_heads),
-        ] {
-            if let Some(v) = value {
-                set(flag, name, json!(v));
-            }
-        }
-        if let Some(s) = self.seqlen {
-            set("--seqlen", "max_seqlen_q", json!(s));
-            set("--seqlen", "max_seqlen_kv", json!(s));
-        }
-        if let Some(s) = self.seqlen_q {
-            set("--seqlen-q", "max_seqlen_q", json!(s));
-        }
-        if let Some(s) = self.seqlen_kv {
-            set("--seqlen-kv", "max_seqlen_kv", json!(s));
-        }
+        self.size_flags(
+            set,
+            ["batch_size", "num_heads", "num_gqa_groups"],
+            ["max_seqlen_q", "max_seqlen_kv"],
+        );
         if let Some(t) = &self.cp_comm_type {
             set("--cp-comm-type", "context_parallel", json!(true));
             set("--cp-comm-type", "cp_comm_type", json!(t));
@@ -570,16 +591,7 @@ impl ConfigArgs {
 
     /// The torch family's flags: PyTorch SDPA's `sdp_params` and process state.
     fn torch_flags(&self, set: &mut dyn FnMut(&str, &str, Json)) -> Result<(), InputError> {
-        if let Some(d) = self.head_dim {
-            set("--head-dim", "head_dim_qk", json!(d));
-            set("--head-dim", "head_dim_v", json!(d));
-        }
-        if let Some(d) = self.head_dim_qk {
-            set("--head-dim-qk", "head_dim_qk", json!(d));
-        }
-        if let Some(d) = self.head_dim_v {
-            set("--head-dim-v", "head_dim_v", json!(d));
-        }
+        self.head_dim_flags(set);
         if let Some(sm) = self.sm {
             set("--sm", "sm", json!(sm));
         }
@@ -589,25 +601,11 @@ impl ConfigArgs {
         if let Some(v) = &self.dtype {
             set("--dtype", "dtype", json!(v));
         }
-        for (flag, key, value) in [
-            ("--batch", "batch", self.batch),
-            ("--heads", "heads_q", self.heads),
-            ("--kv-heads", "heads_kv", self.kv_heads),
-        ] {
-            if let Some(v) = value {
-                set(flag, key, json!(v));
-            }
-        }
-        if let Some(s) = self.seqlen {
-            set("--seqlen", "seqlen_q", json!(s));
-            set("--seqlen", "seqlen_kv", json!(s));
-        }
-        if let Some(s) = self.seqlen_q {
-            set("--seqlen-q", "seqlen_q", json!(s));
-        }
-        if let Some(s) = self.seqlen_kv {
-            set("--seqlen-kv", "seqlen_kv", json!(s));
-        }
+        self.size_flags(
+            set,
+            ["batch", "heads_q", "heads_kv"],
+            ["seqlen_q", "seqlen_kv"],
+        );
         if self.deterministic {
             set("--deterministic", "deterministic", json!(true));
         }
