@@ -161,8 +161,15 @@ def eager_rows(case, device, dtype, calls, repeats):
 
         _, dec = apt.attention(q, k, v, is_causal=True, return_decision=True)
         plan, _ = native_plan(q, k, v, grad)
+        runner = apt._entry(q, k, v, op_args(q, grad)).runner
+
+        def python_node():
+            # The same runner through the Python autograd.Function (ATTN_POLICY_EAGER_NODE=python).
+            o = apt._eager_apply(q, k, v, runner)
+            torch.autograd.grad(o, inputs, do)
+
         # Interleaved, twice, so drift (clocks, other load) hits both sides alike.
-        t = {"sdpa": [], "ours": [], "op": [], "direct": [], "floor": []}
+        t = {"sdpa": [], "ours": [], "op": [], "direct": [], "floor": [], "pynode": []}
         direct = None
         if plan is not None:
             f, fb, keep = direct_calls(plan, q.detach(), k.detach(), v.detach(), do, cuda)
@@ -172,13 +179,15 @@ def eager_rows(case, device, dtype, calls, repeats):
             t["ours"].append(host_us(ours, sync, calls, repeats))
             t["op"].append(host_us(op, sync, calls, repeats))
             t["floor"].append(host_us(floor, sync, calls, repeats))
+            if grad:
+                t["pynode"].append(host_us(python_node, sync, calls, repeats))
             if direct is not None:
                 t["direct"].append(host_us(direct, sync, calls, repeats))
         m = {k2: (min(v2) if v2 else None) for k2, v2 in t.items()}
         rows.append({
             "case": case, "mode": mode, "executor": dec.executor, "backend": dec.backend,
             "sdpa_us": m["sdpa"], "ours_us": m["ours"], "op_us": m["op"], "direct_us": m["direct"],
-            "floor_us": m["floor"],
+            "floor_us": m["floor"], "python_node_us": m["pynode"], "eager_node": apt.eager_node.status()["node"],
             "target_met": m["ours"] <= m["sdpa"] + 10.0,
         })
     return rows
@@ -274,14 +283,17 @@ def main(argv=None) -> int:
     print("(native plan: the executor called directly, no torch op; attention() - plan: what the Python")
     print(" path adds around it: the signature lookup, allocations, pointers, the autograd node;")
     print(" Python floor: a trivial torch.autograd.Function with no kernel, the least any op written")
-    print(" in Python pays; each mode's timing includes torch.autograd.grad where it has a backward)")
-    print("| b,hq,hkv,s,d | mode | executor | SDPA | attention() | via the op | native plan | attention() - plan | Python floor | ours - SDPA | met |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(" in Python pays; each mode's timing includes torch.autograd.grad where it has a backward;")
+    print(f" attention() with gradients runs the eager node: {apt.eager_node.status()['node']}; Python node: the same")
+    print(" plan through the Python autograd.Function, ATTN_POLICY_EAGER_NODE=python)")
+    print("| b,hq,hkv,s,d | mode | executor | SDPA | attention() | Python node | via the op | native plan | attention() - plan | Python floor | ours - SDPA | met |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in eager:
         d = "-" if r["direct_us"] is None else f"{r['direct_us']:.1f}"
         add = "-" if r["direct_us"] is None else f"{r['ours_us'] - r['direct_us']:+.1f}"
+        pn = "-" if r["python_node_us"] is None else f"{r['python_node_us']:.1f}"
         print(f"| {','.join(map(str, r['case']))} | {r['mode']} | {r['executor']} | {r['sdpa_us']:.1f} | "
-              f"{r['ours_us']:.1f} | {r['op_us']:.1f} | {d} | {add} | {r['floor_us']:.1f} | "
+              f"{r['ours_us']:.1f} | {pn} | {r['op_us']:.1f} | {d} | {add} | {r['floor_us']:.1f} | "
               f"{r['ours_us'] - r['sdpa_us']:+.1f} | {'yes' if r['target_met'] else 'NO'} |")
     graphs = []
     if cuda:

@@ -22,6 +22,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use serde_json::{Map, Value as Json};
 
+mod eager_abi;
 mod torch_ops;
 
 create_exception!(

@@ -196,11 +196,17 @@ impl NativeProblem {
 /// An executor chosen for one problem on one device, with the workspace it needs.
 #[pyclass(frozen, module = "attn_policy._native")]
 pub struct NativePlan {
+    core: Arc<PlanCore>,
+}
+
+/// What a plan is, shared with the C++ autograd node (`eager_abi`), which holds its own
+/// reference while an autograd graph needs it.
+pub(crate) struct PlanCore {
     ex: Arc<dyn Executor>,
-    p: AttentionProblem,
+    pub(crate) p: AttentionProblem,
     /// CUDA ordinal, None on the host.
-    device: Option<usize>,
-    ws_forward: u64,
+    pub(crate) device: Option<usize>,
+    pub(crate) ws_forward: u64,
     name: String,
 }
 
@@ -257,21 +263,23 @@ pub fn make_plan(
             ex.workspace_bytes(&p, Direction::Forward)?
         };
         Ok(NativePlan {
-            ex,
-            p,
-            device,
-            ws_forward,
-            name: name_owned,
+            core: Arc::new(PlanCore {
+                ex,
+                p,
+                device,
+                ws_forward,
+                name: name_owned,
+            }),
         })
     })
     .map_err(exec_err)
 }
 
-impl NativePlan {
-    fn launch(&self, ws: u64, ws_bytes: u64, stream: u64) -> PyResult<StreamLaunch> {
-        let device = self
-            .device
-            .ok_or_else(|| PyValueError::new_err("a host plan has no stream"))?;
+impl PlanCore {
+    fn launch(&self, ws: u64, ws_bytes: u64, stream: u64) -> Result<StreamLaunch, ExecError> {
+        let device = self.device.ok_or_else(|| ExecError::InvalidInput {
+            reason: "a host plan has no stream".into(),
+        })?;
         Ok(StreamLaunch {
             device,
             stream,
@@ -279,35 +287,124 @@ impl NativePlan {
             workspace_bytes: ws_bytes,
         })
     }
+
+    /// Workspace bytes of the backward (0 on the host).
+    pub(crate) fn workspace_backward(&self) -> Result<u64, ExecError> {
+        if self.device.is_none() {
+            return Ok(0);
+        }
+        self.ex.workspace_bytes(&self.p, Direction::Backward)
+    }
+
+    /// Forward: on CUDA enqueues on `stream`; on the host computes in place.
+    ///
+    /// # Safety
+    /// The pointers are live tensors matching the problem (shapes, strides, dtype; the LSE
+    /// fp64 for fp64 problems, fp32 otherwise) on the plan's device, outputs distinct from
+    /// inputs; on CUDA allocated on (or synchronised with) `stream` and kept alive by torch's
+    /// allocator until the stream's work completes.
+    pub(crate) unsafe fn forward(
+        &self,
+        args: &DeviceForwardArgs,
+        ws: u64,
+        ws_bytes: u64,
+        stream: u64,
+    ) -> Result<(), ExecError> {
+        if self.device.is_none() {
+            let p = &self.p;
+            let lse = if p.dtype == DType::F64 {
+                reference::LseOut::F64(args.lse as *mut f64)
+            } else {
+                reference::LseOut::F32(args.lse as *mut f32)
+            };
+            // SAFETY: the caller's contract.
+            return unsafe {
+                reference::forward_strided_lse(
+                    p,
+                    args.q as *const u8,
+                    args.k as *const u8,
+                    args.v as *const u8,
+                    args.o as *mut u8,
+                    lse,
+                )
+            };
+        }
+        let launch = self.launch(ws, ws_bytes, stream)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.ex.enqueue_forward(&self.p, args, &launch) }
+    }
+
+    /// Backward; see `forward`. dQ, dK, dV use the strides of Q, K, V; dO those of O. On the
+    /// host too it starts from the given O and LSE, like the GPU executors: a context-parallel
+    /// step passes the merged O and LSE of the whole softmax.
+    ///
+    /// # Safety
+    /// As `forward`.
+    pub(crate) unsafe fn backward(
+        &self,
+        args: &DeviceBackwardArgs,
+        ws: u64,
+        ws_bytes: u64,
+        stream: u64,
+    ) -> Result<(), ExecError> {
+        if self.device.is_none() {
+            let p = &self.p;
+            let lse = if p.dtype == DType::F64 {
+                reference::LseIn::F64(args.lse as *const f64)
+            } else {
+                reference::LseIn::F32(args.lse as *const f32)
+            };
+            // SAFETY: the caller's contract.
+            return unsafe {
+                reference::backward_strided_from_stats(
+                    p,
+                    args.q as *const u8,
+                    args.k as *const u8,
+                    args.v as *const u8,
+                    args.o as *const u8,
+                    args.d_o as *const u8,
+                    lse,
+                    args.dq as *mut u8,
+                    args.dk as *mut u8,
+                    args.dv as *mut u8,
+                )
+            };
+        }
+        let launch = self.launch(ws, ws_bytes, stream)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.ex.enqueue_backward(&self.p, args, &launch) }
+    }
 }
 
 #[pymethods]
 impl NativePlan {
     #[getter]
     fn executor(&self) -> &str {
-        &self.name
+        &self.core.name
     }
 
     #[getter]
     fn device_description(&self) -> String {
-        self.ex.device_description()
+        self.core.ex.device_description()
     }
 
     /// Workspace bytes of the forward.
     #[getter]
     fn workspace_forward(&self) -> u64 {
-        self.ws_forward
+        self.core.ws_forward
+    }
+
+    /// The plan's address for the C++ autograd node (see `plan_abi`): valid while this object
+    /// lives; the node takes its own reference through the ABI's `retain`.
+    #[getter]
+    fn handle(&self) -> usize {
+        Arc::as_ptr(&self.core) as usize
     }
 
     /// Workspace bytes of the backward (builds the backward plan on the calling thread the
     /// first time: plans are per thread where the library's handles are).
     fn workspace_backward(&self) -> PyResult<u64> {
-        if self.device.is_none() {
-            return Ok(0);
-        }
-        self.ex
-            .workspace_bytes(&self.p, Direction::Backward)
-            .map_err(exec_err)
+        self.core.workspace_backward().map_err(exec_err)
     }
 
     /// Forward. On CUDA: enqueues on `stream` and returns. On the host: computes in place
@@ -326,37 +423,15 @@ impl NativePlan {
         workspace_bytes: u64,
         stream: u64,
     ) -> PyResult<()> {
-        if self.device.is_none() {
-            let p = &self.p;
-            return py
-                .detach(|| {
-                    // SAFETY: the Python caller passes live CPU tensors matching the problem
-                    // (shapes, strides, dtype) with outputs distinct from inputs.
-                    // LSE is fp64 for fp64 problems (see `lse_dtype`), fp32 otherwise.
-                    let lse = if p.dtype == DType::F64 {
-                        reference::LseOut::F64(lse as *mut f64)
-                    } else {
-                        reference::LseOut::F32(lse as *mut f32)
-                    };
-                    unsafe {
-                        reference::forward_strided_lse(
-                            p,
-                            q as *const u8,
-                            k as *const u8,
-                            v as *const u8,
-                            o as *mut u8,
-                            lse,
-                        )
-                    }
-                })
-                .map_err(exec_err);
-        }
-        let launch = self.launch(workspace, workspace_bytes, stream)?;
         let args = DeviceForwardArgs { q, k, v, o, lse };
-        // SAFETY: the Python caller passes live CUDA tensors on `launch.device` matching the
-        // problem, allocated on (or synchronised with) `stream`, kept alive by torch's
-        // allocator until the stream's work completes.
-        unsafe { self.ex.enqueue_forward(&self.p, &args, &launch) }.map_err(exec_err)
+        // SAFETY: the Python caller passes live tensors matching the problem (see
+        // `PlanCore::forward`).
+        let run = || unsafe { self.core.forward(&args, workspace, workspace_bytes, stream) };
+        if self.core.device.is_none() {
+            py.detach(run).map_err(exec_err)
+        } else {
+            run().map_err(exec_err)
+        }
     }
 
     /// Backward; see `forward`. dQ, dK, dV use the strides of Q, K, V; dO those of O.
@@ -378,36 +453,6 @@ impl NativePlan {
         workspace_bytes: u64,
         stream: u64,
     ) -> PyResult<()> {
-        if self.device.is_none() {
-            let p = &self.p;
-            return py
-                .detach(|| {
-                    // From the given O and LSE, like the GPU executors: a context-parallel
-                    // step passes the merged O and LSE of the whole softmax.
-                    let lse = if p.dtype == DType::F64 {
-                        reference::LseIn::F64(lse as *const f64)
-                    } else {
-                        reference::LseIn::F32(lse as *const f32)
-                    };
-                    // SAFETY: as in `forward`.
-                    unsafe {
-                        reference::backward_strided_from_stats(
-                            p,
-                            q as *const u8,
-                            k as *const u8,
-                            v as *const u8,
-                            o as *const u8,
-                            d_o as *const u8,
-                            lse,
-                            dq as *mut u8,
-                            dk as *mut u8,
-                            dv as *mut u8,
-                        )
-                    }
-                })
-                .map_err(exec_err);
-        }
-        let launch = self.launch(workspace, workspace_bytes, stream)?;
         let args = DeviceBackwardArgs {
             q,
             k,
@@ -420,16 +465,24 @@ impl NativePlan {
             dv,
         };
         // SAFETY: as in `forward`.
-        unsafe { self.ex.enqueue_backward(&self.p, &args, &launch) }.map_err(exec_err)
+        let run = || unsafe {
+            self.core
+                .backward(&args, workspace, workspace_bytes, stream)
+        };
+        if self.core.device.is_none() {
+            py.detach(run).map_err(exec_err)
+        } else {
+            run().map_err(exec_err)
+        }
     }
 
     fn __repr__(&self) -> String {
+        let c = &self.core;
         format!(
             "<Plan {} on {} ws={}>",
-            self.name,
-            self.device
-                .map_or("cpu".to_string(), |d| format!("cuda:{d}")),
-            self.ws_forward
+            c.name,
+            c.device.map_or("cpu".to_string(), |d| format!("cuda:{d}")),
+            c.ws_forward
         )
     }
 }
@@ -518,6 +571,12 @@ pub fn frost_reasons(
     reasons
 }
 
+/// The C ABI table of plans for the C++ autograd node: `(address, version)`.
+#[pyfunction]
+pub fn plan_abi() -> (usize, u32) {
+    (crate::eager_abi::address(), crate::eager_abi::ABI_VERSION)
+}
+
 /// Registers the classes and functions on the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -532,5 +591,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_host_availability, m)?)?;
     m.add_function(wrap_pyfunction!(cudnn_library, m)?)?;
     m.add_function(wrap_pyfunction!(frost_reasons, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_abi, m)?)?;
     Ok(())
 }

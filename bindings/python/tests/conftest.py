@@ -35,3 +35,17 @@ def corpus():
             if len(out) >= 400:
                 break
     return out
+
+
+@pytest.fixture
+def eager_node_mode(monkeypatch):
+    """``use(mode)`` sets ``ATTN_POLICY_EAGER_NODE`` (auto, cpp, python) and forgets the cached
+    plans, which hold the node chosen when they were made."""
+    import attn_policy.torch as apt
+
+    def use(mode):
+        monkeypatch.setenv("ATTN_POLICY_EAGER_NODE", mode)
+        apt.clear_cache()
+
+    yield use
+    apt.clear_cache()

@@ -344,8 +344,13 @@ def test_the_te_drop_in_probes_with_the_same_code():
         assert d.status("FusedAttention") == "undecided"
 
 
-def test_eager_calls_skip_the_dispatcher_and_equal_the_op():
+@pytest.mark.parametrize("node", ["python", "cpp"])
+def test_eager_calls_skip_the_dispatcher_and_equal_the_op(eager_node_mode, node):
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    if node == "cpp" and apt.eager_node.compiler() is None:
+        pytest.skip("no C++ compiler ($CXX, c++, g++) for the C++ eager node")
+    eager_node_mode(node)
 
     g = torch.Generator().manual_seed(23)
     q, k, v = (torch.randn(1, 4, 6, 8, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
@@ -360,7 +365,7 @@ def test_eager_calls_skip_the_dispatcher_and_equal_the_op():
 
     o, seen = op_events(lambda: apt.attention(q, k, v, is_causal=True, window=(2, 0)))
     assert seen == [], seen
-    assert type(o.grad_fn).__name__ == "_EagerBackward"
+    assert (type(o.grad_fn).__name__ == "_EagerBackward") == (node == "python"), type(o.grad_fn)
     args = (0, 1, 2, 0, False, 1 / math.sqrt(8), 0.0, True, 0, 0, False)
     (o_op, _), seen = op_events(lambda: torch.ops.attn_policy.attention(q, k, v, *args))
     assert "attn_policy::attention" in seen, seen  # the check above can see the op
@@ -449,7 +454,8 @@ def test_concurrent_calls_from_threads_agree():
     assert apt.cache_info()["entries"] == 3
 
 
-def test_double_backward_is_refused_clearly():
+def test_double_backward_is_refused_clearly(eager_node_mode):
+    eager_node_mode("python")  # the C++ node's refusal: test_eager_node.py
     q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     o = apt.attention(q, k, v, is_causal=True)
     with pytest.raises(attn_policy.PolicyError, match="double backward"):

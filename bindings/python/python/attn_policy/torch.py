@@ -9,9 +9,11 @@ implementation for shapes and a registered autograd formula (the forward saves O
 log-sum-exp, the backward calls the executor's backward), so ``torch.compile(fullgraph=True)``
 traces it without graph breaks and ``torch.library.opcheck`` passes. In eager mode (plain
 tensors, no dispatch or function mode, no functorch transform, not compiling) a call whose
-signature was seen before skips the dispatcher: the cached plan runs through a
-``torch.autograd.Function`` (the same executor calls, the same results), which costs less host
-time per call (see ``bindings/python/bench/overhead.py``).
+signature was seen before skips the dispatcher: the cached plan runs through an autograd node
+(the same executor calls, the same results), which costs less host time per call (see
+``bindings/python/bench/overhead.py``): the C++ node of :mod:`attn_policy.eager_node`, compiled
+against this torch on first use, or the Python ``torch.autograd.Function`` where it cannot be
+built (``ATTN_POLICY_EAGER_NODE`` chooses).
 
 What happens on a call (once per input signature; later calls with the same shapes, strides,
 dtype, device and options reuse the result, see :func:`cache_info`):
@@ -48,7 +50,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from . import Decision, Policy, PolicyError, _native
+from . import Decision, Policy, PolicyError, _native, eager_node
 # PyTorch's own SDPA choice explained by the `torch` pack (attn_policy/sdpa.py).
 from .sdpa import SdpaDecision, SdpaError, explain_sdpa, log_sdpa_decisions
 
@@ -536,6 +538,10 @@ class _Runner:
     def backward(self, g, q, k, v, o, lse) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def apply(self, q, k, v) -> torch.Tensor:
+        """O of an eager call that needs gradients (the Python autograd Function)."""
+        return _eager_apply(q, k, v, self)
+
 
 _empty = torch.empty
 _empty_strided = torch.empty_strided
@@ -566,6 +572,12 @@ class _NativeRunner(_Runner):
         self.index = call.device.index if call.device.index is not None else 0
         self._fwd, self._bwd, self._ws_bwd = plan.forward, plan.backward, plan.workspace_backward
         self._stream = _raw_stream if self.cuda else _no_stream
+        if call.training and not host_copy:
+            # Gradients through the C++ node where it builds (attn_policy.eager_node): its
+            # backward runs no Python, so it takes no GIL on autograd's thread.
+            node = eager_node.op()
+            if node is not None:
+                self.apply = _cpp_apply(node, plan.handle)
 
     def _no_capture(self):
         if self.host_copy and torch.cuda.is_current_stream_capturing():
@@ -624,6 +636,38 @@ class _NativeRunner(_Runner):
             dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
         )
         return dq.to(dev), dk.to(dev), dv.to(dev)
+
+
+_NODE_ERRORS = {
+    "ExecutorRefused": _native.ExecutorRefused,
+    "ExecutorUnavailable": _native.ExecutorUnavailable,
+    "ValueError": ValueError,
+    "ExecutorFailed": _native.ExecutorFailed,
+}
+
+
+def _retyped(e: RuntimeError) -> Exception:
+    """The typed exception of an error the C++ node raised (``attn_policy[Kind]: message``)."""
+    msg = str(e)
+    if msg.startswith("attn_policy[") and "]: " in msg:
+        kind, _, rest = msg[len("attn_policy["):].partition("]: ")
+        cls = _NODE_ERRORS.get(kind)
+        if cls is not None:
+            return cls(rest)
+    return e
+
+
+def _cpp_apply(node, handle: int):
+    """An eager call's O through the C++ node for the plan at ``handle``."""
+    def apply(q, k, v):
+        try:
+            return node(q, k, v, handle)
+        except RuntimeError as e:
+            typed = _retyped(e)
+            if typed is e:
+                raise
+            raise typed from None
+    return apply
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
@@ -928,7 +972,7 @@ def cache_info() -> Dict[str, int]:
 
 def clear_cache() -> None:
     """Forgets every cached decision and plan (after changing ``NVTE_*`` or installing a
-    package, say)."""
+    package, say) and the eager node's choice (``ATTN_POLICY_EAGER_NODE`` is read again)."""
     from . import te as _te
 
     with _cache_lock:
@@ -936,6 +980,7 @@ def clear_cache() -> None:
         _fast.clear()
         _device_facts.clear()
         _stats["hits"] = _stats["misses"] = 0
+    eager_node.reset()
     _te.reprobe()
 
 
@@ -1304,7 +1349,7 @@ def attention(
     runner, decision, copy = hit
     if copy:
         q, k, v = _usable(q), _usable(k), _usable(v)
-    o = _eager_apply(q, k, v, runner) if grad else runner.forward(q, k, v)[0]
+    o = runner.apply(q, k, v) if grad else runner.forward(q, k, v)[0]
     return (o, decision) if return_decision else o
 
 
@@ -1367,7 +1412,7 @@ def _attention_first(q, k, v, key, grad, layout, is_causal, diagonal, window, sc
             if len(_fast) >= _CACHE_CAP:
                 _fast.clear()
             _fast[key] = (e.runner, e.decision, qu is not q or ku is not k or vu is not v)
-    o = _eager_apply(qu, ku, vu, e.runner) if grad else e.runner.forward(qu, ku, vu)[0]
+    o = e.runner.apply(qu, ku, vu) if grad else e.runner.forward(qu, ku, vu)[0]
     return (o, e.decision) if return_decision else o
 
 

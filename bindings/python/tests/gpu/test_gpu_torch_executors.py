@@ -167,7 +167,10 @@ def test_gemma4_shapes_meet_the_flash_attention_criterion(d, left):
     assert all(r[4] for r in rows), rows
 
 
-def test_eager_path_equals_the_op_on_the_gpu():
+@pytest.mark.parametrize("node", ["cpp", "python"])
+def test_eager_path_equals_the_op_on_the_gpu(eager_node_mode, node):
+    """Both eager autograd nodes (attn_policy.eager_node) against the op, bitwise."""
+    eager_node_mode(node)
     torch.use_deterministic_algorithms(True)
     try:
         g = torch.Generator(device=DEV).manual_seed(31)
@@ -176,13 +179,14 @@ def test_eager_path_equals_the_op_on_the_gpu():
         do = torch.randn(2, 512, 8, 128, device=DEV, generator=g).to(torch.bfloat16)
         apt.attention(q, k, v, layout="bshd", is_causal=True)
         o, dec = apt.attention(q, k, v, layout="bshd", is_causal=True, return_decision=True)
-        assert type(o.grad_fn).__name__ == "_EagerBackward"
+        assert (type(o.grad_fn).__name__ == "_EagerBackward") == (node == "python"), type(o.grad_fn)
+        assert apt.eager_node.status()["node"] == node
         args = (1, 1, -1, 0, False, 1 / math.sqrt(128), 0.0, True, 0, 0, False)
         o_op, _ = torch.ops.attn_policy.attention(q, k, v, *args)
         ga = torch.autograd.grad(o, (q, k, v), do)
         gb = torch.autograd.grad(o_op, (q, k, v), do)
         same = [torch.equal(o, o_op)] + [torch.equal(a, b) for a, b in zip(ga, gb)]
-        note(f"eager path vs the op ({dec.executor}, deterministic): bitwise equal (o, dq, dk, dv): {same}")
+        note(f"eager path ({node} node) vs the op ({dec.executor}, deterministic): bitwise equal (o, dq, dk, dv): {same}")
         assert all(same)
     finally:
         torch.use_deterministic_algorithms(False)
