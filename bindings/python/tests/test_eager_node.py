@@ -57,7 +57,10 @@ def _run(case, mask, seed):
     o = apt.attention(q, k, v, layout=case[0], **mask)
     g = torch.Generator().manual_seed(seed + 1)
     do = torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)
-    return o, torch.autograd.grad(o, wrt, do), type(o.grad_fn).__name__
+    with torch.no_grad():  # the forward without a node
+        o_no_grad = apt.attention(q, k, v, layout=case[0], **mask)
+    assert o_no_grad.grad_fn is None
+    return o, torch.autograd.grad(o, wrt, do) + (o_no_grad,), type(o.grad_fn).__name__
 
 
 @needs_cxx
@@ -72,9 +75,10 @@ def test_cpp_node_equals_the_python_node_bitwise(node, case, mask):
     assert fn_cpp != fn_py, fn_cpp  # the C++ node really ran
     assert eager_node.status()["node"] == "cpp"
     assert torch.equal(o_py, o_cpp)
-    for a, b in zip(g_py, g_cpp):
+    for a, b in zip(g_py, g_cpp):  # gradients, then O without grad
         assert torch.equal(a, b)
         assert not torch.isnan(a).any()
+    assert torch.equal(g_cpp[-1], o_cpp)
     # A second call with the same signature (the cached plan) gives the same again.
     o2, g2, _ = _run(case, mask, 5)
     assert torch.equal(o2, o_cpp) and all(torch.equal(a, b) for a, b in zip(g2, g_cpp))

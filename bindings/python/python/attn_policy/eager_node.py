@@ -16,13 +16,14 @@ wait on a file lock; one compiles.
 
 ``ATTN_POLICY_EAGER_NODE`` chooses:
 
-- ``auto`` (default): the C++ node, built on the first eager call that needs gradients; if no
+- ``auto`` (default): the C++ node, built on the first eager call of a built-in executor; if no
   compiler is found or the build fails, a warning with the reason (and the compiler's output)
   and the Python ``autograd.Function`` (same executors, same results, more host time);
 - ``cpp``: the C++ node or an error (``EagerNodeError``);
 - ``python``: never build; the Python ``autograd.Function``.
 
-Only the eager direct path uses it. ``torch.compile`` and calls under dispatch or function
+Only the eager direct path uses it (calls without gradients too: its forward allocates O and
+the LSE in C++, cheaper than from Python). ``torch.compile`` and calls under dispatch or function
 modes go through ``torch.ops.attn_policy.attention`` (autograd registered in Python), which
 tracing needs.
 
@@ -47,13 +48,13 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
 from . import _native
 
-__all__ = ["EagerNodeError", "op", "status", "build", "reset", "library_path", "MODES"]
+__all__ = ["EagerNodeError", "Node", "op", "status", "build", "reset", "library_path", "MODES"]
 
 log = logging.getLogger("attn_policy")
 
@@ -150,11 +151,18 @@ def build(force: bool = False) -> Path:
     return out
 
 
+class Node(NamedTuple):
+    """The node's ops; ``plan`` is a ``NativePlan.handle`` whose plan matches the tensors."""
+
+    attention: Callable  # (q, k, v, plan) -> O, differentiable in q, k, v
+    forward: Callable  # (q, k, v, plan) -> O, for a call that needs no gradient
+
+
 _lock = threading.Lock()
 _state: Dict[str, Any] = {}
 
 
-def _load() -> Callable:
+def _load() -> Node:
     if "loaded" in _state:
         # A process loads the node once: its op namespace cannot be registered twice.
         return _state["loaded"]
@@ -163,19 +171,20 @@ def _load() -> Callable:
         torch.ops.load_library(str(path))
         address, version = _native.plan_abi()
         torch.ops.attn_policy_eager.set_abi(address, version)
-        overload = torch.ops.attn_policy_eager.attention.default
-    except (OSError, RuntimeError) as e:
+        ops = torch.ops.attn_policy_eager
+        # The overloads' C++ callables, without OpOverload.__call__'s Python frame.
+        node = Node(*(getattr(o, "_op", o) for o in (ops.attention.default, ops.forward.default)))
+    except (OSError, RuntimeError, AttributeError) as e:
         raise EagerNodeError(f"loading {path} failed: {e}") from e
     _state["path"] = str(path)
-    # The overload's C++ callable, without OpOverload.__call__'s Python frame.
-    _state["loaded"] = getattr(overload, "_op", overload)
-    return _state["loaded"]
+    _state["loaded"] = node
+    return node
 
 
-def op() -> Optional[Callable]:
-    """The node's op ``(q, k, v, plan_handle) -> O``, or None where eager calls use the Python
-    ``autograd.Function`` (mode ``python``, or ``auto`` without a usable compiler). Built and
-    loaded on the first call."""
+def op() -> Optional[Node]:
+    """The node's ops, or None where eager calls use the Python ``autograd.Function`` and the
+    Python forward (mode ``python``, or ``auto`` without a usable compiler). Built and loaded on
+    the first call."""
     if "op" in _state:
         return _state["op"]
     with _lock:
@@ -199,8 +208,7 @@ def op() -> Optional[Callable]:
 
 
 def reset() -> None:
-    """Forgets the choice (``ATTN_POLICY_EAGER_NODE`` is read again by the next plan that needs
-    gradients); a node once loaded stays the process's node (``$CXX`` or the cache directory
+    """Forgets the choice (``ATTN_POLICY_EAGER_NODE`` is read again by the next plan made); a node once loaded stays the process's node (``$CXX`` or the cache directory
     changed later are not looked at again). ``attn_policy.torch.clear_cache()`` calls it."""
     with _lock:
         _state.pop("op", None)

@@ -542,6 +542,10 @@ class _Runner:
         """O of an eager call that needs gradients (the Python autograd Function)."""
         return _eager_apply(q, k, v, self)
 
+    def output(self, q, k, v) -> torch.Tensor:
+        """O of an eager call that needs no gradient."""
+        return self.forward(q, k, v)[0]
+
 
 _empty = torch.empty
 _empty_strided = torch.empty_strided
@@ -572,12 +576,14 @@ class _NativeRunner(_Runner):
         self.index = call.device.index if call.device.index is not None else 0
         self._fwd, self._bwd, self._ws_bwd = plan.forward, plan.backward, plan.workspace_backward
         self._stream = _raw_stream if self.cuda else _no_stream
-        if call.training and not host_copy:
-            # Gradients through the C++ node where it builds (attn_policy.eager_node): its
-            # backward runs no Python, so it takes no GIL on autograd's thread.
+        if not host_copy:
+            # Eager calls through the C++ node where it builds (attn_policy.eager_node): its
+            # backward runs no Python, so it takes no GIL on autograd's thread, and its forward
+            # allocates in C++.
             node = eager_node.op()
             if node is not None:
-                self.apply = _cpp_apply(node, plan.handle)
+                self.apply = _through_node(node.attention, plan.handle)
+                self.output = _through_node(node.forward, plan.handle)
 
     def _no_capture(self):
         if self.host_copy and torch.cuda.is_current_stream_capturing():
@@ -657,17 +663,17 @@ def _retyped(e: RuntimeError) -> Exception:
     return e
 
 
-def _cpp_apply(node, handle: int):
-    """An eager call's O through the C++ node for the plan at ``handle``."""
-    def apply(q, k, v):
+def _through_node(node_op, handle: int):
+    """An eager call's O through an op of the C++ node, for the plan at ``handle``."""
+    def call(q, k, v):
         try:
-            return node(q, k, v, handle)
+            return node_op(q, k, v, handle)
         except RuntimeError as e:
             typed = _retyped(e)
             if typed is e:
                 raise
             raise typed from None
-    return apply
+    return call
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
@@ -1349,7 +1355,7 @@ def attention(
     runner, decision, copy = hit
     if copy:
         q, k, v = _usable(q), _usable(k), _usable(v)
-    o = runner.apply(q, k, v) if grad else runner.forward(q, k, v)[0]
+    o = runner.apply(q, k, v) if grad else runner.output(q, k, v)
     return (o, decision) if return_decision else o
 
 
@@ -1412,7 +1418,7 @@ def _attention_first(q, k, v, key, grad, layout, is_causal, diagonal, window, sc
             if len(_fast) >= _CACHE_CAP:
                 _fast.clear()
             _fast[key] = (e.runner, e.decision, qu is not q or ku is not k or vu is not v)
-    o = e.runner.apply(qu, ku, vu) if grad else e.runner.forward(qu, ku, vu)[0]
+    o = e.runner.apply(qu, ku, vu) if grad else e.runner.output(qu, ku, vu)
     return (o, e.decision) if return_decision else o
 
 

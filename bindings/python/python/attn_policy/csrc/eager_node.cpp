@@ -14,6 +14,8 @@
 //   attention(Tensor q, Tensor k, Tensor v, int plan) -> Tensor
 //       O of the plan's problem (the plan is a NativePlan.handle; the caller checked that the
 //       tensors match it), differentiable in q, k, v.
+//   forward(Tensor q, Tensor k, Tensor v, int plan) -> Tensor
+//       The same O for a call that needs no gradient (no autograd node).
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -94,24 +96,36 @@ at::Tensor workspace(uint64_t bytes, const at::Tensor& like) {
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
 }
 
+// O and the LSE of the plan's forward, allocated here and enqueued on the current stream.
+std::pair<at::Tensor, at::Tensor> run_forward(const Plan* plan, const at::Tensor& q,
+                                              const at::Tensor& k, const at::Tensor& v) {
+  PlanInfo info{};
+  abi->info(plan, &info);
+  auto o_sizes = q.sizes().vec();
+  o_sizes.back() = v.size(-1);
+  at::Tensor o = at::empty(o_sizes, q.options());
+  at::Tensor lse = at::empty({info.batch, info.heads_q, info.seqlen_q},
+                             q.options().dtype(info.lse_f64 ? at::kDouble : at::kFloat));
+  const uint64_t n = info.on_host ? 0 : info.workspace_forward;
+  at::Tensor ws = n ? workspace(n, q) : at::Tensor();
+  const uint64_t ptrs[5] = {ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse)};
+  check(abi->forward(plan, ptrs, n ? ptr(ws) : 0, n, current_stream(q)));
+  return {o, lse};
+}
+
+const Plan* plan_at(int64_t address) {
+  TORCH_CHECK(abi != nullptr, "attn_policy_eager: set_abi was not called");
+  return reinterpret_cast<const Plan*>(static_cast<uintptr_t>(address));
+}
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 struct Attention : public torch::autograd::Function<Attention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, int64_t plan_address) {
-    const auto* plan = reinterpret_cast<const Plan*>(static_cast<uintptr_t>(plan_address));
-    PlanInfo info{};
-    abi->info(plan, &info);
-    auto o_sizes = q.sizes().vec();
-    o_sizes.back() = v.size(-1);
-    at::Tensor o = at::empty(o_sizes, q.options());
-    at::Tensor lse = at::empty({info.batch, info.heads_q, info.seqlen_q},
-                               q.options().dtype(info.lse_f64 ? at::kDouble : at::kFloat));
-    const uint64_t n = info.on_host ? 0 : info.workspace_forward;
-    at::Tensor ws = n ? workspace(n, q) : at::Tensor();
-    const uint64_t ptrs[5] = {ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse)};
-    check(abi->forward(plan, ptrs, n ? ptr(ws) : 0, n, current_stream(q)));
+    const Plan* plan = plan_at(plan_address);
+    auto [o, lse] = run_forward(plan, q, k, v);
     ctx->save_for_backward({q, k, v, o, lse});
     ctx->saved_data["plan"] = c10::make_intrusive<PlanRef>(plan);
     return o;
@@ -148,8 +162,13 @@ struct Attention : public torch::autograd::Function<Attention> {
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      int64_t plan) {
-  TORCH_CHECK(abi != nullptr, "attn_policy_eager: set_abi was not called");
+  plan_at(plan);
   return Attention::apply(q, k, v, plan);
+}
+
+// A call that needs no gradient: O alone, no autograd node.
+at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t plan) {
+  return run_forward(plan_at(plan), q, k, v).first;
 }
 
 }  // namespace attn_policy_eager
@@ -158,4 +177,5 @@ TORCH_LIBRARY(attn_policy_eager, m) {
   m.class_<attn_policy_eager::PlanRef>("PlanRef");
   m.def("set_abi(int address, int version) -> ()", &attn_policy_eager::set_abi);
   m.def("attention(Tensor q, Tensor k, Tensor v, int plan) -> Tensor", &attn_policy_eager::attention);
+  m.def("forward(Tensor q, Tensor k, Tensor v, int plan) -> Tensor", &attn_policy_eager::forward);
 }
