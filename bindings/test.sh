@@ -39,7 +39,8 @@ if [[ "${TORCH_TESTS:-1}" == 1 ]]; then
   "$TV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$WORK"/wheels/*.whl
   (cd "$WORK" && "$TV/bin/python" -m pytest -q -p no:cacheprovider \
     "$ROOT/bindings/python/tests/test_torch.py" "$ROOT/bindings/python/tests/test_transformers.py" \
-    "$ROOT/bindings/python/tests/test_sdpa.py" "$ROOT/bindings/python/tests/test_context_parallel.py")
+    "$ROOT/bindings/python/tests/test_sdpa.py" "$ROOT/bindings/python/tests/test_context_parallel.py" \
+    "$ROOT/bindings/python/tests/test_eager_node.py")
 fi
 if [[ "${BENCH:-0}" == 1 ]]; then
   "$WORK/venv/bin/python" "$ROOT/bindings/python/tests/bench_bindings.py" "$ATTN_POLICY_CORPUS"

@@ -149,11 +149,12 @@ def attn_policy_native():
     return _native
 
 
-def _fresh_process(tmp_path, mode, code):
-    """Runs ``code`` in a new Python (this one may have loaded the node already) with no
-    compiler to be found and an empty cache."""
+def _fresh_process(tmp_path, mode, code, **env_vars):
+    """Runs ``code`` in a new Python (this one may have loaded the node already), by default
+    with no compiler to be found and an empty cache."""
     env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), ATTN_POLICY_CACHE_DIR=str(tmp_path / "cache"),
                ATTN_POLICY_EAGER_NODE=mode)
+    env.update(env_vars)
     prelude = ("import warnings, torch, attn_policy.torch as apt\n"
                "from attn_policy import eager_node\n"
                "q, k, v = (torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))\n")
@@ -187,6 +188,34 @@ def test_mode_auto_without_a_compiler_warns_and_uses_python(tmp_path):
     assert "Python autograd.Function" in out and "no C++ compiler found" in out, out
     assert "'node': 'python'" in out and "grad ok: True" in out, out
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))
+
+
+@pytest.mark.skipif(not os.path.exists("/bin/false"), reason="no /bin/false")
+def test_a_failing_compiler_is_reported_with_its_command(tmp_path):
+    r = _fresh_process(tmp_path, "cpp", (
+        "try:\n"
+        "    apt.attention(q, k, v, is_causal=True)\n"
+        "except eager_node.EagerNodeError as e:\n"
+        "    print('refused:', e)\n"), CXX="/bin/false")
+    assert r.returncode == 0, r.stderr
+    assert "refused: compiling eager_node.cpp failed (exit 1)" in r.stdout and "$ /bin/false" in r.stdout, r.stdout
+    assert not any((tmp_path / "cache").rglob("*.so"))
+
+
+@needs_cxx
+def test_an_unwritable_cache_falls_back_with_the_reason(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    r = _fresh_process(tmp_path, "auto", (
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    o = apt.attention(q, k, v, is_causal=True)\n"
+        "print('grad_fn:', type(o.grad_fn).__name__)\n"
+        "print('warned:', [str(x.message) for x in w if x.category is RuntimeWarning])\n"),
+        CXX=eager_node.compiler(), ATTN_POLICY_CACHE_DIR=str(blocker))
+    assert r.returncode == 0, r.stderr
+    assert "grad_fn: _EagerBackward" in r.stdout, r.stdout
+    assert "cannot build into" in r.stdout and "ATTN_POLICY_CACHE_DIR" in r.stdout, r.stdout
 
 
 def test_mode_python_never_builds(node, monkeypatch, tmp_path):

@@ -131,24 +131,39 @@ def build(force: bool = False) -> Path:
     if not SOURCE.is_file():
         raise EagerNodeError(f"the node's source is missing from the package: {SOURCE}")
     out = library_path(cxx)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one rank compiles; the others find its result
-        if out.is_file() and not force:
-            return out
-        log.warning("attn_policy: compiling the C++ autograd node for torch %s (once; ~15 s) into %s",
-                    torch.__version__, out)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        cmd = _command(cxx, Path(tmp))
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            os.unlink(tmp)
-            tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-20:])
-            raise EagerNodeError(f"compiling {SOURCE.name} failed (exit {r.returncode}):\n"
-                                 f"$ {' '.join(cmd)}\n{tail}")
-        os.replace(tmp, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out.parent / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one rank compiles; the others find its result
+            if out.is_file() and not force:
+                return out
+            _compile(cxx, out)
+    except OSError as e:
+        raise EagerNodeError(f"cannot build into {out.parent} ({e}); set ATTN_POLICY_CACHE_DIR "
+                             f"to a writable directory") from e
     return out
+
+
+def _compile(cxx: str, out: Path) -> None:
+    log.warning("attn_policy: compiling the C++ autograd node for torch %s (once; ~15 s) into %s",
+                torch.__version__, out)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = _command(cxx, Path(tmp))
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        os.unlink(tmp)
+        raise EagerNodeError(f"compiling {SOURCE.name} took over 900 s: $ {' '.join(cmd)}") from None
+    except OSError as e:
+        os.unlink(tmp)
+        raise EagerNodeError(f"running the compiler {cxx} failed: {e}") from e
+    if r.returncode != 0:
+        os.unlink(tmp)
+        tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-20:])
+        raise EagerNodeError(f"compiling {SOURCE.name} failed (exit {r.returncode}):\n"
+                             f"$ {' '.join(cmd)}\n{tail}")
+    os.replace(tmp, out)
 
 
 class Node(NamedTuple):
