@@ -204,8 +204,35 @@ impl Drop for DeviceState {
     }
 }
 
+/// A thread's cuDNN states, one per device.
+///
+/// At process exit `exit()` destroys the main thread's thread-locals after the host has torn
+/// its CUDA state down (Python's finalisation: torch, NCCL), and `cudnnDestroy` then crashed
+/// inside libcudnn (seen on the H200: the context-parallel and torch GPU suites in one
+/// process, a native backtrace through `__call_tls_dtors`). So the exiting main thread's
+/// states are leaked, not destroyed: the driver reclaims them with the process. Any other
+/// thread that ends destroys its states as usual.
+#[derive(Default)]
+struct ThreadStates(HashMap<usize, DeviceState>);
+
+impl Drop for ThreadStates {
+    fn drop(&mut self) {
+        if is_main_thread() {
+            std::mem::forget(std::mem::take(&mut self.0));
+        }
+    }
+}
+
+/// Whether the calling thread is the process's main thread (its thread id is the process id;
+/// the main thread's thread-locals are destroyed only by `exit()`).
+fn is_main_thread() -> bool {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    u32::try_from(tid).is_ok_and(|t| t == std::process::id())
+}
+
 thread_local! {
-    static STATES: RefCell<HashMap<usize, DeviceState>> = RefCell::new(HashMap::new());
+    static STATES: RefCell<ThreadStates> = RefCell::new(ThreadStates::default());
 }
 
 /// Pointers of the caller's tensors for one call (CUdeviceptr values; 0 when unused).
@@ -396,6 +423,7 @@ impl CudnnExecutor {
     pub fn cache_stats(&self) -> CacheStats {
         STATES.with(|s| {
             s.borrow()
+                .0
                 .get(&self.ordinal)
                 .map(|st| st.cache.stats())
                 .unwrap_or_default()
@@ -419,7 +447,7 @@ impl CudnnExecutor {
         self.ctx.bind_to_thread()?;
         STATES.with(|states| {
             let mut states = states.borrow_mut();
-            let st = match states.entry(self.ordinal) {
+            let st = match states.0.entry(self.ordinal) {
                 std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
                     let api = backend::api()?;
@@ -972,4 +1000,16 @@ pub fn shared_on(ordinal: usize) -> Result<Arc<CudnnExecutor>, CudnnError> {
     map.entry(ordinal)
         .or_insert_with(|| CudnnExecutor::new(ordinal).map(Arc::new))
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_main_thread;
+
+    #[test]
+    fn threads_other_than_main_are_not_the_main_thread() {
+        // The test harness runs each test on a thread of its own, never the main thread.
+        assert!(!is_main_thread());
+        assert!(!std::thread::spawn(is_main_thread).join().unwrap());
+    }
 }
