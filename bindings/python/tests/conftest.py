@@ -24,17 +24,23 @@ def valid_corpus(corpus):
     return [r for r in corpus if te_accepts(r["config"])]
 
 
-@pytest.fixture(scope="session")
-def corpus():
-    if not CORPUS.exists():
-        pytest.skip(f"conformance corpus not found at {CORPUS}")
+def read_corpus(path: Path, limit: int) -> list:
+    """The first ``limit`` records of a ``.jsonl.gz`` conformance corpus (skips the test when
+    the corpus is not beside the checkout)."""
+    if not path.exists():
+        pytest.skip(f"conformance corpus not found at {path}")
     out = []
-    with gzip.open(CORPUS, "rt") as f:
+    with gzip.open(path, "rt") as f:
         for line in f:
             out.append(json.loads(line))
-            if len(out) >= 400:
+            if len(out) >= limit:
                 break
     return out
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    return read_corpus(CORPUS, 400)
 
 
 @pytest.fixture

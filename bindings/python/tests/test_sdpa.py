@@ -3,8 +3,6 @@ process state monkeypatched. With PyTorch installed the tensors are real (meta-d
 memory); without it (CI installs no torch) a minimal stand-in module supplies the handful of
 attributes explain_sdpa reads. The H200 parity test is tests/gpu/test_sdpa_parity.py."""
 
-import gzip
-import json
 import sys
 import types
 from pathlib import Path
@@ -173,15 +171,9 @@ def from_record(torch, config):
 
 @pytest.fixture(scope="module")
 def records():
-    if not CORPUS.exists():
-        pytest.skip(f"corpus not found at {CORPUS}")
-    out = []
-    with gzip.open(CORPUS, "rt") as f:
-        for line in f:
-            out.append(json.loads(line))
-            if len(out) >= 300:
-                break
-    return out
+    from conftest import read_corpus
+
+    return read_corpus(CORPUS, 300)
 
 
 def test_corpus_records_decide_as_pytorch_did(torch, records):
