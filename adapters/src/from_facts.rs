@@ -304,6 +304,9 @@ pub fn te_admits(m: &crate::executor::Manifest) -> String {
     if !m.deterministic {
         parts.push("not deterministic".into());
     }
+    if !m.backward {
+        parts.push("not is_training".into());
+    }
     parts.join("\n    and ")
 }
 

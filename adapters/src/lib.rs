@@ -6,6 +6,7 @@
 //! - [`executor`]: the [`Executor`] trait, its [`Manifest`], [`Unsupported`] and [`ExecError`].
 //! - [`registry`]: executor name -> executor, manifest and availability ([`Registry::builtin`]).
 //! - [`reference`]: CPU float64 oracle. [`chunked`]: CUDA cuBLAS + NVRTC executor (feature `cuda`).
+//!   [`fused`]: one NVRTC wgmma kernel per call for head dims 264..512 on SM90 (feature `cuda`).
 //! - [`from_facts`]: the policy's facts -> an [`AttentionProblem`] (the one conversion).
 //!   [`cudnn`]: cuDNN graph API (feature `cudnn`). [`frost`]: cuDNN frontend FROST engines
 //!   (feature `frost`). [`host`]: manifests of the executors a Python host provides.
@@ -26,6 +27,7 @@ pub mod cudnn;
 pub mod executor;
 pub mod from_facts;
 pub mod frost;
+pub mod fused;
 pub mod host;
 pub mod live;
 pub mod problem;

@@ -199,6 +199,14 @@ impl Registry {
             crate::chunked::availability,
         ));
         r.register(RegistryEntry::builtin(
+            crate::fused::NAME,
+            "CUDA fused wgmma kernel (NVRTC, SM90), head_dim 264..512, forward",
+            crate::fused::manifest(),
+            Some("cuda"),
+            crate::fused::create,
+            crate::fused::availability,
+        ));
+        r.register(RegistryEntry::builtin(
             crate::cudnn::NAME,
             "cuDNN fused attention through the backend graph API (the process's libcudnn)",
             crate::cudnn::manifest(),

@@ -9,8 +9,14 @@
 //! Usage: attn-bench [--seqlens 4096,16384,32768] [--head-dim 512] [--batch 2] [--hq 8]
 //!        [--hkv 4] [--dtype bf16|fp16] [--iters 5] [--no-torch] [--scratch DIR]
 //!        [--budget-mib 1024] [--torch-backends efficient_expanded,math] [--json FILE]
+//!        [--no-fused]
+//!
+//! With an SM90 GPU and a head dim in 264..512, the fused executor's forward runs on the same
+//! inputs (median time, workspace, max |O - O_chunked| and |LSE - LSE_chunked|, two runs compared
+//! bit for bit); its backward is not fused, so its fwd+bwd column stays empty.
 
 use attn_policy_adapters::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
+use attn_policy_adapters::fused::{self, Fused};
 use attn_policy_adapters::{
     AttentionProblem, DType, DeviceBackwardArgs, DeviceForwardArgs, ExecError, Executor, MaskSpec,
 };
@@ -30,6 +36,7 @@ struct Args {
     budget_mib: u64,
     backends: String,
     json: Option<String>,
+    fused: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -46,6 +53,7 @@ fn parse() -> Result<Args, String> {
         budget_mib: 1024,
         backends: "efficient_expanded,math".into(),
         json: None,
+        fused: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -72,6 +80,7 @@ fn parse() -> Result<Args, String> {
                 }
             }
             "--no-torch" => a.torch = false,
+            "--no-fused" => a.fused = false,
             "--scratch" => a.scratch = val()?,
             "--torch-backends" => a.backends = val()?,
             "--json" => a.json = Some(val()?),
@@ -133,6 +142,17 @@ fn run(a: &Args) -> Result<(), ExecError> {
         "cuBLAS {} GEMM 8192^3 on random data: {gemm:.0} TFLOP/s",
         a.dtype
     );
+    let fused_ex = if a.fused {
+        match Fused::on_device(0) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                println!("fused executor skipped: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut rows: Vec<Row> = Vec::new();
     let mut json = Vec::new();
     for &s in &a.seqlens {
@@ -241,6 +261,24 @@ fn run(a: &Args) -> Result<(), ExecError> {
             peak_mib: Some(peak),
             note,
         });
+        if let Some(fx) = &fused_ex
+            && fx.check(&p).is_ok()
+        {
+            let chunked_out = (&o, &lse);
+            fused_row(
+                &ex,
+                fx,
+                &p,
+                s,
+                &fa,
+                chunked_out,
+                flops,
+                gemm,
+                a.iters,
+                &mut rows,
+                &mut json,
+            )?;
+        }
         if a.torch {
             torch_rows(
                 a,
@@ -262,6 +300,87 @@ fn run(a: &Args) -> Result<(), ExecError> {
         )
         .map_err(|e| ExecError::invalid(format!("{path}: {e}")))?;
     }
+    Ok(())
+}
+
+/// The fused forward on the chunked run's inputs: time, memory, agreement with chunked's O and
+/// LSE (already in `fa.o` / `fa.lse`), and a bitwise repeat.
+#[allow(clippy::too_many_arguments)]
+fn fused_row(
+    ex: &Chunked,
+    fx: &Fused,
+    p: &AttentionProblem,
+    s: usize,
+    fa: &DeviceForwardArgs,
+    chunked_out: (&DeviceBuffer, &DeviceBuffer),
+    flops: f64,
+    gemm: f64,
+    iters: usize,
+    rows: &mut Vec<Row>,
+    json: &mut Vec<serde_json::Value>,
+) -> Result<(), ExecError> {
+    let o = ex.alloc(2 * p.o_span())?;
+    let lse = ex.alloc(4 * p.lse_len())?;
+    let args = DeviceForwardArgs {
+        o: o.ptr(),
+        lse: lse.ptr(),
+        ..*fa
+    };
+    // SAFETY: the inputs are the chunked run's live buffers, the outputs are sized above.
+    let times = unsafe {
+        fx.forward_device(p, &args)?;
+        let mut t = Vec::new();
+        for _ in 0..iters * 2 {
+            t.push(fx.forward_device(p, &args)?.compute_ms);
+        }
+        t
+    };
+    let fwd = median(times);
+    let o1 = ex.download_u16(&o, p.o_span())?;
+    let l1 = ex.download_f32(&lse, p.lse_len())?;
+    ex.poison(&o, 0xFF)?;
+    // SAFETY: as above.
+    unsafe { fx.forward_device(p, &args)? };
+    let identical = o1 == ex.download_u16(&o, p.o_span())?;
+    let to_f = |x: u16| p.dtype.from_bits(x);
+    let o_chunked = ex.download_u16(chunked_out.0, p.o_span())?;
+    let l_chunked = ex.download_f32(chunked_out.1, p.lse_len())?;
+    let o_diff = o1
+        .iter()
+        .zip(&o_chunked)
+        .map(|(&x, &y)| (to_f(x) - to_f(y)).abs())
+        .fold(0.0, f64::max);
+    let l_diff = l1
+        .iter()
+        .zip(&l_chunked)
+        .filter(|(x, _)| x.is_finite())
+        .map(|(&x, &y)| ((x - y) as f64).abs())
+        .fold(0.0, f64::max);
+    let ws = fused::forward_workspace_bytes(p);
+    let peak = (2 * p.o_span() as u64 + 4 * p.lse_len() as u64 + ws) as f64 / 1048576.0;
+    let note = format!(
+        "fwd {:.0} TFLOP/s ({:.0}% of GEMM); backward not fused; max |O - O_chunked| {o_diff:.1e}, max |LSE - LSE_chunked| {l_diff:.1e}; two runs {}",
+        flops / fwd / 1e9,
+        100.0 * flops / fwd / 1e9 / gemm,
+        if identical {
+            "bitwise identical"
+        } else {
+            "DIFFERENT"
+        }
+    );
+    json.push(serde_json::json!({
+        "impl": "fused", "s": s, "fwd_ms": fwd, "fwd_tflops": flops / fwd / 1e9,
+        "peak_extra_mib": peak, "workspace_fwd": ws, "max_abs_diff_o_vs_chunked": o_diff,
+        "max_abs_diff_lse_vs_chunked": l_diff, "deterministic": identical,
+    }));
+    rows.push(Row {
+        name: "fused (this crate, forward)".into(),
+        s,
+        fwd_ms: Some(fwd),
+        fb_ms: None,
+        peak_mib: Some(peak),
+        note,
+    });
     Ok(())
 }
 

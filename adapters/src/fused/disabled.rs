@@ -1,0 +1,57 @@
+//! Stand-in when the crate is built without the `cuda` feature: every call says why.
+
+use crate::executor::{
+    BackwardInputs, BackwardOutput, ExecError, Executor, ForwardInputs, ForwardOutput, Manifest,
+    Unsupported,
+};
+use crate::problem::AttentionProblem;
+use crate::registry::Availability;
+
+const WHY: &str = "attn-policy-adapters was built without the `cuda` feature";
+
+/// The fused executor (unavailable in this build).
+#[derive(Debug)]
+pub struct Fused {
+    _private: (),
+}
+
+impl Fused {
+    /// Always fails with [`ExecError::NoDevice`] in this build.
+    pub fn on_device(_ordinal: usize) -> Result<Fused, ExecError> {
+        Err(ExecError::NoDevice { reason: WHY.into() })
+    }
+}
+
+/// Always unavailable in this build.
+pub fn availability() -> Availability {
+    Availability::unavailable(WHY)
+}
+
+impl Executor for Fused {
+    fn name(&self) -> &str {
+        super::NAME
+    }
+    fn device_description(&self) -> String {
+        WHY.into()
+    }
+    fn manifest(&self) -> Manifest {
+        super::manifest()
+    }
+    fn check(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
+        super::check_problem(p)
+    }
+    fn forward(
+        &self,
+        _: &AttentionProblem,
+        _: &ForwardInputs<'_>,
+    ) -> Result<ForwardOutput, ExecError> {
+        Err(ExecError::NoDevice { reason: WHY.into() })
+    }
+    fn backward(
+        &self,
+        _: &AttentionProblem,
+        _: &BackwardInputs<'_>,
+    ) -> Result<BackwardOutput, ExecError> {
+        Err(ExecError::NoDevice { reason: WHY.into() })
+    }
+}

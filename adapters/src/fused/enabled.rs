@@ -1,0 +1,550 @@
+//! The fused executor on CUDA: NVRTC-compiled wgmma kernels (`kernels.cu`), one variant per
+//! (dtype, padded head dims), compiled on first use of a shape and cached.
+
+use super::{BLOCK_M, BLOCK_N, NAME, padded_dims, shared_bytes};
+use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
+use crate::executor::{
+    BackwardInputs, BackwardOutput, DeviceForwardArgs, Direction, ExecError, ExecStats, Executor,
+    ForwardInputs, ForwardOutput, HostTensor, Manifest, StreamLaunch, Unsupported,
+    validate_forward_inputs,
+};
+use crate::problem::{AttentionProblem, DType};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, DriverError, result as drv_result, sys as drv_sys,
+};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+
+const SRC: &str = include_str!("kernels.cu");
+
+/// Kernel parameters as the driver wants them: pointers to each argument's value.
+macro_rules! params {
+    ($($x:expr),* $(,)?) => {
+        [$((&$x) as *const _ as *mut c_void),*]
+    };
+}
+
+/// NVRTC target: wgmma and `setmaxnreg` exist only in the architecture-specific `sm_90a`.
+const ARCH: &str = "sm_90a";
+
+fn drv(e: DriverError) -> ExecError {
+    ExecError::Backend {
+        library: "cuda",
+        message: format!("{e:?}"),
+    }
+}
+
+/// One `wgmma.mma_async` m64nNk16 wrapper with fp32 accumulators: `A` from shared memory
+/// (descriptor) or from four registers. Generated because the operand list is N/2 long.
+fn wgmma_wrapper(name: &str, n: usize, ty: &str, a_in_registers: bool) -> String {
+    let nd = n / 2;
+    let mut s = String::new();
+    let a_params = if a_in_registers {
+        "unsigned a0, unsigned a1, unsigned a2, unsigned a3"
+    } else {
+        "u64 da"
+    };
+    let scale = if a_in_registers { "1" } else { "int scale_d" };
+    let _ = writeln!(
+        s,
+        "__device__ __forceinline__ void {name}(float* d, {a_params}, u64 db{}) {{",
+        if a_in_registers { "" } else { ", int scale_d" }
+    );
+    let d_list: Vec<String> = (0..nd).map(|i| format!("%{i}")).collect();
+    let (a_operand, b_idx, p_idx) = if a_in_registers {
+        (
+            format!("{{%{}, %{}, %{}, %{}}}", nd, nd + 1, nd + 2, nd + 3),
+            nd + 4,
+            None,
+        )
+    } else {
+        (format!("%{nd}"), nd + 1, Some(nd + 2))
+    };
+    let _ = write!(s, "    asm volatile(\"{{\\n.reg .pred p;\\n");
+    match p_idx {
+        Some(i) => {
+            let _ = write!(s, "setp.ne.b32 p, %{i}, 0;\\n");
+        }
+        None => {
+            let _ = write!(s, "setp.ne.b32 p, {scale}, 0;\\n");
+        }
+    }
+    let imm = if a_in_registers {
+        "1, 1, 0"
+    } else {
+        "1, 1, 0, 0"
+    };
+    let _ = write!(
+        s,
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {a_operand}, %{b_idx}, p, {imm};\\n}}\\n\"\n        : ",
+        d_list.join(", ")
+    );
+    let outs: Vec<String> = (0..nd).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    let _ = write!(s, "{}\n        : ", outs.join(", "));
+    if a_in_registers {
+        let _ = writeln!(s, "\"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"l\"(db));");
+    } else {
+        let _ = writeln!(s, "\"l\"(da), \"l\"(db), \"r\"(scale_d));");
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// The complete NVRTC source of one variant: the defines, the generated wgmma wrappers and
+/// `kernels.cu`.
+pub fn kernel_source(bf16: bool, dqk_pad: usize, dv_pad: usize) -> String {
+    let ty = if bf16 { "bf16" } else { "f16" };
+    let mut s = format!(
+        "#define LOWP_BF16 {}\n#define DQK {dqk_pad}\n#define DV {dv_pad}\ntypedef unsigned long long u64;\n",
+        u8::from(bf16)
+    );
+    s.push_str(&wgmma_wrapper("wg_ss_s", BLOCK_N, ty, false));
+    s.push_str(&wgmma_wrapper("wg_rs_o", dv_pad / 2, ty, true));
+    s.push_str(SRC);
+    s
+}
+
+fn compile(bf16: bool, dqk_pad: usize, dv_pad: usize) -> Result<cudarc::nvrtc::Ptx, ExecError> {
+    let opts = CompileOptions {
+        arch: Some(ARCH),
+        name: Some(format!(
+            "fused_{}_{dqk_pad}_{dv_pad}.cu",
+            if bf16 { "bf16" } else { "f16" }
+        )),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(kernel_source(bf16, dqk_pad, dv_pad), opts).map_err(|e| {
+        ExecError::Backend {
+            library: "nvrtc",
+            message: format!("{e:?}"),
+        }
+    })
+}
+
+/// Compile the variants of the widest and narrowest head dims with NVRTC only (no device): the
+/// test that runs wherever the NVRTC library is found.
+pub fn compile_only() -> Result<Vec<String>, ExecError> {
+    // SAFETY: probes library presence only.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(ExecError::NoDevice {
+            reason: "NVRTC library not found".into(),
+        });
+    }
+    let mut ptx = Vec::new();
+    for bf16 in [true, false] {
+        for (d, dv) in [(512, 512), (264, 264)] {
+            let (dq, dvp) = padded_dims(d, dv);
+            ptx.push(compile(bf16, dq, dvp)?.to_src());
+        }
+    }
+    Ok(ptx)
+}
+
+/// One compiled variant.
+struct Variant {
+    fwd: CudaFunction,
+    transpose: CudaFunction,
+    shared: u32,
+}
+
+/// Variant key: (bf16, padded qk dim, padded v dim).
+type VariantKey = (bool, usize, usize);
+
+/// The fused executor on one SM90 device.
+pub struct Fused {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    /// The executor's own stream (host path and the synchronous device path).
+    stream: Arc<CudaStream>,
+    /// Device buffers and uploads for the host path.
+    buffers: Chunked,
+    variants: Mutex<HashMap<VariantKey, Arc<Variant>>>,
+    desc: String,
+}
+
+/// Run-time probe: an SM90 device and NVRTC.
+pub fn availability() -> crate::registry::Availability {
+    use crate::registry::Availability;
+    let n = match crate::chunked::cuda_devices() {
+        Ok(n) => n,
+        Err(why) => return Availability::unavailable(why),
+    };
+    // SAFETY: dlopen probe only.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Availability::unavailable("library missing: NVRTC");
+    }
+    let sm90: Vec<usize> = (0..n)
+        .filter(|&i| {
+            crate::chunked::device_identity(i).is_ok_and(|(_, cc)| cc == super::COMPUTE_CAPABILITY)
+        })
+        .collect();
+    if sm90.is_empty() {
+        return Availability::unavailable("no compute capability 9.0 (Hopper) device");
+    }
+    Availability::Available {
+        detail: format!("SM90 device(s) {sm90:?}; NVRTC found"),
+    }
+}
+
+impl Fused {
+    /// Open CUDA device `ordinal`. Fails with [`ExecError::NoDevice`] when the driver or NVRTC
+    /// cannot be loaded, or the device is not compute capability 9.0.
+    pub fn on_device(ordinal: usize) -> Result<Fused, ExecError> {
+        let (name, cc) = crate::chunked::device_identity(ordinal)
+            .map_err(|reason| ExecError::NoDevice { reason })?;
+        if cc != super::COMPUTE_CAPABILITY {
+            return Err(ExecError::NoDevice {
+                reason: format!(
+                    "{name} is sm_{}{}; the fused kernels use sm_90a wgmma (Hopper only)",
+                    cc.0, cc.1
+                ),
+            });
+        }
+        let buffers = Chunked::on_device(ChunkedConfig::default(), ordinal)?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| ExecError::NoDevice {
+            reason: format!("no CUDA device {ordinal}: {e:?}"),
+        })?;
+        // SAFETY: the executor's own buffers live on its own stream only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv)?;
+        Ok(Fused {
+            ordinal,
+            ctx,
+            stream,
+            buffers,
+            variants: Mutex::new(HashMap::new()),
+            desc: format!("{name} (sm_90), NVRTC wgmma kernels ({ARCH})"),
+        })
+    }
+
+    /// The chunked executor on the same device, used for device buffers (allocation, upload,
+    /// download) by the host path, the tests and the bench.
+    pub fn buffers(&self) -> &Chunked {
+        &self.buffers
+    }
+
+    /// The compiled variant for `p` (compiles and loads it on first use).
+    fn variant(&self, p: &AttentionProblem) -> Result<Arc<Variant>, ExecError> {
+        let (dq, dv) = padded_dims(p.head_dim_qk, p.head_dim_v);
+        let key = (p.dtype == DType::BF16, dq, dv);
+        let mut map = self.variants.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = map.get(&key) {
+            return Ok(v.clone());
+        }
+        let ptx = compile(key.0, dq, dv)?;
+        self.ctx.bind_to_thread().map_err(drv)?;
+        let m = self.ctx.load_module(ptx).map_err(drv)?;
+        let fwd = m.load_function("fused_fwd").map_err(drv)?;
+        let transpose = m.load_function("transpose_v").map_err(drv)?;
+        let shared = shared_bytes(dq, dv) as u32;
+        fwd.set_attribute(
+            drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(drv)?;
+        let v = Arc::new(Variant {
+            fwd,
+            transpose,
+            shared,
+        });
+        map.insert(key, v.clone());
+        Ok(v)
+    }
+
+    fn check_ptrs(ptrs: &[(&str, u64)]) -> Result<(), ExecError> {
+        for (name, p) in ptrs {
+            if *p == 0 || p % 16 != 0 {
+                return Err(ExecError::invalid(format!(
+                    "{name} pointer {p:#x} is null or not 16-byte aligned"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_launch(&self, p: &AttentionProblem, launch: &StreamLaunch) -> Result<(), ExecError> {
+        if launch.device != self.ordinal {
+            return Err(ExecError::invalid(format!(
+                "launch on device {}, executor on device {}",
+                launch.device, self.ordinal
+            )));
+        }
+        let need = super::forward_workspace_bytes(p);
+        if launch.workspace_bytes < need {
+            return Err(ExecError::invalid(format!(
+                "workspace of {} bytes, the call needs {need}",
+                launch.workspace_bytes
+            )));
+        }
+        if launch.workspace == 0 || !launch.workspace.is_multiple_of(256) {
+            return Err(ExecError::invalid(format!(
+                "workspace {:#x} is null or not 256-byte aligned",
+                launch.workspace
+            )));
+        }
+        Ok(())
+    }
+
+    /// The stream path's forward: checks, then enqueues V's transpose and the fused kernel.
+    fn enqueue_fwd(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceForwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        super::check_problem(p)?;
+        Self::check_ptrs(&[
+            ("q", a.q),
+            ("k", a.k),
+            ("v", a.v),
+            ("o", a.o),
+            ("lse", a.lse),
+        ])?;
+        self.check_launch(p, launch)?;
+        let var = self.variant(p)?;
+        self.ctx.bind_to_thread().map_err(drv)?;
+        let stream = launch.stream as drv_sys::CUstream;
+        let vt = launch.workspace;
+        let skv = p.seqlen_kv as i32;
+        let skv_pad = (p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N) as i32;
+        let dv = p.head_dim_v as i32;
+        let hkv = p.heads_kv as i32;
+        let (vs, qs, ks, os) = (p.layout.v, p.layout.q, p.layout.k, p.layout.o);
+        let (vsb, vsh, vss) = (vs.batch as i64, vs.head as i64, vs.seq as i64);
+        // SAFETY: argument list matches `transpose_v`; V spans its strides, the workspace holds
+        // b*h_kv*dv*skv_pad elements (checked above).
+        unsafe {
+            launch_raw(
+                &var.transpose,
+                (
+                    (skv_pad as u32).div_ceil(32),
+                    (dv as u32).div_ceil(32),
+                    (p.batch * p.heads_kv) as u32,
+                ),
+                (32, 8, 1),
+                0,
+                stream,
+                &mut params![a.v, vt, skv, skv_pad, dv, hkv, vsb, vsh, vss],
+            )?;
+        }
+        let m = p.effective_mask();
+        let (off, left, right) = (m.offset, m.left.unwrap_or(-1), m.right.unwrap_or(-1));
+        let sq = p.seqlen_q as i32;
+        let hq = p.heads_q as i32;
+        let group = (p.heads_q / p.heads_kv) as i32;
+        let dqk = p.head_dim_qk as i32;
+        let scale_log2 = (p.softmax_scale * std::f64::consts::LOG2_E) as f32;
+        let (qsb, qsh, qss) = (qs.batch as i64, qs.head as i64, qs.seq as i64);
+        let (ksb, ksh, kss) = (ks.batch as i64, ks.head as i64, ks.seq as i64);
+        let (osb, osh, oss) = (os.batch as i64, os.head as i64, os.seq as i64);
+        let tiles = p.seqlen_q.div_ceil(BLOCK_M) as u32;
+        // SAFETY: argument list matches `fused_fwd`; pointers checked by the caller's contract.
+        unsafe {
+            launch_raw(
+                &var.fwd,
+                ((p.batch * p.heads_q) as u32, tiles, 1),
+                (256, 1, 1),
+                var.shared,
+                stream,
+                &mut params![
+                    a.q, a.k, vt, a.o, a.lse, sq, skv, skv_pad, hq, group, dqk, dv, qsb, qsh, qss,
+                    ksb, ksh, kss, osb, osh, oss, off, left, right, scale_log2
+                ],
+            )
+        }
+    }
+
+    fn timed(&self, f: impl FnOnce() -> Result<(), ExecError>) -> Result<f64, ExecError> {
+        let flags = Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self.ctx.new_event(flags).map_err(drv)?;
+        let end = self.ctx.new_event(flags).map_err(drv)?;
+        start.record(&self.stream).map_err(drv)?;
+        f()?;
+        end.record(&self.stream).map_err(drv)?;
+        end.synchronize().map_err(drv)?;
+        Ok(start.elapsed_ms(&end).map_err(drv)? as f64)
+    }
+
+    fn fwd_impl(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceForwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        super::check_problem(p)?;
+        // Compile before timing: the first call of a shape pays NVRTC once.
+        self.variant(p)?;
+        let bytes = super::forward_workspace_bytes(p);
+        let ws: DeviceBuffer = self.buffers.alloc(bytes as usize)?;
+        let launch = StreamLaunch {
+            device: self.ordinal,
+            stream: self.stream.cu_stream() as u64,
+            workspace: ws.ptr(),
+            workspace_bytes: ws.bytes() as u64,
+        };
+        let ms = self.timed(|| self.enqueue_fwd(p, a, &launch))?;
+        let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
+        Ok(ExecStats {
+            compute_ms: ms,
+            workspace_bytes: launch.workspace_bytes,
+            peak_bytes: Some(out_bytes + launch.workspace_bytes),
+        })
+    }
+}
+
+/// Launches `f` on a raw stream.
+///
+/// # Safety
+/// `params` must match the kernel's signature, and every buffer it names must be live.
+unsafe fn launch_raw(
+    f: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared: u32,
+    stream: drv_sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), ExecError> {
+    // SAFETY: per the contract.
+    unsafe { drv_result::launch_kernel(f.cu_function(), grid, block, shared, stream, params) }
+        .map_err(drv)
+}
+
+fn backward_refusal() -> ExecError {
+    ExecError::Unsupported {
+        reason:
+            "fused: the backward is not implemented (forward only); the chain's next entry runs it"
+                .into(),
+    }
+}
+
+impl Executor for Fused {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn device_description(&self) -> String {
+        self.desc.clone()
+    }
+
+    fn manifest(&self) -> Manifest {
+        super::manifest()
+    }
+
+    fn check(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
+        super::check_problem(p)
+    }
+
+    fn forward(
+        &self,
+        p: &AttentionProblem,
+        inputs: &ForwardInputs<'_>,
+    ) -> Result<ForwardOutput, ExecError> {
+        self.check(p)?;
+        validate_forward_inputs(p, inputs)?;
+        let b = &self.buffers;
+        let q = b.upload(&inputs.q.data[..p.q_span()])?;
+        let k = b.upload(&inputs.k.data[..p.k_span()])?;
+        let v = b.upload(&inputs.v.data[..p.v_span()])?;
+        let o = b.alloc(2 * p.o_span())?;
+        // Padding between rows is never written: start it at zero.
+        b.poison(&o, 0)?;
+        let lse = b.alloc(4 * p.lse_len())?;
+        let args = DeviceForwardArgs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            o: o.ptr(),
+            lse: lse.ptr(),
+        };
+        let stats = self.fwd_impl(p, &args)?;
+        Ok(ForwardOutput {
+            o: HostTensor {
+                dtype: p.dtype,
+                data: b.download_u16(&o, p.o_span())?,
+            },
+            lse: b.download_f32(&lse, p.lse_len())?,
+            stats,
+        })
+    }
+
+    fn backward(
+        &self,
+        p: &AttentionProblem,
+        _inputs: &BackwardInputs<'_>,
+    ) -> Result<BackwardOutput, ExecError> {
+        self.check(p)?;
+        Err(backward_refusal())
+    }
+
+    fn device_ordinal(&self) -> Option<usize> {
+        Some(self.ordinal)
+    }
+
+    fn workspace_bytes(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
+        super::check_problem(p)?;
+        if dir == Direction::Backward {
+            return Err(backward_refusal());
+        }
+        // The warm-up: compile and load the variant now, not inside a graph capture.
+        self.variant(p)?;
+        Ok(super::forward_workspace_bytes(p))
+    }
+
+    unsafe fn enqueue_forward(
+        &self,
+        p: &AttentionProblem,
+        args: &DeviceForwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        self.enqueue_fwd(p, args, launch)
+    }
+
+    unsafe fn forward_device(
+        &self,
+        p: &AttentionProblem,
+        args: &DeviceForwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        self.fwd_impl(p, args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generated_wrappers_name_every_accumulator_once() {
+        let s = wgmma_wrapper("w", 256, "bf16", true);
+        assert!(s.contains("m64n256k16.f32.bf16.bf16"));
+        assert!(s.contains("\"+f\"(d[127])") && !s.contains("d[128]"));
+        // Operands: 128 accumulators, 4 A registers (%128..%131), the B descriptor (%132).
+        assert!(s.contains("{%128, %129, %130, %131}, %132, p, 1, 1, 0;"));
+        let s = wgmma_wrapper("w", 64, "f16", false);
+        assert!(s.contains("m64n64k16.f32.f16.f16"));
+        assert!(s.contains("setp.ne.b32 p, %34, 0;"));
+        assert!(s.contains("%32, %33, p, 1, 1, 0, 0;"));
+    }
+
+    #[test]
+    fn nvrtc_compiles_the_variants_for_sm90a() {
+        match compile_only() {
+            Ok(ptx) => {
+                if let Ok(dir) = std::env::var("ATTN_POLICY_DUMP_PTX") {
+                    for (i, p) in ptx.iter().enumerate() {
+                        std::fs::write(format!("{dir}/fused_{i}.ptx"), p).unwrap();
+                    }
+                }
+                for p in ptx {
+                    assert!(p.contains(".target sm_90a"));
+                    assert!(p.contains("wgmma.mma_async.sync.aligned.m64n64k16"));
+                }
+            }
+            Err(ExecError::NoDevice { reason }) => {
+                println!("skipped: {reason} (set LD_LIBRARY_PATH to an NVRTC 13 library)");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! GPU tests of the fused (wgmma, SM90) executor. Without the `cuda` feature, a driver or an SM90
+//! GPU they print why they skip. On an H100/H200 they check, on fresh random inputs each run
+//! (the seed is printed):
+//! - numerics: the FlashAttention criterion err(fused, fp64) <= 2 err(naive same dtype, fp64) for
+//!   O and LSE within 1e-5 relative of fp64, over head dims 264..512 (padded tails), dtypes,
+//!   masks, windows, GQA/MHA/MQA, square/rectangular, layouts and query/key tails;
+//! - determinism: two forward runs are bitwise identical;
+//! - refusals before launch: problems outside the manifest, mismatched inputs, backward calls;
+//! - the stream path on a foreign stream matches the synchronous path bit for bit.
+
+use attn_policy_adapters::fused::Fused;
+use attn_policy_adapters::trial::{random_inputs, verify};
+use attn_policy_adapters::{
+    AttentionProblem, BackwardInputs, DType, DiagonalAlignment, Direction, ExecError, Executor,
+    ForwardInputs, HostTensor, LayoutKind, MaskSpec, Strides,
+};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+fn gpu() -> Option<Fused> {
+    match Fused::on_device(0) {
+        Ok(f) => {
+            println!("GPU: {}", f.device_description());
+            Some(f)
+        }
+        Err(e) => {
+            println!("skipped: no usable SM90 GPU for the fused executor: {e}");
+            None
+        }
+    }
+}
+
+fn fresh_seed() -> u64 {
+    let s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    println!("seed {s}");
+    s
+}
+
+type MaskFor = fn(bool) -> MaskSpec;
+
+fn cases() -> Vec<(AttentionProblem, String)> {
+    let masks: [(&str, MaskFor); 4] = [
+        ("no_mask", |_| MaskSpec::NONE),
+        ("causal_tl", |_| MaskSpec::CAUSAL_TOP_LEFT),
+        ("causal_br", |_| MaskSpec::CAUSAL_BOTTOM_RIGHT),
+        ("window", |br| {
+            MaskSpec::window(
+                70,
+                9,
+                if br {
+                    DiagonalAlignment::BottomRight
+                } else {
+                    DiagonalAlignment::TopLeft
+                },
+            )
+        }),
+    ];
+    let mut out = Vec::new();
+    let mut n = 0usize;
+    // 264: qk padded to 384 and v to 320; 328, 392 and 456 exercise the other tails.
+    for (d, dv) in [(264, 264), (328, 392), (456, 456), (512, 512), (512, 320)] {
+        for dtype in [DType::BF16, DType::F16] {
+            for (mname, mask) in masks {
+                for shape in ["gqa", "mha", "mqa"] {
+                    n += 1;
+                    // Query and key counts that are not multiples of the 64-row tiles, both
+                    // s_q < s_kv and s_q > s_kv.
+                    let (b, hq, hkv, sq, skv) = match shape {
+                        "gqa" => (1, 4, 2, 130, 130),
+                        "mha" if n % 2 == 0 => (2, 2, 2, 96, 200),
+                        "mha" => (1, 2, 2, 200, 72),
+                        _ => (1, 3, 1, 77, 150),
+                    };
+                    let mut p = AttentionProblem::new(b, hq, hkv, sq, skv, d, dv, dtype)
+                        .with_mask(mask(n % 2 == 1));
+                    let layout = match n % 3 {
+                        0 => "bshd",
+                        1 => {
+                            p.set_layout(LayoutKind::Sbhd);
+                            "sbhd"
+                        }
+                        _ => {
+                            // Padded rows: every row of Q and O 8 elements longer.
+                            let (qd, od) = (d + 8, dv + 8);
+                            p.layout.q = Strides {
+                                batch: sq * hq * qd,
+                                head: qd,
+                                seq: hq * qd,
+                            };
+                            p.layout.o = Strides {
+                                batch: sq * hq * od,
+                                head: od,
+                                seq: hq * od,
+                            };
+                            "padded"
+                        }
+                    };
+                    out.push((
+                        p,
+                        format!("d{d}/{dv} {dtype} {mname} {shape} b{b} {sq}x{skv} {layout}"),
+                    ));
+                }
+            }
+        }
+    }
+    // Long enough for many key tiles (online-softmax rescaling), a large softmax scale.
+    let mut p = AttentionProblem::new(1, 2, 1, 700, 1100, 512, 512, DType::BF16)
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+    p.softmax_scale = 0.2;
+    out.push((p, "d512 bf16 causal_br mqa 700x1100 scale 0.2".into()));
+    let p = AttentionProblem::new(1, 2, 2, 640, 640, 384, 384, DType::F16)
+        .with_mask(MaskSpec::window(200, 0, DiagonalAlignment::TopLeft));
+    out.push((p, "d384 fp16 window(200,0) mha 640x640".into()));
+    // Bottom-right causal with s_q > s_kv: the first rows admit no key (O = 0, LSE = -inf).
+    let p = AttentionProblem::new(1, 2, 1, 300, 100, 512, 512, DType::BF16)
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+    out.push((p, "d512 bf16 causal_br empty rows 300x100".into()));
+    out
+}
+
+#[test]
+fn numerics_flash_attention_criterion_forward() {
+    let Some(ex) = gpu() else { return };
+    let seed = fresh_seed();
+    let cases = cases();
+    let rows: Mutex<Vec<(usize, String, bool)>> = Mutex::new(Vec::new());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((p, label)) = cases.get(i) else {
+                        break;
+                    };
+                    let inp = random_inputs(p, seed.wrapping_add(i as u64 * 7919));
+                    let f = ex
+                        .forward(
+                            p,
+                            &ForwardInputs {
+                                q: &inp.q,
+                                k: &inp.k,
+                                v: &inp.v,
+                            },
+                        )
+                        .unwrap_or_else(|e| panic!("{label}: forward: {e}"));
+                    let v = verify(p, &inp, &f.o, &f.lse, None);
+                    let c = &v.checks[0];
+                    let line = format!(
+                        "| {label} | {:.2e} / {:.2e} | {:.1e} | {} |",
+                        c.err,
+                        c.naive_err,
+                        v.lse_rel_err,
+                        if v.passed { "pass" } else { "FAIL" }
+                    );
+                    rows.lock().unwrap().push((i, line, v.passed));
+                }
+            });
+        }
+    });
+    let mut rows = rows.into_inner().unwrap();
+    rows.sort_by_key(|r| r.0);
+    println!("\n| case | O err / naive | LSE rel err | result |\n|---|---|---|---|");
+    for (_, line, _) in &rows {
+        println!("{line}");
+    }
+    let failed: Vec<_> = rows.iter().filter(|r| !r.2).map(|r| r.1.clone()).collect();
+    println!("{} cases, {} failed", rows.len(), failed.len());
+    assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn forward_is_bitwise_deterministic_and_matches_the_stream_path() {
+    use attn_policy_adapters::{DeviceForwardArgs, StreamLaunch};
+    let Some(ex) = gpu() else { return };
+    let seed = fresh_seed();
+    let bufs = ex.buffers();
+    let p = AttentionProblem::new(2, 8, 2, 1000, 1300, 512, 512, DType::BF16)
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+    let q = bufs.random(p.dtype, p.q_span(), seed).unwrap();
+    let k = bufs.random(p.dtype, p.k_span(), seed + 1).unwrap();
+    let v = bufs.random(p.dtype, p.v_span(), seed + 2).unwrap();
+    let outs = || {
+        let o = bufs.alloc(2 * p.o_span()).unwrap();
+        let lse = bufs.alloc(4 * p.lse_len()).unwrap();
+        bufs.poison(&o, 0xFF).unwrap();
+        bufs.poison(&lse, 0xFF).unwrap();
+        (o, lse)
+    };
+    let args = |o: &attn_policy_adapters::chunked::DeviceBuffer,
+                l: &attn_policy_adapters::chunked::DeviceBuffer| DeviceForwardArgs {
+        q: q.ptr(),
+        k: k.ptr(),
+        v: v.ptr(),
+        o: o.ptr(),
+        lse: l.ptr(),
+    };
+    let read = |o: &attn_policy_adapters::chunked::DeviceBuffer,
+                l: &attn_policy_adapters::chunked::DeviceBuffer| {
+        (
+            bufs.download_u16(o, p.o_span()).unwrap(),
+            bufs.download_f32(l, p.lse_len())
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (o1, l1) = outs();
+    let (o2, l2) = outs();
+    let (o3, l3) = outs();
+    unsafe { ex.forward_device(&p, &args(&o1, &l1)) }.unwrap();
+    unsafe { ex.forward_device(&p, &args(&o2, &l2)) }.unwrap();
+    let first = read(&o1, &l1);
+    assert!(first.0.iter().any(|&x| x != 0), "O is all zeros");
+    assert_eq!(first, read(&o2, &l2), "two forward runs differ");
+
+    // A stream the executor does not own, as a framework's would be.
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let side = ctx.new_stream().unwrap();
+    let ws_bytes = ex.workspace_bytes(&p, Direction::Forward).unwrap();
+    let ws = bufs.alloc(ws_bytes as usize).unwrap();
+    let launch = StreamLaunch {
+        device: 0,
+        stream: side.cu_stream() as u64,
+        workspace: ws.ptr(),
+        workspace_bytes: ws_bytes,
+    };
+    let refused = |l: &StreamLaunch| {
+        matches!(
+            unsafe { ex.enqueue_forward(&p, &args(&o3, &l3), l) },
+            Err(ExecError::InvalidInput { .. })
+        )
+    };
+    assert!(refused(&StreamLaunch {
+        device: 7,
+        ..launch
+    }));
+    assert!(refused(&StreamLaunch {
+        workspace_bytes: ws_bytes - 256,
+        ..launch
+    }));
+    unsafe { ex.enqueue_forward(&p, &args(&o3, &l3), &launch) }.unwrap();
+    side.synchronize().unwrap();
+    assert_eq!(first, read(&o3, &l3), "stream path differs");
+}
+
+#[test]
+fn refusals_come_before_any_launch() {
+    let Some(ex) = gpu() else { return };
+    let p = AttentionProblem::new(1, 4, 2, 64, 64, 512, 512, DType::BF16);
+    let inp = random_inputs(&p, 3);
+    let fwd = |p: &AttentionProblem, q: &HostTensor| {
+        ex.forward(
+            p,
+            &ForwardInputs {
+                q,
+                k: &inp.k,
+                v: &inp.v,
+            },
+        )
+    };
+    // Outside the manifest: typed Unsupported, nothing compiled or launched.
+    for (bad, why) in [
+        (
+            AttentionProblem::new(1, 4, 2, 64, 64, 256, 256, DType::BF16),
+            "head_dim_qk 256",
+        ),
+        (
+            AttentionProblem::new(1, 4, 2, 64, 64, 520, 520, DType::BF16),
+            "head_dim_qk 520",
+        ),
+        (
+            AttentionProblem::new(1, 4, 2, 64, 64, 512, 512, DType::F32),
+            "dtype",
+        ),
+    ] {
+        let e = ex.check(&bad).unwrap_err();
+        assert!(e.reason.contains(why), "{why}: {}", e.reason);
+        assert!(matches!(
+            ex.workspace_bytes(&bad, Direction::Forward),
+            Err(ExecError::Unsupported { .. })
+        ));
+    }
+    let wrong = HostTensor {
+        dtype: DType::F16,
+        data: inp.q.data.clone(),
+    };
+    assert!(matches!(
+        fwd(&p, &wrong),
+        Err(ExecError::InvalidInput { .. })
+    ));
+    let short = HostTensor {
+        dtype: DType::BF16,
+        data: inp.q.data[..100].to_vec(),
+    };
+    assert!(matches!(
+        fwd(&p, &short),
+        Err(ExecError::InvalidInput { .. })
+    ));
+    // The backward is not fused: refused, typed.
+    let f = fwd(&p, &inp.q).unwrap();
+    let e = ex
+        .backward(
+            &p,
+            &BackwardInputs {
+                q: &inp.q,
+                k: &inp.k,
+                v: &inp.v,
+                o: &f.o,
+                d_o: &inp.d_o,
+                lse: &f.lse,
+            },
+        )
+        .unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    assert!(
+        ex.workspace_bytes(&p, Direction::Backward)
+            .unwrap_err()
+            .is_unsupported()
+    );
+}
