@@ -368,6 +368,7 @@ mod tests {
             vec![
                 "reference",
                 "chunked",
+                "fused",
                 "cudnn",
                 "frost",
                 "torch_flash",
@@ -397,7 +398,7 @@ mod tests {
         }
         // GPU executors: available only with their feature and a device; otherwise the reason
         // names what is missing.
-        for gpu in ["chunked", "cudnn", "frost"] {
+        for gpu in ["chunked", "fused", "cudnn", "frost"] {
             let a = r.availability(gpu).unwrap();
             if let Some(reason) = a.reason() {
                 assert!(
@@ -413,7 +414,7 @@ mod tests {
             }
         }
         let described = r.describe();
-        assert_eq!(described.len(), 8);
+        assert_eq!(described.len(), 9);
         let j = serde_json::to_value(&described[0]).unwrap();
         assert_eq!(j["availability"], "available");
         assert_eq!(j["provider"], "builtin");
@@ -433,8 +434,8 @@ mod tests {
             },
         );
         assert!(r.availability("torch_flash").unwrap().is_available());
-        assert_eq!(r.names().len(), 8);
-        assert_eq!(r.names()[4], "torch_flash", "replaced in place");
+        assert_eq!(r.names().len(), 9);
+        assert_eq!(r.names()[5], "torch_flash", "replaced in place");
         assert!(matches!(
             r.get("nope"),
             Err(ExecError::UnknownExecutor { .. })

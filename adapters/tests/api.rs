@@ -388,7 +388,7 @@ fn wide_dtypes_are_refused_on_the_host_tensor_path_not_approximated() {
     );
     // GPU executors' manifests take 16-bit types only.
     let r = Registry::builtin();
-    for name in ["chunked", "cudnn", "frost", "torch_flash"] {
+    for name in ["chunked", "fused", "cudnn", "frost", "torch_flash"] {
         let m = r.manifest(name).unwrap();
         assert!(m.admits(&p).is_err(), "{name} admits fp32");
     }

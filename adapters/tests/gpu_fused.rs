@@ -69,7 +69,7 @@ fn cases() -> Vec<(AttentionProblem, String)> {
                     // s_q < s_kv and s_q > s_kv.
                     let (b, hq, hkv, sq, skv) = match shape {
                         "gqa" => (1, 4, 2, 130, 130),
-                        "mha" if n % 2 == 0 => (2, 2, 2, 96, 200),
+                        "mha" if n.is_multiple_of(2) => (2, 2, 2, 96, 200),
                         "mha" => (1, 2, 2, 200, 72),
                         _ => (1, 3, 1, 77, 150),
                     };

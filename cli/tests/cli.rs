@@ -152,6 +152,7 @@ fn executors_lists_every_executor_with_availability() {
         [
             "reference",
             "chunked",
+            "fused",
             "cudnn",
             "frost",
             "torch_flash",
@@ -169,7 +170,7 @@ fn executors_lists_every_executor_with_availability() {
         assert_eq!(e["manifest"]["name"], e["name"]);
     }
     assert_eq!(list[0]["availability"], "available");
-    assert_eq!(list[4]["reason"], "provided by the Python host");
+    assert_eq!(list[5]["reason"], "provided by the Python host");
     let human = stdout(&run(&["executors"]));
     assert!(
         human.contains("torch_flash      unavailable provided by the Python host"),

@@ -23,10 +23,10 @@ fn pack_admits_nothing_its_executors_refuse() {
                         ("no_mask", json!([32, 32])),
                         ("padding", json!(null)),
                     ] {
-                        for (sq, skv) in [(64, 64), (32, 96)] {
+                        for (sq, skv, training) in [(64, 64, true), (32, 96, false)] {
                             let c = json!({"qkv_dtype": dtype, "qkv_layout": layout, "attn_mask_type": mask, "window_size": window,
                                 "batch_size": 1, "num_heads": 4, "num_gqa_groups": 2, "max_seqlen_q": sq, "max_seqlen_kv": skv,
-                                "head_dim_qk": d, "head_dim_v": dv, "device_compute_capability": [9, 0],
+                                "head_dim_qk": d, "head_dim_v": dv, "device_compute_capability": [9, 0], "is_training": training,
                                 "probe": {"cuda_device": true, "fused_attn_graph": true}});
                             let facts = Facts::from_json(&c).expect("valid config");
                             let decision = policy.decide(&facts);
@@ -62,6 +62,41 @@ fn pack_admits_nothing_its_executors_refuse() {
         checked > 100,
         "grid exercised too few admissions: {checked}"
     );
+}
+
+/// Head dims 264..512 on Hopper: inference runs the fused kernel, training the chunked executor
+/// (the fused backend declines training: no backward yet), other GPUs the chunked executor.
+#[test]
+fn the_fused_kernel_serves_hopper_inference_at_large_head_dims() {
+    let policy = Policy::embedded("native").expect("native pack loads");
+    let selected = |d: usize, sm: [u32; 2], training: bool| {
+        let facts = Facts::from_json(&json!({"head_dim_qk": d, "head_dim_v": d, "max_seqlen_q": 4096, "max_seqlen_kv": 4096,
+            "qkv_layout": "bshd_bshd_bshd", "qkv_dtype": "bf16", "attn_mask_type": "causal", "is_training": training,
+            "device_compute_capability": sm, "probe": {"cuda_device": true, "fused_attn_graph": true}}))
+        .expect("valid");
+        let d = policy.decide(&facts);
+        d.selected
+            .map(|s| policy.backends[s as usize].name.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(selected(512, [9, 0], false), "fused");
+    assert_eq!(selected(264, [9, 0], false), "fused");
+    assert_eq!(selected(512, [9, 0], true), "chunked");
+    assert_eq!(selected(512, [10, 0], false), "chunked");
+    assert_eq!(selected(256, [9, 0], false), "cudnn");
+    assert_eq!(selected(520, [9, 0], false), "chunked");
+    // The chain runs chunked when the fused kernel cannot (another GPU, a refusal at run time).
+    let b = policy
+        .backends
+        .iter()
+        .position(|b| b.name == "fused")
+        .expect("fused backend");
+    let chain: Vec<String> = policy
+        .executor_chain(b as u16, None)
+        .iter()
+        .map(|e| e.executor.clone())
+        .collect();
+    assert_eq!(chain, ["fused", "chunked", "reference"]);
 }
 
 #[test]

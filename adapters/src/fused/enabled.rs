@@ -312,7 +312,7 @@ impl Fused {
         let skv_pad = (p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N) as i32;
         let dv = p.head_dim_v as i32;
         let hkv = p.heads_kv as i32;
-        let (vs, qs, ks, os) = (p.layout.v, p.layout.q, p.layout.k, p.layout.o);
+        let (vs, qs, os) = (p.layout.v, p.layout.q, p.layout.o);
         let (vsb, vsh, vss) = (vs.batch as i64, vs.head as i64, vs.seq as i64);
         // SAFETY: argument list matches `transpose_v`; V spans its strides, the workspace holds
         // b*h_kv*dv*skv_pad elements (checked above).
@@ -338,20 +338,22 @@ impl Fused {
         let dqk = p.head_dim_qk as i32;
         let scale_log2 = (p.softmax_scale * std::f64::consts::LOG2_E) as f32;
         let (qsb, qsh, qss) = (qs.batch as i64, qs.head as i64, qs.seq as i64);
-        let (ksb, ksh, kss) = (ks.batch as i64, ks.head as i64, ks.seq as i64);
         let (osb, osh, oss) = (os.batch as i64, os.head as i64, os.seq as i64);
-        let tiles = p.seqlen_q.div_ceil(BLOCK_M) as u32;
-        // SAFETY: argument list matches `fused_fwd`; pointers checked by the caller's contract.
+        let maps = TensorMaps::encode(p, a.k, vt, skv_pad as u64)?;
+        let (pos_row, pos_head) = (maps.pos_row, maps.pos_head);
+        // Query tiles rounded up to whole clusters of two.
+        let tiles = p.seqlen_q.div_ceil(BLOCK_M).div_ceil(2) as u32 * 2;
+        // SAFETY: argument list matches `fused_fwd`; pointers checked by the caller's contract;
+        // the tensor maps live until the launch returns (the driver copies parameters).
         unsafe {
-            launch_raw(
+            launch_cluster(
                 &var.fwd,
                 ((p.batch * p.heads_q) as u32, tiles, 1),
-                (256, 1, 1),
                 var.shared,
                 stream,
                 &mut params![
-                    a.q, a.k, vt, a.o, a.lse, sq, skv, skv_pad, hq, group, dqk, dv, qsb, qsh, qss,
-                    ksb, ksh, kss, osb, osh, oss, off, left, right, scale_log2
+                    maps.k, maps.v, a.q, a.o, a.lse, sq, skv, hq, group, dqk, dv, qsb, qsh, qss,
+                    osb, osh, oss, off, left, right, scale_log2, pos_row, pos_head
                 ],
             )
         }
@@ -392,6 +394,134 @@ impl Fused {
             peak_bytes: Some(out_bytes + launch.workspace_bytes),
         })
     }
+}
+
+/// The TMA descriptors of one call: K (4-D: d, then its row, head and batch dimensions by
+/// increasing stride) and the transposed V (3-D: keys, d_v, batch * h_kv).
+struct TensorMaps {
+    k: drv_sys::CUtensorMap,
+    v: drv_sys::CUtensorMap,
+    /// Slot (1..=3) of K's row and head coordinates; the batch takes the remaining one.
+    pos_row: i32,
+    pos_head: i32,
+}
+
+impl TensorMaps {
+    fn encode(
+        p: &AttentionProblem,
+        k: u64,
+        vt: u64,
+        skv_pad: u64,
+    ) -> Result<TensorMaps, ExecError> {
+        use drv_sys::{
+            CUtensorMapDataType as Ty, CUtensorMapFloatOOBfill as Fill,
+            CUtensorMapInterleave as Il, CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
+        };
+        let ty = match p.dtype {
+            DType::BF16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            _ => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        };
+        let encode = |addr: u64, dims: &[u64], strides: &[u64], boxd: &[u32]| {
+            // SAFETY: an all-zero CUtensorMap is a valid value to be overwritten.
+            let mut map: drv_sys::CUtensorMap = unsafe { std::mem::zeroed() };
+            let ones = [1u32; 5];
+            // SAFETY: the arrays hold `dims.len()` (strides: one fewer) entries.
+            unsafe {
+                drv_sys::cuTensorMapEncodeTiled(
+                    &mut map,
+                    ty,
+                    dims.len() as u32,
+                    addr as *mut c_void,
+                    dims.as_ptr(),
+                    strides.as_ptr(),
+                    boxd.as_ptr(),
+                    ones.as_ptr(),
+                    Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                    Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+                    L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    Fill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+                )
+                .result()
+            }
+            .map(|_| map)
+            .map_err(drv)
+        };
+        // K: row, head and batch dimensions ordered by stride (0: row, 1: head, 2: batch).
+        let ks = p.layout.k;
+        let mut outer = [
+            (ks.seq as u64, p.seqlen_kv as u64, 0usize),
+            (ks.head as u64, p.heads_kv as u64, 1),
+            (ks.batch as u64, p.batch as u64, 2),
+        ];
+        outer.sort_by_key(|&(stride, _, kind)| (stride, kind));
+        let slot = |kind: usize| outer.iter().position(|o| o.2 == kind).unwrap_or(0) as i32 + 1;
+        let dims = [p.head_dim_qk as u64, outer[0].1, outer[1].1, outer[2].1];
+        let strides = [2 * outer[0].0, 2 * outer[1].0, 2 * outer[2].0];
+        let box_of = |kind: usize| if kind == 0 { (BLOCK_N / 2) as u32 } else { 1 };
+        let kbox = [
+            64,
+            box_of(outer[0].2),
+            box_of(outer[1].2),
+            box_of(outer[2].2),
+        ];
+        let kmap = encode(k, &dims, &strides, &kbox)?;
+        let (_, dv_pad) = padded_dims(p.head_dim_qk, p.head_dim_v);
+        let dv = p.head_dim_v as u64;
+        let vmap = encode(
+            vt,
+            &[skv_pad, dv, (p.batch * p.heads_kv) as u64],
+            &[2 * skv_pad, 2 * skv_pad * dv],
+            &[BLOCK_N as u32, (dv_pad / 2) as u32, 1],
+        )?;
+        Ok(TensorMaps {
+            k: kmap,
+            v: vmap,
+            pos_row: slot(0),
+            pos_head: slot(1),
+        })
+    }
+}
+
+/// Launches `f` as clusters of two CTAs along y, 256 threads each.
+///
+/// # Safety
+/// `params` must match the kernel's signature, and every buffer it names must be live.
+unsafe fn launch_cluster(
+    f: &CudaFunction,
+    grid: (u32, u32, u32),
+    shared: u32,
+    stream: drv_sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), ExecError> {
+    // SAFETY: zero is a valid bit pattern for the attribute (a union of plain data).
+    let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = 1;
+    attr.value.clusterDim.y = 2;
+    attr.value.clusterDim.z = 1;
+    let cfg = drv_sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: 256,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: per the contract.
+    unsafe {
+        drv_sys::cuLaunchKernelEx(
+            &cfg,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()
+    }
+    .map_err(drv)
 }
 
 /// Launches `f` on a raw stream.

@@ -25,7 +25,13 @@ typedef unsigned long long u64;
 #define SK_OFF (SQ_OFF + BM * DQK * 2)
 #define SV_OFF (SK_OFF + BN * DQK * 2)
 #define SX_OFF (SV_OFF + DV * BN * 2)
-#define SMEM_USED (SX_OFF + 2 * 128 * 32 * 4)
+#define SBAR_OFF (SX_OFF + 2 * 128 * 32 * 4)  // two mbarriers: K tile full, V tile full
+#define SMEM_USED (SBAR_OFF + 64)
+
+// A CUtensorMap (TMA descriptor) as the driver encodes it, passed by value as a kernel parameter.
+struct __align__(128) TmapT {
+    u64 x[16];
+};
 
 __device__ __forceinline__ u16 f_to_low(float f) {
     u16 r;
@@ -57,7 +63,54 @@ __device__ __forceinline__ void cp16(unsigned dst, const void* src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Thread-block clusters of two CTAs (adjacent query tiles of one head) share every K and V tile:
+// each CTA loads half of it with TMA and multicasts it into both CTAs' shared memory.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                     : "memory");
+}
+__device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned a, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(a), "r"(parity)
+            : "memory");
+    }
+}
+// TMA tile loads (tiled mode, 128-byte swizzle in the map), multicast to CTAs 0 and 1.
+__device__ __forceinline__ void tma4_mc(unsigned dst, const TmapT* map, int c0, int c1, int c2,
+                                        int c3, unsigned mbar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+        "l"((u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(mbar), "h"((unsigned short)3)
+        : "memory");
+}
+__device__ __forceinline__ void tma3_mc(unsigned dst, const TmapT* map, int c0, int c1, int c2,
+                                        unsigned mbar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+        "l"((u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(mbar), "h"((unsigned short)3)
+        : "memory");
+}
 
 // cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_async_smem() {
@@ -95,41 +148,58 @@ __device__ __forceinline__ void load_rows(unsigned s_base, const u16* g, i64 rs,
     }
 }
 
-// Loads V^T rows [0, DV) (valid: dv) x keys [n0, n0 + 64) (the transposed copy is padded to a
-// multiple of 64 keys with zeros) into one swizzled atom column at s_base.
-__device__ __forceinline__ void load_vt(unsigned s_base, const u16* vt, i64 ld, int n0, int dv) {
-    for (int idx = threadIdx.x; idx < DV * 8; idx += 256) {
-        const int n = idx >> 3, c = idx & 7;
-        const bool ok = n < dv;
-        const u16* src = ok ? vt + (i64)n * ld + n0 + c * 8 : vt;
-        cp16(s_base + n * 128 + ((c ^ (n & 7)) << 4), src, ok);
+// Issued by one thread of each CTA of the pair: its half of key tile j (rows [32 rank, 32 rank +
+// 32) of every 64-column atom) multicast to both CTAs; the CTA's own barrier expects the whole
+// tile (both halves land in its shared memory). K's map is 4-D (d, then the row, head and batch
+// dimensions in the order `pos` gives: slot 1..3 of each).
+__device__ __forceinline__ void issue_k(unsigned sK, const TmapT* tmk, int j, int hk, int b,
+                                        unsigned rank, unsigned mbar, int pos_row, int pos_head) {
+    mbar_expect_tx(mbar, BN * DQK * 2);
+    const int row = j * BN + (int)rank * (BN / 2);
+    int c[4];
+    c[1] = pos_row == 1 ? row : (pos_head == 1 ? hk : b);
+    c[2] = pos_row == 2 ? row : (pos_head == 2 ? hk : b);
+    c[3] = pos_row == 3 ? row : (pos_head == 3 ? hk : b);
+#pragma unroll
+    for (int a = 0; a < DQK / 64; a++) {
+        tma4_mc(sK + a * (BN * 128) + rank * (BN / 2) * 128, tmk, a * 64, c[1], c[2], c[3], mbar);
     }
 }
 
-// Forward: one CTA of two warpgroups per (64 query rows, query head, batch). Warpgroup g
+// Its half of V^T tile j: rows [rank * DVH, (rank + 1) * DVH) x keys [64 j, 64 j + 64).
+__device__ __forceinline__ void issue_v(unsigned sV, const TmapT* tmv, int j, int bh,
+                                        unsigned rank, unsigned mbar) {
+    mbar_expect_tx(mbar, DV * BN * 2);
+    tma3_mc(sV + rank * DVH * 128, tmv, j * BN, (int)rank * DVH, bh, mbar);
+}
+
+// Forward: one CTA of two warpgroups per (64 query rows, query head, batch), clusters of two CTAs
+// (adjacent query tiles of one head) sharing K and V tiles through TMA multicast. Warpgroup g
 // computes the partial scores over its half of the qk dim; the halves are exchanged through
 // shared memory (both warpgroups then hold the same full scores: a + b == b + a), both run the
 // same online softmax, and warpgroup g accumulates output columns [g*DVH, (g+1)*DVH).
-// Grid: x = batch * heads_q, y = query tiles (heaviest first for causal masks).
+// Grid: x = batch * heads_q, y = query tiles rounded up to even (heaviest first for causal
+// masks); cluster (1, 2, 1). Both CTAs of a cluster visit the union of their key ranges (the
+// per-element mask keeps each row exact).
 extern "C" __global__ void __launch_bounds__(256, 1) fused_fwd(
-    const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ Vt,
-    u16* __restrict__ O, float* __restrict__ LSE, int sq, int skv, int skv_pad, int hq,
-    int group, int dqk, int dv, i64 q_sb, i64 q_sh, i64 q_ss, i64 k_sb, i64 k_sh, i64 k_ss,
-    i64 o_sb, i64 o_sh, i64 o_ss, i64 off, i64 left, i64 right, float scale_log2) {
+    const __grid_constant__ TmapT tmk, const __grid_constant__ TmapT tmv,
+    const u16* __restrict__ Q, u16* __restrict__ O, float* __restrict__ LSE, int sq, int skv,
+    int hq, int group, int dqk, int dv, i64 q_sb, i64 q_sh, i64 q_ss, i64 o_sb, i64 o_sh,
+    i64 o_ss, i64 off, i64 left, i64 right, float scale_log2, int pos_row, int pos_head) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
     const unsigned sbase = (raw + 1023u) & ~1023u;
     unsigned char* sm = smem_raw + (sbase - raw);
     const unsigned sQ = sbase + SQ_OFF, sK = sbase + SK_OFF, sV = sbase + SV_OFF;
+    const unsigned barK = sbase + SBAR_OFF, barV = barK + 8;
     float* X = reinterpret_cast<float*>(sm + SX_OFF);
 
     const int b = blockIdx.x / hq, h = blockIdx.x % hq, hk = h / group;
-    const int m0 = (gridDim.y - 1 - blockIdx.y) * BM;
+    const int hkv = hq / group;
+    const int m0 = (int)(gridDim.y - 1 - blockIdx.y) * BM;
+    const unsigned rank = cluster_rank();
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127, warp = t >> 5, lane = t & 31;
     const u16* q = Q + b * q_sb + h * q_sh;
-    const u16* k = K + b * k_sb + hk * k_sh;
-    const i64 hkv = hq / group;
-    const u16* vt = Vt + ((i64)b * hkv + hk) * (i64)dv * skv_pad;
 
     // This thread's two rows, their key ranges (empty past the end).
     int rlo[2], rhi[2];
@@ -142,13 +212,26 @@ extern "C" __global__ void __launch_bounds__(256, 1) fused_fwd(
         rlo[rr] = (int)lo;
         rhi[rr] = (int)hi;
     }
-    // Key tiles the CTA's rows admit (ranges are monotone in the row).
+    // Key tiles the pair's rows admit (ranges are monotone in the row); identical in both CTAs.
+    const int pair_lo = (int)(gridDim.y - 2 - (blockIdx.y & ~1u)) * BM;
+    const int pair_end = pair_lo + 2 * BM < sq ? pair_lo + 2 * BM : sq;
     i64 lo0, hi0, lo1, hi1;
-    const int mlast = (m0 + BM < sq ? m0 + BM : sq) - 1;
-    row_range(m0, off, left, right, skv, &lo0, &hi0);
-    row_range(mlast, off, left, right, skv, &lo1, &hi1);
+    row_range(pair_lo, off, left, right, skv, &lo0, &hi0);
+    row_range(pair_end - 1, off, left, right, skv, &lo1, &hi1);
     const int jlo = (int)(lo0 / BN);
     const int jhi = hi1 > lo0 ? (int)((hi1 + BN - 1) / BN) : jlo;
+
+    if (tid == 0) {
+        mbar_init(barK, 1);
+        mbar_init(barV, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // Both CTAs' barriers exist before either multicasts into the other.
+    cluster_sync();
+    if (tid == 0 && jlo < jhi) {
+        issue_k(sK, &tmk, jlo, hk, b, rank, barK, pos_row, pos_head);
+        issue_v(sV, &tmv, jlo, b * hkv + hk, rank, barV);
+    }
 
     float o[OREGS];
 #pragma unroll
@@ -157,15 +240,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) fused_fwd(
 
     if (jlo < jhi) {
         load_rows<DQK>(sQ, q, q_ss, m0, sq, dqk);
-        load_rows<DQK>(sK, k, k_ss, jlo * BN, skv, dqk);
         cp_commit();
-        load_vt(sV, vt, skv_pad, jlo * BN, dv);
-        cp_commit();
-    }
-    for (int j = jlo; j < jhi; ++j) {
-        cp_wait1();
+        cp_wait0();
         fence_async_smem();
         __syncthreads();
+    }
+    for (int j = jlo; j < jhi; ++j) {
+        const unsigned parity = (unsigned)(j - jlo) & 1u;
+        mbar_wait(barK, parity);
         // Partial S = Q[:, half] K[:, half]^T.
         float s[32];
 #pragma unroll
@@ -182,9 +264,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) fused_fwd(
         wg_wait0();
 #pragma unroll
         for (int i = 0; i < 32; i++) fence_reg(s[i]);
-        __syncthreads();  // every warpgroup is done with sK
-        if (j + 1 < jhi) load_rows<DQK>(sK, k, k_ss, (j + 1) * BN, skv, dqk);
-        cp_commit();
+        cluster_sync();  // both CTAs are done with their copy of K tile j
+        if (tid == 0 && j + 1 < jhi) issue_k(sK, &tmk, j + 1, hk, b, rank, barK, pos_row, pos_head);
 
         // Exchange the partial scores (thread t of both warpgroups holds the same elements).
         float* xm = X + wg * 4096;
@@ -244,9 +325,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) fused_fwd(
             }
         }
 
-        cp_wait1();  // V^T tile j (the K tile j+1 may still be in flight)
-        fence_async_smem();
-        __syncthreads();
+        mbar_wait(barV, parity);
 #pragma unroll
         for (int i = 0; i < OREGS; i++) fence_reg(o[i]);
         wg_fence();
@@ -259,9 +338,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) fused_fwd(
         wg_wait0();
 #pragma unroll
         for (int i = 0; i < OREGS; i++) fence_reg(o[i]);
-        __syncthreads();  // every warpgroup is done with sV
-        if (j + 1 < jhi) load_vt(sV, vt, skv_pad, (j + 1) * BN, dv);
-        cp_commit();
+        cluster_sync();  // both CTAs are done with their copy of V tile j
+        if (tid == 0 && j + 1 < jhi) issue_v(sV, &tmv, j + 1, b * hkv + hk, rank, barV);
     }
 
     // Epilogue: O = acc / l (0 for rows with no admitted key), LSE = ln(sum exp), -inf if empty.

@@ -8,10 +8,11 @@
 //! partial scores over its half of the qk dim; the two partial score tiles are exchanged through
 //! shared memory and summed (`a + b == b + a`, so both hold the same scores bit for bit), both
 //! run the same online softmax, and each multiplies its probabilities (registers, bf16/fp16)
-//! with its half of the V tile. V is read through a transposed copy in the workspace
-//! (`transpose_v`, `[b, h_kv, d_v, s_kv rounded up to 64]`) so both GEMMs take K-major operands
-//! from 128-byte-swizzled shared memory. K and V tiles are loaded with `cp.async` while the
-//! other GEMM runs; key tiles no query row of the CTA admits are never visited.
+//! with its half of the V tile. K and V tiles are loaded by TMA: clusters of two CTAs (adjacent
+//! query tiles of one head) each load half of every tile and multicast it to both, which halves
+//! the L2 traffic. V is read through a transposed copy in the workspace (`transpose_v`,
+//! `[b, h_kv, d_v, s_kv rounded up to 64]`) so both GEMMs take K-major operands from
+//! 128-byte-swizzled shared memory. Key tiles no query row of the pair admits are never visited.
 //!
 //! The backward is not fused yet: the manifest says `backward: false`, the executor refuses
 //! backward calls with [`Unsupported`], and the `native` pack's chain runs `chunked` for
@@ -61,10 +62,15 @@ pub fn padded_dims(head_dim_qk: usize, head_dim_v: usize) -> (usize, usize) {
     )
 }
 
-/// Dynamic shared memory of a variant: Q, K and V^T tiles, the score exchange, 1 KiB for
-/// aligning the base to the swizzle atom.
+/// Dynamic shared memory of a variant: Q, K and V^T tiles, the score exchange between the two
+/// warpgroups, two mbarriers (64 bytes), 1 KiB for aligning the base to the swizzle atom.
 pub fn shared_bytes(dqk_pad: usize, dv_pad: usize) -> usize {
-    BLOCK_M * dqk_pad * 2 + BLOCK_N * dqk_pad * 2 + dv_pad * BLOCK_N * 2 + 2 * 128 * 32 * 4 + 1024
+    BLOCK_M * dqk_pad * 2
+        + BLOCK_N * dqk_pad * 2
+        + dv_pad * BLOCK_N * 2
+        + 2 * 128 * 32 * 4
+        + 64
+        + 1024
 }
 
 /// Bytes of the forward's workspace: the transposed V, `[b, h_kv, d_v, round_up(s_kv, 64)]`.
@@ -130,6 +136,12 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
             "batch * heads_q = {rows} above 2^31-1 (grid x)"
         )));
     }
+    let kv_heads = p.batch * p.heads_kv;
+    if kv_heads > 65535 {
+        return Err(Unsupported::new(format!(
+            "batch * heads_kv = {kv_heads} above 65535 (the V transpose's grid z)"
+        )));
+    }
     let (dqk, dv) = padded_dims(p.head_dim_qk, p.head_dim_v);
     let smem = shared_bytes(dqk, dv);
     if smem > MAX_SHARED_BYTES {
@@ -193,6 +205,10 @@ mod tests {
                     p
                 },
                 "sequence length above",
+            ),
+            (
+                AttentionProblem::new(70000, 2, 1, 64, 64, 512, 512, DType::BF16),
+                "batch * heads_kv = 70000 above 65535",
             ),
             (
                 {

@@ -253,7 +253,7 @@ def test_dot_product_attention_module_mirrors_te():
 
 def test_executors_list_every_executor_with_availability():
     names = {e["name"]: e for e in apt.executors()}
-    assert set(names) >= {"reference", "chunked", "cudnn", "frost", "torch_flash", "torch_efficient", "torch_cudnn", "torch_math"}
+    assert set(names) >= {"reference", "chunked", "fused", "cudnn", "frost", "torch_flash", "torch_efficient", "torch_cudnn", "torch_math"}
     assert names["reference"]["availability"] == "available"
     assert names["torch_math"]["availability"] == "available"
     for n, e in names.items():
