@@ -362,6 +362,39 @@ impl Chunked {
         Ok(blas_off)
     }
 
+    /// The host path of a forward, after the caller's checks: uploads Q, K and V, allocates O
+    /// (zeroed: padding between rows is never written) and LSE, runs `run` on the device
+    /// pointers (synchronously), downloads O and LSE.
+    pub(crate) fn forward_on_host(
+        &self,
+        p: &AttentionProblem,
+        inputs: &ForwardInputs<'_>,
+        run: impl FnOnce(&DeviceForwardArgs) -> Result<ExecStats, ExecError>,
+    ) -> Result<ForwardOutput, ExecError> {
+        let q = self.upload(&inputs.q.data[..p.q_span()])?;
+        let k = self.upload(&inputs.k.data[..p.k_span()])?;
+        let v = self.upload(&inputs.v.data[..p.v_span()])?;
+        let o = self.alloc(2 * p.o_span())?;
+        self.poison(&o, 0)?;
+        let lse = self.alloc(4 * p.lse_len())?;
+        let args = DeviceForwardArgs {
+            q: q.ptr,
+            k: k.ptr,
+            v: v.ptr,
+            o: o.ptr,
+            lse: lse.ptr,
+        };
+        let stats = run(&args)?;
+        Ok(ForwardOutput {
+            o: HostTensor {
+                dtype: p.dtype,
+                data: self.download_u16(&o, p.o_span())?,
+            },
+            lse: self.download_f32(&lse, p.lse_len())?,
+            stats,
+        })
+    }
+
     /// The configuration in use.
     pub fn config(&self) -> &ChunkedConfig {
         &self.config
@@ -521,7 +554,8 @@ impl Chunked {
         }
     }
 
-    fn check_ptrs(ptrs: &[(&str, u64)]) -> Result<(), ExecError> {
+    /// Refuses null device pointers and ones not 16-byte aligned (vector loads, TMA).
+    pub(crate) fn check_ptrs(ptrs: &[(&str, u64)]) -> Result<(), ExecError> {
         for (name, p) in ptrs {
             if *p == 0 || p % 16 != 0 {
                 return Err(ExecError::invalid(format!(
@@ -532,8 +566,22 @@ impl Chunked {
         Ok(())
     }
 
-    /// Run `f` between two timing events; returns milliseconds.
-    fn timed(&self, f: impl FnOnce() -> Result<(), ExecError>) -> Result<f64, ExecError> {
+    /// The executor's CUDA context (the device's primary context).
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The executor's own stream, as a raw `CUstream` value.
+    pub(crate) fn own_stream(&self) -> u64 {
+        self.stream.cu_stream() as u64
+    }
+
+    /// Run `f` (work enqueued on the executor's own stream) between two timing events; returns
+    /// milliseconds.
+    pub(crate) fn timed(
+        &self,
+        f: impl FnOnce() -> Result<(), ExecError>,
+    ) -> Result<f64, ExecError> {
         let flags = Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = self.ctx.new_event(flags).map_err(drv)?;
         let end = self.ctx.new_event(flags).map_err(drv)?;
@@ -862,29 +910,7 @@ impl Executor for Chunked {
     ) -> Result<ForwardOutput, ExecError> {
         self.check(p)?;
         validate_forward_inputs(p, inputs)?;
-        let q = self.upload(&inputs.q.data[..p.q_span()])?;
-        let k = self.upload(&inputs.k.data[..p.k_span()])?;
-        let v = self.upload(&inputs.v.data[..p.v_span()])?;
-        let o = self.alloc(2 * p.o_span())?;
-        // Padding between rows is never written: start it at zero.
-        self.poison(&o, 0)?;
-        let lse = self.alloc(4 * p.lse_len())?;
-        let args = DeviceForwardArgs {
-            q: q.ptr,
-            k: k.ptr,
-            v: v.ptr,
-            o: o.ptr,
-            lse: lse.ptr,
-        };
-        let stats = self.fwd_impl(p, &args)?;
-        Ok(ForwardOutput {
-            o: HostTensor {
-                dtype: p.dtype,
-                data: self.download_u16(&o, p.o_span())?,
-            },
-            lse: self.download_f32(&lse, p.lse_len())?,
-            stats,
-        })
+        self.forward_on_host(p, inputs, |args| self.fwd_impl(p, args))
     }
 
     fn backward(

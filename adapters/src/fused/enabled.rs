@@ -5,13 +5,10 @@ use super::{BLOCK_M, BLOCK_N, NAME, padded_dims, shared_bytes};
 use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
 use crate::executor::{
     BackwardInputs, BackwardOutput, DeviceForwardArgs, Direction, ExecError, ExecStats, Executor,
-    ForwardInputs, ForwardOutput, HostTensor, Manifest, StreamLaunch, Unsupported,
-    validate_forward_inputs,
+    ForwardInputs, ForwardOutput, Manifest, StreamLaunch, Unsupported, validate_forward_inputs,
 };
 use crate::problem::{AttentionProblem, DType};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DriverError, result as drv_result, sys as drv_sys,
-};
+use cudarc::driver::{CudaFunction, DriverError, result as drv_result, sys as drv_sys};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -156,10 +153,8 @@ type VariantKey = (bool, usize, usize);
 /// The fused executor on one SM90 device.
 pub struct Fused {
     ordinal: usize,
-    ctx: Arc<CudaContext>,
-    /// The executor's own stream (host path and the synchronous device path).
-    stream: Arc<CudaStream>,
-    /// Device buffers and uploads for the host path.
+    /// Device buffers, uploads, the context and the own stream (host path and the synchronous
+    /// device path) come from a chunked executor on the same device.
     buffers: Chunked,
     variants: Mutex<HashMap<VariantKey, Arc<Variant>>>,
     desc: String,
@@ -204,16 +199,8 @@ impl Fused {
             });
         }
         let buffers = Chunked::on_device(ChunkedConfig::default(), ordinal)?;
-        let ctx = CudaContext::new(ordinal).map_err(|e| ExecError::NoDevice {
-            reason: format!("no CUDA device {ordinal}: {e:?}"),
-        })?;
-        // SAFETY: the executor's own buffers live on its own stream only.
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(drv)?;
         Ok(Fused {
             ordinal,
-            ctx,
-            stream,
             buffers,
             variants: Mutex::new(HashMap::new()),
             desc: format!("{name} (sm_90), NVRTC wgmma kernels ({ARCH})"),
@@ -235,8 +222,9 @@ impl Fused {
             return Ok(v.clone());
         }
         let ptx = compile(key.0, dq, dv)?;
-        self.ctx.bind_to_thread().map_err(drv)?;
-        let m = self.ctx.load_module(ptx).map_err(drv)?;
+        let ctx = self.buffers.context();
+        ctx.bind_to_thread().map_err(drv)?;
+        let m = ctx.load_module(ptx).map_err(drv)?;
         let fwd = m.load_function("fused_fwd").map_err(drv)?;
         let transpose = m.load_function("transpose_v").map_err(drv)?;
         let shared = shared_bytes(dq, dv) as u32;
@@ -252,17 +240,6 @@ impl Fused {
         });
         map.insert(key, v.clone());
         Ok(v)
-    }
-
-    fn check_ptrs(ptrs: &[(&str, u64)]) -> Result<(), ExecError> {
-        for (name, p) in ptrs {
-            if *p == 0 || p % 16 != 0 {
-                return Err(ExecError::invalid(format!(
-                    "{name} pointer {p:#x} is null or not 16-byte aligned"
-                )));
-            }
-        }
-        Ok(())
     }
 
     fn check_launch(&self, p: &AttentionProblem, launch: &StreamLaunch) -> Result<(), ExecError> {
@@ -296,7 +273,7 @@ impl Fused {
         launch: &StreamLaunch,
     ) -> Result<(), ExecError> {
         super::check_problem(p)?;
-        Self::check_ptrs(&[
+        Chunked::check_ptrs(&[
             ("q", a.q),
             ("k", a.k),
             ("v", a.v),
@@ -305,7 +282,7 @@ impl Fused {
         ])?;
         self.check_launch(p, launch)?;
         let var = self.variant(p)?;
-        self.ctx.bind_to_thread().map_err(drv)?;
+        self.buffers.context().bind_to_thread().map_err(drv)?;
         let stream = launch.stream as drv_sys::CUstream;
         let vt = launch.workspace;
         let skv = p.seqlen_kv as i32;
@@ -359,17 +336,6 @@ impl Fused {
         }
     }
 
-    fn timed(&self, f: impl FnOnce() -> Result<(), ExecError>) -> Result<f64, ExecError> {
-        let flags = Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = self.ctx.new_event(flags).map_err(drv)?;
-        let end = self.ctx.new_event(flags).map_err(drv)?;
-        start.record(&self.stream).map_err(drv)?;
-        f()?;
-        end.record(&self.stream).map_err(drv)?;
-        end.synchronize().map_err(drv)?;
-        Ok(start.elapsed_ms(&end).map_err(drv)? as f64)
-    }
-
     fn fwd_impl(
         &self,
         p: &AttentionProblem,
@@ -382,11 +348,11 @@ impl Fused {
         let ws: DeviceBuffer = self.buffers.alloc(bytes as usize)?;
         let launch = StreamLaunch {
             device: self.ordinal,
-            stream: self.stream.cu_stream() as u64,
+            stream: self.buffers.own_stream(),
             workspace: ws.ptr(),
             workspace_bytes: ws.bytes() as u64,
         };
-        let ms = self.timed(|| self.enqueue_fwd(p, a, &launch))?;
+        let ms = self.buffers.timed(|| self.enqueue_fwd(p, a, &launch))?;
         let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
         Ok(ExecStats {
             compute_ms: ms,
@@ -573,30 +539,8 @@ impl Executor for Fused {
     ) -> Result<ForwardOutput, ExecError> {
         self.check(p)?;
         validate_forward_inputs(p, inputs)?;
-        let b = &self.buffers;
-        let q = b.upload(&inputs.q.data[..p.q_span()])?;
-        let k = b.upload(&inputs.k.data[..p.k_span()])?;
-        let v = b.upload(&inputs.v.data[..p.v_span()])?;
-        let o = b.alloc(2 * p.o_span())?;
-        // Padding between rows is never written: start it at zero.
-        b.poison(&o, 0)?;
-        let lse = b.alloc(4 * p.lse_len())?;
-        let args = DeviceForwardArgs {
-            q: q.ptr(),
-            k: k.ptr(),
-            v: v.ptr(),
-            o: o.ptr(),
-            lse: lse.ptr(),
-        };
-        let stats = self.fwd_impl(p, &args)?;
-        Ok(ForwardOutput {
-            o: HostTensor {
-                dtype: p.dtype,
-                data: b.download_u16(&o, p.o_span())?,
-            },
-            lse: b.download_f32(&lse, p.lse_len())?,
-            stats,
-        })
+        self.buffers
+            .forward_on_host(p, inputs, |args| self.fwd_impl(p, args))
     }
 
     fn backward(
