@@ -123,9 +123,9 @@ pub fn manifest() -> Manifest {
     }
 }
 
-/// Longest sequence (either side): grid y holds the query tiles (65535 x 64), and key indices
-/// are 32-bit in the kernel.
-pub const MAX_SEQLEN: usize = 65535 * BLOCK_M;
+/// Longest sequence (either side): grid y holds the query tiles rounded up to whole clusters of
+/// two (at most 65534 x 64 rows), and key indices are 32-bit in the kernel.
+pub const MAX_SEQLEN: usize = 65534 * BLOCK_M;
 
 /// The exact gate shared by the enabled and disabled builds (no device needed).
 pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
