@@ -6,7 +6,8 @@
 //!   masks, windows, GQA/MHA/MQA, square/rectangular, layouts and query/key tails;
 //! - determinism: two forward runs are bitwise identical;
 //! - refusals before launch: problems outside the manifest, mismatched inputs, backward calls;
-//! - the stream path on a foreign stream matches the synchronous path bit for bit.
+//! - the stream path on a foreign stream, and its CUDA-graph capture replayed, match the
+//!   synchronous path bit for bit.
 
 use attn_policy_adapters::fused::Fused;
 use attn_policy_adapters::trial::{random_inputs, verify};
@@ -176,7 +177,7 @@ fn numerics_flash_attention_criterion_forward() {
 
 #[cfg(feature = "cuda")]
 #[test]
-fn forward_is_bitwise_deterministic_and_matches_the_stream_path() {
+fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_replay() {
     use attn_policy_adapters::{DeviceForwardArgs, StreamLaunch};
     let Some(ex) = gpu() else { return };
     let seed = fresh_seed();
@@ -249,6 +250,34 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path() {
     unsafe { ex.enqueue_forward(&p, &args(&o3, &l3), &launch) }.unwrap();
     side.synchronize().unwrap();
     assert_eq!(first, read(&o3, &l3), "stream path differs");
+
+    // The same call captured in a CUDA graph (after the warm-up above) and replayed twice.
+    use cudarc::driver::sys as drv;
+    bufs.poison(&o3, 0xFF).unwrap();
+    bufs.poison(&l3, 0xFF).unwrap();
+    let raw = side.cu_stream();
+    let mut graph: drv::CUgraph = std::ptr::null_mut();
+    let mut exec: drv::CUgraphExec = std::ptr::null_mut();
+    unsafe {
+        drv::cuStreamBeginCapture_v2(raw, drv::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+            .result()
+            .unwrap();
+        let enqueued = ex.enqueue_forward(&p, &args(&o3, &l3), &launch);
+        drv::cuStreamEndCapture(raw, &mut graph).result().unwrap();
+        enqueued.expect("enqueue during capture");
+        drv::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+            .result()
+            .unwrap();
+        for _ in 0..2 {
+            drv::cuGraphLaunch(exec, raw).result().unwrap();
+        }
+    }
+    side.synchronize().unwrap();
+    assert_eq!(first, read(&o3, &l3), "graph replay differs");
+    unsafe {
+        drv::cuGraphExecDestroy(exec).result().unwrap();
+        drv::cuGraphDestroy(graph).result().unwrap();
+    }
 }
 
 #[test]
