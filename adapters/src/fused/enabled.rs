@@ -15,7 +15,11 @@ use std::ffi::c_void;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-const SRC: &str = include_str!("kernels.cu");
+/// The kernel source after the prelude shared with the other NVRTC executor.
+const SRC: &str = concat!(
+    include_str!("../nvrtc_prelude.cu"),
+    include_str!("kernels.cu")
+);
 
 /// Kernel parameters as the driver wants them: pointers to each argument's value.
 macro_rules! params {

@@ -4,13 +4,8 @@
 //   DQK         Q/K head dim padded to a multiple of 128 (each warpgroup owns DQK/2 of it)
 //   DV          V head dim padded to a multiple of 64 (each warpgroup owns DV/2 output columns)
 //   wg_ss_s / wg_rs_o: the wgmma wrappers (generated: their operand lists are 32..128 long)
-// No CUDA headers: conversions and async copies are inline PTX.
-typedef unsigned short u16;
-typedef long long i64;
-typedef unsigned long long u64;
-
-#define NEG_INF __int_as_float(0xff800000)
-#define LN2 0.6931471805599453f
+// and ../nvrtc_prelude.cu (types, conversions, row_range). No CUDA headers: conversions and
+// async copies are inline PTX.
 
 #define BM 64                 // query rows per CTA
 #define BN 64                 // keys per iteration
@@ -32,30 +27,6 @@ typedef unsigned long long u64;
 struct __align__(128) TmapT {
     u64 x[16];
 };
-
-__device__ __forceinline__ u16 f_to_low(float f) {
-    u16 r;
-#if LOWP_BF16
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-#else
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
-#endif
-    return r;
-}
-
-__device__ __forceinline__ unsigned pack2(float a, float b) {
-    return (unsigned)f_to_low(a) | ((unsigned)f_to_low(b) << 16);
-}
-
-// Key range [lo, hi) of query row i (same definition as EffectiveMask::row_range).
-__device__ __forceinline__ void row_range(i64 i, i64 off, i64 left, i64 right, i64 skv,
-                                          i64* lo, i64* hi) {
-    i64 c = i + off;
-    i64 l = left < 0 ? 0 : (c - left > 0 ? c - left : 0);
-    i64 h = right < 0 ? skv : (c + right + 1 < skv ? c + right + 1 : skv);
-    *lo = l < skv ? l : skv;
-    *hi = h > 0 ? h : 0;
-}
 
 // 16-byte async copy; `ok == false` writes zeros and reads nothing.
 __device__ __forceinline__ void cp16(unsigned dst, const void* src, bool ok) {
