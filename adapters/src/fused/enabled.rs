@@ -28,6 +28,9 @@ macro_rules! params {
     };
 }
 
+/// Threads per CTA: the score warpgroup and two output warpgroups (`NTHREADS` in `kernels.cu`).
+const THREADS: u32 = 384;
+
 /// NVRTC target: wgmma and `setmaxnreg` exist only in the architecture-specific `sm_90a`.
 const ARCH: &str = "sm_90a";
 
@@ -102,11 +105,32 @@ pub fn kernel_source(bf16: bool, dqk_pad: usize, dv_pad: usize) -> String {
         "#define LOWP_BF16 {}\n#define DQK {dqk_pad}\n#define DV {dv_pad}\ntypedef unsigned long long u64;\n",
         u8::from(bf16)
     );
+    // Scores: Q from registers (past column 384: shared memory), K from shared memory.
+    // Output: P and V^T from shared memory (or P from registers).
+    s.push_str(&wgmma_wrapper("wg_rs_s", BLOCK_N, ty, true));
     s.push_str(&wgmma_wrapper("wg_ss_s", BLOCK_N, ty, false));
+    s.push_str(&wgmma_wrapper("wg_ss_o", dv_pad / 2, ty, false));
     s.push_str(&wgmma_wrapper("wg_rs_o", dv_pad / 2, ty, true));
-    s.push_str(SRC);
+    match std::env::var_os(SOURCE_OVERRIDE) {
+        Some(path) => match std::fs::read_to_string(&path) {
+            Ok(body) => {
+                s.push_str(include_str!("../nvrtc_prelude.cu"));
+                s.push_str(&body);
+            }
+            // Compiles to an error that names the file, instead of silently running SRC.
+            Err(e) => {
+                let _ = writeln!(s, "#error \"{SOURCE_OVERRIDE}={path:?}: {e}\"");
+            }
+        },
+        None => s.push_str(SRC),
+    }
     s
 }
+
+/// Development hook: a path to a `kernels.cu` to compile instead of the built-in one (same entry
+/// points and parameters), so kernel variants can be measured side by side on a GPU machine
+/// without a Rust toolchain. Unset in normal use.
+pub const SOURCE_OVERRIDE: &str = "ATTN_POLICY_FUSED_SOURCE";
 
 fn compile(bf16: bool, dqk_pad: usize, dv_pad: usize) -> Result<cudarc::nvrtc::Ptx, ExecError> {
     let opts = CompileOptions {
@@ -136,7 +160,14 @@ pub fn compile_only() -> Result<Vec<String>, ExecError> {
     }
     let mut ptx = Vec::new();
     for bf16 in [true, false] {
-        for (d, dv) in [(512, 512), (264, 264)] {
+        for (d, dv) in [
+            (512, 512),
+            (264, 264),
+            (512, 320),
+            (392, 456),
+            (456, 392),
+            (328, 512),
+        ] {
             let (dq, dvp) = padded_dims(d, dv);
             ptx.push(compile(bf16, dq, dvp)?.to_src());
         }
@@ -452,7 +483,7 @@ impl TensorMaps {
     }
 }
 
-/// Launches `f` as clusters of two CTAs along y, 256 threads each.
+/// Launches `f` as clusters of two CTAs along y, [`THREADS`] threads each.
 ///
 /// # Safety
 /// `params` must match the kernel's signature, and every buffer it names must be live.
@@ -473,7 +504,7 @@ unsafe fn launch_cluster(
         gridDimX: grid.0,
         gridDimY: grid.1,
         gridDimZ: grid.2,
-        blockDimX: 256,
+        blockDimX: THREADS,
         blockDimY: 1,
         blockDimZ: 1,
         sharedMemBytes: shared,

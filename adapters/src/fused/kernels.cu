@@ -1,43 +1,61 @@
 // NVRTC kernels of the fused executor (SM90: wgmma). Compiled at run time for `sm_90a` once per
 // (dtype, padded head dims); the host prepends:
 //   LOWP_BF16   1 for bf16, 0 for fp16
-//   DQK         Q/K head dim padded to a multiple of 128 (each warpgroup owns DQK/2 of it)
-//   DV          V head dim padded to a multiple of 64 (each warpgroup owns DV/2 output columns)
-//   wg_ss_s / wg_rs_o: the wgmma wrappers (generated: their operand lists are 32..128 long)
-// and ../nvrtc_prelude.cu (types, conversions, row_range). No CUDA headers: conversions and
-// async copies are inline PTX.
+//   DQK         Q/K head dim padded to a multiple of 64 (one 128-byte swizzle atom)
+//   DV          V head dim padded to a multiple of 64 (each output warpgroup owns DV/2 columns)
+//   wg_rs_s / wg_ss_o: the wgmma wrappers (generated: their operand lists are 32..128 long)
+// and ../nvrtc_prelude.cu (types, conversions, row_range). No CUDA headers: conversions,
+// barriers and copies are inline PTX.
+//
+// Forward: one CTA of three warpgroups per (64 query rows, query head, batch).
+//   warpgroup 0, the score warpgroup: holds Q (64 x DQK) in registers, computes S = Q K^T for
+//     each key tile (wgmma, A from registers, K from shared memory), runs the online softmax and
+//     writes the probabilities P (bf16/fp16) and the rescale factors to shared memory;
+//   warpgroups 1 and 2, the output warpgroups: warpgroup 1 + g accumulates output columns
+//     [g * DV/2, (g + 1) * DV/2) of O += P V (wgmma, both operands from shared memory).
+// The 512-wide fp32 output accumulator (128 KiB) does not fit one warpgroup's registers, hence
+// two output warpgroups; keeping Q in registers frees the 64 KiB of shared memory that pays for
+// a second K buffer, so the score warpgroup runs up to two key tiles ahead of the output ones.
+// Clusters of two CTAs (adjacent query tiles of one head) share every K and V tile: K tiles are
+// loaded half by each CTA, V tiles half (the columns of one output warpgroup) by each CTA, with
+// TMA multicast into both CTAs' shared memory, which halves the L2 traffic.
+//
+// Pipeline (mbarriers; "x2" = double-buffered, "cl" = arrivals from both CTAs of the cluster):
+//   kfull[s]  K slot s landed (TMA bytes)       kempty[s] cl: both CTAs' score warps are done
+//   vfull[g]  V half g landed (TMA bytes)       vempty[g] cl: both CTAs' output warpgroup g done
+//   pfull[s]  P, alpha of slot s written        pempty[s] both output warpgroups done with slot s
 
 #define BM 64                 // query rows per CTA
-#define BN 64                 // keys per iteration
-#define DQH (DQK / 2)         // qk columns per warpgroup
-#define DVH (DV / 2)          // output columns per warpgroup
+#define BN 64                 // keys per tile
+#define DVH (DV / 2)          // output columns per output warpgroup
 #define OREGS (DVH / 2)       // fp32 accumulator registers per thread for O (m64 x DVH)
+// Q columns [0, QR) live in the score warpgroup's registers (QR / 4 per thread); the rest, at most
+// 128 columns, in shared memory: all of a 512-wide Q would take 128 of the 168 registers a thread
+// of a 384-thread CTA has.
+#define QSM (DQK > 384 ? DQK - 384 : 0)
+#define QR (DQK - QSM)
+#define QREGS (QR / 4)
+#define NTHREADS 384
 
 // Shared memory (bytes from a 1024-aligned base). Operand tiles use the 128-byte swizzle wgmma
 // descriptors expect: 64-column atoms of 8 rows x 128 B, 16-byte chunk c of row r stored at
 // chunk c ^ (r % 8).
-#define SQ_OFF 0
-#define SK_OFF (SQ_OFF + BM * DQK * 2)
-#define SV_OFF (SK_OFF + BN * DQK * 2)
-#define SX_OFF (SV_OFF + DV * BN * 2)
-#define SBAR_OFF (SX_OFF + 2 * 128 * 32 * 4)  // two mbarriers: K tile full, V tile full
-#define SMEM_USED (SBAR_OFF + 64)
+#define KTILE (BN * DQK * 2)
+#define PTILE (BM * BN * 2)
+#define SK_OFF 0                          // two K tiles
+#define SV_OFF (2 * KTILE)                // one V^T tile (DV rows x 64 keys)
+#define SP_OFF (SV_OFF + DV * BN * 2)     // two P tiles (64 x 64, one atom each)
+#define SQ_OFF (SP_OFF + 2 * PTILE)       // Q columns [QR, DQK) (64 x QSM)
+#define SA_OFF (SQ_OFF + BM * QSM * 2)    // two alpha vectors (64 floats each)
+#define SL_OFF (SA_OFF + 2 * BM * 4)      // 1 / l per row
+#define SBAR_OFF (SL_OFF + BM * 4)        // 12 mbarriers
+#define SMEM_USED (SBAR_OFF + 12 * 8)
 
 // A CUtensorMap (TMA descriptor) as the driver encodes it, passed by value as a kernel parameter.
 struct __align__(128) TmapT {
     u64 x[16];
 };
 
-// 16-byte async copy; `ok == false` writes zeros and reads nothing.
-__device__ __forceinline__ void cp16(unsigned dst, const void* src, bool ok) {
-    int n = ok ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-// Thread-block clusters of two CTAs (adjacent query tiles of one head) share every K and V tile:
-// each CTA loads half of it with TMA and multicasts it into both CTAs' shared memory.
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -47,12 +65,32 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
                      : "memory");
 }
+// Named barrier 1 over all three warpgroups (0 is __syncthreads).
+__device__ __forceinline__ void all_warpgroups_sync() {
+    asm volatile("bar.sync 1, %0;\n" ::"n"(NTHREADS) : "memory");
+}
 __device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count));
 }
 __device__ __forceinline__ void mbar_expect_tx(unsigned a, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes)
                  : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned a) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a)
+                 : "memory");
+}
+// Arrive on the barrier at the same offset in CTA `rank` of the cluster (may be this one). Used
+// only to say "done reading a buffer" (the reads were wgmma operands, complete once
+// wgmma.wait_group returned), so the default CTA-scope semantics suffice: a cluster-scope
+// release here compiles to a full memory barrier (ERRBAR) that took a third of the score
+// warpgroup's time.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned a, unsigned rank) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(a),
+        "r"(rank)
+        : "memory");
 }
 __device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
     unsigned done = 0;
@@ -83,7 +121,7 @@ __device__ __forceinline__ void tma3_mc(unsigned dst, const TmapT* map, int c0, 
         : "memory");
 }
 
-// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
+// Shared-memory writes by threads are generic-proxy writes; wgmma reads through the async proxy.
 __device__ __forceinline__ void fence_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -103,29 +141,13 @@ __device__ __forceinline__ u64 sdesc(unsigned saddr) {
            ((u64)1 << 62);
 }
 
-// Loads rows [row0, row0 + 64) x columns [0, D) of a row-major operand (row stride rs elements,
-// `nrows` valid rows, `ncols` valid columns; the rest zero) into swizzled atoms at s_base.
-template <int D>
-__device__ __forceinline__ void load_rows(unsigned s_base, const u16* g, i64 rs, int row0,
-                                          int nrows, int ncols) {
-    constexpr int CH = D / 8;
-    for (int idx = threadIdx.x; idx < 64 * CH; idx += 256) {
-        const int r = idx / CH, c = idx % CH;
-        const int row = row0 + r;
-        const bool ok = row < nrows && c * 8 < ncols;
-        const u16* src = ok ? g + (i64)row * rs + c * 8 : g;
-        const unsigned dst = s_base + (c >> 3) * (64 * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-        cp16(dst, src, ok);
-    }
-}
-
 // Issued by one thread of each CTA of the pair: its half of key tile j (rows [32 rank, 32 rank +
 // 32) of every 64-column atom) multicast to both CTAs; the CTA's own barrier expects the whole
 // tile (both halves land in its shared memory). K's map is 4-D (d, then the row, head and batch
 // dimensions in the order `pos` gives: slot 1..3 of each).
 __device__ __forceinline__ void issue_k(unsigned sK, const TmapT* tmk, int j, int hk, int b,
                                         unsigned rank, unsigned mbar, int pos_row, int pos_head) {
-    mbar_expect_tx(mbar, BN * DQK * 2);
+    mbar_expect_tx(mbar, KTILE);
     const int row = j * BN + (int)rank * (BN / 2);
     int c[4];
     c[1] = pos_row == 1 ? row : (pos_head == 1 ? hk : b);
@@ -137,22 +159,7 @@ __device__ __forceinline__ void issue_k(unsigned sK, const TmapT* tmk, int j, in
     }
 }
 
-// Its half of V^T tile j: rows [rank * DVH, (rank + 1) * DVH) x keys [64 j, 64 j + 64).
-__device__ __forceinline__ void issue_v(unsigned sV, const TmapT* tmv, int j, int bh,
-                                        unsigned rank, unsigned mbar) {
-    mbar_expect_tx(mbar, DV * BN * 2);
-    tma3_mc(sV + rank * DVH * 128, tmv, j * BN, (int)rank * DVH, bh, mbar);
-}
-
-// Forward: one CTA of two warpgroups per (64 query rows, query head, batch), clusters of two CTAs
-// (adjacent query tiles of one head) sharing K and V tiles through TMA multicast. Warpgroup g
-// computes the partial scores over its half of the qk dim; the halves are exchanged through
-// shared memory (both warpgroups then hold the same full scores: a + b == b + a), both run the
-// same online softmax, and warpgroup g accumulates output columns [g*DVH, (g+1)*DVH).
-// Grid: x = batch * heads_q, y = query tiles rounded up to even (heaviest first for causal
-// masks); cluster (1, 2, 1). Both CTAs of a cluster visit the union of their key ranges (the
-// per-element mask keeps each row exact).
-extern "C" __global__ void __launch_bounds__(256, 1) fused_fwd(
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
     const __grid_constant__ TmapT tmk, const __grid_constant__ TmapT tmv,
     const u16* __restrict__ Q, u16* __restrict__ O, float* __restrict__ LSE, int sq, int skv,
     int hq, int group, int dqk, int dv, i64 q_sb, i64 q_sh, i64 q_ss, i64 o_sb, i64 o_sh,
@@ -161,28 +168,25 @@ extern "C" __global__ void __launch_bounds__(256, 1) fused_fwd(
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
     const unsigned sbase = (raw + 1023u) & ~1023u;
     unsigned char* sm = smem_raw + (sbase - raw);
-    const unsigned sQ = sbase + SQ_OFF, sK = sbase + SK_OFF, sV = sbase + SV_OFF;
-    const unsigned barK = sbase + SBAR_OFF, barV = barK + 8;
-    float* X = reinterpret_cast<float*>(sm + SX_OFF);
+    const unsigned sK = sbase + SK_OFF, sV = sbase + SV_OFF, sP = sbase + SP_OFF;
+    float* alpha_s = reinterpret_cast<float*>(sm + SA_OFF);
+    float* linv_s = reinterpret_cast<float*>(sm + SL_OFF);
+    const unsigned bars = sbase + SBAR_OFF;
+#define KFULL(s) (bars + 8 * (s))
+#define KEMPTY(s) (bars + 16 + 8 * (s))
+#define VFULL(g) (bars + 32 + 8 * (g))
+#define VEMPTY(g) (bars + 48 + 8 * (g))
+#define PFULL(s) (bars + 64 + 8 * (s))
+#define PEMPTY(s) (bars + 80 + 8 * (s))
 
     const int b = blockIdx.x / hq, h = blockIdx.x % hq, hk = h / group;
     const int hkv = hq / group;
     const int m0 = (int)(gridDim.y - 1 - blockIdx.y) * BM;
     const unsigned rank = cluster_rank();
     const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127, warp = t >> 5, lane = t & 31;
-    const u16* q = Q + b * q_sb + h * q_sh;
+    // The local row (0..63) of this thread's first accumulator row; the second is 8 below.
+    const int lrow0 = 16 * warp + (lane >> 2);
 
-    // This thread's two rows, their key ranges (empty past the end).
-    int rlo[2], rhi[2];
-    const int r0 = m0 + 16 * warp + (lane >> 2);
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const int row = r0 + 8 * rr;
-        i64 lo = 0, hi = 0;
-        if (row < sq) row_range(row, off, left, right, skv, &lo, &hi);
-        rlo[rr] = (int)lo;
-        rhi[rr] = (int)hi;
-    }
     // Key tiles the pair's rows admit (ranges are monotone in the row); identical in both CTAs.
     const int pair_lo = (int)(gridDim.y - 2 - (blockIdx.y & ~1u)) * BM;
     const int pair_end = pair_lo + 2 * BM < sq ? pair_lo + 2 * BM : sq;
@@ -191,163 +195,271 @@ extern "C" __global__ void __launch_bounds__(256, 1) fused_fwd(
     row_range(pair_end - 1, off, left, right, skv, &lo1, &hi1);
     const int jlo = (int)(lo0 / BN);
     const int jhi = hi1 > lo0 ? (int)((hi1 + BN - 1) / BN) : jlo;
+    const int ntiles = jhi - jlo;
 
     if (tid == 0) {
-        mbar_init(barK, 1);
-        mbar_init(barV, 1);
+        mbar_init(KFULL(0), 1);
+        mbar_init(KFULL(1), 1);
+        mbar_init(KEMPTY(0), 8);
+        mbar_init(KEMPTY(1), 8);
+        mbar_init(VFULL(0), 1);
+        mbar_init(VFULL(1), 1);
+        mbar_init(VEMPTY(0), 8);
+        mbar_init(VEMPTY(1), 8);
+        mbar_init(PFULL(0), 4);
+        mbar_init(PFULL(1), 4);
+        mbar_init(PEMPTY(0), 8);
+        mbar_init(PEMPTY(1), 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    // Both CTAs' barriers exist before either multicasts into the other.
+    // Both CTAs' barriers exist before either multicasts into or arrives on the other.
     cluster_sync();
-    if (tid == 0 && jlo < jhi) {
-        issue_k(sK, &tmk, jlo, hk, b, rank, barK, pos_row, pos_head);
-        issue_v(sV, &tmv, jlo, b * hkv + hk, rank, barV);
-    }
 
-    float o[OREGS];
-#pragma unroll
-    for (int i = 0; i < OREGS; i++) o[i] = 0.f;
-    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
-
-    if (jlo < jhi) {
-        load_rows<DQK>(sQ, q, q_ss, m0, sq, dqk);
-        cp_commit();
-        cp_wait0();
-        fence_async_smem();
-        __syncthreads();
-    }
-    for (int j = jlo; j < jhi; ++j) {
-        const unsigned parity = (unsigned)(j - jlo) & 1u;
-        mbar_wait(barK, parity);
-        // Partial S = Q[:, half] K[:, half]^T.
-        float s[32];
-#pragma unroll
-        for (int i = 0; i < 32; i++) s[i] = 0.f;
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < DQH / 16; kk++) {
-            const int kg = wg * (DQH / 16) + kk;
-            const unsigned a = sQ + (kg >> 2) * (BM * 128) + (kg & 3) * 32;
-            const unsigned bb = sK + (kg >> 2) * (BN * 128) + (kg & 3) * 32;
-            wg_ss_s(s, sdesc(a), sdesc(bb), kk > 0 ? 1 : 0);
+    if (wg == 0) {
+        // ---- Score warpgroup ----
+        if (t == 0 && ntiles > 0) {
+            issue_k(sK, &tmk, jlo, hk, b, rank, KFULL(0), pos_row, pos_head);
+            if (ntiles > 1) issue_k(sK + KTILE, &tmk, jlo + 1, hk, b, rank, KFULL(1), pos_row, pos_head);
         }
-        wg_commit();
-        wg_wait0();
-#pragma unroll
-        for (int i = 0; i < 32; i++) fence_reg(s[i]);
-        cluster_sync();  // both CTAs are done with their copy of K tile j
-        if (tid == 0 && j + 1 < jhi) issue_k(sK, &tmk, j + 1, hk, b, rank, barK, pos_row, pos_head);
-
-        // Exchange the partial scores (thread t of both warpgroups holds the same elements).
-        float* xm = X + wg * 4096;
-        const float* xo = X + (1 - wg) * 4096;
-#pragma unroll
-        for (int i = 0; i < 32; i++) xm[i * 128 + t] = s[i];
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < 32; i++) s[i] += xo[i * 128 + t];
-
-        // Mask, online softmax (base 2). Element 4i+e: row rr = e >> 1, key n0 + 8i + 2(lane%4) + e%2.
-        const int n0 = j * BN;
-        float tmax[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = n0 + 8 * i + 2 * (lane & 3) + (e & 1);
-                const int rr = e >> 1;
-                const float x = (col >= rlo[rr] && col < rhi[rr]) ? s[4 * i + e] * scale_log2
-                                                                   : NEG_INF;
-                s[4 * i + e] = x;
-                tmax[rr] = fmaxf(tmax[rr], x);
-            }
-        }
-        float alpha[2], mbase[2];
+        __syncwarp();  // wgmma (.aligned) needs the warp converged again
+        // This thread's two rows and their key ranges (empty past the end).
+        int rlo[2], rhi[2];
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
-            tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 1));
-            tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 2));
-            const float mnew = fmaxf(mrow[rr], tmax[rr]);
-            alpha[rr] = mnew == NEG_INF ? 1.f : exp2f(mrow[rr] - mnew);
-            mbase[rr] = mnew == NEG_INF ? 0.f : mnew;
-            mrow[rr] = mnew;
-            lrow[rr] *= alpha[rr];
+            const int row = m0 + lrow0 + 8 * rr;
+            i64 lo = 0, hi = 0;
+            if (row < sq) row_range(row, off, left, right, skv, &lo, &hi);
+            rlo[rr] = (int)lo;
+            rhi[rr] = (int)hi;
         }
-        unsigned pa[16];
+        // Q columns [0, QR) as wgmma A fragments: k-step kk, register 4kk + 2 half + rr holds row
+        // lrow0 + 8 rr, columns 16 kk + 8 half + 2 (lane % 4) + {0, 1}. Zero past the ends.
+        const u16* q = Q + b * q_sb + h * q_sh;
+        unsigned qa[QREGS];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float p0 = exp2f(s[4 * i + 0] - mbase[0]);
-            const float p1 = exp2f(s[4 * i + 1] - mbase[0]);
-            const float p2 = exp2f(s[4 * i + 2] - mbase[1]);
-            const float p3 = exp2f(s[4 * i + 3] - mbase[1]);
-            lrow[0] += p0 + p1;
-            lrow[1] += p2 + p3;
-            // A fragment of k-step i/2: regs {row r0 k lo, row r1 k lo, row r0 k hi, row r1 k hi}.
-            pa[(i >> 1) * 4 + (i & 1) * 2 + 0] = pack2(p0, p1);
-            pa[(i >> 1) * 4 + (i & 1) * 2 + 1] = pack2(p2, p3);
-        }
-        if (alpha[0] != 1.f || alpha[1] != 1.f) {
+        for (int kk = 0; kk < QR / 16; kk++) {
 #pragma unroll
-            for (int i = 0; i < OREGS / 4; i++) {
-                o[4 * i + 0] *= alpha[0];
-                o[4 * i + 1] *= alpha[0];
-                o[4 * i + 2] *= alpha[1];
-                o[4 * i + 3] *= alpha[1];
+            for (int half = 0; half < 2; half++) {
+                const int col = 16 * kk + 8 * half + 2 * (lane & 3);
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int row = m0 + lrow0 + 8 * rr;
+                    qa[4 * kk + 2 * half + rr] =
+                        (row < sq && col < dqk)
+                            ? *reinterpret_cast<const unsigned*>(q + (i64)row * q_ss + col)
+                            : 0u;
+                }
             }
         }
-
-        mbar_wait(barV, parity);
-#pragma unroll
-        for (int i = 0; i < OREGS; i++) fence_reg(o[i]);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            const unsigned bb = sV + (wg * DVH) * 128 + kk * 32;
-            wg_rs_o(o, pa[4 * kk + 0], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], sdesc(bb));
+#if QSM > 0
+        // Q columns [QR, DQK) into swizzled atoms of shared memory (16-byte chunks).
+        for (int idx = t; idx < BM * (QSM / 8); idx += 128) {
+            const int r = idx / (QSM / 8), c = idx % (QSM / 8);
+            const int row = m0 + r, col = QR + 8 * c;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (row < sq && col < dqk) v = *reinterpret_cast<const uint4*>(q + (i64)row * q_ss + col);
+            *reinterpret_cast<uint4*>(sm + SQ_OFF + (c >> 3) * (BM * 128) + r * 128 +
+                                      (((c & 7) ^ (r & 7)) << 4)) = v;
         }
-        wg_commit();
-        wg_wait0();
+        fence_async_smem();
+        asm volatile("bar.sync 2, 128;\n" ::: "memory");
+#endif
+        float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+        for (int it = 0; it < ntiles; ++it) {
+            const int j = jlo + it, ks = it & 1;
+            mbar_wait(KFULL(ks), (unsigned)(it >> 1) & 1u);
+            __syncwarp();
+            float s[32];
 #pragma unroll
-        for (int i = 0; i < OREGS; i++) fence_reg(o[i]);
-        cluster_sync();  // both CTAs are done with their copy of V tile j
-        if (tid == 0 && j + 1 < jhi) issue_v(sV, &tmv, j + 1, b * hkv + hk, rank, barV);
-    }
+            for (int i = 0; i < 32; i++) s[i] = 0.f;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < DQK / 16; kk++) {
+                const unsigned bb = sK + ks * KTILE + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+                if (kk < QR / 16) {
+                    wg_rs_s(s, qa[4 * kk + 0], qa[4 * kk + 1], qa[4 * kk + 2], qa[4 * kk + 3],
+                            sdesc(bb));
+                } else {
+                    const int kq = kk - QR / 16;
+                    const unsigned aa = sbase + SQ_OFF + (kq >> 2) * (BM * 128) + (kq & 3) * 32;
+                    wg_ss_s(s, sdesc(aa), sdesc(bb), 1);
+                }
+            }
+            wg_commit();
+            // While the scores run: refill the slot tile j - 1 used with tile j + 1, once both
+            // CTAs' score warps are done with it.
+            if (t == 0 && it >= 1 && j + 1 < jhi) {
+                const int ps = (it - 1) & 1;
+                mbar_wait(KEMPTY(ps), (unsigned)((it - 1) >> 1) & 1u);
+                issue_k(sK + ps * KTILE, &tmk, j + 1, hk, b, rank, KFULL(ps), pos_row, pos_head);
+            }
+            __syncwarp();
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < 32; i++) fence_reg(s[i]);
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive_cluster(KEMPTY(ks), 0);
+                mbar_arrive_cluster(KEMPTY(ks), 1);
+            }
 
-    // Epilogue: O = acc / l (0 for rows with no admitted key), LSE = ln(sum exp), -inf if empty.
-    float inv[2];
+            // Mask, online softmax (base 2), on raw scores: p = 2^(s * scale_log2 - m) with m the
+            // running max of s * scale_log2. Element 4i+e: row rr = e >> 1, key
+            // j*BN + 8i + 2(lane%4) + e%2. Tiles both rows admit whole skip the per-element mask.
+            const int n0 = j * BN;
+            float tmax[2] = {NEG_INF, NEG_INF};
+            if (n0 >= rlo[0] && n0 + BN <= rhi[0] && n0 >= rlo[1] && n0 + BN <= rhi[1]) {
 #pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        float l = lrow[rr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        lrow[rr] = l;
-        inv[rr] = l > 0.f ? 1.f / l : 0.f;
-    }
-    u16* ob = O + b * o_sb + h * o_sh;
+                for (int i = 0; i < 32; i++) tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], s[i]);
+            } else {
 #pragma unroll
-    for (int i = 0; i < OREGS / 4; i++) {
-        const int col = wg * DVH + 8 * i + 2 * (lane & 3);
-        if (col < dv) {
+                for (int i = 0; i < 8; i++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int col = n0 + 8 * i + 2 * (lane & 3) + (e & 1);
+                        const int rr = e >> 1;
+                        const float x = (col >= rlo[rr] && col < rhi[rr]) ? s[4 * i + e] : NEG_INF;
+                        s[4 * i + e] = x;
+                        tmax[rr] = fmaxf(tmax[rr], x);
+                    }
+                }
+            }
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) tmax[rr] *= scale_log2;  // -inf stays -inf
+            float alpha[2], mbase[2];
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) {
-                const int row = r0 + 8 * rr;
+                tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 1));
+                tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 2));
+                const float mnew = fmaxf(mrow[rr], tmax[rr]);
+                alpha[rr] = mnew == NEG_INF ? 1.f : exp2f(mrow[rr] - mnew);
+                mbase[rr] = mnew == NEG_INF ? 0.f : mnew;
+                mrow[rr] = mnew;
+                lrow[rr] *= alpha[rr];
+            }
+            // P slot `ps` is free once both output warpgroups finished tile it - 2.
+            const int ps = it & 1;
+            if (it >= 2) mbar_wait(PEMPTY(ps), (unsigned)((it >> 1) - 1) & 1u);
+            unsigned char* pt = sm + SP_OFF + ps * PTILE;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float p0 = exp2f(fmaf(s[4 * i + 0], scale_log2, -mbase[0]));
+                const float p1 = exp2f(fmaf(s[4 * i + 1], scale_log2, -mbase[0]));
+                const float p2 = exp2f(fmaf(s[4 * i + 2], scale_log2, -mbase[1]));
+                const float p3 = exp2f(fmaf(s[4 * i + 3], scale_log2, -mbase[1]));
+                lrow[0] += p0 + p1;
+                lrow[1] += p2 + p3;
+                // Swizzled: row r, keys 8i + 2(lane%4) + {0,1}: chunk i ^ (r % 8), r % 8 = lane / 4.
+                const unsigned cb = (unsigned)((i ^ (lane >> 2)) << 4) + 4u * (lane & 3);
+                *reinterpret_cast<unsigned*>(pt + lrow0 * 128 + cb) = pack2(p0, p1);
+                *reinterpret_cast<unsigned*>(pt + (lrow0 + 8) * 128 + cb) = pack2(p2, p3);
+            }
+            if ((lane & 3) == 0) {
+                alpha_s[ps * BM + lrow0] = alpha[0];
+                alpha_s[ps * BM + lrow0 + 8] = alpha[1];
+            }
+            fence_async_smem();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(PFULL(ps));
+        }
+        // LSE = ln(sum exp), -inf for rows with no admitted key; 1 / l for the output warpgroups.
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            float l = lrow[rr];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if ((lane & 3) == 0) {
+                const int row = m0 + lrow0 + 8 * rr;
+                linv_s[lrow0 + 8 * rr] = l > 0.f ? 1.f / l : 0.f;
                 if (row < sq) {
-                    *reinterpret_cast<unsigned*>(ob + (i64)row * o_ss + col) =
-                        pack2(o[4 * i + 2 * rr] * inv[rr], o[4 * i + 2 * rr + 1] * inv[rr]);
+                    LSE[((i64)b * hq + h) * sq + row] =
+                        l > 0.f ? (mrow[rr] + log2f(l)) * LN2 : NEG_INF;
+                }
+            }
+        }
+        all_warpgroups_sync();
+    } else {
+        // ---- Output warpgroup 1 + g: O[:, g*DVH .. (g+1)*DVH) ----
+        const int g = wg - 1;
+        const int bh = b * hkv + hk;
+        const unsigned vdst = sV + g * DVH * 128;
+        // Thread 0 of the warpgroup posts the expected bytes of each V half-tile on its CTA's
+        // barrier; in CTA `g` it also issues the load, multicast to both CTAs.
+        const bool lead = t == 0;
+        if (lead && ntiles > 0) {
+            mbar_expect_tx(VFULL(g), DVH * BN * 2);
+            if ((int)rank == g) tma3_mc(vdst, &tmv, jlo * BN, g * DVH, bh, VFULL(g));
+        }
+        float o[OREGS];
+#pragma unroll
+        for (int i = 0; i < OREGS; i++) o[i] = 0.f;
+        for (int it = 0; it < ntiles; ++it) {
+            const int j = jlo + it, ps = it & 1;
+            mbar_wait(PFULL(ps), (unsigned)(it >> 1) & 1u);
+            const float a0 = alpha_s[ps * BM + lrow0], a1 = alpha_s[ps * BM + lrow0 + 8];
+            if (a0 != 1.f || a1 != 1.f) {
+#pragma unroll
+                for (int i = 0; i < OREGS / 4; i++) {
+                    o[4 * i + 0] *= a0;
+                    o[4 * i + 1] *= a0;
+                    o[4 * i + 2] *= a1;
+                    o[4 * i + 3] *= a1;
+                }
+            }
+            mbar_wait(VFULL(g), (unsigned)it & 1u);
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < OREGS; i++) fence_reg(o[i]);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                wg_ss_o(o, sdesc(sP + ps * PTILE + kk * 32), sdesc(vdst + kk * 32), 1);
+            }
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int i = 0; i < OREGS; i++) fence_reg(o[i]);
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(PEMPTY(ps));
+                mbar_arrive_cluster(VEMPTY(g), (unsigned)g);
+            }
+            if (lead && j + 1 < jhi) {
+                mbar_expect_tx(VFULL(g), DVH * BN * 2);
+                if ((int)rank == g) {
+                    mbar_wait(VEMPTY(g), (unsigned)it & 1u);
+                    tma3_mc(vdst, &tmv, (j + 1) * BN, g * DVH, bh, VFULL(g));
+                }
+            }
+            __syncwarp();
+        }
+        all_warpgroups_sync();
+        // Epilogue: O = acc / l (0 for rows with no admitted key).
+        const float inv[2] = {linv_s[lrow0], linv_s[lrow0 + 8]};
+        u16* ob = O + b * o_sb + h * o_sh;
+#pragma unroll
+        for (int i = 0; i < OREGS / 4; i++) {
+            const int col = g * DVH + 8 * i + 2 * (lane & 3);
+            if (col < dv) {
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int row = m0 + lrow0 + 8 * rr;
+                    if (row < sq) {
+                        *reinterpret_cast<unsigned*>(ob + (i64)row * o_ss + col) =
+                            pack2(o[4 * i + 2 * rr] * inv[rr], o[4 * i + 2 * rr + 1] * inv[rr]);
+                    }
                 }
             }
         }
     }
-    if (wg == 0 && (lane & 3) == 0) {
-#pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const int row = r0 + 8 * rr;
-            if (row < sq) {
-                LSE[((i64)b * hq + h) * sq + row] =
-                    lrow[rr] > 0.f ? (mrow[rr] + log2f(lrow[rr])) * LN2 : NEG_INF;
-            }
-        }
-    }
+    // Neither CTA leaves while the other may still arrive on its barriers.
+    cluster_sync();
+#undef KFULL
+#undef KEMPTY
+#undef VFULL
+#undef VEMPTY
+#undef PFULL
+#undef PEMPTY
 }
 
 // V [b, h_kv, s_kv, dv] (strides sb, sh, ss; dv contiguous) -> V^T [b, h_kv, dv, skv_pad]

@@ -53,23 +53,25 @@ pub const BLOCK_N: usize = 64;
 /// sm_100 or later).
 pub const COMPUTE_CAPABILITY: (u32, u32) = (9, 0);
 
-/// Padded head dims a kernel variant is compiled for: qk to a multiple of 128 (two warpgroups
-/// times 64-column swizzle atoms), v to a multiple of 64 (two warpgroups times wgmma N % 32).
+/// Padded head dims a kernel variant is compiled for: qk to a multiple of 64 (the 64-column
+/// swizzle atom of the K tiles), v to a multiple of 64 (two output warpgroups, each a wgmma N
+/// that is a multiple of 32).
 pub fn padded_dims(head_dim_qk: usize, head_dim_v: usize) -> (usize, usize) {
-    (
-        head_dim_qk.div_ceil(128) * 128,
-        head_dim_v.div_ceil(64) * 64,
-    )
+    (head_dim_qk.div_ceil(64) * 64, head_dim_v.div_ceil(64) * 64)
 }
 
-/// Dynamic shared memory of a variant: Q, K and V^T tiles, the score exchange between the two
-/// warpgroups, two mbarriers (64 bytes), 1 KiB for aligning the base to the swizzle atom.
+/// Dynamic shared memory of a variant (`SMEM_USED` in `kernels.cu`): two K tiles, one V^T tile,
+/// two probability tiles, Q's columns past 384 (the first 384 live in registers), two rescale
+/// vectors and the 1/l vector (fp32 per row), twelve mbarriers, and 1 KiB for aligning the base
+/// to the swizzle atom.
 pub fn shared_bytes(dqk_pad: usize, dv_pad: usize) -> usize {
-    BLOCK_M * dqk_pad * 2
-        + BLOCK_N * dqk_pad * 2
+    2 * BLOCK_N * dqk_pad * 2
         + dv_pad * BLOCK_N * 2
-        + 2 * 128 * 32 * 4
-        + 64
+        + 2 * BLOCK_M * BLOCK_N * 2
+        + BLOCK_M * dqk_pad.saturating_sub(384) * 2
+        + 2 * BLOCK_M * 4
+        + BLOCK_M * 4
+        + 12 * 8
         + 1024
 }
 
@@ -177,7 +179,8 @@ mod tests {
                 assert_eq!(check_problem(&problem(d, dv)), Ok(()), "d {d} dv {dv}");
             }
         }
-        assert_eq!(padded_dims(264, 264), (384, 320));
+        assert_eq!(padded_dims(264, 264), (320, 320));
+        assert_eq!(padded_dims(328, 392), (384, 448));
         assert_eq!(padded_dims(512, 512), (512, 512));
         assert!(shared_bytes(512, 512) <= MAX_SHARED_BYTES);
     }
