@@ -135,10 +135,37 @@ __device__ __forceinline__ void wg_wait0() {
 // Keeps the compiler from moving accumulator reads/writes across the asynchronous wgmma.
 __device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
-__device__ __forceinline__ u64 sdesc(unsigned saddr) {
-    return (u64)((saddr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) |
-           ((u64)1 << 62);
+// Shared-memory matrix descriptors: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
+// Descriptors are built from the low word only: the start address (bits 0..13, 16-byte units)
+// plus the leading-byte-offset field; the high word (stride 1024 B, 128-byte swizzle) is the
+// same for every operand here. The low word of `bytes` further on just grows, without a carry,
+// since every shared-memory address is below 256 KiB, so a k-loop adds constants to a word
+// computed once per buffer instead of rebuilding each descriptor (a third of the score
+// warpgroup's instructions in the profile).
+__device__ __forceinline__ unsigned sdesc_lo(unsigned saddr) {
+    return ((saddr & 0x3FFFF) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ u64 sdesc_at(unsigned lo, unsigned bytes) {
+    return ((u64)((1024 >> 4) | (1u << 30)) << 32) | (u64)(lo + (bytes >> 4));
+}
+
+// Two floats rounded to bf16/fp16 in one instruction, `a` in the low half (as pack2).
+__device__ __forceinline__ unsigned pack2x(float a, float b) {
+    unsigned r;
+#if LOWP_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+#endif
+    return r;
+}
+
+// 2^x for x <= 0 (ex2.approx, relative error ~2^-22; results below 2^-126 flush to 0). exp2f
+// wraps the same instruction in a denormal-range fix-up the probabilities do not need.
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // Issued by one thread of each CTA of the pair: its half of key tile j (rows [32 rank, 32 rank +
@@ -264,6 +291,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
         fence_async_smem();
         asm volatile("bar.sync 2, 128;\n" ::: "memory");
 #endif
+        const unsigned dK0 = sdesc_lo(sK), dQs = sdesc_lo(sbase + SQ_OFF);
         float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
         for (int it = 0; it < ntiles; ++it) {
             const int j = jlo + it, ks = it & 1;
@@ -275,14 +303,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < DQK / 16; kk++) {
-                const unsigned bb = sK + ks * KTILE + (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+                const u64 db = sdesc_at(dK0, ks * KTILE + (kk >> 2) * (BN * 128) + (kk & 3) * 32);
                 if (kk < QR / 16) {
-                    wg_rs_s(s, qa[4 * kk + 0], qa[4 * kk + 1], qa[4 * kk + 2], qa[4 * kk + 3],
-                            sdesc(bb));
+                    wg_rs_s(s, qa[4 * kk + 0], qa[4 * kk + 1], qa[4 * kk + 2], qa[4 * kk + 3], db);
                 } else {
                     const int kq = kk - QR / 16;
-                    const unsigned aa = sbase + SQ_OFF + (kq >> 2) * (BM * 128) + (kq & 3) * 32;
-                    wg_ss_s(s, sdesc(aa), sdesc(bb), 1);
+                    wg_ss_s(s, sdesc_at(dQs, (kq >> 2) * (BM * 128) + (kq & 3) * 32), db, 1);
                 }
             }
             wg_commit();
@@ -307,22 +333,28 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
             // running max of s * scale_log2. Element 4i+e: row rr = e >> 1, key
             // j*BN + 8i + 2(lane%4) + e%2. Tiles both rows admit whole skip the per-element mask.
             const int n0 = j * BN;
-            float tmax[2] = {NEG_INF, NEG_INF};
-            if (n0 >= rlo[0] && n0 + BN <= rhi[0] && n0 >= rlo[1] && n0 + BN <= rhi[1]) {
+            if (!(n0 >= rlo[0] && n0 + BN <= rhi[0] && n0 >= rlo[1] && n0 + BN <= rhi[1])) {
 #pragma unroll
-                for (int i = 0; i < 32; i++) tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], s[i]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int col = n0 + 8 * i + 2 * (lane & 3) + (e & 1);
-                        const int rr = e >> 1;
-                        const float x = (col >= rlo[rr] && col < rhi[rr]) ? s[4 * i + e] : NEG_INF;
-                        s[4 * i + e] = x;
-                        tmax[rr] = fmaxf(tmax[rr], x);
-                    }
+                for (int i = 0; i < 32; i++) {
+                    const int col = n0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+                    const int rr = (i >> 1) & 1;
+                    if (col < rlo[rr] || col >= rhi[rr]) s[i] = NEG_INF;
                 }
+            }
+            // Row maxima as trees (depth 4, not a chain of 16: the score warpgroup is
+            // latency-bound, one warp per scheduler).
+            float tmax[2];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                float m8[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) m8[i] = fmaxf(s[4 * i + 2 * rr], s[4 * i + 2 * rr + 1]);
+#pragma unroll
+                for (int w = 4; w >= 1; w >>= 1) {
+#pragma unroll
+                    for (int i = 0; i < w; i++) m8[i] = fmaxf(m8[i], m8[i + w]);
+                }
+                tmax[rr] = m8[0];
             }
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) tmax[rr] *= scale_log2;  // -inf stays -inf
@@ -332,10 +364,27 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
                 tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 1));
                 tmax[rr] = fmaxf(tmax[rr], __shfl_xor_sync(0xffffffffu, tmax[rr], 2));
                 const float mnew = fmaxf(mrow[rr], tmax[rr]);
-                alpha[rr] = mnew == NEG_INF ? 1.f : exp2f(mrow[rr] - mnew);
+                alpha[rr] = mnew == NEG_INF ? 1.f : exp2_approx(mrow[rr] - mnew);
                 mbase[rr] = mnew == NEG_INF ? 0.f : mnew;
                 mrow[rr] = mnew;
                 lrow[rr] *= alpha[rr];
+            }
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                s[i] = exp2_approx(fmaf(s[i], scale_log2, -mbase[(i >> 1) & 1]));
+            }
+            // Row sums as trees too (a fixed order: still deterministic).
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                float l8[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) l8[i] = s[4 * i + 2 * rr] + s[4 * i + 2 * rr + 1];
+#pragma unroll
+                for (int w = 4; w >= 1; w >>= 1) {
+#pragma unroll
+                    for (int i = 0; i < w; i++) l8[i] += l8[i + w];
+                }
+                lrow[rr] += l8[0];
             }
             // P slot `ps` is free once both output warpgroups finished tile it - 2.
             const int ps = it & 1;
@@ -343,16 +392,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
             unsigned char* pt = sm + SP_OFF + ps * PTILE;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                const float p0 = exp2f(fmaf(s[4 * i + 0], scale_log2, -mbase[0]));
-                const float p1 = exp2f(fmaf(s[4 * i + 1], scale_log2, -mbase[0]));
-                const float p2 = exp2f(fmaf(s[4 * i + 2], scale_log2, -mbase[1]));
-                const float p3 = exp2f(fmaf(s[4 * i + 3], scale_log2, -mbase[1]));
-                lrow[0] += p0 + p1;
-                lrow[1] += p2 + p3;
                 // Swizzled: row r, keys 8i + 2(lane%4) + {0,1}: chunk i ^ (r % 8), r % 8 = lane / 4.
                 const unsigned cb = (unsigned)((i ^ (lane >> 2)) << 4) + 4u * (lane & 3);
-                *reinterpret_cast<unsigned*>(pt + lrow0 * 128 + cb) = pack2(p0, p1);
-                *reinterpret_cast<unsigned*>(pt + (lrow0 + 8) * 128 + cb) = pack2(p2, p3);
+                *reinterpret_cast<unsigned*>(pt + lrow0 * 128 + cb) = pack2x(s[4 * i], s[4 * i + 1]);
+                *reinterpret_cast<unsigned*>(pt + (lrow0 + 8) * 128 + cb) =
+                    pack2x(s[4 * i + 2], s[4 * i + 3]);
             }
             if ((lane & 3) == 0) {
                 alpha_s[ps * BM + lrow0] = alpha[0];
@@ -390,6 +434,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
             mbar_expect_tx(VFULL(g), DVH * BN * 2);
             if ((int)rank == g) tma3_mc(vdst, &tmv, jlo * BN, g * DVH, bh, VFULL(g));
         }
+        const unsigned dP0 = sdesc_lo(sP), dV0 = sdesc_lo(vdst);
         float o[OREGS];
 #pragma unroll
         for (int i = 0; i < OREGS; i++) o[i] = 0.f;
@@ -413,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
-                wg_ss_o(o, sdesc(sP + ps * PTILE + kk * 32), sdesc(vdst + kk * 32), 1);
+                wg_ss_o(o, sdesc_at(dP0, ps * PTILE + kk * 32), sdesc_at(dV0, kk * 32), 1);
             }
             wg_commit();
             wg_wait0();
