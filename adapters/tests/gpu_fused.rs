@@ -115,6 +115,13 @@ fn cases() -> Vec<(AttentionProblem, String)> {
     let p = AttentionProblem::new(1, 2, 2, 640, 640, 384, 384, DType::F16)
         .with_mask(MaskSpec::window(200, 0, DiagonalAlignment::TopLeft));
     out.push((p, "d384 fp16 window(200,0) mha 640x640".into()));
+    // qk padded to 448: 384 Q columns in registers, 64 in shared memory.
+    let p = AttentionProblem::new(1, 4, 2, 200, 330, 392, 456, DType::BF16)
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+    out.push((p, "d392/456 bf16 causal_br gqa 200x330".into()));
+    let mut p = AttentionProblem::new(2, 3, 1, 150, 77, 440, 264, DType::F16);
+    p.set_layout(LayoutKind::Sbhd);
+    out.push((p, "d440/264 fp16 no mask mqa b2 150x77 sbhd".into()));
     // Bottom-right causal with s_q > s_kv: the first rows admit no key (O = 0, LSE = -inf).
     let p = AttentionProblem::new(1, 2, 1, 300, 100, 512, 512, DType::BF16)
         .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);

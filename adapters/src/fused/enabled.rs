@@ -13,6 +13,7 @@ use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt::Write as _;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// The kernel source after the prelude shared with the other NVRTC executor.
@@ -98,8 +99,13 @@ fn wgmma_wrapper(name: &str, n: usize, ty: &str, a_in_registers: bool) -> String
 }
 
 /// The complete NVRTC source of one variant: the defines, the generated wgmma wrappers and
-/// `kernels.cu`.
+/// `kernels.cu` (or the file [`SOURCE_OVERRIDE`] names).
 pub fn kernel_source(bf16: bool, dqk_pad: usize, dv_pad: usize) -> String {
+    let body_file = std::env::var_os(SOURCE_OVERRIDE);
+    kernel_source_with(bf16, dqk_pad, dv_pad, body_file.as_deref().map(Path::new))
+}
+
+fn kernel_source_with(bf16: bool, dqk_pad: usize, dv_pad: usize, body: Option<&Path>) -> String {
     let ty = if bf16 { "bf16" } else { "f16" };
     let mut s = format!(
         "#define LOWP_BF16 {}\n#define DQK {dqk_pad}\n#define DV {dv_pad}\ntypedef unsigned long long u64;\n",
@@ -111,15 +117,16 @@ pub fn kernel_source(bf16: bool, dqk_pad: usize, dv_pad: usize) -> String {
     s.push_str(&wgmma_wrapper("wg_ss_s", BLOCK_N, ty, false));
     s.push_str(&wgmma_wrapper("wg_ss_o", dv_pad / 2, ty, false));
     s.push_str(&wgmma_wrapper("wg_rs_o", dv_pad / 2, ty, true));
-    match std::env::var_os(SOURCE_OVERRIDE) {
-        Some(path) => match std::fs::read_to_string(&path) {
-            Ok(body) => {
+    match body {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => {
                 s.push_str(include_str!("../nvrtc_prelude.cu"));
-                s.push_str(&body);
+                s.push_str(&text);
             }
-            // Compiles to an error that names the file, instead of silently running SRC.
+            // Compiles to an error that names the file, never silently to the built-in kernel.
             Err(e) => {
-                let _ = writeln!(s, "#error \"{SOURCE_OVERRIDE}={path:?}: {e}\"");
+                let why = format!("{SOURCE_OVERRIDE}={}: {e}", path.display()).replace('"', "'");
+                let _ = writeln!(s, "#error \"{why}\"");
             }
         },
         None => s.push_str(SRC),
@@ -149,8 +156,9 @@ fn compile(bf16: bool, dqk_pad: usize, dv_pad: usize) -> Result<cudarc::nvrtc::P
     })
 }
 
-/// Compile the variants of the widest and narrowest head dims with NVRTC only (no device): the
-/// test that runs wherever the NVRTC library is found.
+/// Compile six variants (the widest and narrowest head dims, Q partly in shared memory, unequal
+/// qk and v dims) with NVRTC only (no device): the test that runs wherever the NVRTC library is
+/// found.
 pub fn compile_only() -> Result<Vec<String>, ExecError> {
     // SAFETY: probes library presence only.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
@@ -634,6 +642,24 @@ mod tests {
         assert!(s.contains("m64n64k16.f32.f16.f16"));
         assert!(s.contains("setp.ne.b32 p, %34, 0;"));
         assert!(s.contains("%32, %33, p, 1, 1, 0, 0;"));
+    }
+
+    #[test]
+    fn the_source_hook_compiles_the_named_file_or_an_error_naming_it() {
+        let built_in = kernel_source_with(true, 512, 512, None);
+        assert!(built_in.contains("fused_fwd(") && built_in.contains("#define DQK 512"));
+        let dir = std::env::temp_dir().join(format!("attn-policy-hook-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("variant.cu");
+        std::fs::write(&file, "// variant body marker\n").unwrap();
+        let s = kernel_source_with(false, 320, 384, Some(&file));
+        assert!(s.contains("// variant body marker") && !s.contains("fused_fwd("));
+        // The defines, wrappers and prelude still come first.
+        assert!(s.contains("#define DV 384") && s.contains("wg_ss_o") && s.contains("row_range"));
+        let missing = dir.join("missing.cu");
+        let s = kernel_source_with(true, 512, 512, Some(&missing));
+        assert!(s.contains("#error") && s.contains("missing.cu") && !s.contains("fused_fwd("));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

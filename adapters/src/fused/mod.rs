@@ -2,17 +2,18 @@
 //! written with wgmma (warpgroup MMA) in inline PTX and compiled at run time by NVRTC for
 //! `sm_90a`: scores and probabilities never leave the SM.
 //!
-//! Forward (`kernels.cu`, `fused_fwd`): one CTA of two warpgroups per 64 query rows and query
-//! head. The 512-wide output accumulator (64 x 512 fp32 = 128 registers per thread per half) does
-//! not fit one warpgroup, so warpgroup `g` owns output columns `[g*dv/2, (g+1)*dv/2)` and the
-//! partial scores over its half of the qk dim; the two partial score tiles are exchanged through
-//! shared memory and summed (`a + b == b + a`, so both hold the same scores bit for bit), both
-//! run the same online softmax, and each multiplies its probabilities (registers, bf16/fp16)
-//! with its half of the V tile. K and V tiles are loaded by TMA: clusters of two CTAs (adjacent
-//! query tiles of one head) each load half of every tile and multicast it to both, which halves
-//! the L2 traffic. V is read through a transposed copy in the workspace (`transpose_v`,
-//! `[b, h_kv, d_v, s_kv rounded up to 64]`) so both GEMMs take K-major operands from
-//! 128-byte-swizzled shared memory. Key tiles no query row of the pair admits are never visited.
+//! Forward (`kernels.cu`, `fused_fwd`): one CTA of three warpgroups per 64 query rows and query
+//! head. The 512-wide output accumulator (64 x 512 fp32) does not fit one warpgroup, so two output
+//! warpgroups each own half of the output columns; a score warpgroup holds Q in registers (the
+//! columns past 384 in shared memory), computes S = Q K^T per key tile of 64, runs the online
+//! softmax and hands P and the rescale factors to the output warpgroups through double-buffered
+//! shared memory (mbarriers). Q in registers frees the shared memory for two K buffers, so the
+//! score warpgroup runs ahead of the output warpgroups. K and V tiles are loaded by TMA: clusters
+//! of two CTAs (adjacent query tiles of one head) each load half of every tile and multicast it to
+//! both, which halves the L2 traffic. V is read through a transposed copy in the workspace
+//! (`transpose_v`, `[b, h_kv, d_v, s_kv rounded up to 64]`) so both GEMMs take K-major operands
+//! from 128-byte-swizzled shared memory. Key tiles no query row of the pair admits are never
+//! visited. `docs/fused.md` has the design, the measurements and what bounds the kernel.
 //!
 //! The backward is not fused yet: the manifest says `backward: false`, the executor refuses
 //! backward calls with [`Unsupported`], and the `native` pack's chain runs `chunked` for
