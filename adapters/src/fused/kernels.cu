@@ -225,18 +225,18 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
     const int ntiles = jhi - jlo;
 
     if (tid == 0) {
-        mbar_init(KFULL(0), 1);
-        mbar_init(KFULL(1), 1);
-        mbar_init(KEMPTY(0), 8);
-        mbar_init(KEMPTY(1), 8);
-        mbar_init(VFULL(0), 1);
-        mbar_init(VFULL(1), 1);
-        mbar_init(VEMPTY(0), 8);
-        mbar_init(VEMPTY(1), 8);
-        mbar_init(PFULL(0), 4);
-        mbar_init(PFULL(1), 4);
-        mbar_init(PEMPTY(0), 8);
-        mbar_init(PEMPTY(1), 8);
+        // Arrival counts: "full" barriers one (the local expect_tx; TMA adds the bytes), K and V
+        // "empty" eight (four warps in each CTA), P "full" the four score warps, P "empty" the
+        // eight output warps.
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            mbar_init(KFULL(x), 1);
+            mbar_init(KEMPTY(x), 8);
+            mbar_init(VFULL(x), 1);
+            mbar_init(VEMPTY(x), 8);
+            mbar_init(PFULL(x), 4);
+            mbar_init(PEMPTY(x), 8);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     // Both CTAs' barriers exist before either multicasts into or arrives on the other.

@@ -167,6 +167,75 @@ def test_gemma4_shapes_meet_the_flash_attention_criterion(d, left):
     assert all(r[4] for r in rows), rows
 
 
+FUSED_CASES = [
+    # d_qk, d_v, causal, diagonal, s_q, s_kv
+    (512, 512, True, "top_left", 700, 700),
+    (264, 264, False, "top_left", 300, 450),
+    (512, 320, True, "bottom_right", 200, 520),
+]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: f"d{c[0]}-{c[1]}-{'causal-' + c[3] if c[2] else 'nomask'}-s{c[4]}x{c[5]}")
+def test_native_pack_runs_the_fused_kernel_for_inference_on_hopper(case):
+    """The native pack under torch.no_grad() on an sm90 GPU: the fused kernel runs (through
+    torch's stream and allocator), meets the FlashAttention criterion, replays bit for bit in a
+    CUDA graph; with gradients the same call runs chunked (the fused kernel has no backward)."""
+    if torch.cuda.get_device_capability(DEV) != (9, 0):
+        pytest.skip("the fused kernel runs on sm90 only")
+    import attn_policy
+
+    d, dv, causal, diagonal, sq, skv = case
+    policy = attn_policy.Policy.load("native")
+    b, hq, hkv = 2, 8, 2
+    g = torch.Generator(device=DEV).manual_seed(d + dv + sq)
+    q = torch.randn(b, sq, hq, d, device=DEV, generator=g).to(torch.bfloat16)
+    k = torch.randn(b, skv, hkv, d, device=DEV, generator=g).to(torch.bfloat16)
+    v = torch.randn(b, skv, hkv, dv, device=DEV, generator=g).to(torch.bfloat16)
+    kw = dict(layout="bshd", is_causal=causal, diagonal=diagonal, policy=policy)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(side):
+        o, dec = apt.attention(q, k, v, return_decision=True, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert dec.backend == "fused" and dec.executor == "fused" and not dec.substitute, dec.summary()
+
+    scale = 1 / math.sqrt(d)
+    i = torch.arange(sq, device=DEV).unsqueeze(1) + ((skv - sq) if diagonal == "bottom_right" else 0)
+    j = torch.arange(skv, device=DEV).unsqueeze(0)
+    allowed = (j <= i) if causal else torch.ones(sq, skv, dtype=torch.bool, device=DEV)
+    bhsd = lambda t: t.transpose(1, 2)  # noqa: E731
+    o64 = math_attention(*(bhsd(t).double() for t in (q, k, v)), allowed, scale, torch.float64)
+    on = math_attention(*(bhsd(t) for t in (q, k, v)), allowed, scale, torch.float32)
+    # Rows with no admitted key: 0 here, NaN in the textbook softmax.
+    o64, on = o64.nan_to_num(0.0), on.nan_to_num(0.0)
+    e = (bhsd(o).double() - o64).abs().max().item()
+    en = (on.double() - o64).abs().max().item()
+
+    # A CUDA graph of the same call replays bit for bit (the variant was compiled by the call
+    # above, so the capture does no host work but encode two TMA descriptors).
+    with torch.no_grad():
+        graph = torch.cuda.CUDAGraph()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            apt.attention(q, k, v, **kw)  # warm-up on the capture stream
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            captured = apt.attention(q, k, v, **kw)
+        graph.replay()
+        torch.cuda.synchronize()
+        replay_equal = torch.equal(captured, o)
+
+    qa, ka, va = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    _, dec_train = apt.attention(qa, ka, va, return_decision=True, **kw)
+    note(f"native pack d{d}/{dv} {'causal ' + diagonal if causal else 'no mask'} s{sq}x{skv}: inference "
+         f"{dec.summary()}; ours/naive o:{e:.2e}/{en:.2e}; graph replay bitwise equal: {replay_equal}; "
+         f"training: {dec_train.summary()}")
+    assert e <= 2 * en + 1e-6, (e, en)
+    assert replay_equal
+    assert dec_train.backend == "chunked" and dec_train.executor == "chunked", dec_train.summary()
+
+
 @pytest.mark.parametrize("node", ["cpp", "python"])
 def test_eager_path_equals_the_op_on_the_gpu(eager_node_mode, node):
     """Both eager autograd nodes (attn_policy.eager_node) against the op, bitwise."""
