@@ -149,8 +149,8 @@ def test_preflight_agrees_with_the_implementation_over_generated_configs():
         d = cp.preflight(spec, env)
         refusal = cp.implementation_refusal(spec)
         ok = cp.admitted(d)
-        # The fused backend never serves context parallelism (fused.context-parallel), nor
-        # these small head dims: its declines say nothing about the ring.
+        # The fused backend serves neither these small head dims nor a CPU: its declines
+        # (fused.head-dim, fused.device) say nothing about the ring.
         declined = {r.id: r.layer for b in d.backends if b.name != "fused" for r in b.declined_by}
         if refusal is None:
             assert ok, f"the pack declines what cp_attention runs: {spec} {declined}"

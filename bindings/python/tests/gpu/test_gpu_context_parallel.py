@@ -150,6 +150,35 @@ def test_world_of_one_every_comm_type(causal):
         criterion(f"world 1 {comm}", got, causal)
 
 
+def test_inference_with_the_native_pack_runs_the_fused_kernel_per_step(causal):
+    """Under torch.no_grad() with the native pack on an sm90 GPU, the pre-flight selects the fused
+    backend, every per-step call runs the fused kernel, and O meets the FlashAttention criterion:
+    a world of one (p2p and a2a) and a p2p ring of 4 simulated in this process."""
+    if torch.cuda.get_device_capability(DEV) != (9, 0):
+        pytest.skip("the fused kernel runs on sm90 only")
+    import attn_policy
+
+    native = attn_policy.Policy.load("native")
+    init_world_of_one()
+    exact = causal["exact"]["o"]
+    bound = 2 * (causal["naive"]["o"].double() - exact).abs().max().item()
+    note(f"== inference (no_grad) through the native pack, d{D} GQA causal bf16 s{S}")
+    for comm in ("p2p", "a2a"):
+        with torch.no_grad():
+            o, d = cp.cp_attention(causal["q"], causal["k"], causal["v"], cp_group=dist.group.WORLD, cp_comm_type=comm,
+                                   layout=LAYOUT, is_causal=True, policy=native, return_decision=True)
+        err = (o.double() - exact).abs().max().item()
+        note(f"  {comm}: {d.summary()}; O err {err:.3e} (2 x naive bf16 {bound:.3e})")
+        assert d.preflight is not None and d.preflight.selected == "fused", d.summary()
+        assert {s.executor for s in d.steps} == {"fused"}, d.summary()
+        assert err <= bound
+    with torch.no_grad():
+        r = cp.simulate_ring(causal["q"], causal["k"], causal["v"], 4, layout=LAYOUT, is_causal=True, policy=native)
+    err = (r["o"].double() - exact).abs().max().item()
+    note(f"  ring of 4 in one process: O err {err:.3e} (2 x naive bf16 {bound:.3e})")
+    assert err <= bound
+
+
 def report_work(label, work, heads):
     """Prints every rank's steps and returns (calls, skipped pairs, admitted pairs) per rank."""
     note(f"  work per rank ({label}): rank: calls per step | chunk pairs skipped | admitted pairs x b x hq")
