@@ -107,16 +107,17 @@ pub fn kernel_source(bf16: bool, dqk_pad: usize, dv_pad: usize) -> String {
 
 fn kernel_source_with(bf16: bool, dqk_pad: usize, dv_pad: usize, body: Option<&Path>) -> String {
     let ty = if bf16 { "bf16" } else { "f16" };
+    // SMEM_BYTES: what the launch allocates; the kernel asserts its layout fits.
     let mut s = format!(
-        "#define LOWP_BF16 {}\n#define DQK {dqk_pad}\n#define DV {dv_pad}\ntypedef unsigned long long u64;\n",
-        u8::from(bf16)
+        "#define LOWP_BF16 {}\n#define DQK {dqk_pad}\n#define DV {dv_pad}\n#define SMEM_BYTES {}\ntypedef unsigned long long u64;\n",
+        u8::from(bf16),
+        shared_bytes(dqk_pad, dv_pad)
     );
     // Scores: Q from registers (past column 384: shared memory), K from shared memory.
-    // Output: P and V^T from shared memory (or P from registers).
+    // Output: P and V^T from shared memory.
     s.push_str(&wgmma_wrapper("wg_rs_s", BLOCK_N, ty, true));
     s.push_str(&wgmma_wrapper("wg_ss_s", BLOCK_N, ty, false));
     s.push_str(&wgmma_wrapper("wg_ss_o", dv_pad / 2, ty, false));
-    s.push_str(&wgmma_wrapper("wg_rs_o", dv_pad / 2, ty, true));
     match body {
         Some(path) => match std::fs::read_to_string(path) {
             Ok(text) => {

@@ -3,7 +3,9 @@
 //   LOWP_BF16   1 for bf16, 0 for fp16
 //   DQK         Q/K head dim padded to a multiple of 64 (one 128-byte swizzle atom)
 //   DV          V head dim padded to a multiple of 64 (each output warpgroup owns DV/2 columns)
-//   wg_rs_s / wg_ss_o: the wgmma wrappers (generated: their operand lists are 32..128 long)
+//   SMEM_BYTES  the dynamic shared memory the launch allocates (fused::shared_bytes)
+//   wg_rs_s / wg_ss_s / wg_ss_o: the wgmma wrappers (generated: their operand lists are 32..128
+//               long)
 // and ../nvrtc_prelude.cu (types, conversions, row_range). No CUDA headers: conversions,
 // barriers and copies are inline PTX.
 //
@@ -50,6 +52,9 @@
 #define SL_OFF (SA_OFF + 2 * BM * 4)      // 1 / l per row
 #define SBAR_OFF (SL_OFF + BM * 4)        // 12 mbarriers
 #define SMEM_USED (SBAR_OFF + 12 * 8)
+// The host's figure (fused::shared_bytes) repeats this layout: fail the compile, not the launch,
+// if the two ever disagree (the base is rounded up to 1024 inside the allocation).
+static_assert(SMEM_USED + 1024 <= SMEM_BYTES, "fused::shared_bytes is smaller than the kernel's layout");
 
 // A CUtensorMap (TMA descriptor) as the driver encodes it, passed by value as a kernel parameter.
 struct __align__(128) TmapT {
