@@ -2,13 +2,16 @@
 //! GPU they print why they skip. On an H100/H200 they check, on fresh random inputs each run
 //! (the seed is printed):
 //! - numerics: the FlashAttention criterion err(fused, fp64) <= 2 err(naive same dtype, fp64) for
-//!   O and LSE within 1e-5 relative of fp64, over head dims 264..512 (padded tails), dtypes,
-//!   masks, windows, GQA/MHA/MQA, square/rectangular, layouts and query/key tails;
-//! - determinism: two forward runs are bitwise identical;
-//! - refusals before launch: problems outside the manifest, mismatched inputs, backward calls;
+//!   O, dQ, dK and dV, and LSE within 1e-5 relative of fp64, over head dims 264..512 (padded
+//!   tails), dtypes, masks, windows, GQA/MHA/MQA, square/rectangular, layouts and query/key
+//!   tails; every other case runs the backward in chunks of 200 rows (chunk boundaries inside
+//!   the 128-row score tiles);
+//! - determinism: two forward runs, and two backward runs, are bitwise identical;
+//! - refusals before launch: problems outside the manifest, mismatched inputs;
 //! - the stream path on a foreign stream, and its CUDA-graph capture replayed, match the
-//!   synchronous path bit for bit.
+//!   synchronous path bit for bit (forward and backward).
 
+use attn_policy_adapters::chunked::ChunkedConfig;
 use attn_policy_adapters::fused::Fused;
 use attn_policy_adapters::trial::{random_inputs, verify};
 use attn_policy_adapters::{
@@ -19,7 +22,21 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 fn gpu() -> Option<Fused> {
-    match Fused::on_device(0) {
+    gpu_with(ChunkedConfig::default())
+}
+
+/// Backward chunks of 200 query rows: not a multiple of the score kernel's 128-row tiles.
+fn small_chunks() -> ChunkedConfig {
+    ChunkedConfig {
+        max_chunk_rows: 200,
+        target_rows_per_gemm: 200,
+        min_chunk_rows: 1,
+        ..Default::default()
+    }
+}
+
+fn gpu_with(chunks: ChunkedConfig) -> Option<Fused> {
+    match Fused::with_chunking(0, chunks) {
         Ok(f) => {
             println!("GPU: {}", f.device_description());
             Some(f)
@@ -130,8 +147,11 @@ fn cases() -> Vec<(AttentionProblem, String)> {
 }
 
 #[test]
-fn numerics_flash_attention_criterion_forward() {
-    let Some(ex) = gpu() else { return };
+fn numerics_flash_attention_criterion_forward_and_backward() {
+    let Some(big) = gpu() else { return };
+    let Some(small) = gpu_with(small_chunks()) else {
+        return;
+    };
     let seed = fresh_seed();
     let cases = cases();
     let rows: Mutex<Vec<(usize, String, bool)>> = Mutex::new(Vec::new());
@@ -148,6 +168,8 @@ fn numerics_flash_attention_criterion_forward() {
                         break;
                     };
                     let inp = random_inputs(p, seed.wrapping_add(i as u64 * 7919));
+                    let small_chunked = i % 2 == 1;
+                    let ex = if small_chunked { &small } else { &big };
                     let f = ex
                         .forward(
                             p,
@@ -158,12 +180,29 @@ fn numerics_flash_attention_criterion_forward() {
                             },
                         )
                         .unwrap_or_else(|e| panic!("{label}: forward: {e}"));
-                    let v = verify(p, &inp, &f.o, &f.lse, None);
-                    let c = &v.checks[0];
-                    let line = format!(
-                        "| {label} | {:.2e} / {:.2e} | {:.1e} | {} |",
-                        c.err,
-                        c.naive_err,
+                    let b = ex
+                        .backward(
+                            p,
+                            &BackwardInputs {
+                                q: &inp.q,
+                                k: &inp.k,
+                                v: &inp.v,
+                                o: &f.o,
+                                d_o: &inp.d_o,
+                                lse: &f.lse,
+                            },
+                        )
+                        .unwrap_or_else(|e| panic!("{label}: backward: {e}"));
+                    let v = verify(p, &inp, &f.o, &f.lse, Some(&b));
+                    let mut line = format!(
+                        "| {label} | {} |",
+                        if small_chunked { "200" } else { "2048" }
+                    );
+                    for c in &v.checks {
+                        line += &format!(" {:.2e} / {:.2e} |", c.err, c.naive_err);
+                    }
+                    line += &format!(
+                        " {:.1e} | {} |",
                         v.lse_rel_err,
                         if v.passed { "pass" } else { "FAIL" }
                     );
@@ -174,7 +213,10 @@ fn numerics_flash_attention_criterion_forward() {
     });
     let mut rows = rows.into_inner().unwrap();
     rows.sort_by_key(|r| r.0);
-    println!("\n| case | O err / naive | LSE rel err | result |\n|---|---|---|---|");
+    println!(
+        "\n| case | backward chunk rows | O err / naive | dQ err / naive | dK err / naive | dV err / naive | LSE rel err | result |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for (_, line, _) in &rows {
         println!("{line}");
     }
@@ -231,16 +273,8 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
     assert_eq!(first, read(&o2, &l2), "two forward runs differ");
 
     // A stream the executor does not own, as a framework's would be.
-    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
-    let side = ctx.new_stream().unwrap();
-    let ws_bytes = ex.workspace_bytes(&p, Direction::Forward).unwrap();
-    let ws = bufs.alloc(ws_bytes as usize).unwrap();
-    let launch = StreamLaunch {
-        device: 0,
-        stream: side.cu_stream() as u64,
-        workspace: ws.ptr(),
-        workspace_bytes: ws_bytes,
-    };
+    let (side, _ws, launch) = foreign_launch(&ex, &p, Direction::Forward);
+    let ws_bytes = launch.workspace_bytes;
     let refused = |l: &StreamLaunch| {
         matches!(
             unsafe { ex.enqueue_forward(&p, &args(&o3, &l3), l) },
@@ -260,17 +294,53 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
     assert_eq!(first, read(&o3, &l3), "stream path differs");
 
     // The same call captured in a CUDA graph (after the warm-up above) and replayed twice.
-    use cudarc::driver::sys as drv;
     bufs.poison(&o3, 0xFF).unwrap();
     bufs.poison(&l3, 0xFF).unwrap();
-    let raw = side.cu_stream();
+    replay_twice_in_a_graph(&side, || unsafe {
+        ex.enqueue_forward(&p, &args(&o3, &l3), &launch)
+    });
+    assert_eq!(first, read(&o3, &l3), "graph replay differs");
+}
+
+/// A stream the executor does not own (as a framework's would be) and a workspace for `dir`.
+#[cfg(feature = "cuda")]
+fn foreign_launch(
+    ex: &Fused,
+    p: &AttentionProblem,
+    dir: Direction,
+) -> (
+    std::sync::Arc<cudarc::driver::CudaStream>,
+    attn_policy_adapters::chunked::DeviceBuffer,
+    attn_policy_adapters::StreamLaunch,
+) {
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let side = ctx.new_stream().unwrap();
+    let ws_bytes = ex.workspace_bytes(p, dir).unwrap();
+    let ws = ex.buffers().alloc(ws_bytes as usize).unwrap();
+    let launch = attn_policy_adapters::StreamLaunch {
+        device: 0,
+        stream: side.cu_stream() as u64,
+        workspace: ws.ptr(),
+        workspace_bytes: ws_bytes,
+    };
+    (side, ws, launch)
+}
+
+/// Captures `enqueue` on `stream` in a CUDA graph, replays it twice and waits.
+#[cfg(feature = "cuda")]
+fn replay_twice_in_a_graph(
+    stream: &cudarc::driver::CudaStream,
+    enqueue: impl FnOnce() -> Result<(), ExecError>,
+) {
+    use cudarc::driver::sys as drv;
+    let raw = stream.cu_stream();
     let mut graph: drv::CUgraph = std::ptr::null_mut();
     let mut exec: drv::CUgraphExec = std::ptr::null_mut();
     unsafe {
         drv::cuStreamBeginCapture_v2(raw, drv::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
             .result()
             .unwrap();
-        let enqueued = ex.enqueue_forward(&p, &args(&o3, &l3), &launch);
+        let enqueued = enqueue();
         drv::cuStreamEndCapture(raw, &mut graph).result().unwrap();
         enqueued.expect("enqueue during capture");
         drv::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
@@ -280,8 +350,7 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
             drv::cuGraphLaunch(exec, raw).result().unwrap();
         }
     }
-    side.synchronize().unwrap();
-    assert_eq!(first, read(&o3, &l3), "graph replay differs");
+    stream.synchronize().unwrap();
     unsafe {
         drv::cuGraphExecDestroy(exec).result().unwrap();
         drv::cuGraphDestroy(graph).result().unwrap();
@@ -341,7 +410,7 @@ fn refusals_come_before_any_launch() {
         fwd(&p, &short),
         Err(ExecError::InvalidInput { .. })
     ));
-    // The backward is not fused: refused, typed.
+    // The backward checks its inputs the same way: wrong lengths are refused, typed.
     let f = fwd(&p, &inp.q).unwrap();
     let e = ex
         .backward(
@@ -351,15 +420,116 @@ fn refusals_come_before_any_launch() {
                 k: &inp.k,
                 v: &inp.v,
                 o: &f.o,
-                d_o: &inp.d_o,
+                d_o: &short,
                 lse: &f.lse,
             },
         )
         .unwrap_err();
-    assert!(e.is_unsupported(), "{e}");
+    assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
     assert!(
-        ex.workspace_bytes(&p, Direction::Backward)
-            .unwrap_err()
-            .is_unsupported()
+        ex.workspace_bytes(
+            &AttentionProblem::new(1, 4, 2, 64, 64, 256, 256, DType::BF16),
+            Direction::Backward
+        )
+        .unwrap_err()
+        .is_unsupported()
     );
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_replay() {
+    use attn_policy_adapters::chunked::DeviceBuffer;
+    use attn_policy_adapters::{DeviceBackwardArgs, DeviceForwardArgs, StreamLaunch};
+    // Small chunks: several chunks, each several score tiles.
+    let Some(ex) = gpu_with(ChunkedConfig {
+        max_chunk_rows: 384,
+        target_rows_per_gemm: 384,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let seed = fresh_seed();
+    let bufs = ex.buffers();
+    let p = AttentionProblem::new(2, 8, 2, 1000, 1300, 512, 512, DType::BF16)
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+    let q = bufs.random(p.dtype, p.q_span(), seed).unwrap();
+    let k = bufs.random(p.dtype, p.k_span(), seed + 1).unwrap();
+    let v = bufs.random(p.dtype, p.v_span(), seed + 2).unwrap();
+    let d_o = bufs.random(p.dtype, p.o_span(), seed + 3).unwrap();
+    let o = bufs.alloc(2 * p.o_span()).unwrap();
+    let lse = bufs.alloc(4 * p.lse_len()).unwrap();
+    let fa = DeviceForwardArgs {
+        q: q.ptr(),
+        k: k.ptr(),
+        v: v.ptr(),
+        o: o.ptr(),
+        lse: lse.ptr(),
+    };
+    unsafe { ex.forward_device(&p, &fa) }.unwrap();
+    let grads = || {
+        let g = [
+            bufs.alloc(2 * p.q_span()).unwrap(),
+            bufs.alloc(2 * p.k_span()).unwrap(),
+            bufs.alloc(2 * p.v_span()).unwrap(),
+        ];
+        for b in &g {
+            bufs.poison(b, 0xFF).unwrap();
+        }
+        g
+    };
+    let args = |g: &[DeviceBuffer; 3]| DeviceBackwardArgs {
+        q: q.ptr(),
+        k: k.ptr(),
+        v: v.ptr(),
+        o: o.ptr(),
+        d_o: d_o.ptr(),
+        lse: lse.ptr(),
+        dq: g[0].ptr(),
+        dk: g[1].ptr(),
+        dv: g[2].ptr(),
+    };
+    let read = |g: &[DeviceBuffer; 3]| {
+        [
+            bufs.download_u16(&g[0], p.q_span()).unwrap(),
+            bufs.download_u16(&g[1], p.k_span()).unwrap(),
+            bufs.download_u16(&g[2], p.v_span()).unwrap(),
+        ]
+    };
+    let (g1, g2, g3) = (grads(), grads(), grads());
+    unsafe { ex.backward_device(&p, &args(&g1)) }.unwrap();
+    unsafe { ex.backward_device(&p, &args(&g2)) }.unwrap();
+    let first = read(&g1);
+    for (g, name) in first.iter().zip(["dQ", "dK", "dV"]) {
+        assert!(g.iter().any(|&x| x != 0), "{name} is all zeros");
+        assert!(!g.contains(&0xFFFF), "{name} has unwritten elements");
+    }
+    assert_eq!(first, read(&g2), "two backward runs differ");
+
+    let (side, _ws, launch) = foreign_launch(&ex, &p, Direction::Backward);
+    let ws_bytes = launch.workspace_bytes;
+    assert!(matches!(
+        unsafe {
+            ex.enqueue_backward(
+                &p,
+                &args(&g3),
+                &StreamLaunch {
+                    workspace_bytes: ws_bytes - 256,
+                    ..launch
+                },
+            )
+        },
+        Err(ExecError::InvalidInput { .. })
+    ));
+    unsafe { ex.enqueue_backward(&p, &args(&g3), &launch) }.unwrap();
+    side.synchronize().unwrap();
+    assert_eq!(first, read(&g3), "stream path differs");
+
+    for b in &g3 {
+        bufs.poison(b, 0xFF).unwrap();
+    }
+    replay_twice_in_a_graph(&side, || unsafe {
+        ex.enqueue_backward(&p, &args(&g3), &launch)
+    });
+    assert_eq!(first, read(&g3), "graph replay differs");
 }

@@ -64,8 +64,8 @@ fn pack_admits_nothing_its_executors_refuse() {
     );
 }
 
-/// Head dims 264..512 on Hopper: inference runs the fused kernel, training the chunked executor
-/// (the fused backend declines training: no backward yet), other GPUs the chunked executor.
+/// Head dims 264..512 on Hopper: inference and training run the fused kernels, other GPUs the
+/// chunked executor.
 #[test]
 fn the_fused_kernel_serves_hopper_inference_at_large_head_dims() {
     let policy = Policy::embedded("native").expect("native pack loads");
@@ -81,7 +81,8 @@ fn the_fused_kernel_serves_hopper_inference_at_large_head_dims() {
     };
     assert_eq!(selected(512, [9, 0], false), "fused");
     assert_eq!(selected(264, [9, 0], false), "fused");
-    assert_eq!(selected(512, [9, 0], true), "chunked");
+    assert_eq!(selected(512, [9, 0], true), "fused");
+    assert_eq!(selected(392, [9, 0], true), "fused");
     assert_eq!(selected(512, [10, 0], false), "chunked");
     assert_eq!(selected(256, [9, 0], false), "cudnn");
     assert_eq!(selected(520, [9, 0], false), "chunked");

@@ -9,11 +9,17 @@
 //! Usage: attn-bench [--seqlens 4096,16384,32768] [--head-dim 512] [--batch 2] [--hq 8]
 //!        [--hkv 4] [--dtype bf16|fp16] [--iters 5] [--no-torch] [--scratch DIR]
 //!        [--budget-mib 1024] [--torch-backends efficient_expanded,math] [--json FILE]
-//!        [--no-fused]
+//!        [--no-fused] [--fused-chunks 1024,2048] [--fused-lanes 1,2]
+//!        [--profile-fused-backward]
 //!
-//! With an SM90 GPU and a head dim in 264..512, the fused executor's forward runs on the same
-//! inputs (median time, workspace, max |O - O_chunked| and |LSE - LSE_chunked|, two runs compared
-//! bit for bit); its backward is not fused, so its fwd+bwd column stays empty.
+//! `--profile-fused-backward` runs only the fused executor (first sequence length, first
+//! chunking and lane count given): a forward, then one backward between cuProfilerStart and
+//! cuProfilerStop, for `ncu --profile-from-start off` (what the backward's kernels take).
+//!
+//! With an SM90 GPU and a head dim in 264..512, the fused executor runs on the same inputs:
+//! forward alone and forward+backward (medians), peak extra memory, max |diff| of O, LSE, dQ, dK
+//! and dV against the chunked run, and its forward and backward repeated and compared bit for
+//! bit.
 
 use attn_policy_adapters::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
 use attn_policy_adapters::fused::{self, Fused};
@@ -37,6 +43,13 @@ struct Args {
     backends: String,
     json: Option<String>,
     fused: bool,
+    /// Backward chunk rows of the fused executor, one fused row per entry (empty: the default).
+    fused_chunks: Vec<usize>,
+    /// Groups in flight in the fused backward, one fused row per entry (with each chunking).
+    fused_lanes: Vec<usize>,
+    /// Run one fused backward between cuProfilerStart/Stop and exit (for
+    /// `ncu --profile-from-start off`).
+    profile_fused_backward: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -54,6 +67,9 @@ fn parse() -> Result<Args, String> {
         backends: "efficient_expanded,math".into(),
         json: None,
         fused: true,
+        fused_chunks: Vec::new(),
+        fused_lanes: Vec::new(),
+        profile_fused_backward: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -81,6 +97,19 @@ fn parse() -> Result<Args, String> {
             }
             "--no-torch" => a.torch = false,
             "--no-fused" => a.fused = false,
+            "--profile-fused-backward" => a.profile_fused_backward = true,
+            "--fused-lanes" => {
+                a.fused_lanes = val()?
+                    .split(',')
+                    .map(|s| num(s.to_string()))
+                    .collect::<Result<_, _>>()?
+            }
+            "--fused-chunks" => {
+                a.fused_chunks = val()?
+                    .split(',')
+                    .map(|s| num(s.to_string()))
+                    .collect::<Result<_, _>>()?
+            }
             "--scratch" => a.scratch = val()?,
             "--torch-backends" => a.backends = val()?,
             "--json" => a.json = Some(val()?),
@@ -142,50 +171,72 @@ fn run(a: &Args) -> Result<(), ExecError> {
         "cuBLAS {} GEMM 8192^3 on random data: {gemm:.0} TFLOP/s",
         a.dtype
     );
-    let fused_ex = if a.fused {
-        match Fused::on_device(0) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                println!("fused executor skipped: {e}");
-                None
+    // One fused executor per backward chunking asked for (the default chunking when none).
+    let mut fused_exs: Vec<(String, Fused)> = Vec::new();
+    if a.fused {
+        let default = ChunkedConfig::default();
+        let chunks: Vec<Option<usize>> = if a.fused_chunks.is_empty() {
+            vec![None]
+        } else {
+            a.fused_chunks.iter().map(|&c| Some(c)).collect()
+        };
+        let lanes: Vec<Option<usize>> = if a.fused_lanes.is_empty() {
+            vec![None]
+        } else {
+            a.fused_lanes.iter().map(|&l| Some(l)).collect()
+        };
+        let variants = chunks
+            .iter()
+            .flat_map(|&c| lanes.iter().map(move |&l| (c, l)));
+        for (rows, lanes) in variants {
+            let mut cfg = default;
+            let mut label = "fused (this crate".to_string();
+            if let Some(r) = rows {
+                cfg.max_chunk_rows = r;
+                cfg.target_rows_per_gemm = r * (a.hq / a.hkv.max(1)).max(1);
+                label += &format!(", bwd chunks of {r} rows");
+            }
+            if let Some(l) = lanes {
+                cfg.fused_score_lanes = l.max(1);
+                label += &format!(", {l} lanes");
+            }
+            label += ")";
+            match Fused::with_chunking(0, cfg) {
+                Ok(f) => fused_exs.push((label, f)),
+                Err(e) => {
+                    println!("fused executor skipped: {e}");
+                    break;
+                }
             }
         }
-    } else {
-        None
-    };
+    }
+    if a.profile_fused_backward {
+        let Some((label, fx)) = fused_exs.first() else {
+            return Err(ExecError::invalid(
+                "--profile-fused-backward needs the fused executor",
+            ));
+        };
+        return profile_fused_backward(a, &ex, fx, label);
+    }
     let mut rows: Vec<Row> = Vec::new();
     let mut json = Vec::new();
     for &s in &a.seqlens {
         let p = AttentionProblem::new(a.b, a.hq, a.hkv, s, s, a.d, a.d, a.dtype)
             .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
         let seed = 1000 + s as u64;
-        let q = ex.random(a.dtype, p.q_span(), seed)?;
-        let k = ex.random(a.dtype, p.k_span(), seed + 1)?;
-        let v = ex.random(a.dtype, p.v_span(), seed + 2)?;
-        let d_o = ex.random(a.dtype, p.o_span(), seed + 3)?;
-        let o = ex.alloc(2 * p.o_span())?;
-        let lse = ex.alloc(4 * p.lse_len())?;
-        let dq = ex.alloc(2 * p.q_span())?;
-        let dk = ex.alloc(2 * p.k_span())?;
-        let dv = ex.alloc(2 * p.v_span())?;
-        let fa = DeviceForwardArgs {
-            q: q.ptr(),
-            k: k.ptr(),
-            v: v.ptr(),
-            o: o.ptr(),
-            lse: lse.ptr(),
-        };
-        let ba = DeviceBackwardArgs {
-            q: q.ptr(),
-            k: k.ptr(),
-            v: v.ptr(),
-            o: o.ptr(),
-            d_o: d_o.ptr(),
-            lse: lse.ptr(),
-            dq: dq.ptr(),
-            dk: dk.ptr(),
-            dv: dv.ptr(),
-        };
+        let t = Tensors::new(&ex, &p, seed)?;
+        let (fa, ba) = (t.forward_args(), t.backward_args());
+        let Tensors {
+            q,
+            k,
+            v,
+            d_o,
+            o,
+            lse,
+            dq,
+            dk,
+            dv,
+        } = t;
         // SAFETY: all buffers are live allocations of the spans the problem needs.
         let (fwd, fb, ws_f, ws_b) = unsafe {
             ex.forward_device(&p, &fa)?;
@@ -261,17 +312,16 @@ fn run(a: &Args) -> Result<(), ExecError> {
             peak_mib: Some(peak),
             note,
         });
-        if let Some(fx) = &fused_ex
-            && fx.check(&p).is_ok()
-        {
-            let chunked_out = (&o, &lse);
+        for (label, fx) in fused_exs.iter().filter(|(_, fx)| fx.check(&p).is_ok()) {
             fused_row(
                 &ex,
                 fx,
+                label,
                 &p,
                 s,
                 &fa,
-                chunked_out,
+                &ba,
+                [&o, &lse, &dq, &dk, &dv],
                 flops,
                 gemm,
                 a.iters,
@@ -303,16 +353,18 @@ fn run(a: &Args) -> Result<(), ExecError> {
     Ok(())
 }
 
-/// The fused forward on the chunked run's inputs: time, memory, agreement with chunked's O and
-/// LSE (already in `fa.o` / `fa.lse`), and a bitwise repeat.
+/// The fused executor on the chunked run's inputs: forward and forward+backward times, memory,
+/// agreement with chunked's outputs (`chunked`: O, LSE, dQ, dK, dV), bitwise repeats.
 #[allow(clippy::too_many_arguments)]
 fn fused_row(
     ex: &Chunked,
     fx: &Fused,
+    label: &str,
     p: &AttentionProblem,
     s: usize,
     fa: &DeviceForwardArgs,
-    chunked_out: (&DeviceBuffer, &DeviceBuffer),
+    ba: &DeviceBackwardArgs,
+    chunked: [&DeviceBuffer; 5],
     flops: f64,
     gemm: f64,
     iters: usize,
@@ -321,35 +373,76 @@ fn fused_row(
 ) -> Result<(), ExecError> {
     let o = ex.alloc(2 * p.o_span())?;
     let lse = ex.alloc(4 * p.lse_len())?;
+    let dq = ex.alloc(2 * p.q_span())?;
+    let dk = ex.alloc(2 * p.k_span())?;
+    let dv = ex.alloc(2 * p.v_span())?;
     let args = DeviceForwardArgs {
         o: o.ptr(),
         lse: lse.ptr(),
         ..*fa
     };
+    let bargs = DeviceBackwardArgs {
+        o: o.ptr(),
+        lse: lse.ptr(),
+        dq: dq.ptr(),
+        dk: dk.ptr(),
+        dv: dv.ptr(),
+        ..*ba
+    };
     // SAFETY: the inputs are the chunked run's live buffers, the outputs are sized above.
-    let times = unsafe {
+    let (fwd, fb, ws_b) = unsafe {
         fx.forward_device(p, &args)?;
+        fx.backward_device(p, &bargs)?;
         let mut t = Vec::new();
         for _ in 0..iters * 2 {
             t.push(fx.forward_device(p, &args)?.compute_ms);
         }
-        t
+        let (mut tfb, mut wb) = (Vec::new(), 0);
+        for _ in 0..iters {
+            let f = fx.forward_device(p, &args)?;
+            let b = fx.backward_device(p, &bargs)?;
+            wb = b.workspace_bytes;
+            tfb.push(f.compute_ms + b.compute_ms);
+        }
+        (median(t), median(tfb), wb)
     };
-    let fwd = median(times);
-    let o1 = ex.download_u16(&o, p.o_span())?;
-    let l1 = ex.download_f32(&lse, p.lse_len())?;
-    ex.poison(&o, 0xFF)?;
+    let outs = |bufs: [&DeviceBuffer; 5]| -> Result<(Vec<Vec<u16>>, Vec<f32>), ExecError> {
+        Ok((
+            vec![
+                ex.download_u16(bufs[0], p.o_span())?,
+                ex.download_u16(bufs[2], p.q_span())?,
+                ex.download_u16(bufs[3], p.k_span())?,
+                ex.download_u16(bufs[4], p.v_span())?,
+            ],
+            ex.download_f32(bufs[1], p.lse_len())?,
+        ))
+    };
+    let mine = [&o, &lse, &dq, &dk, &dv];
+    let (first, l1) = outs(mine)?;
+    for b in mine {
+        ex.poison(b, 0xFF)?;
+    }
     // SAFETY: as above.
-    unsafe { fx.forward_device(p, &args)? };
-    let identical = o1 == ex.download_u16(&o, p.o_span())?;
+    unsafe {
+        fx.forward_device(p, &args)?;
+        fx.backward_device(p, &bargs)?;
+    }
+    let (second, l2) = outs(mine)?;
+    let identical = first == second
+        && l1.iter().zip(&l2).all(|(x, y)| x.to_bits() == y.to_bits())
+        && first[1].iter().any(|&x| x != 0);
     let to_f = |x: u16| p.dtype.from_bits(x);
-    let o_chunked = ex.download_u16(chunked_out.0, p.o_span())?;
-    let l_chunked = ex.download_f32(chunked_out.1, p.lse_len())?;
-    let o_diff = o1
+    let (theirs, l_chunked) = outs(chunked)?;
+    let diffs: Vec<f64> = first
         .iter()
-        .zip(&o_chunked)
-        .map(|(&x, &y)| (to_f(x) - to_f(y)).abs())
-        .fold(0.0, f64::max);
+        .zip(&theirs)
+        .map(|(a, b)| {
+            a.iter()
+                .zip(b)
+                .map(|(&x, &y)| (to_f(x) - to_f(y)).abs())
+                .fold(0.0, f64::max)
+        })
+        .collect();
     let l_diff = l1
         .iter()
         .zip(&l_chunked)
@@ -357,11 +450,19 @@ fn fused_row(
         .map(|(&x, &y)| ((x - y) as f64).abs())
         .fold(0.0, f64::max);
     let ws = fused::forward_workspace_bytes(p);
-    let peak = (2 * p.o_span() as u64 + 4 * p.lse_len() as u64 + ws) as f64 / 1048576.0;
+    let out_bytes =
+        2 * (p.o_span() + p.q_span() + p.k_span() + p.v_span()) as u64 + 4 * p.lse_len() as u64;
+    let peak = (out_bytes + ws.max(ws_b)) as f64 / 1048576.0;
     let note = format!(
-        "fwd {:.0} TFLOP/s ({:.0}% of GEMM); backward not fused; max |O - O_chunked| {o_diff:.1e}, max |LSE - LSE_chunked| {l_diff:.1e}; two runs {}",
+        "fwd {:.0} TFLOP/s, fwd+bwd {:.0} TFLOP/s ({:.0}% / {:.0}% of GEMM); max |diff| vs chunked O {:.1e} LSE {l_diff:.1e} dQ {:.1e} dK {:.1e} dV {:.1e}; two runs {}",
         flops / fwd / 1e9,
+        3.5 * flops / fb / 1e9,
         100.0 * flops / fwd / 1e9 / gemm,
+        100.0 * 3.5 * flops / fb / 1e9 / gemm,
+        diffs[0],
+        diffs[1],
+        diffs[2],
+        diffs[3],
         if identical {
             "bitwise identical"
         } else {
@@ -369,18 +470,98 @@ fn fused_row(
         }
     );
     json.push(serde_json::json!({
-        "impl": "fused", "s": s, "fwd_ms": fwd, "fwd_tflops": flops / fwd / 1e9,
-        "peak_extra_mib": peak, "workspace_fwd": ws, "max_abs_diff_o_vs_chunked": o_diff,
-        "max_abs_diff_lse_vs_chunked": l_diff, "deterministic": identical,
+        "impl": "fused", "label": label, "s": s, "fwd_ms": fwd, "fwdbwd_ms": fb, "fwd_tflops": flops / fwd / 1e9,
+        "fwdbwd_tflops": 3.5 * flops / fb / 1e9, "peak_extra_mib": peak, "workspace_fwd": ws,
+        "workspace_bwd": ws_b, "max_abs_diff_vs_chunked": {"o": diffs[0], "lse": l_diff,
+        "dq": diffs[1], "dk": diffs[2], "dv": diffs[3]}, "deterministic": identical,
     }));
     rows.push(Row {
-        name: "fused (this crate, forward)".into(),
+        name: label.into(),
         s,
         fwd_ms: Some(fwd),
-        fb_ms: None,
+        fb_ms: Some(fb),
         peak_mib: Some(peak),
         note,
     });
+    Ok(())
+}
+
+/// Random inputs (Q, K, V, dO from `seed`) and the outputs of one problem on the device.
+struct Tensors {
+    q: DeviceBuffer,
+    k: DeviceBuffer,
+    v: DeviceBuffer,
+    d_o: DeviceBuffer,
+    o: DeviceBuffer,
+    lse: DeviceBuffer,
+    dq: DeviceBuffer,
+    dk: DeviceBuffer,
+    dv: DeviceBuffer,
+}
+
+impl Tensors {
+    fn new(ex: &Chunked, p: &AttentionProblem, seed: u64) -> Result<Tensors, ExecError> {
+        Ok(Tensors {
+            q: ex.random(p.dtype, p.q_span(), seed)?,
+            k: ex.random(p.dtype, p.k_span(), seed + 1)?,
+            v: ex.random(p.dtype, p.v_span(), seed + 2)?,
+            d_o: ex.random(p.dtype, p.o_span(), seed + 3)?,
+            o: ex.alloc(2 * p.o_span())?,
+            lse: ex.alloc(4 * p.lse_len())?,
+            dq: ex.alloc(2 * p.q_span())?,
+            dk: ex.alloc(2 * p.k_span())?,
+            dv: ex.alloc(2 * p.v_span())?,
+        })
+    }
+
+    fn forward_args(&self) -> DeviceForwardArgs {
+        DeviceForwardArgs {
+            q: self.q.ptr(),
+            k: self.k.ptr(),
+            v: self.v.ptr(),
+            o: self.o.ptr(),
+            lse: self.lse.ptr(),
+        }
+    }
+
+    fn backward_args(&self) -> DeviceBackwardArgs {
+        DeviceBackwardArgs {
+            q: self.q.ptr(),
+            k: self.k.ptr(),
+            v: self.v.ptr(),
+            o: self.o.ptr(),
+            d_o: self.d_o.ptr(),
+            lse: self.lse.ptr(),
+            dq: self.dq.ptr(),
+            dk: self.dk.ptr(),
+            dv: self.dv.ptr(),
+        }
+    }
+}
+
+/// One fused backward between cuProfilerStart and cuProfilerStop (after a warm-up).
+fn profile_fused_backward(
+    a: &Args,
+    ex: &Chunked,
+    fx: &Fused,
+    label: &str,
+) -> Result<(), ExecError> {
+    let s = a.seqlens.first().copied().unwrap_or(16384);
+    let p = AttentionProblem::new(a.b, a.hq, a.hkv, s, s, a.d, a.d, a.dtype)
+        .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+    let t = Tensors::new(ex, &p, 1)?;
+    let (fa, ba) = (t.forward_args(), t.backward_args());
+    // SAFETY: all buffers are live allocations of the spans the problem needs; the profiler
+    // calls only mark a range.
+    let ms = unsafe {
+        fx.forward_device(&p, &fa)?;
+        fx.backward_device(&p, &ba)?;
+        cudarc::driver::sys::cuProfilerStart();
+        let st = fx.backward_device(&p, &ba)?;
+        cudarc::driver::sys::cuProfilerStop();
+        st.compute_ms
+    };
+    println!("{label}: s={s}: one backward in the profiled range: {ms:.2} ms");
     Ok(())
 }
 

@@ -1,8 +1,8 @@
 //! The chunked executor on CUDA: cuBLAS strided-batched GEMMs + NVRTC kernels (`kernels.cu`).
 
 use super::plan::{
-    self, BwdArgs, CastArgs, CublasGemm, Elem, FillF32Args, Ops, RowDotArgs, SoftmaxArgs,
-    ZeroRowsArgs,
+    self, BwdArgs, BwdScoresArgs, CastArgs, CublasGemm, Elem, FillF32Args, Ops, PlanKind,
+    RowDotArgs, ScoreKernel, SoftmaxArgs, ZeroRowsArgs,
 };
 use super::{ChunkedConfig, NAME};
 use crate::executor::{
@@ -187,6 +187,8 @@ pub struct Chunked {
     /// cuBLAS handles, one per concurrent call: a call takes one (creating it only when every
     /// handle is in use), binds its stream and workspace, and gives it back.
     handles: Mutex<Vec<BlasHandle>>,
+    /// Streams for the lanes of a forked plan, one call at a time each.
+    aux_streams: Mutex<Vec<Arc<CudaStream>>>,
     bf16: Kernels,
     f16: Kernels,
     desc: String,
@@ -270,6 +272,7 @@ impl Chunked {
             ctx,
             stream,
             handles: Mutex::new(vec![first]),
+            aux_streams: Mutex::new(Vec::new()),
             bf16,
             f16,
             desc,
@@ -304,6 +307,7 @@ impl Chunked {
         stream: drv_sys::CUstream,
         blas_ws: u64,
         blas_ws_bytes: u64,
+        scorer: Option<&dyn ScoreKernel>,
         f: impl FnOnce(&mut CudaOps<'_>) -> Result<R, ExecError>,
     ) -> Result<R, ExecError> {
         let k = self.kernels(dtype)?;
@@ -330,27 +334,38 @@ impl Chunked {
                 dtype,
                 stream,
                 blas: h.0,
+                scorer,
+                main: stream,
+                blas_ws: (blas_ws, blas_ws_bytes),
+                aux: Vec::new(),
             };
-            f(&mut ops)
+            let r = f(&mut ops);
+            let mut pool = self.aux_streams.lock().unwrap_or_else(|e| e.into_inner());
+            pool.append(&mut ops.aux);
+            r
         });
         self.give_handle(h);
         r
     }
 
     /// Bytes of the call's workspace: the plan's buffers, then cuBLAS's workspace.
-    fn split_workspace(&self, plan_bytes: u64) -> (u64, u64) {
-        let blas_off = plan_bytes.div_ceil(256) * 256;
-        (blas_off, blas_off + cublas_workspace_bytes(self.cc))
+    /// One cuBLAS workspace per lane of the plan: lanes run GEMMs concurrently.
+    fn split_workspace(&self, plan: &plan::Plan) -> (u64, u64) {
+        let blas_off = plan.bytes.div_ceil(256) * 256;
+        (
+            blas_off,
+            blas_off + plan.lanes as u64 * cublas_workspace_bytes(self.cc),
+        )
     }
 
-    fn check_launch(&self, launch: &StreamLaunch, plan_bytes: u64) -> Result<u64, ExecError> {
+    fn check_launch(&self, launch: &StreamLaunch, plan: &plan::Plan) -> Result<u64, ExecError> {
         if launch.device != self.ordinal {
             return Err(ExecError::invalid(format!(
                 "the call is on CUDA device {}, this executor on device {}",
                 launch.device, self.ordinal
             )));
         }
-        let (blas_off, total) = self.split_workspace(plan_bytes);
+        let (blas_off, total) = self.split_workspace(plan);
         if launch.workspace_bytes < total || (launch.workspace == 0 && total > 0) {
             return Err(ExecError::invalid(format!(
                 "workspace of {} bytes at {:#x}; this call needs {total}",
@@ -399,6 +414,66 @@ impl Chunked {
         })
     }
 
+    /// The host path of a backward, after the caller's checks: uploads the inputs, allocates
+    /// dQ, dK and dV (zeroed), runs `run` on the device pointers (synchronously), downloads the
+    /// gradients.
+    pub(crate) fn backward_on_host(
+        &self,
+        p: &AttentionProblem,
+        inputs: &BackwardInputs<'_>,
+        run: impl FnOnce(&DeviceBackwardArgs) -> Result<ExecStats, ExecError>,
+    ) -> Result<BackwardOutput, ExecError> {
+        let q = self.upload(&inputs.q.data[..p.q_span()])?;
+        let k = self.upload(&inputs.k.data[..p.k_span()])?;
+        let v = self.upload(&inputs.v.data[..p.v_span()])?;
+        let o = self.upload(&inputs.o.data[..p.o_span()])?;
+        let d_o = self.upload(&inputs.d_o.data[..p.o_span()])?;
+        let lse_bits: Vec<u16> = inputs
+            .lse
+            .iter()
+            .flat_map(|x| [x.to_bits() as u16, (x.to_bits() >> 16) as u16])
+            .collect();
+        let lse = self.upload(&lse_bits)?;
+        let dq = self.alloc(2 * p.q_span())?;
+        let dk = self.alloc(2 * p.k_span())?;
+        let dv = self.alloc(2 * p.v_span())?;
+        for b in [&dq, &dk, &dv] {
+            self.poison(b, 0)?;
+        }
+        let args = DeviceBackwardArgs {
+            q: q.ptr,
+            k: k.ptr,
+            v: v.ptr,
+            o: o.ptr,
+            d_o: d_o.ptr,
+            lse: lse.ptr,
+            dq: dq.ptr,
+            dk: dk.ptr,
+            dv: dv.ptr,
+        };
+        let stats = run(&args)?;
+        Ok(BackwardOutput {
+            dq: HostTensor {
+                dtype: p.dtype,
+                data: self.download_u16(&dq, p.q_span())?,
+            },
+            dk: HostTensor {
+                dtype: p.dtype,
+                data: self.download_u16(&dk, p.k_span())?,
+            },
+            dv: HostTensor {
+                dtype: p.dtype,
+                data: self.download_u16(&dv, p.v_span())?,
+            },
+            stats,
+        })
+    }
+
+    /// Streaming multiprocessors of the device.
+    pub(crate) fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
     /// The configuration in use.
     pub fn config(&self) -> &ChunkedConfig {
         &self.config
@@ -408,7 +483,7 @@ impl Chunked {
     /// backward call of `p` (the stream path adds cuBLAS's workspace, see
     /// [`Executor::workspace_bytes`]).
     pub fn plan_bytes(&self, p: &AttentionProblem, backward: bool) -> Result<u64, ExecError> {
-        Ok(plan::make_plan(p, &self.config, backward)?.bytes)
+        Ok(plan::make_plan(p, &self.config, PlanKind::of(backward))?.bytes)
     }
 
     /// Allocate `bytes` of uninitialised device memory.
@@ -530,7 +605,7 @@ impl Chunked {
         };
         let ws = self.alloc(cublas_workspace_bytes(self.cc) as usize)?;
         let cu = self.stream.cu_stream();
-        let ms = self.with_ops(dtype, cu, ws.ptr, ws.bytes() as u64, |ops| {
+        let ms = self.with_ops(dtype, cu, ws.ptr, ws.bytes() as u64, None, |ops| {
             for _ in 0..3 {
                 ops.gemm(&g)?;
             }
@@ -611,8 +686,8 @@ impl Chunked {
             ("o", a.o),
             ("lse", a.lse),
         ])?;
-        let pl = plan::make_plan(p, &self.config, false)?;
-        let blas_off = self.check_launch(launch, pl.bytes)?;
+        let pl = plan::make_plan(p, &self.config, PlanKind::Forward)?;
+        let blas_off = self.check_launch(launch, &pl)?;
         let ws = launch.workspace;
         let blas_bytes = launch.workspace_bytes - blas_off;
         self.with_ops(
@@ -620,6 +695,7 @@ impl Chunked {
             launch.stream as drv_sys::CUstream,
             ws + blas_off,
             blas_bytes,
+            None,
             |ops| plan::forward(ops, p, &pl, a, ws),
         )
     }
@@ -632,19 +708,36 @@ impl Chunked {
         launch: &StreamLaunch,
     ) -> Result<(), ExecError> {
         super::check_problem(p)?;
-        Self::check_ptrs(&[
-            ("q", a.q),
-            ("k", a.k),
-            ("v", a.v),
-            ("o", a.o),
-            ("d_o", a.d_o),
-            ("lse", a.lse),
-            ("dq", a.dq),
-            ("dk", a.dk),
-            ("dv", a.dv),
-        ])?;
-        let pl = plan::make_plan(p, &self.config, true)?;
-        let blas_off = self.check_launch(launch, pl.bytes)?;
+        self.enqueue_backward_plan(p, a, launch, None)
+    }
+
+    /// Workspace bytes of a backward whose P and dS come from a score kernel (the fused
+    /// executor's): the plan without fp32 score buffers, then cuBLAS's workspace.
+    pub(crate) fn fused_scores_workspace_bytes(
+        &self,
+        p: &AttentionProblem,
+    ) -> Result<u64, ExecError> {
+        let pl = plan::make_plan(p, &self.config, PlanKind::BackwardFusedScores)?;
+        Ok(self.split_workspace(&pl).1)
+    }
+
+    /// The backward plan on `launch`; with a `scorer` (the fused executor's score kernel) the
+    /// plan is of kind `BackwardFusedScores`. The caller has checked the problem.
+    pub(crate) fn enqueue_backward_plan(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+        launch: &StreamLaunch,
+        scorer: Option<&dyn ScoreKernel>,
+    ) -> Result<(), ExecError> {
+        Self::check_ptrs(&backward_ptrs(a))?;
+        let kind = if scorer.is_some() {
+            PlanKind::BackwardFusedScores
+        } else {
+            PlanKind::Backward
+        };
+        let pl = plan::make_plan(p, &self.config, kind)?;
+        let blas_off = self.check_launch(launch, &pl)?;
         let ws = launch.workspace;
         let blas_bytes = launch.workspace_bytes - blas_off;
         self.with_ops(
@@ -652,6 +745,7 @@ impl Chunked {
             launch.stream as drv_sys::CUstream,
             ws + blas_off,
             blas_bytes,
+            scorer,
             |ops| plan::backward(ops, p, &pl, a, ws),
         )
     }
@@ -706,6 +800,21 @@ impl Chunked {
     }
 }
 
+/// A backward call's pointers by name, for [`Chunked::check_ptrs`].
+pub(crate) fn backward_ptrs(a: &DeviceBackwardArgs) -> [(&'static str, u64); 9] {
+    [
+        ("q", a.q),
+        ("k", a.k),
+        ("v", a.v),
+        ("o", a.o),
+        ("d_o", a.d_o),
+        ("lse", a.lse),
+        ("dq", a.dq),
+        ("dk", a.dk),
+        ("dv", a.dv),
+    ]
+}
+
 /// Launches `f` on a raw stream.
 ///
 /// # Safety
@@ -737,6 +846,61 @@ struct CudaOps<'a> {
     dtype: DType,
     stream: drv_sys::CUstream,
     blas: blas_sys::cublasHandle_t,
+    /// The fused executor's score kernel, for plans of kind `BackwardFusedScores`.
+    scorer: Option<&'a dyn ScoreKernel>,
+    /// The caller's stream (lane 0) and its cuBLAS workspace.
+    main: drv_sys::CUstream,
+    blas_ws: (u64, u64),
+    /// Streams of lanes 1.. while forked (from the executor's pool, given back by `with_ops`).
+    aux: Vec<Arc<CudaStream>>,
+}
+
+impl CudaOps<'_> {
+    /// Order everything enqueued on `waiter` from now on after everything enqueued on `on` so
+    /// far (an event, released at once: the wait already holds it).
+    fn order_after(
+        &self,
+        waiter: drv_sys::CUstream,
+        on: drv_sys::CUstream,
+    ) -> Result<(), ExecError> {
+        let mut ev: drv_sys::CUevent = std::ptr::null_mut();
+        // SAFETY: creates, records, waits on and releases one event of the current context;
+        // both streams are live.
+        unsafe {
+            drv_sys::cuEventCreate(
+                &mut ev,
+                drv_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+            .result()
+            .map_err(drv)?;
+            let r = drv_sys::cuEventRecord(ev, on)
+                .result()
+                .and_then(|_| drv_sys::cuStreamWaitEvent(waiter, ev, 0).result())
+                .map_err(drv);
+            drv_sys::cuEventDestroy_v2(ev).result().map_err(drv)?;
+            r
+        }
+    }
+
+    /// Point the following operations (kernels and cuBLAS) at `stream`, with cuBLAS workspace
+    /// `[ws, ws + bytes)`.
+    fn bind_blas(
+        &mut self,
+        stream: drv_sys::CUstream,
+        ws: u64,
+        bytes: u64,
+    ) -> Result<(), ExecError> {
+        self.stream = stream;
+        // SAFETY: the handle is this call's; the workspace slice lies in the call's workspace.
+        unsafe {
+            blas_result::set_stream(self.blas, stream as _)
+                .and_then(|_| {
+                    blas_sys::cublasSetWorkspace_v2(self.blas, ws as *mut c_void, bytes as usize)
+                        .result()
+                })
+                .map_err(blas_err)
+        }
+    }
 }
 
 fn mask_args(m: &EffectiveMask) -> (i64, i64, i64, i64) {
@@ -888,6 +1052,72 @@ impl Ops for CudaOps<'_> {
         // SAFETY: as above.
         unsafe { launch(&self.k.fill, cfg, self.stream, &mut args) }
     }
+
+    fn fork(&mut self, lanes: usize) -> Result<(), ExecError> {
+        if lanes <= 1 {
+            return Ok(());
+        }
+        let per = cublas_workspace_bytes(self.ex.cc);
+        if (lanes as u64) * per > self.blas_ws.1 {
+            return Err(ExecError::invalid(format!(
+                "{lanes} lanes need {} bytes of cuBLAS workspace, the call has {}",
+                lanes as u64 * per,
+                self.blas_ws.1
+            )));
+        }
+        for _ in 1..lanes {
+            let pooled = self
+                .ex
+                .aux_streams
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop();
+            let s = match pooled {
+                Some(s) => s,
+                None => self.ex.ctx.new_stream().map_err(drv)?,
+            };
+            self.order_after(s.cu_stream(), self.main)?;
+            self.aux.push(s);
+        }
+        Ok(())
+    }
+
+    fn lane(&mut self, lane: usize) -> Result<(), ExecError> {
+        if self.aux.is_empty() {
+            return Ok(());
+        }
+        let stream = match lane {
+            0 => self.main,
+            l => self
+                .aux
+                .get(l - 1)
+                .ok_or_else(|| ExecError::invalid(format!("lane {l} was not forked")))?
+                .cu_stream(),
+        };
+        // Each lane's GEMMs get their own slice of the cuBLAS workspace (set after the stream:
+        // setting the stream resets it).
+        let per = cublas_workspace_bytes(self.ex.cc);
+        self.bind_blas(stream, self.blas_ws.0 + lane as u64 * per, per)
+    }
+
+    fn join(&mut self) -> Result<(), ExecError> {
+        for s in &self.aux {
+            self.order_after(self.main, s.cu_stream())?;
+        }
+        if !self.aux.is_empty() {
+            self.bind_blas(self.main, self.blas_ws.0, self.blas_ws.1)?;
+        }
+        Ok(())
+    }
+
+    fn bwd_scores(&mut self, a: &BwdScoresArgs) -> Result<(), ExecError> {
+        match self.scorer {
+            Some(k) => k.enqueue(self.stream as u64, a),
+            None => Err(ExecError::Unsupported {
+                reason: "a fused-score backward plan without a score kernel".into(),
+            }),
+        }
+    }
 }
 
 impl Executor for Chunked {
@@ -924,50 +1154,7 @@ impl Executor for Chunked {
     ) -> Result<BackwardOutput, ExecError> {
         self.check(p)?;
         validate_backward_inputs(p, inputs)?;
-        let q = self.upload(&inputs.q.data[..p.q_span()])?;
-        let k = self.upload(&inputs.k.data[..p.k_span()])?;
-        let v = self.upload(&inputs.v.data[..p.v_span()])?;
-        let o = self.upload(&inputs.o.data[..p.o_span()])?;
-        let d_o = self.upload(&inputs.d_o.data[..p.o_span()])?;
-        let lse_bits: Vec<u16> = inputs
-            .lse
-            .iter()
-            .flat_map(|x| [x.to_bits() as u16, (x.to_bits() >> 16) as u16])
-            .collect();
-        let lse = self.upload(&lse_bits)?;
-        let dq = self.alloc(2 * p.q_span())?;
-        let dk = self.alloc(2 * p.k_span())?;
-        let dv = self.alloc(2 * p.v_span())?;
-        for b in [&dq, &dk, &dv] {
-            self.poison(b, 0)?;
-        }
-        let args = DeviceBackwardArgs {
-            q: q.ptr,
-            k: k.ptr,
-            v: v.ptr,
-            o: o.ptr,
-            d_o: d_o.ptr,
-            lse: lse.ptr,
-            dq: dq.ptr,
-            dk: dk.ptr,
-            dv: dv.ptr,
-        };
-        let stats = self.bwd_impl(p, &args)?;
-        Ok(BackwardOutput {
-            dq: HostTensor {
-                dtype: p.dtype,
-                data: self.download_u16(&dq, p.q_span())?,
-            },
-            dk: HostTensor {
-                dtype: p.dtype,
-                data: self.download_u16(&dk, p.k_span())?,
-            },
-            dv: HostTensor {
-                dtype: p.dtype,
-                data: self.download_u16(&dv, p.v_span())?,
-            },
-            stats,
-        })
+        self.backward_on_host(p, inputs, |args| self.bwd_impl(p, args))
     }
 
     fn device_ordinal(&self) -> Option<usize> {
@@ -976,8 +1163,8 @@ impl Executor for Chunked {
 
     fn workspace_bytes(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
         super::check_problem(p)?;
-        let pl = plan::make_plan(p, &self.config, dir == Direction::Backward)?;
-        Ok(self.split_workspace(pl.bytes).1)
+        let pl = plan::make_plan(p, &self.config, PlanKind::of(dir == Direction::Backward))?;
+        Ok(self.split_workspace(&pl).1)
     }
 
     unsafe fn enqueue_forward(

@@ -5,8 +5,8 @@
 
 use super::ChunkedConfig;
 use super::plan::{
-    self, BwdArgs, CastArgs, CublasGemm, Elem, FillF32Args, Ops, RowDotArgs, SoftmaxArgs,
-    ZeroRowsArgs,
+    self, BwdArgs, BwdScoresArgs, CastArgs, CublasGemm, Elem, FillF32Args, Ops, PlanKind,
+    RowDotArgs, SoftmaxArgs, ZeroRowsArgs,
 };
 use crate::executor::{DeviceBackwardArgs, DeviceForwardArgs, ExecError, HostTensor};
 use crate::problem::{AttentionProblem, DType};
@@ -15,6 +15,9 @@ struct Mock {
     mem: Vec<u8>,
     dtype: DType,
     launches: usize,
+    /// The problem and tensors of a fused-score backward (what the fused executor's score
+    /// kernel reads through its TMA maps).
+    scores_of: Option<(AttentionProblem, DeviceBackwardArgs)>,
 }
 
 impl Mock {
@@ -230,6 +233,52 @@ impl Ops for Mock {
         }
         Ok(())
     }
+
+    /// What the fused score kernel computes: S and dP with fp32 results, then P and dS as in
+    /// `bwd_elementwise`, every column up to `lds`.
+    fn bwd_scores(&mut self, a: &BwdScoresArgs) -> Result<(), ExecError> {
+        self.launches += 1;
+        let (p, io) = self
+            .scores_of
+            .clone()
+            .ok_or_else(|| ExecError::Unsupported {
+                reason: "mock: no problem for bwd_scores".into(),
+            })?;
+        let (m, scale) = (p.effective_mask(), p.softmax_scale as f32);
+        let (lq, lk, lv, lo) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
+        let dot = |mm: &Mock, x: u64, y: u64, dim: usize| -> f32 {
+            (0..dim as u64)
+                .map(|d| mm.get(x + 2 * d, Elem::Low) * mm.get(y + 2 * d, Elem::Low))
+                .sum::<f64>() as f32
+        };
+        for r in 0..a.heads {
+            let h = a.h0 + r;
+            for i in 0..a.rows {
+                let row = (r * a.rows + i) * a.lds;
+                let (lo_k, hi_k) = m.row_range(a.i0 + i);
+                let lse = self.get(a.lse + 4 * (r * a.head_stride + i) as u64, Elem::F32) as f32;
+                let d = self.get(a.dvec + 4 * (r * a.head_stride + i) as u64, Elem::F32) as f32;
+                let q = io.q + 2 * lq.offset(a.batch, h, a.i0 + i, 0) as u64;
+                let d_o = io.d_o + 2 * lo.offset(a.batch, h, a.i0 + i, 0) as u64;
+                for c in 0..a.lds {
+                    let key = a.kv_lo + c;
+                    let (pv, ds) = if (key as i64) >= lo_k && (key as i64) < hi_k {
+                        let k = io.k + 2 * lk.offset(a.batch, a.kv_head, key, 0) as u64;
+                        let v = io.v + 2 * lv.offset(a.batch, a.kv_head, key, 0) as u64;
+                        let s = dot(self, q, k, p.head_dim_qk);
+                        let dp = dot(self, d_o, v, p.head_dim_v);
+                        let pv = (s * scale - lse).exp();
+                        (pv, pv * (dp - d))
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    self.set(a.p + 2 * (row + c) as u64, Elem::Low, pv as f64);
+                    self.set(a.ds + 2 * (row + c) as u64, Elem::Low, ds as f64);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Chunked forward + backward on the CPU mock: `(O, LSE, dQ, dK, dV)`.
@@ -237,6 +286,7 @@ impl Ops for Mock {
 fn run_mock(
     p: &AttentionProblem,
     cfg: &ChunkedConfig,
+    backward: PlanKind,
     q: &HostTensor,
     k: &HostTensor,
     v: &HostTensor,
@@ -246,6 +296,7 @@ fn run_mock(
         mem: Vec::new(),
         dtype: p.dtype,
         launches: 0,
+        scores_of: None,
     };
     let (qa, ka, va, doa) = (
         m.put_tensor(q),
@@ -256,7 +307,7 @@ fn run_mock(
     // Outputs start as garbage (0xAB) so unwritten elements are caught.
     let oa = m.alloc(2 * p.o_span() as u64);
     let lsea = m.alloc(4 * p.lse_len() as u64);
-    let fplan = plan::make_plan(p, cfg, false).unwrap();
+    let fplan = plan::make_plan(p, cfg, PlanKind::Forward).unwrap();
     let ws = m.alloc(fplan.bytes);
     let fio = DeviceForwardArgs {
         q: qa,
@@ -266,7 +317,7 @@ fn run_mock(
         lse: lsea,
     };
     plan::forward(&mut m, p, &fplan, &fio, ws).unwrap();
-    let bplan = plan::make_plan(p, cfg, true).unwrap();
+    let bplan = plan::make_plan(p, cfg, backward).unwrap();
     let ws = m.alloc(bplan.bytes);
     let (dqa, dka, dva) = (
         m.alloc(2 * p.q_span() as u64),
@@ -284,6 +335,7 @@ fn run_mock(
         dk: dka,
         dv: dva,
     };
+    m.scores_of = Some((p.clone(), bio));
     plan::backward(&mut m, p, &bplan, &bio, ws).unwrap();
     let lse = (0..p.lse_len())
         .map(|i| m.get(lsea + 4 * i as u64, Elem::F32) as f32)
@@ -309,17 +361,22 @@ mod tests {
             min_chunk_rows: 1,
             target_rows_per_gemm: chunk,
             workspace_budget: 1 << 30,
+            fused_score_lanes: 2,
         };
         let inp = random_inputs(p, seed);
-        let (o, lse, dq, dk, dv) = run_mock(p, &cfg, &inp.q, &inp.k, &inp.v, &inp.d_o);
-        let bwd = crate::executor::BackwardOutput {
-            dq,
-            dk,
-            dv,
-            stats: Default::default(),
-        };
-        let v = verify(p, &inp, &o, &lse, Some(&bwd));
-        assert!(v.passed, "{p:?} chunk {chunk}: {v:#?}");
+        // Both backward plans: fp32 scores through GEMMs, and P/dS from the fused executor's
+        // score kernel (as the mock computes it).
+        for kind in [PlanKind::Backward, PlanKind::BackwardFusedScores] {
+            let (o, lse, dq, dk, dv) = run_mock(p, &cfg, kind, &inp.q, &inp.k, &inp.v, &inp.d_o);
+            let bwd = crate::executor::BackwardOutput {
+                dq,
+                dk,
+                dv,
+                stats: Default::default(),
+            };
+            let v = verify(p, &inp, &o, &lse, Some(&bwd));
+            assert!(v.passed, "{p:?} chunk {chunk} {kind:?}: {v:#?}");
+        }
     }
 
     #[test]
@@ -370,7 +427,7 @@ mod tests {
     fn plan_respects_budget() {
         let p = AttentionProblem::new(2, 8, 4, 16384, 16384, 512, 512, DType::BF16);
         let cfg = ChunkedConfig::default();
-        let plan = plan::make_plan(&p, &cfg, true).unwrap();
+        let plan = plan::make_plan(&p, &cfg, PlanKind::Backward).unwrap();
         assert!(plan.bytes <= cfg.workspace_budget);
         assert!(plan.chunk_rows >= 512, "{plan:?}");
         let tiny = ChunkedConfig {
@@ -378,8 +435,35 @@ mod tests {
             ..cfg
         };
         assert!(matches!(
-            plan::make_plan(&p, &tiny, true),
+            plan::make_plan(&p, &tiny, PlanKind::Backward),
             Err(ExecError::Workspace { .. })
         ));
+        // Without fp32 scores a score costs 4 bytes instead of 12: the same chunk in a third
+        // of the score buffers.
+        let fused = plan::make_plan(&p, &cfg, PlanKind::BackwardFusedScores).unwrap();
+        assert_eq!(fused.chunk_rows, plan.chunk_rows);
+        // Score buffers come first in the workspace, then the fp32 dK/dV accumulators.
+        assert_eq!(3 * fused.off_acc_dk, plan.off_acc_dk, "{fused:?} {plan:?}");
+    }
+
+    #[test]
+    fn fused_score_plans_take_the_largest_chunk_then_the_lanes_that_fit() {
+        let cfg = ChunkedConfig::default();
+        let fused = |b, hq, hkv, s| {
+            let p = AttentionProblem::new(b, hq, hkv, s, s, 512, 512, DType::BF16);
+            let pl = plan::make_plan(&p, &cfg, PlanKind::BackwardFusedScores).unwrap();
+            assert!(pl.bytes <= cfg.workspace_budget, "{pl:?}");
+            // Lanes are whole copies of one lane's buffers, D after them.
+            assert_eq!(pl.off_d, pl.lanes as u64 * pl.lane_bytes);
+            (pl.chunk_rows, pl.lanes)
+        };
+        // 2 x 2048 x 16384 x 4 bytes of P and dS + 32 MiB of dK/dV per lane: two lanes fit.
+        assert_eq!(fused(2, 8, 4, 16384), (2048, 2));
+        // At 32k one lane of 2048-row chunks (640 MiB) fits, two do not: one lane, same chunk.
+        assert_eq!(fused(2, 8, 4, 32768), (2048, 1));
+        // Eight query heads per KV head: 8192 rows per GEMM make chunks of 1024 rows.
+        assert_eq!(fused(1, 32, 4, 16384), (1024, 1));
+        // Never more lanes than groups.
+        assert_eq!(fused(1, 8, 1, 4096).1, 1);
     }
 }

@@ -30,6 +30,8 @@ mod enabled;
 #[cfg(feature = "cuda")]
 use enabled as runtime;
 #[cfg(feature = "cuda")]
+pub(crate) use enabled::backward_ptrs;
+#[cfg(feature = "cuda")]
 pub use enabled::{DeviceBuffer, compile_kernels_only, nvrtc_arch};
 
 #[cfg(not(feature = "cuda"))]
@@ -63,6 +65,10 @@ pub struct ChunkedConfig {
     pub target_rows_per_gemm: usize,
     /// Smallest chunk tried before giving up on the budget.
     pub min_chunk_rows: usize,
+    /// (batch, KV head) groups the fused executor's backward keeps in flight on separate
+    /// streams, each with its own buffers (its GEMMs alone often have fewer tiles than the GPU
+    /// has SMs). The chunked executor's own backward runs one group at a time.
+    pub fused_score_lanes: usize,
 }
 
 impl Default for ChunkedConfig {
@@ -72,6 +78,7 @@ impl Default for ChunkedConfig {
             max_chunk_rows: 2048,
             target_rows_per_gemm: 4096,
             min_chunk_rows: 16,
+            fused_score_lanes: 2,
         }
     }
 }

@@ -20,6 +20,14 @@ impl Fused {
     pub fn on_device(_ordinal: usize) -> Result<Fused, ExecError> {
         Err(ExecError::NoDevice { reason: WHY.into() })
     }
+
+    /// Always fails with [`ExecError::NoDevice`] in this build.
+    pub fn with_chunking(
+        _ordinal: usize,
+        _backward_chunks: crate::chunked::ChunkedConfig,
+    ) -> Result<Fused, ExecError> {
+        Err(ExecError::NoDevice { reason: WHY.into() })
+    }
 }
 
 /// Always unavailable in this build.

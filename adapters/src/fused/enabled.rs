@@ -1,13 +1,15 @@
 //! The fused executor on CUDA: NVRTC-compiled wgmma kernels (`kernels.cu`), one variant per
 //! (dtype, padded head dims), compiled on first use of a shape and cached.
 
-use super::{BLOCK_M, BLOCK_N, NAME, padded_dims, shared_bytes};
+use super::{BLOCK_M, BLOCK_N, NAME, backward_shared_bytes, padded_dims, shared_bytes};
+use crate::chunked::plan::{BwdScoresArgs, ScoreKernel};
 use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
 use crate::executor::{
-    BackwardInputs, BackwardOutput, DeviceForwardArgs, Direction, ExecError, ExecStats, Executor,
-    ForwardInputs, ForwardOutput, Manifest, StreamLaunch, Unsupported, validate_forward_inputs,
+    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, Direction, ExecError,
+    ExecStats, Executor, ForwardInputs, ForwardOutput, Manifest, StreamLaunch, Unsupported,
+    validate_backward_inputs, validate_forward_inputs,
 };
-use crate::problem::{AttentionProblem, DType};
+use crate::problem::{AttentionProblem, DType, Strides};
 use cudarc::driver::{CudaFunction, DriverError, result as drv_result, sys as drv_sys};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use std::collections::HashMap;
@@ -19,7 +21,8 @@ use std::sync::{Arc, Mutex};
 /// The kernel source after the prelude shared with the other NVRTC executor.
 const SRC: &str = concat!(
     include_str!("../nvrtc_prelude.cu"),
-    include_str!("kernels.cu")
+    include_str!("kernels.cu"),
+    include_str!("backward.cu")
 );
 
 /// Kernel parameters as the driver wants them: pointers to each argument's value.
@@ -109,15 +112,18 @@ fn kernel_source_with(bf16: bool, dqk_pad: usize, dv_pad: usize, body: Option<&P
     let ty = if bf16 { "bf16" } else { "f16" };
     // SMEM_BYTES: what the launch allocates; the kernel asserts its layout fits.
     let mut s = format!(
-        "#define LOWP_BF16 {}\n#define DQK {dqk_pad}\n#define DV {dv_pad}\n#define SMEM_BYTES {}\ntypedef unsigned long long u64;\n",
+        "#define LOWP_BF16 {}\n#define DQK {dqk_pad}\n#define DV {dv_pad}\n#define SMEM_BYTES {}\n#define BSMEM_BYTES {}\ntypedef unsigned long long u64;\n",
         u8::from(bf16),
-        shared_bytes(dqk_pad, dv_pad)
+        shared_bytes(dqk_pad, dv_pad),
+        backward_shared_bytes()
     );
     // Scores: Q from registers (past column 384: shared memory), K from shared memory.
     // Output: P and V^T from shared memory.
     s.push_str(&wgmma_wrapper("wg_rs_s", BLOCK_N, ty, true));
     s.push_str(&wgmma_wrapper("wg_ss_s", BLOCK_N, ty, false));
     s.push_str(&wgmma_wrapper("wg_ss_o", dv_pad / 2, ty, false));
+    // Backward scores: 128 keys per tile, both operands from shared memory.
+    s.push_str(&wgmma_wrapper("wg_ss_b", 128, ty, false));
     match body {
         Some(path) => match std::fs::read_to_string(path) {
             Ok(text) => {
@@ -135,8 +141,8 @@ fn kernel_source_with(bf16: bool, dqk_pad: usize, dv_pad: usize, body: Option<&P
     s
 }
 
-/// Development hook: a path to a `kernels.cu` to compile instead of the built-in one (same entry
-/// points and parameters), so kernel variants can be measured side by side on a GPU machine
+/// Development hook: a path to a file to compile instead of the built-in `kernels.cu` and
+/// `backward.cu` (same entry points and parameters), so kernel variants can be measured side by side on a GPU machine
 /// without a Rust toolchain. Unset in normal use.
 pub const SOURCE_OVERRIDE: &str = "ATTN_POLICY_FUSED_SOURCE";
 
@@ -189,6 +195,9 @@ struct Variant {
     fwd: CudaFunction,
     transpose: CudaFunction,
     shared: u32,
+    /// The backward's score kernel (`bwd_scores`) and its dynamic shared memory.
+    bwd_scores: CudaFunction,
+    bwd_shared: u32,
 }
 
 /// Variant key: (bf16, padded qk dim, padded v dim).
@@ -198,7 +207,8 @@ type VariantKey = (bool, usize, usize);
 pub struct Fused {
     ordinal: usize,
     /// Device buffers, uploads, the context and the own stream (host path and the synchronous
-    /// device path) come from a chunked executor on the same device.
+    /// device path) come from a chunked executor on the same device; its backward plan, with
+    /// P and dS from `bwd_scores`, is the fused backward.
     buffers: Chunked,
     variants: Mutex<HashMap<VariantKey, Arc<Variant>>>,
     desc: String,
@@ -232,6 +242,15 @@ impl Fused {
     /// Open CUDA device `ordinal`. Fails with [`ExecError::NoDevice`] when the driver or NVRTC
     /// cannot be loaded, or the device is not compute capability 9.0.
     pub fn on_device(ordinal: usize) -> Result<Fused, ExecError> {
+        Fused::with_chunking(ordinal, ChunkedConfig::default())
+    }
+
+    /// [`Fused::on_device`] with the backward's chunking (rows per chunk, workspace budget) set
+    /// by `backward_chunks` (the tests use small chunks to cross chunk boundaries).
+    pub fn with_chunking(
+        ordinal: usize,
+        backward_chunks: ChunkedConfig,
+    ) -> Result<Fused, ExecError> {
         let (name, cc) = crate::chunked::device_identity(ordinal)
             .map_err(|reason| ExecError::NoDevice { reason })?;
         if cc != super::COMPUTE_CAPABILITY {
@@ -242,7 +261,7 @@ impl Fused {
                 ),
             });
         }
-        let buffers = Chunked::on_device(ChunkedConfig::default(), ordinal)?;
+        let buffers = Chunked::on_device(backward_chunks, ordinal)?;
         Ok(Fused {
             ordinal,
             buffers,
@@ -277,10 +296,20 @@ impl Fused {
             shared as i32,
         )
         .map_err(drv)?;
+        let bwd_scores = m.load_function("bwd_scores").map_err(drv)?;
+        let bwd_shared = backward_shared_bytes() as u32;
+        bwd_scores
+            .set_attribute(
+                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bwd_shared as i32,
+            )
+            .map_err(drv)?;
         let v = Arc::new(Variant {
             fwd,
             transpose,
             shared,
+            bwd_scores,
+            bwd_shared,
         });
         map.insert(key, v.clone());
         Ok(v)
@@ -385,10 +414,23 @@ impl Fused {
         p: &AttentionProblem,
         a: &DeviceForwardArgs,
     ) -> Result<ExecStats, ExecError> {
+        let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
+        self.timed_call(p, Direction::Forward, out_bytes, |launch| {
+            self.enqueue_fwd(p, a, launch)
+        })
+    }
+
+    /// The synchronous device path: compile the variant (before timing: the first call of a
+    /// shape pays NVRTC once), allocate the workspace, run `enqueue` on the own stream, time it.
+    fn timed_call(
+        &self,
+        p: &AttentionProblem,
+        dir: Direction,
+        out_bytes: u64,
+        enqueue: impl FnOnce(&StreamLaunch) -> Result<(), ExecError>,
+    ) -> Result<ExecStats, ExecError> {
         super::check_problem(p)?;
-        // Compile before timing: the first call of a shape pays NVRTC once.
-        self.variant(p)?;
-        let bytes = super::forward_workspace_bytes(p);
+        let bytes = Executor::workspace_bytes(self, p, dir)?;
         let ws: DeviceBuffer = self.buffers.alloc(bytes as usize)?;
         let launch = StreamLaunch {
             device: self.ordinal,
@@ -396,12 +438,40 @@ impl Fused {
             workspace: ws.ptr(),
             workspace_bytes: ws.bytes() as u64,
         };
-        let ms = self.buffers.timed(|| self.enqueue_fwd(p, a, &launch))?;
-        let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
+        let ms = self.buffers.timed(|| enqueue(&launch))?;
         Ok(ExecStats {
             compute_ms: ms,
             workspace_bytes: launch.workspace_bytes,
             peak_bytes: Some(out_bytes + launch.workspace_bytes),
+        })
+    }
+
+    /// The stream path's backward: the chunked executor's backward plan with P and dS written by
+    /// `bwd_scores` (no fp32 scores in device memory), then its cuBLAS GEMMs for dQ, dK, dV.
+    fn enqueue_bwd(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        super::check_problem(p)?;
+        // Checked here too: the TMA maps are encoded from these pointers before the plan runs.
+        Chunked::check_ptrs(&crate::chunked::backward_ptrs(a))?;
+        let var = self.variant(p)?;
+        self.buffers.context().bind_to_thread().map_err(drv)?;
+        let scorer = ScoreLaunch::new(p, var, a, self.buffers.sm_count())?;
+        self.buffers
+            .enqueue_backward_plan(p, a, launch, Some(&scorer))
+    }
+
+    fn bwd_impl(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        let out_bytes = 2 * (p.q_span() + p.k_span() + p.v_span()) as u64;
+        self.timed_call(p, Direction::Backward, out_bytes, |launch| {
+            self.enqueue_bwd(p, a, launch)
         })
     }
 }
@@ -423,61 +493,19 @@ impl TensorMaps {
         vt: u64,
         skv_pad: u64,
     ) -> Result<TensorMaps, ExecError> {
-        use drv_sys::{
-            CUtensorMapDataType as Ty, CUtensorMapFloatOOBfill as Fill,
-            CUtensorMapInterleave as Il, CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
-        };
-        let ty = match p.dtype {
-            DType::BF16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            _ => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        };
-        let encode = |addr: u64, dims: &[u64], strides: &[u64], boxd: &[u32]| {
-            // SAFETY: an all-zero CUtensorMap is a valid value to be overwritten.
-            let mut map: drv_sys::CUtensorMap = unsafe { std::mem::zeroed() };
-            let ones = [1u32; 5];
-            // SAFETY: the arrays hold `dims.len()` (strides: one fewer) entries.
-            unsafe {
-                drv_sys::cuTensorMapEncodeTiled(
-                    &mut map,
-                    ty,
-                    dims.len() as u32,
-                    addr as *mut c_void,
-                    dims.as_ptr(),
-                    strides.as_ptr(),
-                    boxd.as_ptr(),
-                    ones.as_ptr(),
-                    Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                    Sw::CU_TENSOR_MAP_SWIZZLE_128B,
-                    L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                    Fill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-                )
-                .result()
-            }
-            .map(|_| map)
-            .map_err(drv)
-        };
-        // K: row, head and batch dimensions ordered by stride (0: row, 1: head, 2: batch).
-        let ks = p.layout.k;
-        let mut outer = [
-            (ks.seq as u64, p.seqlen_kv as u64, 0usize),
-            (ks.head as u64, p.heads_kv as u64, 1),
-            (ks.batch as u64, p.batch as u64, 2),
-        ];
-        outer.sort_by_key(|&(stride, _, kind)| (stride, kind));
-        let slot = |kind: usize| outer.iter().position(|o| o.2 == kind).unwrap_or(0) as i32 + 1;
-        let dims = [p.head_dim_qk as u64, outer[0].1, outer[1].1, outer[2].1];
-        let strides = [2 * outer[0].0, 2 * outer[1].0, 2 * outer[2].0];
-        let box_of = |kind: usize| if kind == 0 { (BLOCK_N / 2) as u32 } else { 1 };
-        let kbox = [
-            64,
-            box_of(outer[0].2),
-            box_of(outer[1].2),
-            box_of(outer[2].2),
-        ];
-        let kmap = encode(k, &dims, &strides, &kbox)?;
+        let (kmap, kpos) = row_map(
+            p,
+            k,
+            p.layout.k,
+            p.seqlen_kv,
+            p.heads_kv,
+            p.head_dim_qk,
+            (BLOCK_N / 2) as u32,
+        )?;
         let (_, dv_pad) = padded_dims(p.head_dim_qk, p.head_dim_v);
         let dv = p.head_dim_v as u64;
-        let vmap = encode(
+        let vmap = encode_tiled(
+            p.dtype,
             vt,
             &[skv_pad, dv, (p.batch * p.heads_kv) as u64],
             &[2 * skv_pad, 2 * skv_pad * dv],
@@ -486,9 +514,178 @@ impl TensorMaps {
         Ok(TensorMaps {
             k: kmap,
             v: vmap,
-            pos_row: slot(0),
-            pos_head: slot(1),
+            pos_row: kpos & 3,
+            pos_head: kpos >> 2,
         })
+    }
+}
+
+/// A TMA descriptor of a 2..5-D tensor (`dims` innermost first, byte `strides` of dims 1..),
+/// 128-byte swizzle, zero fill out of bounds.
+fn encode_tiled(
+    dtype: DType,
+    addr: u64,
+    dims: &[u64],
+    strides: &[u64],
+    boxd: &[u32],
+) -> Result<drv_sys::CUtensorMap, ExecError> {
+    use drv_sys::{
+        CUtensorMapDataType as Ty, CUtensorMapFloatOOBfill as Fill, CUtensorMapInterleave as Il,
+        CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
+    };
+    let ty = match dtype {
+        DType::BF16 => Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        _ => Ty::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    };
+    // SAFETY: an all-zero CUtensorMap is a valid value to be overwritten.
+    let mut map: drv_sys::CUtensorMap = unsafe { std::mem::zeroed() };
+    let ones = [1u32; 5];
+    // SAFETY: the arrays hold `dims.len()` (strides: one fewer) entries.
+    unsafe {
+        drv_sys::cuTensorMapEncodeTiled(
+            &mut map,
+            ty,
+            dims.len() as u32,
+            addr as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxd.as_ptr(),
+            ones.as_ptr(),
+            Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+            L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            Fill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+    }
+    .map(|_| map)
+    .map_err(drv)
+}
+
+/// A 4-D map of a `[batch, heads, seqlen, dim]` tensor with any strides (dim contiguous): d,
+/// then the row, head and batch dimensions ordered by stride. Boxes are 64 columns by
+/// `box_rows` rows of one head. Returns the map and the slots (1..=3) of the row (bits 0..1) and
+/// of the head (bits 2..3) coordinates; the batch takes the remaining slot.
+fn row_map(
+    p: &AttentionProblem,
+    addr: u64,
+    st: Strides,
+    seqlen: usize,
+    heads: usize,
+    dim: usize,
+    box_rows: u32,
+) -> Result<(drv_sys::CUtensorMap, i32), ExecError> {
+    // 0: row, 1: head, 2: batch; ties keep that order.
+    let mut outer = [
+        (st.seq as u64, seqlen as u64, 0usize),
+        (st.head as u64, heads as u64, 1),
+        (st.batch as u64, p.batch as u64, 2),
+    ];
+    outer.sort_by_key(|&(stride, _, kind)| (stride, kind));
+    let slot = |kind: usize| outer.iter().position(|o| o.2 == kind).unwrap_or(0) as i32 + 1;
+    let dims = [dim as u64, outer[0].1, outer[1].1, outer[2].1];
+    let strides = [2 * outer[0].0, 2 * outer[1].0, 2 * outer[2].0];
+    let box_of = |kind: usize| if kind == 0 { box_rows } else { 1 };
+    let boxd = [
+        64,
+        box_of(outer[0].2),
+        box_of(outer[1].2),
+        box_of(outer[2].2),
+    ];
+    let map = encode_tiled(p.dtype, addr, &dims, &strides, &boxd)?;
+    Ok((map, slot(0) | (slot(1) << 2)))
+}
+
+/// Rows and keys of one `bwd_scores` CTA (`BTM`, `BTN` in `backward.cu`).
+const BWD_TILE: usize = 128;
+
+/// The backward's score kernel bound to one call: the TMA maps of Q, K, dO and V (encoded once
+/// per call), the mask and the scale. The chunked plan calls it once per chunk.
+struct ScoreLaunch {
+    var: Arc<Variant>,
+    maps: [drv_sys::CUtensorMap; 4],
+    pos: [i32; 4],
+    mask: (i64, i64, i64, i64),
+    scale_log2: f32,
+    sm_count: u32,
+}
+
+impl ScoreLaunch {
+    fn new(
+        p: &AttentionProblem,
+        var: Arc<Variant>,
+        a: &DeviceBackwardArgs,
+        sm_count: u32,
+    ) -> Result<ScoreLaunch, ExecError> {
+        let rows = BWD_TILE as u32;
+        let keys = (BWD_TILE / 2) as u32;
+        let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
+        let (q, pq) = row_map(p, a.q, p.layout.q, p.seqlen_q, p.heads_q, dqk, rows)?;
+        let (k, pk) = row_map(p, a.k, p.layout.k, p.seqlen_kv, p.heads_kv, dqk, keys)?;
+        let (d_o, po) = row_map(p, a.d_o, p.layout.o, p.seqlen_q, p.heads_q, dv, rows)?;
+        let (v, pv) = row_map(p, a.v, p.layout.v, p.seqlen_kv, p.heads_kv, dv, keys)?;
+        let m = p.effective_mask();
+        Ok(ScoreLaunch {
+            var,
+            maps: [q, k, d_o, v],
+            pos: [pq, pk, po, pv],
+            mask: (
+                m.offset,
+                m.left.unwrap_or(-1),
+                m.right.unwrap_or(-1),
+                m.seqlen_kv,
+            ),
+            scale_log2: (p.softmax_scale * std::f64::consts::LOG2_E) as f32,
+            sm_count,
+        })
+    }
+}
+
+impl ScoreKernel for ScoreLaunch {
+    fn enqueue(&self, stream: u64, a: &BwdScoresArgs) -> Result<(), ExecError> {
+        let int = |x: usize, what: &str| {
+            i32::try_from(x).map_err(|_| ExecError::Unsupported {
+                reason: format!("fused backward: {what} {x} above 2^31-1"),
+            })
+        };
+        let (lds, rows) = (int(a.lds, "score row length")?, int(a.rows, "chunk rows")?);
+        let (b, h0, hk) = (
+            int(a.batch, "batch")?,
+            int(a.h0, "head")?,
+            int(a.kv_head, "head")?,
+        );
+        let (i0, klo) = (int(a.i0, "row")?, int(a.kv_lo, "key")?);
+        let hs = a.head_stride as i64;
+        let (off, left, right, skv) = self.mask;
+        let [mq, mk, mo, mv] = &self.maps;
+        let [pq, pk, po, pv] = self.pos;
+        let scale_log2 = self.scale_log2;
+        // Units: (key tile, pair of query tiles, head of the group); persistent clusters of two
+        // CTAs, at most one CTA per SM.
+        let ktiles = a.n.div_ceil(BWD_TILE);
+        let qpairs = a.rows.div_ceil(2 * BWD_TILE);
+        let units = ktiles * qpairs * a.heads;
+        let clusters = units.min((self.sm_count / 2).max(1) as usize) as u32;
+        let (ktiles, qpairs, units) = (
+            int(ktiles, "key tiles")?,
+            int(qpairs, "query tiles")?,
+            int(units, "score tiles")?,
+        );
+        let grid = (1, 2 * clusters, 1);
+        // SAFETY: argument list matches `bwd_scores`; the plan sized P and dS (heads x rows x
+        // lds), LSE and D; the maps describe the call's live Q, K, dO and V.
+        unsafe {
+            launch_cluster(
+                &self.var.bwd_scores,
+                grid,
+                self.var.bwd_shared,
+                stream as drv_sys::CUstream,
+                &mut params![
+                    *mq, *mk, *mo, *mv, a.p, a.ds, lds, rows, b, h0, hk, i0, klo, ktiles, qpairs,
+                    units, a.lse, a.dvec, hs, off, left, right, skv, scale_log2, pq, pk, po, pv
+                ],
+            )
+        }
     }
 }
 
@@ -551,14 +748,6 @@ unsafe fn launch_raw(
         .map_err(drv)
 }
 
-fn backward_refusal() -> ExecError {
-    ExecError::Unsupported {
-        reason:
-            "fused: the backward is not implemented (forward only); the chain's next entry runs it"
-                .into(),
-    }
-}
-
 impl Executor for Fused {
     fn name(&self) -> &str {
         NAME
@@ -590,10 +779,12 @@ impl Executor for Fused {
     fn backward(
         &self,
         p: &AttentionProblem,
-        _inputs: &BackwardInputs<'_>,
+        inputs: &BackwardInputs<'_>,
     ) -> Result<BackwardOutput, ExecError> {
         self.check(p)?;
-        Err(backward_refusal())
+        validate_backward_inputs(p, inputs)?;
+        self.buffers
+            .backward_on_host(p, inputs, |args| self.bwd_impl(p, args))
     }
 
     fn device_ordinal(&self) -> Option<usize> {
@@ -602,12 +793,12 @@ impl Executor for Fused {
 
     fn workspace_bytes(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
         super::check_problem(p)?;
-        if dir == Direction::Backward {
-            return Err(backward_refusal());
-        }
         // The warm-up: compile and load the variant now, not inside a graph capture.
         self.variant(p)?;
-        Ok(super::forward_workspace_bytes(p))
+        match dir {
+            Direction::Forward => Ok(super::forward_workspace_bytes(p)),
+            Direction::Backward => self.buffers.fused_scores_workspace_bytes(p),
+        }
     }
 
     unsafe fn enqueue_forward(
@@ -619,12 +810,29 @@ impl Executor for Fused {
         self.enqueue_fwd(p, args, launch)
     }
 
+    unsafe fn enqueue_backward(
+        &self,
+        p: &AttentionProblem,
+        args: &DeviceBackwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        self.enqueue_bwd(p, args, launch)
+    }
+
     unsafe fn forward_device(
         &self,
         p: &AttentionProblem,
         args: &DeviceForwardArgs,
     ) -> Result<ExecStats, ExecError> {
         self.fwd_impl(p, args)
+    }
+
+    unsafe fn backward_device(
+        &self,
+        p: &AttentionProblem,
+        args: &DeviceBackwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        self.bwd_impl(p, args)
     }
 }
 

@@ -1,6 +1,5 @@
-//! `fused`: one fused attention kernel per call for head dims in (256, 512] on SM90 (H100/H200),
-//! written with wgmma (warpgroup MMA) in inline PTX and compiled at run time by NVRTC for
-//! `sm_90a`: scores and probabilities never leave the SM.
+//! `fused`: fused attention kernels for head dims in (256, 512] on SM90 (H100/H200), written with
+//! wgmma (warpgroup MMA) in inline PTX and compiled at run time by NVRTC for `sm_90a`.
 //!
 //! Forward (`kernels.cu`, `fused_fwd`): one CTA of three warpgroups per 64 query rows and query
 //! head. The 512-wide output accumulator (64 x 512 fp32) does not fit one warpgroup, so two output
@@ -15,9 +14,13 @@
 //! from 128-byte-swizzled shared memory. Key tiles no query row of the pair admits are never
 //! visited. `docs/fused.md` has the design, the measurements and what bounds the kernel.
 //!
-//! The backward is not fused yet: the manifest says `backward: false`, the executor refuses
-//! backward calls with [`Unsupported`], and the `native` pack's chain runs `chunked` for
-//! training (the decision names the refusal).
+//! Backward (`backward.cu`, `bwd_scores`, driven by the chunked executor's backward plan of kind
+//! `BackwardFusedScores`): per chunk of query rows, a persistent kernel computes S = Q K^T and
+//! dP = dO V^T per 128 x 128 tile in registers and writes only P and dS (16-bit), where the chunked
+//! executor writes S and dP in fp32, reads them back and writes P and dS. dQ, dK and dV then come
+//! from the chunked plan's cuBLAS GEMMs (fp32 accumulation in a fixed order: deterministic).
+//! Groups of (batch, KV head) alternate between two streams (`ChunkedConfig::fused_score_lanes`)
+//! so one group's GEMMs run beside another's score kernel.
 
 #[cfg(feature = "cuda")]
 mod enabled;
@@ -76,6 +79,13 @@ pub fn shared_bytes(dqk_pad: usize, dv_pad: usize) -> usize {
         + 1024
 }
 
+/// Dynamic shared memory of the backward's score kernel (`BSMEM_USED` in `backward.cu`): five
+/// ring slots of a 128 x 64 A tile and a 128 x 64 B tile, the staging of P and dS (2 x 128 x 128
+/// elements), ten mbarriers, and 1 KiB for aligning the base.
+pub fn backward_shared_bytes() -> usize {
+    5 * (128 * 64 * 2 + 128 * 64 * 2) + 2 * 128 * 128 * 2 + 10 * 8 + 1024
+}
+
 /// Bytes of the forward's workspace: the transposed V, `[b, h_kv, d_v, round_up(s_kv, 64)]`.
 pub fn forward_workspace_bytes(p: &AttentionProblem) -> u64 {
     let skv_pad = p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N;
@@ -114,12 +124,17 @@ pub fn manifest() -> Manifest {
         gqa: true,
         max_seqlen: Some(MAX_SEQLEN),
         max_score_elements: None,
-        backward: false,
+        backward: true,
         deterministic: true,
         notes: vec![
             "SM90 only (wgmma, sm_90a); NVRTC at run time, no headers".into(),
-            "forward only: backward calls are refused (the chain runs chunked)".into(),
-            "workspace: a transposed copy of V, b*h_kv*d_v*round_up(s_kv,64)*2 bytes".into(),
+            "backward: P and dS from a fused score kernel, dQ/dK/dV by cuBLAS GEMMs (chunked plan)"
+                .into(),
+            "forward workspace: a transposed copy of V, b*h_kv*d_v*round_up(s_kv,64)*2 bytes"
+                .into(),
+            "backward workspace: per lane (2) P and dS of a chunk (4 bytes per score) and fp32 \
+             dK/dV accumulators, within a 1 GiB budget, plus cuBLAS's"
+                .into(),
             "strides and base pointers must be multiples of 8 elements (16 bytes)".into(),
             "deterministic: no atomics, fixed reduction order".into(),
         ],

@@ -77,7 +77,7 @@ _SEQ_DIM = {"bhsd": 2, "bshd": 1, "sbhd": 0}
 _HEAD_DIM = {"bhsd": 1, "bshd": 2, "sbhd": 2}
 # Executors whose backward reads the given O and LSE (FlashAttention's formula) instead of
 # recomputing the softmax of its own keys: a ring step's backward needs the merged ones.
-_STATS_BACKWARD = frozenset({"reference", "cudnn", "chunked", "torch_flash"})
+_STATS_BACKWARD = frozenset({"reference", "cudnn", "chunked", "fused", "torch_flash"})
 
 
 class ContextParallelDeclined(PolicyError):

@@ -150,10 +150,11 @@ def test_world_of_one_every_comm_type(causal):
         criterion(f"world 1 {comm}", got, causal)
 
 
-def test_inference_with_the_native_pack_runs_the_fused_kernel_per_step(causal):
-    """Under torch.no_grad() with the native pack on an sm90 GPU, the pre-flight selects the fused
-    backend, every per-step call runs the fused kernel, and O meets the FlashAttention criterion:
-    a world of one (p2p and a2a) and a p2p ring of 4 simulated in this process."""
+def test_the_native_pack_runs_the_fused_kernels_per_step(causal):
+    """With the native pack on an sm90 GPU the pre-flight selects the fused backend and every
+    per-step call runs the fused kernels. Inference (torch.no_grad()): O meets the FlashAttention
+    criterion in a world of one (p2p and a2a) and a p2p ring of 4 simulated in this process.
+    Training: O, dQ, dK and dV meet it (world of one, p2p)."""
     if torch.cuda.get_device_capability(DEV) != (9, 0):
         pytest.skip("the fused kernel runs on sm90 only")
     import attn_policy
@@ -177,6 +178,15 @@ def test_inference_with_the_native_pack_runs_the_fused_kernel_per_step(causal):
     err = (r["o"].double() - exact).abs().max().item()
     note(f"  ring of 4 in one process: O err {err:.3e} (2 x naive bf16 {bound:.3e})")
     assert err <= bound
+    note(f"== training through the native pack, d{D} GQA causal bf16 s{S}")
+    kw = dict(cp_group=dist.group.WORLD, cp_comm_type="p2p", layout=LAYOUT, is_causal=True, policy=native)
+    got = with_grads(lambda a, b, c: cp.cp_attention(a, b, c, **kw), causal["q"], causal["k"], causal["v"], causal["do"])
+    qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (causal["q"], causal["k"], causal["v"]))
+    _, d = cp.cp_attention(qq, kk, vv, return_decision=True, **kw)
+    note(f"  p2p: {d.summary()}")
+    assert d.preflight is not None and d.preflight.selected == "fused", d.summary()
+    assert {s.executor for s in d.steps} == {"fused"}, d.summary()
+    criterion("native pack, world 1 p2p", got, causal)
 
 
 def report_work(label, work, heads):

@@ -176,10 +176,11 @@ FUSED_CASES = [
 
 
 @pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: f"d{c[0]}-{c[1]}-{'causal-' + c[3] if c[2] else 'nomask'}-s{c[4]}x{c[5]}")
-def test_native_pack_runs_the_fused_kernel_for_inference_on_hopper(case):
-    """The native pack under torch.no_grad() on an sm90 GPU: the fused kernel runs (through
-    torch's stream and allocator), meets the FlashAttention criterion, replays bit for bit in a
-    CUDA graph; with gradients the same call runs chunked (the fused kernel has no backward)."""
+def test_native_pack_runs_the_fused_kernels_on_hopper(case):
+    """The native pack on an sm90 GPU: under torch.no_grad() the fused kernel runs (through
+    torch's stream and allocator), meets the FlashAttention criterion and replays bit for bit in
+    a CUDA graph; with gradients the fused executor runs forward and backward, dQ, dK and dV meet
+    the criterion and a second backward is bitwise identical."""
     if torch.cuda.get_device_capability(DEV) != (9, 0):
         pytest.skip("the fused kernel runs on sm90 only")
     import attn_policy
@@ -226,14 +227,33 @@ def test_native_pack_runs_the_fused_kernel_for_inference_on_hopper(case):
         torch.cuda.synchronize()
         replay_equal = torch.equal(captured, o)
 
+    # Training: gradients through the fused executor against fp64 and naive bf16 autograd.
+    do = torch.randn(b, sq, hq, dv, device=DEV, generator=g).to(torch.bfloat16)
     qa, ka, va = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    _, dec_train = apt.attention(qa, ka, va, return_decision=True, **kw)
+    o_train, dec_train = apt.attention(qa, ka, va, return_decision=True, **kw)
+    grads = torch.autograd.grad(o_train, (qa, ka, va), do)
+    again = torch.autograd.grad(apt.attention(qa, ka, va, **kw), (qa, ka, va), do)
+    deterministic = all(torch.equal(x, y) for x, y in zip(grads, again))
+
+    def textbook_grads(dtype):
+        leaves = [bhsd(t).detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
+        out = math_attention(*leaves, allowed, scale, torch.float64 if dtype == torch.float64 else torch.float32)
+        return [x.nan_to_num(0.0) for x in torch.autograd.grad(out, leaves, bhsd(do).to(dtype))]
+
+    exact, naive = textbook_grads(torch.float64), textbook_grads(torch.bfloat16)
+    ratios = []
+    for name, ours, ex, nv in zip(("dq", "dk", "dv"), grads, exact, naive):
+        eg = (bhsd(ours).double() - ex).abs().max().item()
+        eng = (nv.double() - ex).abs().max().item()
+        ratios.append(f"{name} {eg:.2e}/{eng:.2e}")
+        assert eg <= 2 * eng + 1e-6, (name, eg, eng)
     note(f"native pack d{d}/{dv} {'causal ' + diagonal if causal else 'no mask'} s{sq}x{skv}: inference "
          f"{dec.summary()}; ours/naive o:{e:.2e}/{en:.2e}; graph replay bitwise equal: {replay_equal}; "
-         f"training: {dec_train.summary()}")
+         f"training: {dec_train.summary()}; ours/naive {', '.join(ratios)}; second backward bitwise equal: {deterministic}")
     assert e <= 2 * en + 1e-6, (e, en)
     assert replay_equal
-    assert dec_train.backend == "chunked" and dec_train.executor == "chunked", dec_train.summary()
+    assert dec_train.backend == "fused" and dec_train.executor == "fused", dec_train.summary()
+    assert deterministic
 
 
 @pytest.mark.parametrize("node", ["cpp", "python"])
