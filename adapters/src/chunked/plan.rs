@@ -615,26 +615,6 @@ pub(crate) fn backward(
                 let n = khi - klo;
                 let lds = lds_for(n);
                 let blk = rows * lds;
-                let q_c = RowMajor {
-                    ptr: at(io.q, &lq, b, h0, i0),
-                    ld: ld(lq.seq, dqk),
-                    stride: lq.head,
-                };
-                let do_c = RowMajor {
-                    ptr: at(io.d_o, &lo_, b, h0, i0),
-                    ld: ld(lo_.seq, dv),
-                    stride: lo_.head,
-                };
-                let k_r = RowMajor {
-                    ptr: at(io.k, &lk, b, g, klo),
-                    ld: ld(lk.seq, dqk),
-                    stride: 0,
-                };
-                let v_r = RowMajor {
-                    ptr: at(io.v, &lv, b, g, klo),
-                    ld: ld(lv.seq, dv),
-                    stride: 0,
-                };
                 let row_off = 4 * ((b * hq + h0) * sq + i0) as u64;
                 if plan.kind == PlanKind::BackwardFusedScores {
                     ops.bwd_scores(&BwdScoresArgs {
@@ -654,6 +634,26 @@ pub(crate) fn backward(
                         head_stride: sq,
                     })?;
                 } else {
+                    let q_c = RowMajor {
+                        ptr: at(io.q, &lq, b, h0, i0),
+                        ld: ld(lq.seq, dqk),
+                        stride: lq.head,
+                    };
+                    let do_c = RowMajor {
+                        ptr: at(io.d_o, &lo_, b, h0, i0),
+                        ld: ld(lo_.seq, dv),
+                        stride: lo_.head,
+                    };
+                    let k_r = RowMajor {
+                        ptr: at(io.k, &lk, b, g, klo),
+                        ld: ld(lk.seq, dqk),
+                        stride: 0,
+                    };
+                    let v_r = RowMajor {
+                        ptr: at(io.v, &lv, b, g, klo),
+                        ld: ld(lv.seq, dv),
+                        stride: 0,
+                    };
                     // S = Q_c K^T, dP = dO_c V^T.
                     ops.gemm(&gemm_rm(
                         false,
