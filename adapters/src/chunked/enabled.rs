@@ -708,6 +708,7 @@ impl Chunked {
         launch: &StreamLaunch,
     ) -> Result<(), ExecError> {
         super::check_problem(p)?;
+        Self::check_ptrs(&backward_ptrs(a))?;
         self.enqueue_backward_plan(p, a, launch, None)
     }
 
@@ -722,7 +723,8 @@ impl Chunked {
     }
 
     /// The backward plan on `launch`; with a `scorer` (the fused executor's score kernel) the
-    /// plan is of kind `BackwardFusedScores`. The caller has checked the problem.
+    /// plan is of kind `BackwardFusedScores`. The caller has checked the problem and the
+    /// pointers ([`backward_ptrs`]).
     pub(crate) fn enqueue_backward_plan(
         &self,
         p: &AttentionProblem,
@@ -730,7 +732,6 @@ impl Chunked {
         launch: &StreamLaunch,
         scorer: Option<&dyn ScoreKernel>,
     ) -> Result<(), ExecError> {
-        Self::check_ptrs(&backward_ptrs(a))?;
         let kind = if scorer.is_some() {
             PlanKind::BackwardFusedScores
         } else {

@@ -64,6 +64,24 @@ impl Mock {
     fn row_range(a_i0: usize, m: &crate::problem::EffectiveMask, row: usize) -> (i64, i64) {
         m.row_range(a_i0 + row)
     }
+    /// Element `at` of P and dS: `P = exp(scale S - lse)`, `dS = P (dP - D)` from the fp32
+    /// scores `(S, dP)` of an admitted key, zeros for a masked one (`None`). `stats` is
+    /// `(scale, lse, D)`. Shared by `bwd_elementwise` and `bwd_scores`.
+    fn store_p_ds(
+        &mut self,
+        p: u64,
+        ds: u64,
+        at: usize,
+        scores: Option<(f32, f32)>,
+        (scale, lse, d): (f32, f32, f32),
+    ) {
+        let (pv, dsv) = scores.map_or((0.0, 0.0), |(s, dp)| {
+            let pv = (s * scale - lse).exp();
+            (pv, pv * (dp - d))
+        });
+        self.set(p + 2 * at as u64, Elem::Low, pv as f64);
+        self.set(ds + 2 * at as u64, Elem::Low, dsv as f64);
+    }
 }
 
 impl Ops for Mock {
@@ -164,16 +182,13 @@ impl Ops for Mock {
                 let lse = self.get(a.lse + 4 * (r * a.head_stride + i) as u64, Elem::F32) as f32;
                 let d = self.get(a.dvec + 4 * (r * a.head_stride + i) as u64, Elem::F32) as f32;
                 for c in 0..a.lds {
-                    let (p, ds) = if c >= lo && c < hi {
-                        let s = self.get(a.s + 4 * (row + c) as u64, Elem::F32) as f32;
-                        let dp = self.get(a.dp + 4 * (row + c) as u64, Elem::F32) as f32;
-                        let p = (s * a.scale - lse).exp();
-                        (p, p * (dp - d))
-                    } else {
-                        (0.0, 0.0)
-                    };
-                    self.set(a.p + 2 * (row + c) as u64, Elem::Low, p as f64);
-                    self.set(a.ds + 2 * (row + c) as u64, Elem::Low, ds as f64);
+                    let scores = (c >= lo && c < hi).then(|| {
+                        (
+                            self.get(a.s + 4 * (row + c) as u64, Elem::F32) as f32,
+                            self.get(a.dp + 4 * (row + c) as u64, Elem::F32) as f32,
+                        )
+                    });
+                    self.store_p_ds(a.p, a.ds, row + c, scores, (a.scale, lse, d));
                 }
             }
         }
@@ -262,18 +277,15 @@ impl Ops for Mock {
                 let d_o = io.d_o + 2 * lo.offset(a.batch, h, a.i0 + i, 0) as u64;
                 for c in 0..a.lds {
                     let key = a.kv_lo + c;
-                    let (pv, ds) = if (key as i64) >= lo_k && (key as i64) < hi_k {
+                    let scores = ((key as i64) >= lo_k && (key as i64) < hi_k).then(|| {
                         let k = io.k + 2 * lk.offset(a.batch, a.kv_head, key, 0) as u64;
                         let v = io.v + 2 * lv.offset(a.batch, a.kv_head, key, 0) as u64;
-                        let s = dot(self, q, k, p.head_dim_qk);
-                        let dp = dot(self, d_o, v, p.head_dim_v);
-                        let pv = (s * scale - lse).exp();
-                        (pv, pv * (dp - d))
-                    } else {
-                        (0.0, 0.0)
-                    };
-                    self.set(a.p + 2 * (row + c) as u64, Elem::Low, pv as f64);
-                    self.set(a.ds + 2 * (row + c) as u64, Elem::Low, ds as f64);
+                        (
+                            dot(self, q, k, p.head_dim_qk),
+                            dot(self, d_o, v, p.head_dim_v),
+                        )
+                    });
+                    self.store_p_ds(a.p, a.ds, row + c, scores, (scale, lse, d));
                 }
             }
         }

@@ -455,7 +455,6 @@ impl Fused {
         launch: &StreamLaunch,
     ) -> Result<(), ExecError> {
         super::check_problem(p)?;
-        // Checked here too: the TMA maps are encoded from these pointers before the plan runs.
         Chunked::check_ptrs(&crate::chunked::backward_ptrs(a))?;
         let var = self.variant(p)?;
         self.buffers.context().bind_to_thread().map_err(drv)?;
