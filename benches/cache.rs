@@ -3,7 +3,7 @@
 //! 1/2/4/8/16 threads deciding concurrently through one shared cache. Criterion reports each
 //! figure with its confidence interval; a summary table with medians and ratios follows.
 //!
-//! Inputs: 512 configurations of `../shared/conformance/te-2.20.2-corpus-a.jsonl.gz` when it
+//! Inputs: 512 configurations of `tests/corpora/te-2.20.2-corpus-a.jsonl.gz` when it
 //! is there (else the presets). `cargo bench --bench cache`.
 
 use std::hint::black_box;
@@ -21,7 +21,7 @@ const TE_PYTHON_US: f64 = 153.0;
 /// The raw configs behind [`inputs`] (for the from-JSON figure).
 fn configs() -> Vec<serde_json::Value> {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/conformance/te-2.20.2-corpus-a.jsonl.gz");
+        .join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
     match attn_policy::corpus::read_corpus(&corpus) {
         Ok(recs) => recs
             .iter()
@@ -38,7 +38,7 @@ fn configs() -> Vec<serde_json::Value> {
 
 fn inputs() -> Vec<Facts> {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/conformance/te-2.20.2-corpus-a.jsonl.gz");
+        .join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
     if let Ok(recs) = attn_policy::corpus::read_corpus(&corpus) {
         let facts: Vec<Facts> = recs
             .iter()

@@ -10,7 +10,7 @@ PY="${PYTHON:-python3}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target/bindings}"
-CORPUS="${ATTN_POLICY_CORPUS:-$ROOT/../shared/conformance/te-2.20.2-corpus-a.jsonl.gz}"
+CORPUS="${ATTN_POLICY_CORPUS:-$ROOT/tests/corpora/te-2.20.2-corpus-a.jsonl.gz}"
 
 echo "== wheel (maturin in a throwaway venv)"
 "$PY" -m venv "$WORK/tools"

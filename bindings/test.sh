@@ -12,7 +12,7 @@ PY="${PYTHON:-python3}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target/bindings}"
-export ATTN_POLICY_CORPUS="${ATTN_POLICY_CORPUS:-$ROOT/../shared/conformance/te-2.20.2-corpus-a.jsonl.gz}"
+export ATTN_POLICY_CORPUS="${ATTN_POLICY_CORPUS:-$ROOT/tests/corpora/te-2.20.2-corpus-a.jsonl.gz}"
 
 echo "== tools venv (maturin, pytest)"
 "$PY" -m venv "$WORK/tools"

@@ -1,6 +1,6 @@
 //! Differential conformance: decide every record of a corpus with a pack and compare with the
 //! selector's own decision. The pack's family names the selector: `te` packs against a
-//! TransformerEngine corpus (../shared/conformance/README.md), `torch` packs against a PyTorch
+//! TransformerEngine corpus (tests/corpora/README.md), `torch` packs against a PyTorch
 //! SDPA corpus (README.torch.md, [`run_torch`]).
 //!
 //! TE, compared per record: the selected backend, the flash-attn version TE reports

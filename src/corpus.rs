@@ -1,5 +1,5 @@
 //! Reading conformance corpora: JSON lines, optionally gzip-compressed (`.gz`), one record per
-//! line with at least `id` and `config` (see ../shared/conformance/README.md).
+//! line with at least a `config` and usually an `id` (see tests/corpora/README.md).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};

@@ -5,7 +5,7 @@
 //! Probes are answered as measured: FROST returns its plan on B200 (cuDNN frontend 1.29.0,
 //! cutlass-dsl 4.7.1; PR #3527), and the C++ fused path has a graph at head_dim 256 but none at
 //! 512 (PR: "the C++ cuDNN fused path caps at 256" on B200; on H200 cuDNN returns no d512
-//! backward engine, ../shared/reference/cudnn_sdpa.md section 0). Snapshots reviewed by hand:
+//! backward engine, measured with the raw cuDNN SDPA recipe in docs/cudnn.md). Snapshots reviewed by hand:
 //! sm100 global layers select FROST with and without CP (p2p, all_gather, a2a, a2a+p2p), sm90
 //! global layers fall to unfused (none under CP), sliding layers select FlashAttention 2 except
 //! with a window under p2p rings (guard RG.2, FU.33, FR.22).

@@ -1,5 +1,5 @@
 //! PyTorch's own reasons against the `torch` pack's rules, on the public SDPA corpus
-//! (../shared/conformance/torch-2.11-sdpa-corpus-a.jsonl.gz, beside the checkout in CI).
+//! (tests/corpora/torch-2.11-sdpa-corpus-a.jsonl.gz, shipped in the repository).
 //!
 //! For a backend forced on its own, PyTorch 2.11 prints the warning of the *first* check that
 //! fails (`select_sdp_backend` re-runs `can_use_*` with `debug=true`). The pack lists each
@@ -17,7 +17,7 @@ use attn_policy::{Decision, Policy};
 
 const CORPUS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../shared/conformance/torch-2.11-sdpa-corpus-a.jsonl.gz"
+    "/tests/corpora/torch-2.11-sdpa-corpus-a.jsonl.gz"
 );
 
 /// (opening words of PyTorch's warning, rule id after `<backend>.`). Reviewed against the
@@ -228,7 +228,7 @@ fn every_mapped_rule_exists_in_the_pack() {
 fn pytorch_reasons_are_the_first_rule_that_declines() {
     assert!(
         Path::new(CORPUS).exists(),
-        "corpus missing: {CORPUS} (CI checks out shared/ beside the repository)"
+        "corpus missing: {CORPUS} (shipped in tests/corpora/)"
     );
     let policy = Policy::embedded("torch").expect("torch pack loads");
     let records = read_corpus(Path::new(CORPUS)).expect("corpus reads");

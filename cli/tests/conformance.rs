@@ -1,5 +1,5 @@
 //! Differential conformance against TransformerEngine 2.20.2's own decisions
-//! (../shared/conformance/te-2.20.2-corpus-a.jsonl.gz, beside the checkout in CI). The rates
+//! (tests/corpora/te-2.20.2-corpus-a.jsonl.gz, shipped in the repository). The rates
 //! asserted here are the ones documented in docs/conformance.md.
 
 use std::process::Command;
@@ -8,7 +8,7 @@ use serde_json::{Value as Json, json};
 
 const CORPUS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/conformance/te-2.20.2-corpus-a.jsonl.gz"
+    "/../tests/corpora/te-2.20.2-corpus-a.jsonl.gz"
 );
 
 /// docs/conformance.md: agreement of `--parity` on corpus-a's valid records.
@@ -21,7 +21,7 @@ const DOCUMENTED_INPUT_ERRORS: u64 = 1922;
 fn conformance(extra: &[&str]) -> Json {
     assert!(
         std::path::Path::new(CORPUS).exists(),
-        "corpus missing: {CORPUS} (CI checks out shared/ beside the repository)"
+        "corpus missing: {CORPUS} (shipped in tests/corpora/)"
     );
     let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
         .args(["conformance", CORPUS, "--json", "--top", "50"])
@@ -158,14 +158,14 @@ fn classes_name_the_differing_fields() {
 
 const TORCH_CORPUS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/conformance/torch-2.11-sdpa-corpus-a.jsonl.gz"
+    "/../tests/corpora/torch-2.11-sdpa-corpus-a.jsonl.gz"
 );
 
 #[test]
 fn torch_pack_agrees_with_pytorch_on_every_record_and_backend() {
     assert!(
         std::path::Path::new(TORCH_CORPUS).exists(),
-        "corpus missing: {TORCH_CORPUS} (CI checks out shared/ beside the repository)"
+        "corpus missing: {TORCH_CORPUS} (shipped in tests/corpora/)"
     );
     let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
         .args([

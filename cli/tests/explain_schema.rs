@@ -288,10 +288,10 @@ fn te_tuple_agrees_with_the_conformance_view() {
         .collect();
     // Beside the checkout in CI; ATTN_POLICY_CORPUS (as bindings/test.sh) for another layout.
     let corpus = std::env::var_os("ATTN_POLICY_CORPUS").map_or_else(
-        || Path::new(ROOT).join("../shared/conformance/te-2.20.2-corpus-a.jsonl.gz"),
+        || Path::new(ROOT).join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz"),
         std::path::PathBuf::from,
     );
-    let records = read_corpus(&corpus).expect("the TE corpus (shared/conformance)");
+    let records = read_corpus(&corpus).expect("the TE corpus (tests/corpora)");
     // Records whose config TE itself would refuse (KV heads that do not divide the query
     // heads) are input errors, not decisions (conformance counts them apart).
     for r in records.iter().take(3000) {

@@ -931,7 +931,7 @@ mod tests {
     use crate::facts::presets::PRESETS;
 
     /// The plan and the node interpreter agree on every rule of the te pack, over the presets
-    /// and every record of the conformance corpus (when ../shared is present), with probes
+    /// and every record of the conformance corpus (tests/corpora), with probes
     /// unknown, answered yes and answered no.
     #[test]
     fn agrees_with_the_interpreter() {
@@ -943,10 +943,9 @@ mod tests {
         assert!(plan.gate_count() > 5, "the te pack has gates");
         let mut configs: Vec<serde_json::Value> = PRESETS.iter().map(|x| (x.config)()).collect();
         let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/conformance/te-2.20.2-corpus-a.jsonl.gz");
-        if let Ok(records) = crate::corpus::read_corpus(&corpus) {
-            configs.extend(records.into_iter().map(|r| r.config));
-        }
+            .join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
+        let records = crate::corpus::read_corpus(&corpus).expect("tests/corpora ships the corpus");
+        configs.extend(records.into_iter().map(|r| r.config));
         let (mut compared, mut fired, mut unknown) = (0, 0, 0);
         let mut scratch = AtomScratch::default();
         for config in &configs {

@@ -33,7 +33,7 @@ def median_us(fn, args, rounds=15, batch=2000):
 
 
 def main():
-    default = Path(__file__).resolve().parents[3] / "../shared/conformance/te-2.20.2-corpus-a.jsonl.gz"
+    default = Path(__file__).resolve().parents[3] / "tests/corpora/te-2.20.2-corpus-a.jsonl.gz"
     ap = argparse.ArgumentParser()
     ap.add_argument("corpus", nargs="?", default=str(default))
     ap.add_argument("--rust", help="JSON written by `cargo bench --bench cache` (ATTN_BENCH_JSON)")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-CORPUS = Path(os.environ.get("ATTN_POLICY_CORPUS", Path(__file__).resolve().parents[3] / "../shared/conformance/te-2.20.2-corpus-a.jsonl.gz"))
+CORPUS = Path(os.environ.get("ATTN_POLICY_CORPUS", Path(__file__).resolve().parents[3] / "tests/corpora/te-2.20.2-corpus-a.jsonl.gz"))
 
 
 def te_accepts(config) -> bool:
@@ -25,10 +25,9 @@ def valid_corpus(corpus):
 
 
 def read_corpus(path: Path, limit: int) -> list:
-    """The first ``limit`` records of a ``.jsonl.gz`` conformance corpus (skips the test when
-    the corpus is not beside the checkout)."""
-    if not path.exists():
-        pytest.skip(f"conformance corpus not found at {path}")
+    """The first ``limit`` records of a ``.jsonl.gz`` conformance corpus (shipped in the
+    repository under tests/corpora/, so a missing file is a failure, not a skip)."""
+    assert path.exists(), f"conformance corpus not found at {path} (tests/corpora/ ships it)"
     out = []
     with gzip.open(path, "rt") as f:
         for line in f:

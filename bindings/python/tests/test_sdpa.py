@@ -11,7 +11,7 @@ import pytest
 
 from attn_policy import PolicyError
 
-CORPUS = Path(__file__).resolve().parents[3] / "../shared/conformance/torch-2.11-sdpa-corpus-a.jsonl.gz"
+CORPUS = Path(__file__).resolve().parents[3] / "tests/corpora/torch-2.11-sdpa-corpus-a.jsonl.gz"
 
 try:  # a real PyTorch, when the environment has one
     import torch as _real_torch  # noqa: F401

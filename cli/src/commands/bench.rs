@@ -140,7 +140,7 @@ pub fn run(a: BenchArgs) -> i32 {
         println!("  facts warm in cache {w:.0} ns (p99 {wp99:.0} ns; streamed above)");
     }
     println!(
-        "vs TE selector       ~{te_us} us median per call (../shared/conformance/README.md): {:.0}x faster",
+        "vs TE selector       ~{te_us} us median per call (tests/corpora/README.md): {:.0}x faster",
         te_us * 1e3 / median
     );
     0

@@ -16,7 +16,7 @@ decided, and not in the agreement rate, with or without --parity. The shell envi
 never read: each record's `env` is its environment.
 
 Examples:
-  attn-policy conformance ../shared/conformance/te-2.20.2-corpus-a.jsonl.gz --parity
+  attn-policy conformance tests/corpora/te-2.20.2-corpus-a.jsonl.gz --parity
   attn-policy conformance corpus.jsonl --json --top 20
   attn-policy conformance corpus.jsonl.gz --parity --min-rate 1.0
 
