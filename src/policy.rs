@@ -6,7 +6,7 @@
 use crate::decision::{Decision, Status};
 use crate::diag::SourceMap;
 use crate::diag::{Diagnostics, Loc};
-use crate::eval::plan::RulePlan;
+use crate::eval::plan::{AtomScratch, RulePlan};
 use crate::eval::program::{Program, Truth};
 use crate::facts::{Facts, Schema, Value};
 use crate::typecheck::Compiled;
@@ -143,6 +143,7 @@ pub(crate) struct HotPath {
 impl HotPath {
     pub(crate) fn build(
         program: &Program,
+        schema: &Schema,
         rules: &[Rule],
         backends: &[Backend],
         preference: &[Preference],
@@ -161,7 +162,7 @@ impl HotPath {
             .collect();
         let preference = preference.iter().map(|p| extra(&p.when)).collect();
         HotPath {
-            plan: RulePlan::build(program, &roots, &extras),
+            plan: RulePlan::build(program, schema, &roots, &extras),
             applicable,
             preference,
         }
@@ -235,6 +236,19 @@ impl Policy {
     /// Evaluates every rule of every backend (no short-circuit, so the explanation is complete)
     /// and selects. Reuses `out`'s buffers: no allocation once they have grown.
     pub fn decide_into(&self, facts: &Facts, out: &mut Decision) {
+        self.decide_in::<false>(facts, out);
+    }
+
+    /// [`Policy::decide_into`], also counting its evaluation steps: facts classified, rules
+    /// visited, conditions, atoms and definitions evaluated. Deterministic for a pack and an
+    /// input, so CI guards a decision's cost with it (`tests/decision_cost.rs`), not with a clock.
+    pub fn decide_counting(&self, facts: &Facts, out: &mut Decision) -> u64 {
+        self.decide_in::<true>(facts, out);
+        out.atoms.steps()
+    }
+
+    #[inline(always)]
+    fn decide_in<const COUNT: bool>(&self, facts: &Facts, out: &mut Decision) {
         debug_assert!(
             facts.schema() == self.schema,
             "facts of family `{}` decided by pack `{}` of family `{}`",
@@ -251,23 +265,8 @@ impl Policy {
         let hot = &self.hot;
         hot.plan.reset(&mut out.atoms);
         let n = self.backends.len();
-        for (i, b) in self.backends.iter().enumerate() {
-            let r = &mut out.backends[i];
-            if b.variants.is_empty() {
-                r.applicable = 1;
-            } else {
-                for v in 0..b.variants.len() {
-                    let ok = hot.applicable[i][v].is_none_or(|c| {
-                        hot.plan.eval_extra(c, values, memo, &mut out.atoms) == Truth::True
-                    });
-                    if ok {
-                        r.applicable |= 1 << v;
-                    }
-                }
-            }
-        }
         let (fired, unknown, backends) = (&mut out.fired, &mut out.unknown, &mut out.backends);
-        hot.plan.eval_all(values, memo, &mut out.atoms, |i, truth| {
+        let visit = |i: usize, truth: Truth| {
             let rule = &self.rules[i];
             if !self.layer_enabled(rule.layer) {
                 return;
@@ -283,7 +282,35 @@ impl Policy {
                 unknown.push(i as u32);
                 r.undecided |= rule.variants;
             }
-        });
+        };
+        if COUNT {
+            hot.plan
+                .eval_all_counting(&self.program, values, memo, &mut out.atoms, visit);
+        } else {
+            hot.plan
+                .eval_all(&self.program, values, memo, &mut out.atoms, visit);
+        }
+        let extra = |c: usize, memo: &mut [Option<Value>], atoms: &mut AtomScratch| {
+            if COUNT {
+                hot.plan.eval_extra_counting(c, values, memo, atoms)
+            } else {
+                hot.plan.eval_extra(c, values, memo, atoms)
+            }
+        };
+        for (i, b) in self.backends.iter().enumerate() {
+            let r = &mut out.backends[i];
+            if b.variants.is_empty() {
+                r.applicable = 1;
+            } else {
+                for v in 0..b.variants.len() {
+                    let ok = hot.applicable[i][v]
+                        .is_none_or(|c| extra(c, memo, &mut out.atoms) == Truth::True);
+                    if ok {
+                        r.applicable |= 1 << v;
+                    }
+                }
+            }
+        }
         for (i, b) in self.backends.iter().enumerate() {
             let r = &mut out.backends[i];
             let eligible = r.applicable & !r.declined & !r.undecided;
@@ -312,11 +339,7 @@ impl Policy {
         out.preference = hot
             .preference
             .iter()
-            .position(|when| {
-                when.is_none_or(|c| {
-                    hot.plan.eval_extra(c, values, memo, &mut out.atoms) == Truth::True
-                })
-            })
+            .position(|when| when.is_none_or(|c| extra(c, memo, &mut out.atoms) == Truth::True))
             .map(|p| p as u16);
         if let Some(p) = out.preference {
             let order = &self.preference[p as usize].order;

@@ -247,8 +247,18 @@ fn every_preset_is_valid() {
     let list: Json = serde_json::from_str(&run(&["presets", "--json"]).stdout).unwrap();
     for p in list.as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
-        let o = run(&["explain", "--preset", name, "--json"]);
+        // A preset sets the facts of its family; the te presets serve the default pack.
+        let pack = match p["family"].as_str().unwrap() {
+            "torch" => "torch",
+            _ => "te",
+        };
+        let o = run(&["explain", "--pack", pack, "--preset", name, "--json"]);
         assert!(matches!(o.code, Some(0 | 1)), "{name}: {}", o.stderr);
+        // Another family's pack refuses it, naming both families.
+        let other = if pack == "torch" { "te" } else { "torch" };
+        let o = run(&["explain", "--pack", other, "--preset", name]);
+        assert_eq!(o.code, Some(2), "{name} on pack {other}: {}", o.stderr);
+        assert!(o.stderr.contains("pack family"), "{name}: {}", o.stderr);
     }
 }
 

@@ -1,26 +1,44 @@
-//! The decision hot path: every rule of a pack compiled to a small typed tree, evaluated
-//! without closures, whose shared parts are computed once per decision.
+//! The decision hot path: every rule of a pack planned so that a decision reads each fact once
+//! and visits only the rules that fact values have not already ruled out.
 //!
-//! Rules of one pack repeat the same tests (`fp8dpa`, `not fp8dpa`, `cp`, `thd_any`, ...).
-//! Each condition is flattened into its top-level conjuncts (Kleene `and` is associative and
-//! commutative, so order and grouping do not change the result). A conjunct that occurs in two
-//! or more rules (up to a leading `not`), and every boolean pack definition, becomes a shared
-//! *atom* whose truth is kept per decision in a byte array; numeric definitions keep their value
-//! in the decision's memo. Conditions ([`Cond`]) and values ([`Num`]) are small enums with fast
-//! paths for the common shapes (`int fact op constant`, `enum fact in [...]`). A rule stops at its
-//! first false conjunct, so for a typical input most rules cost one or two array reads.
+//! What a decision used to do that it need not: compare the same fact with the same constants
+//! in rule after rule (a pack reads `sm`, `qkv_dtype` or `fp8` in dozens of conditions), each
+//! comparison a branch on a value kind. But a condition that reads *one* fact (`sm >= 90`,
+//! `qkv_layout in [...]`, `window_size != null`, `not fp8 or sm < 100`: a *slot formula*) has a
+//! truth that depends only on which *class* the fact's value falls in: which of the constants
+//! the rules compare it with it is below, equal to or above (every enum value and null and
+//! unknown are classes of their own). So the plan, built once per pack:
 //!
-//! The result is exactly the node interpreter's ([`Program::eval`]): both share the language's
-//! semantic helpers, and a test compares them on every rule over the presets and the whole
-//! conformance corpus, with probes unknown, answered yes and answered no.
+//! 1. finds every slot formula of every condition and gives each a bit in a per-fact word;
+//! 2. per fact and class, tabulates the formulas' truths (a true word and an unknown word) and,
+//!    for rules whose top-level conjunct is such a formula (a *literal*), the rules the class
+//!    rules out (a false literal) and the rules it leaves unknown (an unknown literal);
+//! 3. per rule, keeps the other conjuncts (the *residual*: arithmetic, definitions, two facts)
+//!    as small typed condition trees ([`Cond`], [`Num`]), cheapest first; a conjunct shared by
+//!    several rules, and every boolean definition, becomes an *atom* computed at most once per
+//!    decision; numeric definitions are memoised.
+//!
+//! A decision then classifies each fact the formulas read (one pass over the facts in slot
+//! order: a bit index for an enum, a binary search over a few constants for a number), ORs its
+//! class's rows into the live-rule and unknown-rule sets and the formula words, and evaluates
+//! the residual of each rule still live. A value no table covers (an unparseable version, a NaN,
+//! a value of another kind) takes the slow path: that fact's formulas through the interpreter.
+//!
+//! The result is exactly the node interpreter's ([`Program::eval`]): formula truths come from
+//! the interpreter itself for exact classes and from the order relation for the ranges between
+//! constants, Kleene `and` is associative and commutative (so flattening and reordering
+//! conjuncts changes nothing), and tests compare the two on every rule over the presets, the
+//! conformance corpora and randomly perturbed inputs, with probes unknown, yes and no.
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use super::program::{
-    Func, NO_MEMO, Node, NodeId, Program, Truth, arith, call, compare, compare3, member, neg,
-    null_test,
+    Func, NO_MEMO, Node, NodeId, Program, Truth, arith, call, compare3, member, neg, null_test,
 };
 use crate::facts::Value;
+use crate::facts::schema::{Schema, Ty};
+use crate::lang::Version;
 use crate::lang::ast::{ArithOp, CmpOp};
 
 // Truth values as bytes: `not` swaps 0 and 1 and keeps 2.
@@ -57,28 +75,15 @@ fn value_of(t: u8) -> Value {
 /// An expression in boolean position.
 #[derive(Clone, Debug)]
 enum Cond {
+    /// A slot formula: bit `bit` of formula word `word`, computed by the class pass.
+    Leaf {
+        word: u16,
+        bit: u8,
+    },
     /// A shared atom: computed once per decision.
     Atom {
         index: u16,
         negate: bool,
-    },
-    /// `int fact op int constant`.
-    CmpInt {
-        slot: u16,
-        op: CmpOp,
-        c: i64,
-    },
-    /// `enum fact == value` (`equal`) or `!=`.
-    EnumEq {
-        slot: u16,
-        value: u16,
-        equal: bool,
-    },
-    /// `fact op constant` for the other kinds.
-    Cmp {
-        slot: u16,
-        op: CmpOp,
-        c: Value,
     },
     /// `definition op constant`, e.g. `fq_hg != 0`.
     CmpDef {
@@ -107,29 +112,14 @@ enum Cond {
         a: Box<Num>,
         b: Box<Num>,
     },
-    /// `item in [...]` / `not in`; `mask` when the list is a set of enum values.
+    /// `item in [...]` / `not in` over a computed item.
     In {
         item: Box<Num>,
         mask: Option<u64>,
         list: Box<[Value]>,
         negate: bool,
     },
-    /// `enum fact in [...]` with the list as a bit set.
-    InMask {
-        slot: u16,
-        mask: u64,
-        negate: bool,
-    },
-    /// `fact == null` (`want_null`) / `fact != null`.
-    NullFact {
-        slot: u16,
-        want_null: bool,
-    },
-    /// A boolean fact.
-    Fact {
-        slot: u16,
-    },
-    /// `x == null` (`want_null`) / `x != null`.
+    /// `x == null` (`want_null`) / `x != null` over a computed item.
     Null {
         item: Box<Num>,
         want_null: bool,
@@ -160,49 +150,408 @@ enum Num {
     Truth(Box<Cond>),
 }
 
-/// All rules of a pack, ready for [`RulePlan::eval_rule`].
+/// How a fact's value is mapped to its class. Classes 0 and 1 are null and unknown.
+#[derive(Clone, Debug)]
+enum Classes {
+    /// 2: false, 3: true.
+    Bool,
+    /// 2 + the value's index (`n` values).
+    Enum(u16),
+    /// 2: any value that is not null (formulas only test `== null`).
+    Present,
+    /// Sorted distinct constants; 2 + 2i + eq, i = constants below the value, eq = equal to
+    /// the i-th.
+    Int(Box<[i64]>),
+    /// 2 + the value modulo `m` (formulas read only `fact % k` with `k` dividing `m`).
+    Residue(i64),
+    Version(Box<[Version]>),
+    /// Mixed or float constants, compared as the language compares (`Value::compare`).
+    Ordered(Box<[Value]>),
+    /// No table: every value takes the slow path.
+    Never,
+}
+
+const CLASS_NULL: usize = 0;
+const CLASS_UNKNOWN: usize = 1;
+
+impl Classes {
+    fn count(&self) -> usize {
+        2 + match self {
+            Classes::Bool => 2,
+            Classes::Enum(n) => *n as usize,
+            Classes::Present => 1,
+            Classes::Int(cs) => 2 * cs.len() + 1,
+            Classes::Residue(m) => *m as usize,
+            Classes::Version(cs) => 2 * cs.len() + 1,
+            Classes::Ordered(cs) => 2 * cs.len() + 1,
+            Classes::Never => 0,
+        }
+    }
+
+    /// The class of `v`, or `None` for a value no class covers (slow path).
+    #[inline(always)]
+    fn of(&self, v: Value) -> Option<usize> {
+        match (v, self) {
+            (Value::Null, _) => Some(CLASS_NULL),
+            (Value::Unknown, _) => Some(CLASS_UNKNOWN),
+            (Value::Enum(e), Classes::Enum(n)) if e < *n => Some(2 + e as usize),
+            (Value::Bool(b), Classes::Bool) => Some(2 + b as usize),
+            (Value::Int(x), Classes::Int(cs)) => {
+                let i = cs.partition_point(|&c| c < x);
+                Some(2 + 2 * i + (i < cs.len() && cs[i] == x) as usize)
+            }
+            (Value::Int(x), Classes::Residue(m)) => Some(2 + x.rem_euclid(*m) as usize),
+            (_, Classes::Present) => Some(2),
+            (Value::Version(x), Classes::Version(cs)) => {
+                let i = cs.partition_point(|c| *c < x);
+                Some(2 + 2 * i + (i < cs.len() && cs[i] == x) as usize)
+            }
+            (v, Classes::Ordered(cs)) => ordered_class(cs, v),
+            _ => None,
+        }
+    }
+}
+
+#[inline(never)]
+fn ordered_class(cs: &[Value], v: Value) -> Option<usize> {
+    let (mut lo, mut hi) = (0, cs.len());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match v.compare(cs[mid])? {
+            Ordering::Greater => lo = mid + 1,
+            Ordering::Equal => return Some(2 + 2 * mid + 1),
+            Ordering::Less => hi = mid,
+        }
+    }
+    Some(2 + 2 * lo)
+}
+
+/// The formulas over one fact of one kind (at most 64: more make several groups), their word,
+/// and their tables per class.
+#[derive(Clone, Debug)]
+struct SlotGroup {
+    slot: u16,
+    classes: Classes,
+    /// Index of this group's word among the formula words.
+    word: u16,
+    /// Per class: the formulas that are true and unknown, and the rule words it changes.
+    rows: Box<[Row]>,
+    /// The rows' rule words: only the words a class changes are stored.
+    changes: Box<[RuleWord]>,
+    /// The group's formulas (their nodes), for the slow path, and the rules they are literals of.
+    formulas: Box<[NodeId]>,
+    literal_of: Box<[Box<[u64]>]>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Row {
+    true_bits: u64,
+    unknown_bits: u64,
+    /// `changes[start..start + len]`.
+    start: u32,
+    len: u32,
+}
+
+/// One word of the rule sets a class changes: rules it rules out, and rules it leaves unknown.
+#[derive(Clone, Copy, Debug)]
+struct RuleWord {
+    word: u32,
+    kill: u64,
+    unknown: u64,
+}
+
+/// All rules of a pack, ready for [`RulePlan::eval_all`].
 #[derive(Clone, Debug, Default)]
 pub struct RulePlan {
     atoms: Vec<Cond>,
     /// Bodies of the numeric definitions `Num::Def` refers to.
     defs: Vec<Num>,
-    /// Per rule: the conjunction of its conjuncts.
+    /// Per rule: the conjunction of its residual conjuncts (literals are in the tables).
     rules: Vec<Box<[Cond]>>,
-    /// Conjuncts shared by several rules, tested first: one false gate rules out every rule
-    /// that has it as a conjunct, without visiting them.
-    gates: Vec<Gate>,
     /// Words per rule bit set.
     words: usize,
+    groups: Vec<SlotGroup>,
     /// Other conditions a decision reads (variant applicability, preference), by index.
     extras: Vec<Cond>,
 }
 
-/// A conjunct shared by several rules and the rules it rules out.
-#[derive(Clone, Debug)]
-struct Gate {
-    cond: Cond,
-    /// The words of the rule bit set it touches.
-    words: Box<[GateWord]>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct GateWord {
-    word: usize,
-    /// Rules with the gate as a conjunct (false when the gate is false).
-    if_false: u64,
-    /// Rules with `not gate` as a conjunct (false when the gate is true).
-    if_true: u64,
-}
-
-/// Per-decision scratch: the truth of each atom (or `UNSET`) and the rules still live.
+/// Per-decision scratch: atoms (or `UNSET`), formula words, and the rules still live / with an
+/// unknown literal.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AtomScratch {
     atoms: Vec<u8>,
+    /// Per formula word: true bits, then unknown bits.
+    leaf_true: Vec<u64>,
+    leaf_unknown: Vec<u64>,
     live: Vec<u64>,
+    unknown: Vec<u64>,
+    /// Evaluation steps of the last decision (counted only by the counting entry points).
+    steps: u64,
 }
 
 fn is_def(p: &Program, id: NodeId) -> bool {
     p.memo_of.get(id as usize).is_some_and(|&m| m != NO_MEMO)
+}
+
+/// How a slot formula's truth depends on its fact: through its order against constants
+/// (`Plain`: comparisons, membership, null tests, `fact // k` against constants) or through its
+/// remainders (`Residue`: `fact % k` against constants).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Plain,
+    Residue,
+}
+
+fn positive_int(p: &Program, n: NodeId) -> bool {
+    matches!(p.nodes[n as usize], Node::Const(Value::Int(k)) if k > 0)
+}
+
+/// An operand of a comparison in a slot formula: the fact, a constant, or `fact // k` /
+/// `fact % k` with a positive integer `k`. `Ok((reads, arithmetic))`.
+fn formula_operand(p: &Program, n: NodeId) -> Result<(Option<(u16, Kind)>, bool), ()> {
+    match p.nodes[n as usize] {
+        Node::Slot(s) => Ok((Some((s, Kind::Plain)), false)),
+        Node::Const(_) => Ok((None, false)),
+        Node::Arith(op, a, k) if positive_int(p, k) => match (op, p.nodes[a as usize]) {
+            (ArithOp::FloorDiv, Node::Slot(s)) => Ok((Some((s, Kind::Plain)), true)),
+            (ArithOp::Rem, Node::Slot(s)) => Ok((Some((s, Kind::Residue)), true)),
+            _ => Err(()),
+        },
+        _ => Err(()),
+    }
+}
+
+/// The one fact a slot formula reads and how: `Ok(Some(..))`; `Ok(None)`: it reads no fact (a
+/// constant); `Err`: not a slot formula (other arithmetic, two facts, a function).
+fn formula_slot(p: &Program, id: NodeId) -> Result<Option<(u16, Kind)>, ()> {
+    let merge = |a: Option<(u16, Kind)>, b: Option<(u16, Kind)>| match (a, b) {
+        (Some(x), Some(y)) if x != y => Err(()),
+        (x, y) => Ok(x.or(y)),
+    };
+    let int_const = |n: NodeId| matches!(p.nodes[n as usize], Node::Const(Value::Int(_)));
+    match p.nodes[id as usize] {
+        Node::Const(_) => Ok(None),
+        Node::Slot(s) => Ok(Some((s, Kind::Plain))),
+        Node::Not(a) => formula_slot(p, a),
+        Node::And { start, len } | Node::Or { start, len } => {
+            let mut slot = None;
+            for &c in &p.children[start as usize..(start + len) as usize] {
+                slot = merge(slot, formula_slot(p, c)?)?;
+            }
+            Ok(slot)
+        }
+        Node::Cmp(_, a, b) => {
+            let ((x, x_arith), (y, y_arith)) = (formula_operand(p, a)?, formula_operand(p, b)?);
+            // One fact, and arithmetic compared with integers only (the tables' thresholds).
+            if x.is_some() && y.is_some() || x_arith && !int_const(b) || y_arith && !int_const(a) {
+                return Err(());
+            }
+            Ok(x.or(y))
+        }
+        Node::In {
+            item, start, len, ..
+        } => match formula_operand(p, item)? {
+            (x, false) => Ok(x),
+            (x, true) => p.consts[start as usize..(start + len) as usize]
+                .iter()
+                .all(|c| matches!(c, Value::Int(_)))
+                .then_some(x)
+                .ok_or(()),
+        },
+        Node::IsNull(item) | Node::IsNotNull(item) => match p.nodes[item as usize] {
+            Node::Slot(s) => Ok(Some((s, Kind::Plain))),
+            Node::Const(_) => Ok(None),
+            _ => Err(()),
+        },
+        Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => Err(()),
+    }
+}
+
+/// The fact a formula over exactly one fact reads, and how.
+fn is_formula(p: &Program, id: NodeId) -> Option<(u16, Kind)> {
+    formula_slot(p, id).ok().flatten()
+}
+
+/// What the class tables of a group need from its formulas.
+#[derive(Default)]
+struct Boundaries {
+    /// Constants the fact is compared with (for `fact // k op c`: `c * k` and `(c + 1) * k`).
+    consts: Vec<Value>,
+    /// The formulas only test the fact against null.
+    null_only: bool,
+    /// Some formula divides the fact (`//`): only integer tables can serve it.
+    divides: bool,
+    /// A threshold overflowed: no table.
+    overflow: bool,
+    /// The divisors of `%`.
+    moduli: Vec<i64>,
+}
+
+/// Collects the class boundaries of slot formula `id`.
+fn formula_boundaries(p: &Program, id: NodeId, b: &mut Boundaries) {
+    let divisor = |n: NodeId| match p.nodes[n as usize] {
+        Node::Arith(op, _, k) => match p.nodes[k as usize] {
+            Node::Const(Value::Int(k)) => Some((op, k)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let threshold = |b: &mut Boundaries, arith: Option<(ArithOp, i64)>, c: Value| match arith {
+        None => b.consts.push(c),
+        Some((ArithOp::FloorDiv, k)) => {
+            b.divides = true;
+            match c {
+                Value::Int(c) => match (
+                    c.checked_mul(k),
+                    c.checked_add(1).and_then(|c| c.checked_mul(k)),
+                ) {
+                    (Some(lo), Some(hi)) => b.consts.extend([Value::Int(lo), Value::Int(hi)]),
+                    _ => b.overflow = true,
+                },
+                _ => b.overflow = true,
+            }
+        }
+        Some((_, k)) => b.moduli.push(k),
+    };
+    match p.nodes[id as usize] {
+        Node::Const(_) => {}
+        Node::Slot(_) => b.null_only = false,
+        Node::Not(a) => formula_boundaries(p, a, b),
+        Node::And { start, len } | Node::Or { start, len } => {
+            for &c in &p.children[start as usize..(start + len) as usize] {
+                formula_boundaries(p, c, b);
+            }
+        }
+        Node::Cmp(_, x, y) => {
+            b.null_only = false;
+            let (arith, c) = match (p.nodes[x as usize], p.nodes[y as usize]) {
+                (_, Node::Const(c)) => (divisor(x), c),
+                (Node::Const(c), _) => (divisor(y), c),
+                _ => return,
+            };
+            threshold(b, arith, c);
+        }
+        Node::In {
+            item, start, len, ..
+        } => {
+            b.null_only = false;
+            let arith = divisor(item);
+            for &c in &p.consts[start as usize..(start + len) as usize] {
+                threshold(b, arith, c);
+            }
+        }
+        Node::IsNull(_) | Node::IsNotNull(_) => {}
+        Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => b.null_only = false,
+    }
+}
+
+/// A fact value as a class stands for it when formulas are tabulated.
+#[derive(Clone, Copy)]
+enum ClassValue {
+    /// Every value of the class behaves as this one: the interpreter decides.
+    Exact(Value),
+    /// Above the first `below` constants, below the rest (not equal to any).
+    Between { below: usize },
+    /// Equal to constant `at`.
+    Equal { at: usize },
+}
+
+fn holds(op: CmpOp, ord: Ordering) -> bool {
+    match op {
+        CmpOp::Eq => ord == Ordering::Equal,
+        CmpOp::Ne => ord != Ordering::Equal,
+        CmpOp::Lt => ord == Ordering::Less,
+        CmpOp::Le => ord != Ordering::Greater,
+        CmpOp::Gt => ord == Ordering::Greater,
+        CmpOp::Ge => ord != Ordering::Less,
+        CmpOp::In | CmpOp::NotIn => unreachable!("membership is compiled to Node::In"),
+    }
+}
+
+/// The truth of slot formula `id` for a value of class `cv` (`cs`: the sorted constants;
+/// `facts`: scratch facts whose formula slot the exact case writes).
+fn formula_truth(
+    p: &Program,
+    id: NodeId,
+    slot: u16,
+    cs: &[Value],
+    cv: ClassValue,
+    facts: &mut [Value],
+) -> u8 {
+    if let ClassValue::Exact(v) = cv {
+        facts[slot as usize] = v;
+        return truth_of(p.eval(id, facts));
+    }
+    // The value's order against constant `c`; `None`: they do not compare.
+    let order = |c: Value| -> Option<Ordering> {
+        let j = cs
+            .iter()
+            .position(|x| x.compare(c) == Some(Ordering::Equal))?;
+        Some(match cv {
+            ClassValue::Between { below } if j < below => Ordering::Greater,
+            ClassValue::Between { .. } => Ordering::Less,
+            ClassValue::Equal { at } => j.cmp(&at).reverse(),
+            ClassValue::Exact(_) => unreachable!(),
+        })
+    };
+    let kids = |start: u32, len: u32| &p.children[start as usize..(start + len) as usize];
+    match p.nodes[id as usize] {
+        Node::Const(v) => truth_of(v),
+        // A number or version in boolean position is false.
+        Node::Slot(_) => FALSE,
+        Node::Not(a) => not(formula_truth(p, a, slot, cs, cv, facts)),
+        Node::And { start, len } | Node::Or { start, len } => {
+            let decisive = if matches!(p.nodes[id as usize], Node::And { .. }) {
+                FALSE
+            } else {
+                TRUE
+            };
+            let mut unknown = false;
+            for &c in kids(start, len) {
+                match formula_truth(p, c, slot, cs, cv, facts) {
+                    UNKNOWN => unknown = true,
+                    t if t == decisive => return decisive,
+                    _ => {}
+                }
+            }
+            if unknown { UNKNOWN } else { not(decisive) }
+        }
+        Node::Cmp(op, a, b) => {
+            let (c, flipped) = match (p.nodes[a as usize], p.nodes[b as usize]) {
+                (Node::Slot(_), Node::Const(c)) => (c, false),
+                (Node::Const(c), Node::Slot(_)) => (c, true),
+                _ => unreachable!("a slot formula compares its fact with a constant"),
+            };
+            if c == Value::Unknown {
+                return UNKNOWN;
+            }
+            match order(c) {
+                Some(ord) => holds(op, if flipped { ord.reverse() } else { ord }) as u8,
+                None => FALSE,
+            }
+        }
+        Node::In {
+            start, len, negate, ..
+        } => {
+            let found = match cv {
+                ClassValue::Equal { at } => p.consts[start as usize..(start + len) as usize]
+                    .iter()
+                    .any(|c| c.compare(cs[at]) == Some(Ordering::Equal)),
+                _ => false,
+            };
+            (found != negate) as u8
+        }
+        Node::IsNull(_) => FALSE,
+        Node::IsNotNull(_) => TRUE,
+        Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => {
+            unreachable!("not a slot formula")
+        }
+    }
+}
+
+/// Word-sized bit set over rules.
+fn set_bit(set: &mut [u64], i: usize) {
+    set[i / 64] |= 1 << (i % 64);
 }
 
 struct Builder<'p> {
@@ -211,11 +560,18 @@ struct Builder<'p> {
     atom_of: HashMap<String, u16>,
     defs: Vec<Option<Num>>,
     def_of: HashMap<NodeId, u16>,
-    /// How many rules' top-level conjuncts each structural key occurs in.
+    /// How many rules' residual conjuncts each structural key occurs in.
     shared: HashMap<String, usize>,
+    /// Slot formulas by structural key: (index, node, slot).
+    formula_of: HashMap<String, u16>,
+    formulas: Vec<(NodeId, (u16, Kind))>,
 }
 
 impl Builder<'_> {
+    fn kids(&self, start: u32, len: u32) -> Vec<NodeId> {
+        self.p.children[start as usize..(start + len) as usize].to_vec()
+    }
+
     fn slot(&self, n: NodeId) -> Option<u16> {
         match self.p.nodes[n as usize] {
             Node::Slot(s) => Some(s),
@@ -230,8 +586,16 @@ impl Builder<'_> {
         }
     }
 
-    fn kids(&self, start: u32, len: u32) -> Vec<NodeId> {
-        self.p.children[start as usize..(start + len) as usize].to_vec()
+    /// The formula's index (registered on first use).
+    fn formula(&mut self, id: NodeId, slot: (u16, Kind)) -> u16 {
+        let k = key(self.p, id);
+        if let Some(&f) = self.formula_of.get(&k) {
+            return f;
+        }
+        let f = self.formulas.len() as u16;
+        self.formulas.push((id, slot));
+        self.formula_of.insert(k, f);
+        f
     }
 
     /// The atom for `id` (keyed structurally), built on first use.
@@ -256,8 +620,13 @@ impl Builder<'_> {
         }
     }
 
-    /// `id` in boolean position: a definition becomes an atom.
+    /// `id` in boolean position: a slot formula becomes a leaf (its bit, patched in later),
+    /// a definition an atom.
     fn cond(&mut self, id: NodeId) -> Cond {
+        if let Some(slot) = is_formula(self.p, id) {
+            let f = self.formula(id, slot);
+            return Cond::Leaf { word: f, bit: 0 };
+        }
         if is_def(self.p, id) {
             return self.atom(id, key(self.p, id));
         }
@@ -267,7 +636,6 @@ impl Builder<'_> {
     /// `id`'s own structure in boolean position (not looking it up as a definition).
     fn cond_body(&mut self, id: NodeId) -> Cond {
         match self.p.nodes[id as usize] {
-            Node::Slot(slot) => Cond::Fact { slot },
             Node::Not(a) => match self.cond(a) {
                 Cond::Atom { index, negate } => Cond::Atom {
                     index,
@@ -288,17 +656,6 @@ impl Builder<'_> {
                     .collect(),
             ),
             Node::Cmp(op, a, b) => match (self.slot(a), self.konst(b), self.slot(b)) {
-                (Some(slot), Some(Value::Int(c)), _) => Cond::CmpInt { slot, op, c },
-                (Some(slot), Some(Value::Enum(value)), _)
-                    if matches!(op, CmpOp::Eq | CmpOp::Ne) =>
-                {
-                    Cond::EnumEq {
-                        slot,
-                        value,
-                        equal: op == CmpOp::Eq,
-                    }
-                }
-                (Some(slot), Some(c), _) => Cond::Cmp { slot, op, c },
                 (None, Some(c), _) if is_def(self.p, a) => match self.num(a) {
                     Num::Def { memo, body } => Cond::CmpDef { memo, body, op, c },
                     _ => self.cmp_num(op, a, b),
@@ -326,29 +683,17 @@ impl Builder<'_> {
                 start,
                 len,
                 negate,
-            } => {
-                let mask = self.p.enum_masks.get(start as usize).copied().flatten();
-                match (self.slot(item), mask) {
-                    (Some(slot), Some(mask)) => Cond::InMask { slot, mask, negate },
-                    _ => Cond::In {
-                        item: Box::new(self.num(item)),
-                        mask,
-                        list: self.p.consts[start as usize..(start + len) as usize].into(),
-                        negate,
-                    },
-                }
-            }
-            Node::IsNull(a) | Node::IsNotNull(a) => {
-                let want_null = matches!(self.p.nodes[id as usize], Node::IsNull(_));
-                match self.slot(a) {
-                    Some(slot) => Cond::NullFact { slot, want_null },
-                    None => Cond::Null {
-                        item: Box::new(self.num(a)),
-                        want_null,
-                    },
-                }
-            }
-            Node::Const(_) | Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => {
+            } => Cond::In {
+                item: Box::new(self.num(item)),
+                mask: self.p.enum_masks.get(start as usize).copied().flatten(),
+                list: self.p.consts[start as usize..(start + len) as usize].into(),
+                negate,
+            },
+            Node::IsNull(a) | Node::IsNotNull(a) => Cond::Null {
+                item: Box::new(self.num(a)),
+                want_null: matches!(self.p.nodes[id as usize], Node::IsNull(_)),
+            },
+            Node::Slot(_) | Node::Const(_) | Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => {
                 Cond::Value(Box::new(self.num_body(id)))
             }
         }
@@ -414,18 +759,21 @@ impl Builder<'_> {
             | Node::Cmp(..)
             | Node::In { .. }
             | Node::IsNull(_)
-            | Node::IsNotNull(_) => Num::Truth(Box::new(self.cond_body(id))),
+            | Node::IsNotNull(_) => Num::Truth(Box::new(match is_formula(self.p, id) {
+                Some(_) => self.cond(id),
+                None => self.cond_body(id),
+            })),
         }
     }
 
-    /// A rule's top-level conjunct: shared ones become atoms.
+    /// A rule's residual conjunct: shared ones become atoms.
     fn conjunct(&mut self, id: NodeId) -> Cond {
         let (operand, negate) = match self.p.nodes[id as usize] {
             Node::Not(inner) => (inner, true),
             _ => (id, false),
         };
         let k = key(self.p, operand);
-        if self.shared.get(&k).is_some_and(|&n| n >= 2) && !is_leaf(self.p, operand) {
+        if self.shared.get(&k).is_some_and(|&n| n >= 2) && is_formula(self.p, operand).is_none() {
             return match self.atom(operand, k) {
                 Cond::Atom { index, negate: n } => Cond::Atom {
                     index,
@@ -439,24 +787,164 @@ impl Builder<'_> {
     }
 }
 
-/// A leaf the plan evaluates inline as cheaply as an atom lookup.
-fn is_leaf(p: &Program, id: NodeId) -> bool {
-    if is_def(p, id) {
-        return false;
+/// Replaces each leaf's formula index (kept in `word` while building) by its word and bit.
+fn patch_cond(c: &mut Cond, bits: &[(u16, u8)]) {
+    match c {
+        Cond::Leaf { word, bit } => (*word, *bit) = bits[*word as usize],
+        Cond::Atom { .. } | Cond::CmpDef { .. } | Cond::CmpFacts { .. } | Cond::CmpArith { .. } => {
+        }
+        Cond::CmpNum { a, b, .. } => {
+            patch_num(a, bits);
+            patch_num(b, bits);
+        }
+        Cond::In { item, .. } | Cond::Null { item, .. } => patch_num(item, bits),
+        Cond::Not(a) => patch_cond(a, bits),
+        Cond::All(cs) | Cond::Any(cs) => cs.iter_mut().for_each(|c| patch_cond(c, bits)),
+        Cond::Value(n) => patch_num(n, bits),
     }
-    let simple = |n: NodeId| matches!(p.nodes[n as usize], Node::Slot(_) | Node::Const(_));
-    match p.nodes[id as usize] {
-        Node::Slot(_) => true,
-        Node::Cmp(_, a, b) => simple(a) && simple(b),
-        Node::In { item, .. } | Node::IsNull(item) | Node::IsNotNull(item) => simple(item),
-        _ => false,
+}
+
+fn patch_num(n: &mut Num, bits: &[(u16, u8)]) {
+    match n {
+        Num::Const(_) | Num::Slot(_) | Num::Def { .. } => {}
+        Num::Arith(_, a, b) => {
+            patch_num(a, bits);
+            patch_num(b, bits);
+        }
+        Num::Neg(a) => patch_num(a, bits),
+        Num::If(c, a, b) => {
+            patch_cond(c, bits);
+            patch_num(a, bits);
+            patch_num(b, bits);
+        }
+        Num::Call(_, args) => args.iter_mut().for_each(|a| patch_num(a, bits)),
+        Num::Truth(c) => patch_cond(c, bits),
+    }
+}
+
+/// The largest modulus a residue table is built for (`fact % k` with `k` dividing it).
+const MAX_MODULUS: i64 = 4096;
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The classes of fact `slot` for a group of formulas of `kind` with these boundaries.
+fn classes_for(schema: &Schema, slot: u16, kind: Kind, b: &Boundaries) -> Classes {
+    let field = &schema.fields[slot as usize];
+    if kind == Kind::Residue {
+        let m = b.moduli.iter().try_fold(1i64, |m, &k| {
+            let l = m / gcd(m, k) * k;
+            (l <= MAX_MODULUS).then_some(l)
+        });
+        return match (field.ty, m) {
+            (Ty::Int, Some(m)) => Classes::Residue(m),
+            _ => Classes::Never,
+        };
+    }
+    if b.overflow {
+        return Classes::Never;
+    }
+    // Constants a value of the fact can be ordered against, sorted and without repeats.
+    let mut cs: Vec<Value> = b
+        .consts
+        .iter()
+        .copied()
+        .filter(|c| c.compare(*c) == Some(Ordering::Equal))
+        .collect();
+    if cs
+        .iter()
+        .any(|a| cs.iter().any(|b| a.compare(*b).is_none()))
+    {
+        return Classes::Never;
+    }
+    cs.sort_by(|a, b| a.compare(*b).expect("mutually comparable"));
+    cs.dedup_by(|a, b| a.compare(*b) == Some(Ordering::Equal));
+    let ints: Option<Vec<i64>> = cs
+        .iter()
+        .map(|c| match c {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        })
+        .collect();
+    // Division is tabulated for integers only (its thresholds are integers).
+    if b.divides && !(field.ty == Ty::Int && ints.is_some()) {
+        return Classes::Never;
+    }
+    match (field.ty, ints) {
+        (Ty::Bool, _) => Classes::Bool,
+        (Ty::Enum(d), _) => Classes::Enum(d.values().len() as u16),
+        (Ty::Object, _) if b.null_only => Classes::Present,
+        (Ty::Object, _) => Classes::Never,
+        (Ty::Int, Some(ints)) => Classes::Int(ints.into()),
+        (Ty::Version, _) if cs.iter().all(|c| matches!(c, Value::Version(_))) => Classes::Version(
+            cs.iter()
+                .map(|c| match c {
+                    Value::Version(v) => *v,
+                    _ => unreachable!(),
+                })
+                .collect(),
+        ),
+        (Ty::Int | Ty::Float | Ty::Version, _) => Classes::Ordered(cs.into()),
+    }
+}
+
+impl Classes {
+    /// The sorted constants of an order classification without representatives.
+    fn constants(&self) -> Vec<Value> {
+        match self {
+            Classes::Version(cs) => cs.iter().map(|&c| Value::Version(c)).collect(),
+            Classes::Ordered(cs) => cs.to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// What class `k` stands for when formulas are tabulated; `None`: no value falls in it
+    /// (no integer lies between two adjacent thresholds).
+    fn value(&self, k: usize) -> Option<ClassValue> {
+        Some(match (k, self) {
+            (CLASS_NULL, _) => ClassValue::Exact(Value::Null),
+            (CLASS_UNKNOWN, _) => ClassValue::Exact(Value::Unknown),
+            (k, Classes::Bool) => ClassValue::Exact(Value::Bool(k == 3)),
+            (k, Classes::Enum(_)) => ClassValue::Exact(Value::Enum((k - 2) as u16)),
+            // Null tests are all a present value is asked.
+            (_, Classes::Present) => ClassValue::Exact(Value::Bool(true)),
+            (k, Classes::Residue(_)) => ClassValue::Exact(Value::Int(k as i64 - 2)),
+            // Every integer of a class answers its formulas alike (they compare the fact, or
+            // `fact // k`, with thresholds all among the class boundaries): one represents it.
+            (k, Classes::Int(cs)) => {
+                let (i, eq) = ((k - 2) / 2, (k - 2) % 2 == 1);
+                let rep = match (eq, i) {
+                    (true, i) => Some(cs[i]),
+                    (false, 0) => cs.first().map_or(Some(0), |c| c.checked_sub(1)),
+                    (false, i) => cs[i - 1]
+                        .checked_add(1)
+                        .filter(|&r| cs.get(i).is_none_or(|&hi| r < hi)),
+                };
+                ClassValue::Exact(Value::Int(rep?))
+            }
+            (k, Classes::Version(_) | Classes::Ordered(_)) => {
+                let (i, eq) = ((k - 2) / 2, (k - 2) % 2 == 1);
+                if eq {
+                    ClassValue::Equal { at: i }
+                } else {
+                    ClassValue::Between { below: i }
+                }
+            }
+            (_, Classes::Never) => unreachable!("a table-less group has only null and unknown"),
+        })
     }
 }
 
 impl RulePlan {
-    /// Plans the conditions `roots` (one per rule) of `program`, and `extras`, conditions
-    /// evaluated one by one with [`RulePlan::eval_extra`]; both share atoms.
-    pub fn build(program: &Program, roots: &[NodeId], extras: &[NodeId]) -> RulePlan {
+    /// Plans the conditions `roots` (one per rule) of `program` over `schema`'s facts, and
+    /// `extras`, conditions evaluated one by one with [`RulePlan::eval_extra`].
+    pub fn build(
+        program: &Program,
+        schema: &Schema,
+        roots: &[NodeId],
+        extras: &[NodeId],
+    ) -> RulePlan {
         let flat: Vec<Vec<NodeId>> = roots
             .iter()
             .map(|&r| {
@@ -465,11 +953,12 @@ impl RulePlan {
                 out
             })
             .collect();
-        // In how many rules each conjunct occurs (looking through one `not`).
+        // In how many rules each residual conjunct occurs (looking through one `not`).
         let mut shared: HashMap<String, usize> = HashMap::new();
         for cs in &flat {
             let mut keys: Vec<String> = cs
                 .iter()
+                .filter(|&&c| is_formula(program, c).is_none())
                 .map(|&c| match program.nodes[c as usize] {
                     Node::Not(inner) => key(program, inner),
                     _ => key(program, c),
@@ -488,101 +977,114 @@ impl RulePlan {
             defs: Vec::new(),
             def_of: HashMap::new(),
             shared,
+            formula_of: HashMap::new(),
+            formulas: Vec::new(),
         };
-        // Gates: cheap conjuncts (up to a `not`) shared by at least `GATE_MIN` rules,
-        // cheapest first.
-        const GATE_MIN: usize = 3;
-        const GATE_MAX_COST: usize = 24;
         let words = flat.len().div_ceil(64);
-        let mut gate_of: HashMap<String, usize> = HashMap::new();
-        // (cost, condition, rules it rules out when false, ... when true)
-        let mut gates: Vec<(usize, Cond, Vec<u64>, Vec<u64>)> = Vec::new();
+        // Per formula: the rules it is a literal (top-level conjunct) of.
+        let mut literal_of: Vec<Vec<u64>> = Vec::new();
+        let mut rules = Vec::with_capacity(flat.len());
         for (r, cs) in flat.iter().enumerate() {
+            let mut residual: Vec<(usize, Cond)> = Vec::new();
             for &c in cs {
-                let (operand, negate) = match program.nodes[c as usize] {
-                    Node::Not(inner) => (inner, true),
-                    _ => (c, false),
-                };
-                let k = key(program, operand);
-                if b.shared.get(&k).is_none_or(|&n| n < GATE_MIN)
-                    || program.cost(operand) > GATE_MAX_COST
-                {
+                if let Some(slot) = is_formula(program, c) {
+                    let f = b.formula(c, slot) as usize;
+                    literal_of.resize(b.formulas.len(), vec![0; words]);
+                    set_bit(&mut literal_of[f], r);
                     continue;
                 }
-                let g = match gate_of.get(&k) {
-                    Some(&g) => g,
-                    None => {
-                        let cond = b.cond(operand);
-                        gates.push((program.cost(operand), cond, vec![0; words], vec![0; words]));
-                        gate_of.insert(k, gates.len() - 1);
-                        gates.len() - 1
+                // Cheapest first; a shared conjunct counts as cheap (most likely computed
+                // already), so the first false one ends the rule early.
+                let cond = b.conjunct(c);
+                let cost = match cond {
+                    Cond::Atom { .. } => {
+                        let operand = match program.nodes[c as usize] {
+                            Node::Not(inner) => inner,
+                            _ => c,
+                        };
+                        let shares = b.shared.get(&key(program, operand)).copied();
+                        program.cost(operand) * 4 / shares.unwrap_or(1).max(1)
                     }
+                    _ => program.cost(c) * 4,
                 };
-                let mask = if negate {
-                    &mut gates[g].3
-                } else {
-                    &mut gates[g].2
-                };
-                mask[r / 64] |= 1 << (r % 64);
+                residual.push((cost, cond));
             }
+            residual.sort_by_key(|(cost, _)| *cost);
+            rules.push(
+                residual
+                    .into_iter()
+                    .map(|(_, c)| c)
+                    .collect::<Box<[Cond]>>(),
+            );
         }
-        gates.sort_by_key(|g| g.0);
-        let gates = gates
+        let mut extras: Vec<Cond> = extras.iter().map(|&e| b.cond(e)).collect();
+        let mut atoms: Vec<Cond> = b
+            .atoms
             .into_iter()
-            .map(|(_, cond, if_false, if_true)| Gate {
-                cond,
-                words: (0..words)
-                    .filter(|&w| if_false[w] | if_true[w] != 0)
-                    .map(|w| GateWord {
-                        word: w,
-                        if_false: if_false[w],
-                        if_true: if_true[w],
-                    })
-                    .collect(),
-            })
+            .map(|a| a.expect("atom built"))
             .collect();
-        let mut rules = Vec::with_capacity(flat.len());
-        for cs in &flat {
-            // Cheapest first; a shared conjunct counts as cheap (most likely computed already),
-            // so the first false one ends the rule early.
-            let mut conds: Vec<(usize, Cond)> = cs
-                .iter()
-                .map(|&c| {
-                    let cond = b.conjunct(c);
-                    // A shared atom's cost is spread over the rules sharing it.
-                    let cost = match cond {
-                        Cond::Atom { .. } => {
-                            let operand = match program.nodes[c as usize] {
-                                Node::Not(inner) => inner,
-                                _ => c,
-                            };
-                            let shares = b.shared.get(&key(program, operand)).copied();
-                            program.cost(operand) * 4 / shares.unwrap_or(1).max(1)
-                        }
-                        _ => program.cost(c) * 4,
-                    };
-                    (cost, cond)
-                })
-                .collect();
-            conds.sort_by_key(|(cost, _)| *cost);
-            rules.push(conds.into_iter().map(|(_, c)| c).collect());
+        let mut defs: Vec<Num> = b
+            .defs
+            .into_iter()
+            .map(|d| d.expect("definition built"))
+            .collect();
+        literal_of.resize(b.formulas.len(), vec![0; words]);
+
+        // Group the formulas by fact (slot order, so a decision reads the facts in order), at
+        // most 64 to a word, and tabulate each group's classes.
+        let mut order: Vec<usize> = (0..b.formulas.len()).collect();
+        order.sort_by_key(|&f| (b.formulas[f].1, f));
+        let mut bits = vec![(0u16, 0u8); b.formulas.len()];
+        let mut groups: Vec<SlotGroup> = Vec::new();
+        let mut scratch_facts = vec![Value::Null; schema.fields.len()];
+        let mut i = 0;
+        while i < order.len() {
+            let slot = b.formulas[order[i]].1;
+            let mut j = i;
+            while j < order.len() && b.formulas[order[j]].1 == slot {
+                j += 1;
+            }
+            let mut bounds = Boundaries {
+                null_only: true,
+                ..Boundaries::default()
+            };
+            for &f in &order[i..j] {
+                formula_boundaries(program, b.formulas[f].0, &mut bounds);
+            }
+            for chunk in order[i..j].chunks(64) {
+                let word = groups.len() as u16;
+                for (bit, &f) in chunk.iter().enumerate() {
+                    bits[f] = (word, bit as u8);
+                }
+                let classes = classes_for(schema, slot.0, slot.1, &bounds);
+                groups.push(tabulate(
+                    program,
+                    slot.0,
+                    word,
+                    classes,
+                    chunk.iter().map(|&f| (b.formulas[f].0, &literal_of[f])),
+                    words,
+                    &mut scratch_facts,
+                ));
+            }
+            i = j;
         }
-        let extras = extras.iter().map(|&e| b.cond(e)).collect();
+        for c in rules.iter_mut().flat_map(|r| r.iter_mut()) {
+            patch_cond(c, &bits);
+        }
+        for c in extras.iter_mut().chain(atoms.iter_mut()) {
+            patch_cond(c, &bits);
+        }
+        for d in &mut defs {
+            patch_num(d, &bits);
+        }
         RulePlan {
-            extras,
-            atoms: b
-                .atoms
-                .into_iter()
-                .map(|a| a.expect("atom built"))
-                .collect(),
-            defs: b
-                .defs
-                .into_iter()
-                .map(|d| d.expect("definition built"))
-                .collect(),
+            atoms,
+            defs,
             rules,
-            gates,
             words,
+            groups,
+            extras,
         }
     }
 
@@ -591,9 +1093,9 @@ impl RulePlan {
         self.atoms.len()
     }
 
-    /// Number of gates.
-    pub fn gate_count(&self) -> usize {
-        self.gates.len()
+    /// Number of slot formulas (conditions over one fact, answered by the class tables).
+    pub fn formula_count(&self) -> usize {
+        self.groups.iter().map(|g| g.formulas.len()).sum()
     }
 
     /// Clears `scratch` for a new decision.
@@ -601,63 +1103,156 @@ impl RulePlan {
     pub fn reset(&self, scratch: &mut AtomScratch) {
         scratch.atoms.clear();
         scratch.atoms.resize(self.atoms.len(), UNSET);
+        scratch.steps = 0;
+    }
+
+    /// Classifies every fact the formulas read and folds the class tables into the formula
+    /// words and the live / unknown rule sets (the first step of a decision).
+    #[inline]
+    fn classify<const COUNT: bool>(
+        &self,
+        program: &Program,
+        facts: &[Value],
+        scratch: &mut AtomScratch,
+    ) {
+        let n = self.rules.len();
+        let s = scratch;
+        s.live.clear();
+        s.live.resize(self.words, u64::MAX);
+        if !n.is_multiple_of(64) {
+            s.live[self.words - 1] = (1u64 << (n % 64)) - 1;
+        }
+        s.unknown.clear();
+        s.unknown.resize(self.words, 0);
+        s.leaf_true.clear();
+        s.leaf_true.resize(self.groups.len(), 0);
+        s.leaf_unknown.clear();
+        s.leaf_unknown.resize(self.groups.len(), 0);
+        for g in &self.groups {
+            if COUNT {
+                s.steps += 1;
+            }
+            let v = facts[g.slot as usize];
+            let Some(k) = g.classes.of(v) else {
+                self.classify_slow::<COUNT>(g, program, facts, s);
+                continue;
+            };
+            let row = g.rows[k];
+            s.leaf_true[g.word as usize] = row.true_bits;
+            s.leaf_unknown[g.word as usize] = row.unknown_bits;
+            let changes = &g.changes[row.start as usize..(row.start + row.len) as usize];
+            for c in changes {
+                s.live[c.word as usize] &= !c.kill;
+                s.unknown[c.word as usize] |= c.unknown;
+            }
+        }
+    }
+
+    /// A value no class covers: the group's formulas through the interpreter.
+    #[inline(never)]
+    fn classify_slow<const COUNT: bool>(
+        &self,
+        g: &SlotGroup,
+        program: &Program,
+        facts: &[Value],
+        s: &mut AtomScratch,
+    ) {
+        let (mut t, mut u) = (0u64, 0u64);
+        for (bit, (&f, rules)) in g.formulas.iter().zip(g.literal_of.iter()).enumerate() {
+            if COUNT {
+                s.steps += 1;
+            }
+            match truth_of(program.eval(f, facts)) {
+                TRUE => t |= 1 << bit,
+                UNKNOWN => {
+                    u |= 1 << bit;
+                    for (x, r) in s.unknown.iter_mut().zip(rules.iter()) {
+                        *x |= r;
+                    }
+                }
+                _ => {
+                    for (x, r) in s.live.iter_mut().zip(rules.iter()) {
+                        *x &= !r;
+                    }
+                }
+            }
+        }
+        s.leaf_true[g.word as usize] = t;
+        s.leaf_unknown[g.word as usize] = u;
     }
 
     /// Evaluates every rule and calls `visit(rule, truth)`, in rule order, for each rule whose
     /// condition is true or unknown (rules that are false are not reported). `memo` and
     /// `scratch` belong to this decision: reset both ([`RulePlan::reset`]) before its first
-    /// evaluation.
+    /// evaluation, and call this before [`RulePlan::eval_extra`].
     #[inline]
     pub fn eval_all(
         &self,
+        program: &Program,
+        facts: &[Value],
+        memo: &mut [Option<Value>],
+        scratch: &mut AtomScratch,
+        visit: impl FnMut(usize, Truth),
+    ) {
+        self.eval_all_in::<false>(program, facts, memo, scratch, visit)
+    }
+
+    /// [`RulePlan::eval_all`], counting evaluation steps into the scratch
+    /// ([`AtomScratch::steps`]): the deterministic cost measure CI guards.
+    pub fn eval_all_counting(
+        &self,
+        program: &Program,
+        facts: &[Value],
+        memo: &mut [Option<Value>],
+        scratch: &mut AtomScratch,
+        visit: impl FnMut(usize, Truth),
+    ) {
+        self.eval_all_in::<true>(program, facts, memo, scratch, visit)
+    }
+
+    #[inline(always)]
+    fn eval_all_in<const COUNT: bool>(
+        &self,
+        program: &Program,
         facts: &[Value],
         memo: &mut [Option<Value>],
         scratch: &mut AtomScratch,
         mut visit: impl FnMut(usize, Truth),
     ) {
-        let n = self.rules.len();
-        let live = &mut scratch.live;
-        live.clear();
-        live.resize(self.words, u64::MAX);
-        if !n.is_multiple_of(64) {
-            live[self.words - 1] = (1u64 << (n % 64)) - 1;
-        }
-        let mut cx = Cx {
+        self.classify::<COUNT>(program, facts, scratch);
+        let mut cx = Cx::<COUNT> {
             plan: self,
             facts,
             memo,
             atoms: &mut scratch.atoms,
+            leaf_true: &scratch.leaf_true,
+            leaf_unknown: &scratch.leaf_unknown,
+            steps: 0,
         };
-        for g in &self.gates {
-            // Skip a gate whose rules are all ruled out already.
-            if !g
-                .words
-                .iter()
-                .any(|w| live[w.word] & (w.if_false | w.if_true) != 0)
-            {
-                continue;
-            }
-            match cx.cond(&g.cond) {
-                FALSE => g.words.iter().for_each(|w| live[w.word] &= !w.if_false),
-                TRUE => g.words.iter().for_each(|w| live[w.word] &= !w.if_true),
-                _ => {}
-            }
-        }
-        for (w, &bits) in live.iter().enumerate() {
+        for (w, &bits) in scratch.live.iter().enumerate() {
             let mut bits = bits;
+            let unknown = scratch.unknown[w];
             while bits != 0 {
-                let r = w * 64 + bits.trailing_zeros() as usize;
+                let b = bits.trailing_zeros();
+                let r = w * 64 + b as usize;
                 bits &= bits - 1;
-                match cx.all(&self.rules[r]) {
-                    TRUE => visit(r, Truth::True),
-                    UNKNOWN => visit(r, Truth::Unknown),
-                    _ => {}
+                if COUNT {
+                    cx.steps += 1;
                 }
+                let t = match cx.all(&self.rules[r]) {
+                    FALSE => continue,
+                    UNKNOWN => UNKNOWN,
+                    _ if unknown >> b & 1 == 1 => UNKNOWN,
+                    t => t,
+                };
+                visit(r, truth(t));
             }
         }
+        scratch.steps += cx.steps;
     }
 
-    /// The truth of extra condition `i` (see [`RulePlan::build`]).
+    /// The truth of extra condition `i` (see [`RulePlan::build`]), after [`RulePlan::eval_all`]
+    /// in the same decision.
     #[inline]
     pub fn eval_extra(
         &self,
@@ -666,13 +1261,44 @@ impl RulePlan {
         memo: &mut [Option<Value>],
         scratch: &mut AtomScratch,
     ) -> Truth {
-        let t = Cx::new(self, facts, memo, scratch).cond(&self.extras[i]);
+        self.eval_extra_in::<false>(i, facts, memo, scratch)
+    }
+
+    /// [`RulePlan::eval_extra`], counting steps into the scratch.
+    pub fn eval_extra_counting(
+        &self,
+        i: usize,
+        facts: &[Value],
+        memo: &mut [Option<Value>],
+        scratch: &mut AtomScratch,
+    ) -> Truth {
+        self.eval_extra_in::<true>(i, facts, memo, scratch)
+    }
+
+    #[inline(always)]
+    fn eval_extra_in<const COUNT: bool>(
+        &self,
+        i: usize,
+        facts: &[Value],
+        memo: &mut [Option<Value>],
+        scratch: &mut AtomScratch,
+    ) -> Truth {
+        let mut cx = Cx::<COUNT> {
+            plan: self,
+            facts,
+            memo,
+            atoms: &mut scratch.atoms,
+            leaf_true: &scratch.leaf_true,
+            leaf_unknown: &scratch.leaf_unknown,
+            steps: 0,
+        };
+        let t = cx.cond(&self.extras[i]);
+        scratch.steps += cx.steps;
         truth(t)
     }
 
-    /// The truth of rule `rule`'s condition. `memo` and `scratch` belong to one decision
-    /// (reset both before the next).
-    #[inline]
+    /// The truth of rule `rule`'s condition, after [`RulePlan::eval_all`] in the same decision
+    /// (which computed the formula words and rule sets this reads).
     pub fn eval_rule(
         &self,
         rule: usize,
@@ -680,17 +1306,108 @@ impl RulePlan {
         memo: &mut [Option<Value>],
         scratch: &mut AtomScratch,
     ) -> Truth {
-        let t = Cx::new(self, facts, memo, scratch).all(&self.rules[rule]);
-        truth(t)
+        let (w, b) = (rule / 64, rule % 64);
+        if scratch.live[w] >> b & 1 == 0 {
+            return Truth::False;
+        }
+        let mut cx = Cx::<false> {
+            plan: self,
+            facts,
+            memo,
+            atoms: &mut scratch.atoms,
+            leaf_true: &scratch.leaf_true,
+            leaf_unknown: &scratch.leaf_unknown,
+            steps: 0,
+        };
+        match cx.all(&self.rules[rule]) {
+            FALSE => Truth::False,
+            _ if scratch.unknown[w] >> b & 1 == 1 => Truth::Unknown,
+            t => truth(t),
+        }
+    }
+}
+
+impl AtomScratch {
+    /// Evaluation steps of the last counted decision: facts classified, formulas evaluated on
+    /// the slow path, rules visited, and conditions, atoms and definitions evaluated.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+}
+
+/// Tabulates one group of formulas over fact `slot`: per class, the true and unknown formula
+/// bits and the rules ruled out / left unknown through their literals.
+fn tabulate<'a>(
+    program: &Program,
+    slot: u16,
+    word: u16,
+    classes: Classes,
+    formulas: impl Iterator<Item = (NodeId, &'a Vec<u64>)>,
+    words: usize,
+    facts: &mut [Value],
+) -> SlotGroup {
+    let (nodes, literal_of): (Vec<NodeId>, Vec<&Vec<u64>>) = formulas.unzip();
+    let cs = classes.constants();
+    let mut rows = Vec::with_capacity(classes.count());
+    let mut changes = Vec::new();
+    for k in 0..classes.count() {
+        let mut row = Row {
+            start: changes.len() as u32,
+            ..Row::default()
+        };
+        // `None`: no value falls in this class; its row is never read.
+        if let Some(cv) = classes.value(k) {
+            let (mut kill, mut unknown) = (vec![0u64; words], vec![0u64; words]);
+            for (bit, (&f, rules)) in nodes.iter().zip(&literal_of).enumerate() {
+                let target = match formula_truth(program, f, slot, &cs, cv, facts) {
+                    TRUE => {
+                        row.true_bits |= 1 << bit;
+                        continue;
+                    }
+                    UNKNOWN => {
+                        row.unknown_bits |= 1 << bit;
+                        &mut unknown
+                    }
+                    _ => &mut kill,
+                };
+                for (x, r) in target.iter_mut().zip(rules.iter()) {
+                    *x |= r;
+                }
+            }
+            for w in 0..words {
+                if kill[w] | unknown[w] != 0 {
+                    changes.push(RuleWord {
+                        word: w as u32,
+                        kill: kill[w],
+                        unknown: unknown[w],
+                    });
+                }
+            }
+        }
+        row.len = changes.len() as u32 - row.start;
+        rows.push(row);
+    }
+    facts[slot as usize] = Value::Null;
+    SlotGroup {
+        slot,
+        classes,
+        word,
+        rows: rows.into(),
+        changes: changes.into(),
+        formulas: nodes.into(),
+        literal_of: literal_of.into_iter().map(|l| l.clone().into()).collect(),
     }
 }
 
 /// One decision's evaluation context.
-struct Cx<'a> {
+struct Cx<'a, const COUNT: bool> {
     plan: &'a RulePlan,
     facts: &'a [Value],
     memo: &'a mut [Option<Value>],
     atoms: &'a mut [u8],
+    leaf_true: &'a [u64],
+    leaf_unknown: &'a [u64],
+    steps: u64,
 }
 
 fn truth(t: u8) -> Truth {
@@ -701,21 +1418,7 @@ fn truth(t: u8) -> Truth {
     }
 }
 
-impl<'a> Cx<'a> {
-    fn new(
-        plan: &'a RulePlan,
-        facts: &'a [Value],
-        memo: &'a mut [Option<Value>],
-        scratch: &'a mut AtomScratch,
-    ) -> Cx<'a> {
-        Cx {
-            plan,
-            facts,
-            memo,
-            atoms: &mut scratch.atoms,
-        }
-    }
-
+impl<const COUNT: bool> Cx<'_, COUNT> {
     /// Kleene `and`: the first false operand decides.
     #[inline(always)]
     fn all(&mut self, conds: &[Cond]) -> u8 {
@@ -730,11 +1433,20 @@ impl<'a> Cx<'a> {
         if unknown { UNKNOWN } else { TRUE }
     }
 
-    /// The common leaves inline; everything else out of line, so this stays small enough to
+    /// Leaves and atoms inline; everything else out of line, so this stays small enough to
     /// inline into the loops.
     #[inline(always)]
     fn cond(&mut self, c: &Cond) -> u8 {
+        if COUNT {
+            self.steps += 1;
+        }
         match c {
+            Cond::Leaf { word, bit } => {
+                let w = *word as usize;
+                let t = (self.leaf_true[w] >> bit) & 1;
+                let u = (self.leaf_unknown[w] >> bit) & 1;
+                (t | u << 1) as u8
+            }
             Cond::Atom { index, negate } => {
                 let i = *index as usize;
                 let mut t = self.atoms[i];
@@ -743,39 +1455,6 @@ impl<'a> Cx<'a> {
                 }
                 if *negate { not(t) } else { t }
             }
-            Cond::CmpInt { slot, op, c } => match self.facts[*slot as usize] {
-                Value::Int(x) => {
-                    (match op {
-                        CmpOp::Eq => x == *c,
-                        CmpOp::Ne => x != *c,
-                        CmpOp::Lt => x < *c,
-                        CmpOp::Le => x <= *c,
-                        CmpOp::Gt => x > *c,
-                        CmpOp::Ge => x >= *c,
-                        CmpOp::In | CmpOp::NotIn => compare(*op, Value::Int(x), Value::Int(*c)),
-                    }) as u8
-                }
-                Value::Unknown => UNKNOWN,
-                x => compare(*op, x, Value::Int(*c)) as u8,
-            },
-            Cond::Fact { slot } => truth_of(self.facts[*slot as usize]),
-            Cond::EnumEq { slot, value, equal } => match self.facts[*slot as usize] {
-                Value::Enum(e) => ((e == *value) == *equal) as u8,
-                Value::Unknown => UNKNOWN,
-                x => compare(
-                    if *equal { CmpOp::Eq } else { CmpOp::Ne },
-                    x,
-                    Value::Enum(*value),
-                ) as u8,
-            },
-            Cond::NullFact { slot, want_null } => match self.facts[*slot as usize] {
-                Value::Unknown => UNKNOWN,
-                x => ((x == Value::Null) == *want_null) as u8,
-            },
-            Cond::InMask { slot, mask, negate } => match self.facts[*slot as usize] {
-                Value::Enum(e) if e < 64 => (((mask >> e) & 1 == 1) != *negate) as u8,
-                x => truth_of(member(x, Some(*mask), &[], *negate)),
-            },
             _ => self.cond_slow(c),
         }
     }
@@ -792,10 +1471,6 @@ impl<'a> Cx<'a> {
     fn cond_slow(&mut self, c: &Cond) -> u8 {
         let f = self.facts;
         match c {
-            Cond::Cmp { slot, op, c } => match f[*slot as usize] {
-                Value::Unknown => UNKNOWN,
-                x => compare(*op, x, *c) as u8,
-            },
             Cond::CmpFacts { a, op, b } => truth_of(compare3(*op, f[*a as usize], f[*b as usize])),
             Cond::CmpArith {
                 slot,
@@ -843,13 +1518,8 @@ impl<'a> Cx<'a> {
                 let v = self.num(n);
                 truth_of(v)
             }
-            // The inline leaves: `cond` takes them before coming here.
-            Cond::Atom { .. }
-            | Cond::CmpInt { .. }
-            | Cond::Fact { .. }
-            | Cond::EnumEq { .. }
-            | Cond::NullFact { .. }
-            | Cond::InMask { .. } => self.cond(c),
+            // The inline kinds: `cond` takes them before coming here.
+            Cond::Leaf { .. } | Cond::Atom { .. } => self.cond(c),
         }
     }
 
@@ -859,6 +1529,9 @@ impl<'a> Cx<'a> {
         let m = memo as usize;
         if let Some(v) = self.memo[m] {
             return v;
+        }
+        if COUNT {
+            self.steps += 1;
         }
         let plan = self.plan;
         let v = self.num(&plan.defs[body as usize]);
@@ -906,10 +1579,11 @@ impl<'a> Cx<'a> {
     }
 }
 
-/// The top-level conjuncts of `id` (nested `and`s flattened; a definition is one conjunct).
+/// The top-level conjuncts of `id`: nested `and`s flattened, boolean definitions that are
+/// conjunctions included (Kleene `and` is associative, so this changes no result).
 fn conjuncts_of(p: &Program, id: NodeId, out: &mut Vec<NodeId>) {
     match p.nodes[id as usize] {
-        Node::And { start, len } if !is_def(p, id) => {
+        Node::And { start, len } => {
             for &c in &p.children[start as usize..(start + len) as usize] {
                 conjuncts_of(p, c, out);
             }
@@ -928,65 +1602,226 @@ mod tests {
     use super::*;
     use crate::Policy;
     use crate::facts::Facts;
-    use crate::facts::presets::PRESETS;
+    use crate::facts::presets;
 
-    /// The plan and the node interpreter agree on every rule of the te pack, over the presets
-    /// and every record of the conformance corpus (tests/corpora), with probes
-    /// unknown, answered yes and answered no.
+    /// Every rule's and extra's truth through the plan and through the interpreter, for one
+    /// input; returns (rules compared, fired, unknown).
+    fn compare_one(
+        policy: &Policy,
+        plan: &RulePlan,
+        extras: &[NodeId],
+        facts: &Facts,
+        what: &str,
+    ) -> (usize, usize, usize) {
+        let p = &policy.program;
+        let values = facts.values();
+        let want: Vec<Truth> = policy
+            .rules
+            .iter()
+            .map(|rule| Truth::of(p.eval(rule.when.node, values)))
+            .collect();
+        let mut got = vec![Truth::False; want.len()];
+        let mut memo = p.new_memo();
+        let mut scratch = AtomScratch::default();
+        plan.reset(&mut scratch);
+        plan.eval_all(p, values, &mut memo, &mut scratch, |i, t| got[i] = t);
+        for (i, rule) in policy.rules.iter().enumerate() {
+            assert_eq!(
+                got[i], want[i],
+                "pack {}: rule {} on {what}",
+                policy.name, rule.id
+            );
+            let one = plan.eval_rule(i, values, &mut memo, &mut scratch);
+            assert_eq!(
+                one, want[i],
+                "pack {}: rule {} alone on {what}",
+                policy.name, rule.id
+            );
+        }
+        for (i, &e) in extras.iter().enumerate() {
+            let want = Truth::of(p.eval(e, values));
+            let got = plan.eval_extra(i, values, &mut memo, &mut scratch);
+            assert_eq!(got, want, "pack {}: extra {i} on {what}", policy.name);
+        }
+        (
+            want.len(),
+            want.iter().filter(|&&t| t == Truth::True).count(),
+            want.iter().filter(|&&t| t == Truth::Unknown).count(),
+        )
+    }
+
+    fn extras_of(policy: &Policy) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        for b in &policy.backends {
+            out.extend(
+                b.variants
+                    .iter()
+                    .filter_map(|v| v.applicable.as_ref().map(|c| c.node)),
+            );
+        }
+        out.extend(
+            policy
+                .preference
+                .iter()
+                .filter_map(|p| p.when.as_ref().map(|c| c.node)),
+        );
+        out
+    }
+
+    /// Inputs for `policy`: the presets of its family and a corpus of its family.
+    fn inputs(policy: &Policy) -> Vec<Facts> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpora");
+        let mut out: Vec<Facts> = presets::of_family(policy.schema.family)
+            .map(|x| policy.schema.read(&(x.config)()).expect("preset"))
+            .collect();
+        let corpus = match policy.schema.family {
+            "torch" => "torch-2.11-sdpa-corpus-a.jsonl.gz",
+            _ => "te-2.20.2-corpus-a.jsonl.gz",
+        };
+        let records =
+            crate::corpus::read_corpus(&root.join(corpus)).expect("tests/corpora ships the corpus");
+        // Structurally invalid records are input errors: never decided, so nothing to compare.
+        out.extend(
+            records
+                .iter()
+                .filter_map(|r| crate::conformance::read_record(policy, r).ok()),
+        );
+        out
+    }
+
+    /// A seeded generator (xorshift): reproducible perturbations without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// The values a perturbed fact takes: the pack's constants and their neighbours, nulls,
+    /// unknowns, unparseable versions and other enum values, so every class and the slow path
+    /// are reached.
+    fn perturb(policy: &Policy, facts: &mut Facts, rng: &mut Rng) {
+        let consts: Vec<Value> = policy
+            .program
+            .consts
+            .iter()
+            .copied()
+            .chain(policy.program.nodes.iter().filter_map(|n| match n {
+                Node::Const(v) => Some(*v),
+                _ => None,
+            }))
+            .collect();
+        let n = facts.values.len();
+        for _ in 0..1 + rng.below(6) {
+            let slot = rng.below(n);
+            let field = &policy.schema.fields[slot];
+            let v = match rng.below(8) {
+                0 => Value::Null,
+                1 => Value::Unknown,
+                2 if field.ty == Ty::Version => Value::BadVersion,
+                _ => match field.ty {
+                    Ty::Bool => Value::Bool(rng.below(2) == 1),
+                    Ty::Enum(d) => Value::Enum(rng.below(d.values().len()) as u16),
+                    Ty::Int => {
+                        let ints: Vec<i64> = consts
+                            .iter()
+                            .filter_map(|c| match c {
+                                Value::Int(i) => Some(*i),
+                                _ => None,
+                            })
+                            .collect();
+                        let base = if ints.is_empty() {
+                            0
+                        } else {
+                            ints[rng.below(ints.len())]
+                        };
+                        Value::Int(base + rng.below(3) as i64 - 1)
+                    }
+                    Ty::Float => Value::Float([0.0, 0.5, 1.0, -1.0, 30.0, f64::NAN][rng.below(6)]),
+                    Ty::Version => {
+                        let vs: Vec<Version> = consts
+                            .iter()
+                            .filter_map(|c| match c {
+                                Value::Version(v) => Some(*v),
+                                _ => None,
+                            })
+                            .collect();
+                        match vs.is_empty() {
+                            true => Value::Version(Version::new(1, 0, 0)),
+                            false => {
+                                let mut v = vs[rng.below(vs.len())];
+                                match rng.below(4) {
+                                    0 => v.parts[2] += 1,
+                                    1 if v.parts[2] > 0 => v.parts[2] -= 1,
+                                    2 => v.pre = Some((crate::lang::version::PreKind::Rc, 1)),
+                                    _ => {}
+                                }
+                                Value::Version(v)
+                            }
+                        }
+                    }
+                    Ty::Object => Value::Bool(true),
+                },
+            };
+            facts.values[slot] = v;
+        }
+    }
+
+    /// The plan and the node interpreter agree on every rule and extra condition of every
+    /// embedded pack, over the presets, the whole conformance corpus of the pack's family and
+    /// seeded random perturbations of them, with probes unknown, answered yes and answered no.
     #[test]
     fn agrees_with_the_interpreter() {
-        let policy = Policy::embedded("te").expect("te pack");
-        let p = &policy.program;
-        let roots: Vec<NodeId> = policy.rules.iter().map(|r| r.when.node).collect();
-        let plan = RulePlan::build(p, &roots, &[]);
-        assert!(plan.atom_count() > 10, "the te pack shares conjuncts");
-        assert!(plan.gate_count() > 5, "the te pack has gates");
-        let mut configs: Vec<serde_json::Value> = PRESETS.iter().map(|x| (x.config)()).collect();
-        let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
-        let records = crate::corpus::read_corpus(&corpus).expect("tests/corpora ships the corpus");
-        configs.extend(records.into_iter().map(|r| r.config));
-        let (mut compared, mut fired, mut unknown) = (0, 0, 0);
-        let mut scratch = AtomScratch::default();
-        for config in &configs {
-            // Structurally invalid records (KV heads that do not divide the query heads) are
-            // input errors: never decided, so nothing to compare.
-            let Ok(mut facts) = Facts::from_json(config) else {
-                continue;
-            };
-            for answer in [None, Some(true), Some(false)] {
-                if let Some(a) = answer {
-                    facts.set_all_probes(a);
+        for name in ["te", "native", "torch"] {
+            let policy = Policy::embedded(name).expect("embedded pack");
+            let p = &policy.program;
+            let roots: Vec<NodeId> = policy.rules.iter().map(|r| r.when.node).collect();
+            let extras = extras_of(&policy);
+            let plan = RulePlan::build(p, policy.schema, &roots, &extras);
+            assert!(
+                plan.formula_count() > 10,
+                "pack {name} reads facts in formulas"
+            );
+            let (mut compared, mut fired, mut unknown) = (0, 0, 0);
+            let mut rng = Rng(0x5eed_0000 + name.len() as u64);
+            for (i, base) in inputs(&policy).into_iter().enumerate() {
+                let mut variants = vec![base.clone()];
+                let mut perturbed = base.clone();
+                perturb(&policy, &mut perturbed, &mut rng);
+                variants.push(perturbed);
+                for facts in &mut variants {
+                    for answer in [None, Some(true), Some(false)] {
+                        if let Some(a) = answer {
+                            facts.set_all_probes(a);
+                        }
+                        let (c, f, u) = compare_one(
+                            &policy,
+                            &plan,
+                            &extras,
+                            facts,
+                            &format!("input {i} ({answer:?})"),
+                        );
+                        compared += c;
+                        fired += f;
+                        unknown += u;
+                    }
                 }
-                let want: Vec<Truth> = policy
-                    .rules
-                    .iter()
-                    .map(|rule| Truth::of(p.eval(rule.when.node, facts.values())))
-                    .collect();
-                // One rule at a time, and all rules at once (gates on), as decisions run.
-                let mut memo = p.new_memo();
-                plan.reset(&mut scratch);
-                for (i, rule) in policy.rules.iter().enumerate() {
-                    let got = plan.eval_rule(i, facts.values(), &mut memo, &mut scratch);
-                    assert_eq!(got, want[i], "rule {} on {config}", rule.id);
-                }
-                let mut got = vec![Truth::False; want.len()];
-                let mut memo = p.new_memo();
-                plan.reset(&mut scratch);
-                plan.eval_all(facts.values(), &mut memo, &mut scratch, |i, t| got[i] = t);
-                for (i, rule) in policy.rules.iter().enumerate() {
-                    assert_eq!(got[i], want[i], "rule {} on {config} (eval_all)", rule.id);
-                }
-                compared += want.len();
-                fired += want.iter().filter(|&&t| t == Truth::True).count();
-                unknown += want.iter().filter(|&&t| t == Truth::Unknown).count();
             }
+            // Enough of each outcome that the comparison means something.
+            assert!(
+                compared > 30_000,
+                "pack {name}: compared only {compared} evaluations"
+            );
+            assert!(
+                fired > 300 && unknown > 50,
+                "pack {name}: fired {fired}, unknown {unknown}"
+            );
         }
-        // Enough of each outcome that the comparison means something.
-        assert!(compared > 3000, "compared only {compared} evaluations");
-        assert!(
-            fired > 30 && unknown > 5,
-            "fired {fired}, unknown {unknown}"
-        );
     }
 }

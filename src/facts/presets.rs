@@ -8,6 +8,8 @@ use serde_json::{Value as Json, json};
 
 pub struct Preset {
     pub name: &'static str,
+    /// The pack family whose facts the config sets (`te` or `torch`).
+    pub family: &'static str,
     pub about: &'static str,
     pub config: fn() -> Json,
 }
@@ -68,58 +70,70 @@ fn cp(base: Json, comm: &str) -> Json {
     )
 }
 
+/// Presets of the `te` family (packs `te` and `native`).
 pub static PRESETS: &[Preset] = &[
     Preset {
+        family: "te",
         name: "gemma4-global",
         about: "Gemma-4 global layer: d512 GQA 8/4 causal bf16 on B200, no CP",
         config: gemma4_global,
     },
     Preset {
+        family: "te",
         name: "gemma4-global-cp-p2p",
         about: "Gemma-4 global layer under context parallelism, p2p ring (cp 2)",
         config: || cp(gemma4_global(), "p2p"),
     },
     Preset {
+        family: "te",
         name: "gemma4-global-cp-all-gather",
         about: "Gemma-4 global layer, CP all_gather (cp 2)",
         config: || cp(gemma4_global(), "all_gather"),
     },
     Preset {
+        family: "te",
         name: "gemma4-global-cp-a2a",
         about: "Gemma-4 global layer, CP a2a (cp 2)",
         config: || cp(gemma4_global(), "a2a"),
     },
     Preset {
+        family: "te",
         name: "gemma4-global-cp-a2a-p2p",
         about: "Gemma-4 global layer, CP a2a+p2p (cp 4, a2a 2)",
         config: || cp(gemma4_global(), "a2a+p2p"),
     },
     Preset {
+        family: "te",
         name: "gemma4-sliding",
         about: "Gemma-4 sliding layer: d256, window (1024, 0), B200, no CP",
         config: gemma4_sliding,
     },
     Preset {
+        family: "te",
         name: "gemma4-sliding-cp-p2p",
         about: "Gemma-4 sliding layer, CP p2p (TE asserts: SWA needs a2a/all_gather)",
         config: || cp(gemma4_sliding(), "p2p"),
     },
     Preset {
+        family: "te",
         name: "gemma4-sliding-cp-all-gather",
         about: "Gemma-4 sliding layer, CP all_gather",
         config: || cp(gemma4_sliding(), "all_gather"),
     },
     Preset {
+        family: "te",
         name: "gemma4-sliding-cp-a2a",
         about: "Gemma-4 sliding layer, CP a2a",
         config: || cp(gemma4_sliding(), "a2a"),
     },
     Preset {
+        family: "te",
         name: "gemma4-sliding-cp-a2a-p2p",
         about: "Gemma-4 sliding layer, CP a2a+p2p",
         config: || cp(gemma4_sliding(), "a2a+p2p"),
     },
     Preset {
+        family: "te",
         name: "llama3-8b-h100",
         about: "Llama-3 8B training layer on H100: d128 GQA 32/8 causal bf16, s 8192, flash-attn 2.8.3 + 3.0.0",
         config: || {
@@ -134,6 +148,7 @@ pub static PRESETS: &[Preset] = &[
         },
     },
     Preset {
+        family: "te",
         name: "a100-d256-inference",
         about: "A100 inference, d256 MHA causal fp16, flash-attn 2.8.3",
         config: || {
@@ -149,10 +164,111 @@ pub static PRESETS: &[Preset] = &[
     },
 ];
 
+/// A PyTorch 2.11 SDPA call on `sm` (as conformance records name the device: torch 2.11 with
+/// cuDNN 9.19) over `call`, the `sdp_params` fields it sets.
+fn sdpa(sm: &str, call: Json) -> Json {
+    merge(
+        json!({
+            "torch": {"version": "2.11.0+cu130", "cudnn": 91900, "sm": sm},
+            "batch": 4, "heads_q": 32, "heads_kv": 32, "seqlen_q": 4096, "seqlen_kv": 4096,
+            "head_dim_qk": 128, "head_dim_v": 128, "dtype": "bf16", "is_causal": false,
+            "attn_mask": null, "dropout_p": 0.0, "enable_gqa": false, "scale": null,
+            "requires_grad": false, "layout": "bhsd", "deterministic": false,
+        }),
+        call,
+    )
+}
+
+/// Presets of the `torch` family (pack `torch`): SDPA calls that land on each of its backends.
+pub static TORCH_PRESETS: &[Preset] = &[
+    Preset {
+        family: "torch",
+        name: "sdpa-h100-gqa-causal-train",
+        about: "SDPA on H100: d128 GQA 32/8 causal bf16 training, s 4096",
+        config: || {
+            sdpa(
+                "90",
+                json!({"heads_kv": 8, "enable_gqa": true, "is_causal": true, "requires_grad": true}),
+            )
+        },
+    },
+    Preset {
+        family: "torch",
+        name: "sdpa-h100-causal-inference",
+        about: "SDPA on H100: d128 MHA causal bf16 inference, s 4096",
+        config: || sdpa("90", json!({"is_causal": true})),
+    },
+    Preset {
+        family: "torch",
+        name: "sdpa-h100-fp32-mask",
+        about: "SDPA on H100: d64 fp32 with a boolean mask broadcast over heads",
+        config: || {
+            sdpa(
+                "90",
+                json!({"dtype": "fp32", "head_dim_qk": 64, "head_dim_v": 64, "attn_mask": "bool_bcast"}),
+            )
+        },
+    },
+    Preset {
+        family: "torch",
+        name: "sdpa-h100-d256-dropout-train",
+        about: "SDPA on H100: d256 bf16 training with dropout 0.1",
+        config: || {
+            sdpa(
+                "90",
+                json!({"head_dim_qk": 256, "head_dim_v": 256, "dropout_p": 0.1, "requires_grad": true}),
+            )
+        },
+    },
+    Preset {
+        family: "torch",
+        name: "sdpa-h100-d512",
+        about: "SDPA on H100: d512 bf16 causal (past flash and cuDNN's head_dim limits)",
+        config: || {
+            sdpa(
+                "90",
+                json!({"head_dim_qk": 512, "head_dim_v": 512, "is_causal": true}),
+            )
+        },
+    },
+    Preset {
+        family: "torch",
+        name: "sdpa-h100-strided-lastdim",
+        about: "SDPA on H100: d64 bf16 whose last dimension is strided (no fused kernel takes it)",
+        config: || {
+            sdpa(
+                "90",
+                json!({"head_dim_qk": 64, "head_dim_v": 64, "layout": "noncontig_lastdim"}),
+            )
+        },
+    },
+    Preset {
+        family: "torch",
+        name: "sdpa-a100-fp16-decode",
+        about: "SDPA on A100: fp16 d128 decode step (one query over 8192 keys)",
+        config: || {
+            sdpa(
+                "80",
+                json!({"dtype": "fp16", "seqlen_q": 1, "seqlen_kv": 8192}),
+            )
+        },
+    },
+];
+
+/// Every preset of every family.
+pub fn all() -> impl Iterator<Item = &'static Preset> {
+    PRESETS.iter().chain(TORCH_PRESETS)
+}
+
+/// The presets of one pack family.
+pub fn of_family(family: &str) -> impl Iterator<Item = &'static Preset> {
+    all().filter(move |p| p.family == family)
+}
+
 pub fn find(name: &str) -> Option<&'static Preset> {
-    PRESETS.iter().find(|p| p.name == name)
+    all().find(|p| p.name == name)
 }
 
 pub fn names() -> impl Iterator<Item = &'static str> {
-    PRESETS.iter().map(|p| p.name)
+    all().map(|p| p.name)
 }

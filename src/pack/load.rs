@@ -761,7 +761,8 @@ fn link_pack(
         }
     }
 
-    let hot = crate::policy::HotPath::build(&compiler.program, &rules, &backends, &preference);
+    let hot =
+        crate::policy::HotPath::build(&compiler.program, schema, &rules, &backends, &preference);
     Policy {
         name: pack.name.value.clone(),
         description: pack.description.clone(),

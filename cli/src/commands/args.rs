@@ -117,7 +117,6 @@ const FAMILY_FLAGS: &[(&str, &[&str])] = &[
     (
         "te",
         &[
-            "--preset",
             "--layout",
             "--mask",
             "--window",
@@ -397,6 +396,21 @@ impl ConfigArgs {
                 )
                 .suggest(attn_policy::facts::did_you_mean(name, presets::names()))
             })?;
+            if p.family != family {
+                return Err(flag_error(
+                    "--preset",
+                    "",
+                    format!(
+                        "preset `{name}` sets facts of pack family `{}`; this pack's family is \
+                         `{family}` (its presets: {})",
+                        p.family,
+                        presets::of_family(family)
+                            .map(|p| p.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
             let config = (p.config)();
             input.record("", &config, &Source::Preset(name.clone()), false);
             merge(&mut obj, &config);

@@ -12,7 +12,7 @@ use super::args::PackArgs;
 use attn_policy::Facts;
 use attn_policy::decision::Decision;
 use attn_policy::facts::Value;
-use attn_policy::facts::presets::PRESETS;
+use attn_policy::facts::presets;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -21,8 +21,9 @@ pub struct BenchArgs {
     /// Decide every record of this corpus (.jsonl or .jsonl.gz) instead of the presets.
     #[arg(long, value_name = "FILE")]
     pub corpus: Option<PathBuf>,
-    /// Passes over the inputs.
-    #[arg(long, default_value_t = 20)]
+    /// Passes over the inputs (at least 1).
+    #[arg(long, default_value_t = 20,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub passes: usize,
     /// Print the figures as JSON.
     #[arg(long)]
@@ -55,9 +56,14 @@ pub fn run(a: BenchArgs) -> i32 {
             }
             Err(e) => return super::fail(e),
         },
-        None => PRESETS
-            .iter()
-            .map(|p| Facts::from_json(&(p.config)()).expect("presets are valid"))
+        // The presets of the pack's family (a te preset means nothing to the torch pack).
+        None => presets::of_family(policy.schema.family)
+            .map(|p| {
+                policy
+                    .schema
+                    .read(&(p.config)())
+                    .expect("presets are valid")
+            })
             .collect(),
     };
     if facts.is_empty() {

@@ -5,9 +5,8 @@ use clap::{Args, CommandFactory};
 use serde_json::{Value as Json, json};
 
 use attn_policy::diag::Code;
-use attn_policy::facts::presets::{self, PRESETS};
+use attn_policy::facts::presets;
 use attn_policy::facts::schema::Origin;
-use attn_policy::facts::te::TE;
 
 #[derive(Args, Debug)]
 #[command(after_help = concat!("\
@@ -15,6 +14,10 @@ Examples:
   attn-policy presets
   attn-policy presets --show gemma4-global        # every fact and probe answer it decides on
   attn-policy explain --preset gemma4-global --sm 90
+  attn-policy explain --pack torch --preset sdpa-h100-gqa-causal-train
+
+Each preset belongs to a pack family (column 2): te presets serve packs te and native,
+torch presets the torch pack.
 
 ", crate::exit_codes!()))]
 pub struct PresetsArgs {
@@ -29,14 +32,15 @@ pub struct PresetsArgs {
 pub fn presets(a: PresetsArgs) -> i32 {
     let Some(name) = a.show else {
         if a.json {
-            let list: Vec<Json> = PRESETS
-                .iter()
-                .map(|p| json!({"name": p.name, "about": p.about, "config": (p.config)()}))
+            let list: Vec<Json> = presets::all()
+                .map(|p| {
+                    json!({"name": p.name, "family": p.family, "about": p.about, "config": (p.config)()})
+                })
                 .collect();
             println!("{}", serde_json::to_string_pretty(&list).expect("json"));
         } else {
-            for p in PRESETS {
-                println!("{:<30} {}", p.name, p.about);
+            for p in presets::all() {
+                println!("{:<30} {:<6} {}", p.name, p.family, p.about);
             }
         }
         return super::EXIT_OK;
@@ -50,7 +54,8 @@ pub fn presets(a: PresetsArgs) -> i32 {
         ));
     };
     let config = (p.config)();
-    let facts = match TE.read(&config) {
+    let schema = attn_policy::facts::schema::family(p.family).expect("presets name a family");
+    let facts = match schema.read(&config) {
         Ok(f) => f,
         Err(e) => return super::fail(e.at(Some(format!("preset `{name}`")))),
     };
@@ -66,7 +71,7 @@ pub fn presets(a: PresetsArgs) -> i32 {
                 .is_some_and(|(top, _)| config.get(top).is_some_and(|v| !v.is_object()))
     };
     if a.json {
-        let probes: serde_json::Map<String, Json> = TE
+        let probes: serde_json::Map<String, Json> = schema
             .fields
             .iter()
             .filter(|d| d.origin == Origin::Probe)
@@ -75,7 +80,7 @@ pub fn presets(a: PresetsArgs) -> i32 {
         println!(
             "{}",
             serde_json::to_string_pretty(&json!({
-                "name": p.name, "about": p.about, "config": config,
+                "name": p.name, "family": p.family, "about": p.about, "config": config,
                 "facts": resolved, "probes": probes,
             }))
             .expect("json")
@@ -84,8 +89,13 @@ pub fn presets(a: PresetsArgs) -> i32 {
     }
     println!("{}: {}", p.name, p.about);
     println!("(* = set by the preset; the rest are defaults or derived)\n");
-    let width = TE.fields.iter().map(|d| d.path.len()).max().unwrap_or(0);
-    for d in TE.fields {
+    let width = schema
+        .fields
+        .iter()
+        .map(|d| d.path.len())
+        .max()
+        .unwrap_or(0);
+    for d in schema.fields {
         if d.origin == Origin::Probe {
             continue;
         }
@@ -96,8 +106,15 @@ pub fn presets(a: PresetsArgs) -> i32 {
             serde_json::to_string(&resolved[d.path]).expect("json")
         );
     }
-    println!("\nprobe answers (a live adapter's; --probe NAME=... overrides):");
-    for d in TE.fields.iter().filter(|d| d.origin == Origin::Probe) {
+    let mut probes = schema
+        .fields
+        .iter()
+        .filter(|d| d.origin == Origin::Probe)
+        .peekable();
+    if probes.peek().is_some() {
+        println!("\nprobe answers (a live adapter's; --probe NAME=... overrides):");
+    }
+    for d in probes {
         let answer = match &resolved[d.path] {
             Json::Bool(b) => b.to_string(),
             other => other.as_str().unwrap_or("unknown").to_string(),
