@@ -102,7 +102,6 @@ fn flags_of_the_other_family_are_refused_with_exit_2() {
         &["--layout", "bshd_bshd_bshd"],
         &["--mask", "causal"],
         &["--inference"],
-        &["--preset", "gemma4-global"],
         &["--probe", "fused_attn_graph=true"],
     ] {
         let o = run(&[&["explain", "--pack", "torch"][..], flags].concat());
@@ -115,6 +114,15 @@ fn flags_of_the_other_family_are_refused_with_exit_2() {
         let o = run(&[&["why-not", "flash", "--pack", "torch"][..], flags].concat());
         assert_eq!(o.status.code(), Some(2), "why-not {flags:?}");
     }
+    // Presets belong to a family: a TE preset on the torch pack is refused and the
+    // message lists the presets that do fit.
+    let o = run(&["explain", "--pack", "torch", "--preset", "gemma4-global"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("pack family `te`") && err.contains("sdpa-h100-d512"),
+        "{err}"
+    );
     for flags in [
         &["--causal"][..],
         &["--attn-mask", "bool"],
