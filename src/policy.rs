@@ -25,6 +25,9 @@ pub struct Variant {
     pub description: Option<String>,
     pub applicable: Option<Compiled>,
     pub applicable_src: Option<String>,
+    /// `applicable_src` as explanations show it: the pack's internal definitions written out
+    /// (public ones by name; [`Definition`]).
+    pub applicable_shown: Option<String>,
     pub value: Option<Compiled>,
 }
 
@@ -56,6 +59,9 @@ pub struct Rule {
     pub layer: u8,
     pub when: Compiled,
     pub when_src: String,
+    /// `when_src` as explanations show it: the pack's internal definitions written out
+    /// (public ones by name; [`Definition`]).
+    pub when_shown: String,
     pub until: Option<Compiled>,
     pub until_src: Option<String>,
     pub reason: String,
@@ -72,9 +78,25 @@ pub struct Preference {
     pub id: String,
     pub when: Option<Compiled>,
     pub when_src: Option<String>,
+    /// `when_src` as explanations show it (see [`Rule::when_shown`]).
+    pub when_shown: Option<String>,
     pub order: Vec<u16>,
     pub refs: Vec<String>,
     pub loc: Loc,
+}
+
+/// A definition of the pack (`defs:` in pack.yaml). Explanations name only the public ones
+/// (`public_defs:`, each with what it means; `attn-policy facts` and docs/definitions.md list
+/// them) and show every other one as the condition it stands for.
+#[derive(Clone, Debug)]
+pub struct Definition {
+    pub name: String,
+    /// As written (on one line).
+    pub source: String,
+    /// As explanations show it: the internal definitions it uses written out.
+    pub shown: String,
+    /// What it means, when it is public.
+    pub public: Option<String>,
 }
 
 /// One entry of an executor chain: an executor name, and the index of its `admits` condition
@@ -112,6 +134,8 @@ pub struct Policy {
     /// Layer names; index = `Rule::layer`. Index 0 is `capability`.
     pub layers: Vec<String>,
     pub defs: Vec<(String, Compiled)>,
+    /// Every definition, by name, with how explanations show it.
+    pub definitions: Vec<Definition>,
     /// Minimum supported versions declared by the pack (fact path, version).
     pub min_versions: Vec<(String, crate::lang::Version)>,
     /// Per backend (and variant), the executors that run its decisions.

@@ -36,6 +36,8 @@ fixture!(
     unknown_backend,
     unknown_variant,
     not_bool,
+    public_def_unknown,
+    public_def_no_meaning,
 );
 
 /// Executor chains are checked against the catalogue the loader is given: an unknown executor

@@ -29,6 +29,20 @@ fn diagnostics_md_matches_the_codes() {
 }
 
 #[test]
+fn definitions_md_matches_the_packs() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/definitions.md");
+    let expected = attn_policy::pack::shown::definitions_page();
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(path, &expected).expect("write docs/definitions.md");
+    }
+    let doc = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        doc == expected,
+        "docs/definitions.md is stale: regenerate it with `UPDATE_DOCS=1 cargo test --test docs`"
+    );
+}
+
+#[test]
 fn torch_pack_doc_lists_the_torch_facts() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/packs/torch.md"))
         .expect("docs/packs/torch.md");

@@ -600,6 +600,26 @@ fn presets_facts_executors_bench_take_json() {
             .any(|f| f["domain"] == "> 0")
     );
     assert!(facts["constraints"].as_array().unwrap().len() >= 4);
+    // The pack's public definitions come with the facts (what they mean, what they stand
+    // for); internal ones are not listed, explanations write them out.
+    let defs = facts["definitions"].as_array().unwrap();
+    let q_thd = defs.iter().find(|d| d["name"] == "q_thd").expect("q_thd");
+    assert!(
+        q_thd["meaning"].as_str().unwrap().contains("THD"),
+        "{q_thd}"
+    );
+    assert!(
+        q_thd["stands_for"]
+            .as_str()
+            .unwrap()
+            .starts_with("qkv_layout in [")
+    );
+    assert!(defs.iter().all(|d| d["name"] != "fa4_inst"));
+    let text = run(&["facts"]).stdout;
+    assert!(
+        text.contains("Public definitions of pack `te`") && text.contains("| `q_thd` |"),
+        "{text}"
+    );
     let ex: Json = serde_json::from_str(&run(&["executors", "--json"]).stdout).unwrap();
     assert!(ex.as_array().is_some_and(|a| !a.is_empty()));
     let bench: Json =

@@ -102,7 +102,7 @@ impl Code {
             Syntax => "an expression does not parse",
             Type => "an expression is ill-typed against the pack family's facts",
             Name => "a name (fact, backend, variant, definition) is unknown",
-            Def => "a definition shadows a fact",
+            Def => "a definition shadows a fact, or a public one has no meaning",
             DupBackend => "a backend is defined twice",
             DupRule => "two rules share an id",
             Rule => "a rule is malformed (backend:, variants:, kind:)",
@@ -159,12 +159,16 @@ impl Code {
             Name => {
                 "A name does not resolve: a fact the pack family does not have, a backend \
                      that no backend file defines (in a layer rule or preference order), a \
-                     variant the backend does not declare, or an unknown definition. A \
+                     variant the backend does not declare, or an unknown definition (in a \
+                     condition or under `public_defs:`). A \
                      did-you-mean suggestion follows when a close name exists."
             }
             Def => {
                 "A definition under `defs:` has the name of a fact, so every use of that \
-                    name would be ambiguous. Rename the definition."
+                    name would be ambiguous: rename the definition. Or an entry of \
+                    `public_defs:` gives no meaning: explanations name a public definition, so \
+                    say in a sentence what it means (docs/rule-language.md, \"Definitions in \
+                    explanations\")."
             }
             DupBackend => {
                 "Two backend files define the same `backend:` name. Each backend is \

@@ -128,7 +128,8 @@ pub struct VariantChoice {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PreferenceApplied {
     pub id: String,
-    /// The condition as written (`None`: the unconditional entry).
+    /// The condition (`None`: the unconditional entry), as written but with the pack's
+    /// internal definitions written out: only facts and public definitions are named.
     pub when: Option<String>,
     pub order: Vec<String>,
     /// `file:line:col`.
@@ -142,7 +143,8 @@ pub struct RuleExplanation {
     pub layer: String,
     pub kind: RuleKind,
     pub reason: String,
-    /// The condition as written.
+    /// The condition, as written but with the pack's internal definitions written out: it
+    /// names only facts and public definitions (`Policy::definitions`, docs/definitions.md).
     pub when: String,
     /// Where the condition is written: `file:line:col`.
     pub location: String,
@@ -195,10 +197,10 @@ impl BackendStatus {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct UnavailableVariant {
     pub name: String,
-    /// The `applicable` condition as written (`None`: none written).
+    /// The `applicable` condition (`None`: none written), with the pack's internal
+    /// definitions written out, as `when` of a rule.
     pub applicable: Option<String>,
-    /// Added: every fact the condition read, with its value (`fa4_inst` alone says nothing
-    /// to a user; `flash_attn_versions.v4 = null` does).
+    /// Added: every fact the condition read, with its value.
     pub values: OrderedMap<FactValue>,
 }
 
@@ -313,7 +315,7 @@ impl Explanation {
                 layer: p.layers[rule.layer as usize].clone(),
                 kind: rule.kind,
                 reason: rule.reason.clone(),
-                when: rule.when_src.clone(),
+                when: rule.when_shown.clone(),
                 location: p.sources.describe(rule.when_loc),
                 refs: rule.refs.clone(),
                 variants: (!rule.variant_names.is_empty()).then(|| rule.variant_names.clone()),
@@ -380,7 +382,7 @@ impl Explanation {
                         .filter(|(v, _)| r.applicable & (1 << v) == 0)
                         .map(|(_, v)| UnavailableVariant {
                             name: v.name.clone(),
-                            applicable: v.applicable_src.clone(),
+                            applicable: v.applicable_shown.clone(),
                             values: OrderedMap(
                                 v.applicable
                                     .iter()
@@ -397,7 +399,7 @@ impl Explanation {
             let pref = &p.preference[i as usize];
             PreferenceApplied {
                 id: pref.id.clone(),
-                when: pref.when_src.clone(),
+                when: pref.when_shown.clone(),
                 order: pref.order.iter().map(|&b| name(b)).collect(),
                 location: p.sources.describe(pref.loc),
             }

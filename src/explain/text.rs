@@ -141,8 +141,8 @@ impl Explanation {
                 }
             }
             for v in &b.unavailable_variants {
-                // Name what the condition (often a definition of the pack) read, with the
-                // values it saw.
+                // The condition (internal definitions written out), with the values of the
+                // facts it read.
                 let read: Vec<String> = v
                     .values
                     .iter()

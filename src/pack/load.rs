@@ -12,7 +12,7 @@
 //! 5. [`lint_pack`]: load-time warnings (`W-REASON`). The exact lints over all inputs are
 //!    `attn-policy check` (`crate::analysis::lint`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -27,7 +27,7 @@ use crate::facts::did_you_mean;
 use crate::facts::schema::{Origin, Schema};
 use crate::lang::{Version, parse_expr};
 use crate::policy::{
-    Backend, ChainEntry, ExecutorChain, Policy, Preference, Rule, RuleKind, Variant,
+    Backend, ChainEntry, Definition, ExecutorChain, Policy, Preference, Rule, RuleKind, Variant,
 };
 use crate::typecheck::{Compiled, Compiler, TypeError};
 
@@ -531,6 +531,22 @@ fn link_pack(
         admits,
     } = typed;
 
+    let (def_sources, public) = link_public_defs(l, &pack, pack_file);
+    let mut shower = super::shown::Shower::new(&def_sources, &public);
+    let definitions: Vec<Definition> = def_sources
+        .iter()
+        .map(|(name, source)| Definition {
+            name: name.clone(),
+            source: super::shown::one_line(source),
+            shown: shower.show(source),
+            public: pack
+                .public_defs
+                .get(name)
+                .filter(|_| public.contains(name))
+                .map(|d| d.value.trim().to_string()),
+        })
+        .collect();
+
     // Backends, in the listed order; `backend_of[i]`: the backend of parsed file i.
     let mut backends: Vec<Backend> = Vec::new();
     let mut backend_of: Vec<Option<u16>> = Vec::new();
@@ -565,6 +581,7 @@ fn link_pack(
                     .applicable
                     .as_ref()
                     .map(|s| s.value.trim().to_string()),
+                applicable_shown: v.value.applicable.as_ref().map(|s| shower.show(&s.value)),
                 value,
             })
             .collect();
@@ -677,6 +694,7 @@ fn link_pack(
             .copied()
             .filter(|&s| schema.def(s as usize).origin == Origin::Probe)
             .collect();
+        let when_shown = shower.show(&def.when.value);
         for &target in &targets {
             rules.push(Rule {
                 id: def.id.value.clone(),
@@ -690,6 +708,7 @@ fn link_pack(
                 kind,
                 layer: layer as u8,
                 when_src: def.when.value.trim().to_string(),
+                when_shown: when_shown.clone(),
                 when: when.clone(),
                 until_src: def.until.as_ref().map(|u| u.value.trim().to_string()),
                 until: until.clone(),
@@ -709,6 +728,7 @@ fn link_pack(
         typed_preference,
         &backends,
         broken_backend_files,
+        &mut shower,
     );
     let executor_chains =
         link_executors(l, &pack.executors, pack_file, &backends, catalogue, &admits);
@@ -774,6 +794,7 @@ fn link_pack(
         preference,
         layers,
         defs,
+        definitions,
         min_versions,
         executor_chains,
         executor_admits: admits,
@@ -782,6 +803,44 @@ fn link_pack(
         disabled_layers: 0,
         hot,
     }
+}
+
+/// The definitions' sources by name, and the names of the public ones (`public_defs:`); each
+/// public entry must name a definition and say what it means.
+fn link_public_defs(
+    l: &mut Loader,
+    pack: &PackFile,
+    pack_file: u16,
+) -> (BTreeMap<String, String>, BTreeSet<String>) {
+    let sources: BTreeMap<String, String> = pack
+        .defs
+        .iter()
+        .map(|(k, v)| (k.clone(), v.value.clone()))
+        .collect();
+    let mut public = BTreeSet::new();
+    for (name, doc) in &pack.public_defs {
+        let at = l.at(pack_file, doc);
+        if !sources.contains_key(name) {
+            l.unknown(
+                Code::Name,
+                format!("public_defs: no definition `{name}` under `defs:`"),
+                at,
+                name,
+                sources.keys().map(String::as_str),
+            );
+        } else if doc.value.trim().is_empty() {
+            l.diags.push(
+                Diagnostic::new(
+                    Code::Def,
+                    format!("public definition `{name}` needs a description of what it means"),
+                )
+                .at(at),
+            );
+        } else {
+            public.insert(name.clone());
+        }
+    }
+    (sources, public)
 }
 
 /// The backends a rule declines: its own (a backend file's rule) or the one(s) a layer rule
@@ -880,6 +939,7 @@ fn link_preference(
     typed: Vec<Option<Compiled>>,
     backends: &[Backend],
     broken_backend_files: bool,
+    shower: &mut super::shown::Shower<'_>,
 ) -> Vec<Preference> {
     let mut preference = Vec::new();
     for (p, when) in pack.preference.iter().zip(typed) {
@@ -919,6 +979,7 @@ fn link_preference(
         preference.push(Preference {
             id: def.id.value.clone(),
             when_src: def.when.as_ref().map(|w| w.value.trim().to_string()),
+            when_shown: def.when.as_ref().map(|w| shower.show(&w.value)),
             when,
             order,
             refs: def.refs.clone(),

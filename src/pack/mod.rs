@@ -4,6 +4,7 @@
 
 pub mod embedded;
 pub mod load;
+pub mod shown;
 pub mod source;
 pub mod spec;
 pub mod yaml;

@@ -18,6 +18,11 @@ pub struct PackFile {
     pub description: Option<String>,
     #[serde(default)]
     pub defs: BTreeMap<String, Spanned<String>>,
+    /// Definitions that explanations show by name, each with what it means (listed by
+    /// `attn-policy facts` and docs/definitions.md). Every other definition is shown as the
+    /// condition it stands for.
+    #[serde(default)]
+    pub public_defs: BTreeMap<String, Spanned<String>>,
     pub backends: Vec<Spanned<String>>,
     #[serde(default)]
     pub layers: Vec<Spanned<LayerRef>>,

@@ -126,8 +126,9 @@ pub fn presets(a: PresetsArgs) -> i32 {
 
 #[derive(Args, Debug)]
 pub struct FactsArgs {
-    /// Print as JSON: every fact (path, type, nullable, domain, default, origin, fixed, doc)
-    /// and the constraints across facts.
+    /// Print as JSON: every fact (path, type, nullable, domain, default, origin, fixed, doc),
+    /// the constraints across facts and the pack's public definitions (name, meaning,
+    /// stands_for).
     #[arg(long)]
     pub json: bool,
     /// The facts of this pack's family (`--pack torch`: PyTorch SDPA's).
@@ -136,16 +137,28 @@ pub struct FactsArgs {
 }
 
 pub fn facts(a: FactsArgs) -> i32 {
-    let schema = match a.pack.load(false) {
-        Ok(policy) => policy.schema,
+    let policy = match a.pack.load(false) {
+        Ok(policy) => policy,
         Err(code) => return code,
     };
+    let schema = policy.schema;
     if !a.json {
         print!("{}", schema.markdown_table());
         println!("\nConstraints across facts:\n");
         print!("{}", schema.constraints_table());
+        // The definitions explanations name (every other one is shown written out).
+        println!("\nPublic definitions of pack `{}`:\n", policy.name);
+        print!("{}", attn_policy::pack::shown::definitions_table(&policy));
         return super::EXIT_OK;
     }
+    let definitions: Vec<Json> = policy
+        .definitions
+        .iter()
+        .filter_map(|d| {
+            let meaning = d.public.as_ref()?;
+            Some(json!({"name": d.name, "meaning": meaning, "stands_for": d.shown}))
+        })
+        .collect();
     let fields: Vec<Json> = schema
         .fields
         .iter()
@@ -185,7 +198,8 @@ pub fn facts(a: FactsArgs) -> i32 {
     println!(
         "{}",
         serde_json::to_string_pretty(
-            &json!({"family": schema.family, "facts": fields, "constraints": constraints})
+            &json!({"family": schema.family, "facts": fields, "constraints": constraints,
+                    "pack": policy.name, "definitions": definitions})
         )
         .expect("json")
     );
