@@ -111,125 +111,59 @@ class SubstitutionRefused(PolicyError):
 # (a PolicyError, so a ValueError). The plans raise it too, for a pointer or strides that reach
 # past their tensor's storage.
 InvalidInput = _native.InvalidInput
-
-
-class ShapeMismatch(InvalidInput):
-    """Two tensors of one call disagree on a size they must share (batch, heads, sequence
-    length, head dim), or a tensor of the backward (dO, O, LSE) has another shape than the call
-    gives it. Broadcasting is refused, not emulated: the message names both shapes."""
+# Two tensors disagree on a size they share, or dO / O / LSE do not have the call's shape: no
+# broadcasting; the message names both shapes. An InvalidInput.
+ShapeMismatch = _native.ShapeMismatch
 
 
 # ---------------------------------------------------------------------------------------------
-# The one check of a call's tensors, before any decision or plan: every entry path calls it
-# (eager calls, the op and its fake, the backward, the context-parallel shards).
+# The one check of a call's tensors, before any decision or plan, is native
+# (`_native.check_tensors`, bindings/python/src/inputs.rs: the rules and their messages); every
+# entry path calls it (eager calls, the op and its fake, the backward, the context-parallel
+# shards). Python only reads what each argument is.
 
-_DIM_NAMES = ("batch", "heads", "sequence length", "head dim")
 
-
-def _check_tensor(name: str, t: Any) -> None:
+def _tensor_arg(name: str, t: Any, storage: bool = True) -> tuple:
+    """What ``check_tensors`` reads of one argument: name, layout, device, dtype, shape,
+    strides, storage offset, the storage's bytes (None where not read: a fake tensor, a
+    subclass without a storage of its own) and the element size."""
     if not isinstance(t, torch.Tensor):
         raise InvalidInput(f"{name} must be a torch.Tensor; found {type(t).__name__}")
-    if t.layout is not torch.strided:
-        raise InvalidInput(f"{name} is a {t.layout} tensor; attention takes strided (dense) tensors")
-    if t.device.type not in ("cpu", "cuda"):
-        what = "holds no data" if t.device.type == "meta" else "is not supported"
-        raise InvalidInput(f"{name} is on device {t.device}, which {what}; attn_policy runs CPU and CUDA tensors")
-
-
-def _storage_fault(name: str, t: torch.Tensor) -> Optional[str]:
-    """Why ``t``'s sizes, strides and offset reach outside its storage, or None."""
-    lo = hi = t.storage_offset()
-    for n, st in zip(t.shape, t.stride()):
-        if n > 1:
-            lo, hi = (lo + (n - 1) * st, hi) if st < 0 else (lo, hi + (n - 1) * st)
-    try:
-        nbytes = t.untyped_storage().nbytes()
-    except (RuntimeError, NotImplementedError):
-        # A tensor subclass without a storage of its own: the op's kernel gets the real tensors
-        # and checks them.
-        return None
-    if lo < 0 or (hi + 1) * t.element_size() > nbytes:
-        return (f"{name} (shape {tuple(t.shape)}, strides {tuple(t.stride())}, offset {t.storage_offset()}) "
-                f"reaches elements {lo}..{hi} of a storage of {nbytes} bytes ({t.dtype})")
-    return None
-
-
-def _check_storage(named) -> None:
-    for name, t in named:
-        why = _storage_fault(name, t)
-        if why:
-            raise InvalidInput(f"{why}: its strides do not fit inside its storage")
-
-
-def _shape_text(named, layout: int) -> str:
-    return ", ".join(f"{n} {tuple(t.shape)}" for n, t in named) + f" (layout {LAYOUTS[layout]})"
+    if t.layout is not torch.strided:  # no strides to read
+        return (name, str(t.layout), str(t.device), str(t.dtype), tuple(t.shape), (), 0, None, t.element_size())
+    nbytes = None
+    if storage:
+        try:
+            nbytes = t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):
+            # A tensor subclass without a storage of its own: the op's kernel gets the real
+            # tensors and checks them.
+            pass
+    return (name, "torch.strided", str(t.device), str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset(),
+            nbytes, t.element_size())
 
 
 def _check_inputs(q: Any, k: Any, v: Any, layout: int, storage: bool = True) -> None:
     """Refuses (``InvalidInput``, ``ShapeMismatch``) tensors that do not describe one call in
-    ``layout`` (an index into ``LAYOUTS``): not tensors, not 4-D, not CPU/CUDA, a dtype other
-    than fp16/bf16/fp32/fp64, dtypes or devices that differ, a zero-sized dim, batch / heads /
-    sequence length / head dim that disagree (no broadcasting), query heads not a multiple of
-    the KV heads and, with ``storage``, strides that reach outside a tensor's storage. Shapes
-    only (``storage=False``) for fake tensors, which have none."""
-    named = (("q", q), ("k", k), ("v", v))
-    for name, t in named:
-        _check_tensor(name, t)
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise InvalidInput(f"q, k, v must be 4-D ({LAYOUTS[layout]}); found {q.dim()}, {k.dim()}, {v.dim()} dims")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise InvalidInput(f"q, k, v must have one dtype; found {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in _DTYPE_NAMES:
-        raise InvalidInput(f"dtype {q.dtype} cannot be executed (float16, bfloat16, float32, float64)")
-    if not (q.device == k.device == v.device):
-        raise InvalidInput(f"q, k, v must be on one device; found {q.device}, {k.device}, {v.device}")
-    dims = [_bhsd(t, layout)[0] for t in (q, k, v)]
-    for (name, t), d in zip(named, dims):
-        for i, n in enumerate(d):
-            if n == 0:
-                raise InvalidInput(f"{name} has a zero-sized {_DIM_NAMES[i]} (shape {tuple(t.shape)}, layout "
-                                   f"{LAYOUTS[layout]}): attention needs at least one element in each of "
-                                   "batch, heads, sequence length and head dim")
-    (b, hq, _, dqk), (bk, hk, sk, dk), (bv, hv, sv, _) = dims
-    # Pairs that must agree: (what, index in b/h/s/d, tensor a, tensor b).
-    for what, i, a, c in (("batch", 0, 0, 1), ("batch", 0, 0, 2), ("heads", 1, 1, 2),
-                          ("sequence length", 2, 1, 2), ("head dim", 3, 0, 1)):
-        if dims[a][i] != dims[c][i]:
-            na, nc = named[a][0], named[c][0]
-            # A size of 1 against another is what broadcasting would stretch: say it is not done.
-            hint = ("; attn_policy does not broadcast (expand the tensor explicitly if that is meant)"
-                    if 1 in (dims[a][i], dims[c][i]) else "")
-            raise ShapeMismatch(
-                f"{na} and {nc} differ in {what} ({dims[a][i]} vs {dims[c][i]}): {na} has shape "
-                f"{tuple(named[a][1].shape)}, {nc} {tuple(named[c][1].shape)} (layout {LAYOUTS[layout]}){hint}")
-    if hq % hk:
-        raise ShapeMismatch(f"heads_q ({hq}) is not a multiple of heads_kv ({hk}): "
-                            f"{_shape_text(named, layout)}")
-    if storage:
-        _check_storage(named)
+    ``layout`` (an index into ``LAYOUTS``): not tensors, not strided, not CPU/CUDA, not 4-D, a
+    dtype other than fp16/bf16/fp32/fp64, dtypes or devices that differ, a zero-sized dim,
+    batch / heads / sequence length / head dim that disagree (no broadcasting), query heads not
+    a multiple of the KV heads and, with ``storage``, strides that reach outside a tensor's
+    storage. Shapes only (``storage=False``) for fake tensors, which have none."""
+    _native.check_tensors(layout, [_tensor_arg("q", q, storage), _tensor_arg("k", k, storage),
+                                   _tensor_arg("v", v, storage)])
 
 
 def _check_backward(g: Any, q, k, v, o: Any, lse: Any, layout: int, storage: bool = True) -> None:
     """``_check_inputs`` and the backward's own tensors: O and dO of the forward's O shape and
     dtype, the LSE ``[b, h_q, s_q]`` of ``lse_dtype``, all on Q's device, inside their storage."""
-    _check_inputs(q, k, v, layout, storage)
-    named = (("grad_out", g), ("out", o), ("lse", lse))
-    for name, t in named:
-        _check_tensor(name, t)
-        if t.device != q.device:
-            raise InvalidInput(f"{name} is on {t.device}, q on {q.device}: one device")
-    want_o = tuple(_o_shape(q, v))
-    (b, hq, sq, _), _ = _bhsd(q, layout)
-    for name, t, shape, dtype in (("out", o, want_o, q.dtype), ("grad_out", g, want_o, q.dtype),
-                                  ("lse", lse, (b, hq, sq), lse_dtype(q.dtype))):
-        if tuple(t.shape) != shape:
-            raise ShapeMismatch(f"{name} has shape {tuple(t.shape)}, the call's is {shape} (q {tuple(q.shape)}, "
-                                f"v {tuple(v.shape)}, layout {LAYOUTS[layout]}); attn_policy does not broadcast "
-                                "or reshape it")
-        if t.dtype != dtype:
-            raise InvalidInput(f"{name} has dtype {t.dtype}, the call's is {dtype}")
-    if storage:
-        _check_storage(named)
+    _native.check_tensors(layout, [_tensor_arg(n, t, storage) for n, t in
+                                   (("q", q), ("k", k), ("v", v), ("grad_out", g), ("out", o), ("lse", lse))])
+
+
+def _check_storage(q, k, v) -> None:
+    """Only that each one's strides fit inside its storage (a cached call: its key fixed the rest)."""
+    _native.check_tensors(0, [_tensor_arg("q", q), _tensor_arg("k", k), _tensor_arg("v", v)], True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1515,7 +1449,7 @@ def attention(
     if copy or not runner.checks_storage:
         # The key fixed shapes and strides, not the storage behind them: a native plan checks
         # the pointers it reads, but not the tensors a copy is made from (torch reads them).
-        _check_storage((("q", q), ("k", k), ("v", v)))
+        _check_storage(q, k, v)
     if copy:
         q, k, v = _usable(q), _usable(k), _usable(v)
     o = runner.apply(q, k, v) if grad else runner.output(q, k, v)
