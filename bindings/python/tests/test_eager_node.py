@@ -179,6 +179,7 @@ def test_mode_auto_without_a_compiler_warns_and_uses_python(tmp_path):
         "    o = apt.attention(q, k, v, is_causal=True)\n"
         "print('grad_fn:', type(o.grad_fn).__name__)\n"
         "print('warned:', [str(x.message) for x in w if x.category is RuntimeWarning])\n"
+        "print('warned at:', [(x.filename, x.lineno) for x in w if x.category is RuntimeWarning])\n"
         "print('status:', eager_node.status())\n"
         "o.sum().backward()\n"
         "print('grad ok:', bool(torch.isfinite(q.grad).all()))\n"))
@@ -190,6 +191,9 @@ def test_mode_auto_without_a_compiler_warns_and_uses_python(tmp_path):
     # One warning of one line, which says how to silence it.
     assert "\\n" not in warned, warned
     assert "ATTN_POLICY_EAGER_NODE=python" in warned, warned
+    # It names the caller's line (the -c script's sixth: the attention call), not attn_policy's.
+    at = next(ln for ln in out.splitlines() if ln.startswith("warned at:"))
+    assert at == "warned at: [('<string>', 6)]", at
     assert "'node': 'python'" in out and "grad ok: True" in out, out
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))
 

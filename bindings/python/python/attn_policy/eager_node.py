@@ -191,7 +191,8 @@ def _compile(cxx: str, out: Path) -> None:
     logfile = build_log(out)
 
     def record(status: str, output: str) -> None:
-        logfile.write_text(f"torch {torch.__version__}, {SOURCE}\n$ {' '.join(cmd)}\n{status}\n{output}")
+        logfile.write_text(f"torch {torch.__version__}, {SOURCE}\n$ {' '.join(cmd)}\n{status}\n{output}"
+                           + ("" if output.endswith("\n") else "\n"))
 
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -242,6 +243,17 @@ def _load() -> Node:
     return node
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package, for a warning raised in
+    ``op()``: it names the user's line that made the first eager call, however deep inside
+    attn_policy the node was asked for."""
+    pkg = str(Path(__file__).resolve().parent)
+    frame, level = sys._getframe(2), 2  # 1 is op(), which warns
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(pkg):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def op() -> Optional[Node]:
     """The node's ops, or None where eager calls use the Python ``autograd.Function`` and the
     Python forward (mode ``python``, or ``auto`` without a usable compiler). Built and loaded on
@@ -266,7 +278,7 @@ def op() -> Optional[Node]:
                 warnings.warn(f"attn_policy: the C++ eager node is not used ({why}); eager calls use "
                               f"the Python autograd.Function (same results, more host time per "
                               f"backward); set {ENV}=python to silence this", RuntimeWarning,
-                              stacklevel=3)
+                              stacklevel=_caller_level())
         _state["op"] = fn
         return fn
 
