@@ -146,7 +146,7 @@ pub fn torch_math() -> Manifest {
         backward: true,
         deterministic: true,
         notes: vec![
-            "matmul + masked softmax in float32 (float64 for fp64 inputs); O(s_q * s_kv) memory"
+            "matmul + masked softmax in float32 for fp16/bf16, float64 for fp32/fp64 inputs (an fp32 softmax of fp32 inputs misses 2x the naive error); O(s_q * s_kv) memory"
                 .into(),
         ],
     }

@@ -100,23 +100,28 @@ def direct_calls(plan, q, k, v, do, cuda):
     ws_b = torch.empty(max(wsb, 1), dtype=torch.uint8, device=q.device)
     idx = q.device.index or 0
     ptrs = [t.data_ptr() for t in (q, k, v, o, lse, do, dq, dk, dv)]
+    # The bytes each storage holds from its pointer (the plan refuses a problem reaching past).
+    avail = [t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+             for t in (q, k, v, o, lse, do, dq, dk, dv)]
+    bwd_avail = tuple(avail[i] for i in (0, 1, 2, 3, 5, 4, 6, 7, 8))
 
     def stream():
         return torch.cuda.current_stream(idx).cuda_stream if cuda else 0
 
     def fwd():
         if cuda:
-            plan.forward(ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ws_f.data_ptr(), wsf, stream())
+            plan.forward(*ptrs[:5], avail[:5], ws_f.data_ptr(), wsf, stream())
         else:
-            plan.forward(ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4])
+            plan.forward(*ptrs[:5], avail[:5])
 
     def fwd_bwd():
         fwd()
         if cuda:
             plan.backward(ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[5], ptrs[4], ptrs[6], ptrs[7], ptrs[8],
-                          ws_b.data_ptr(), wsb, stream())
+                          bwd_avail, ws_b.data_ptr(), wsb, stream())
         else:
-            plan.backward(ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[5], ptrs[4], ptrs[6], ptrs[7], ptrs[8])
+            plan.backward(ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[5], ptrs[4], ptrs[6], ptrs[7], ptrs[8],
+                          bwd_avail)
 
     keep = (o, lse, dq, dk, dv, ws_f, ws_b)
     return fwd, fwd_bwd, keep

@@ -20,7 +20,7 @@ use attn_policy_adapters::{DType, DeviceBackwardArgs, DeviceForwardArgs, ExecErr
 use crate::torch_ops::PlanCore;
 
 /// Bumped when the table or a signature changes; the C++ node refuses another version.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// A call's outcome; the C++ node prefixes the message with the Python exception's name.
 #[repr(i32)]
@@ -30,7 +30,7 @@ enum Status {
     Refused = 1,
     /// `ExecutorUnavailable`: it cannot run in this process.
     Unavailable = 2,
-    /// `ValueError`: the tensors do not describe the problem.
+    /// `InvalidInput`: the tensors do not describe the problem (or reach past their storage).
     InvalidInput = 3,
     /// `ExecutorFailed`: a library call failed (or a bug panicked).
     Failed = 4,
@@ -59,10 +59,12 @@ pub struct PlanAbi {
     pub release: unsafe extern "C" fn(*const PlanCore),
     pub info: unsafe extern "C" fn(*const PlanCore, *mut PlanInfo),
     pub workspace_backward: unsafe extern "C" fn(*const PlanCore, *mut u64) -> i32,
-    /// `ptrs`: Q, K, V, O, LSE.
-    pub forward: unsafe extern "C" fn(*const PlanCore, *const u64, u64, u64, u64) -> i32,
-    /// `ptrs`: Q, K, V, O, dO, LSE, dQ, dK, dV.
-    pub backward: unsafe extern "C" fn(*const PlanCore, *const u64, u64, u64, u64) -> i32,
+    /// `ptrs`: Q, K, V, O, LSE; `avail`: the bytes each one's storage holds from its pointer.
+    pub forward:
+        unsafe extern "C" fn(*const PlanCore, *const u64, *const u64, u64, u64, u64) -> i32,
+    /// `ptrs` (and `avail`): Q, K, V, O, dO, LSE, dQ, dK, dV.
+    pub backward:
+        unsafe extern "C" fn(*const PlanCore, *const u64, *const u64, u64, u64, u64) -> i32,
     pub last_error: unsafe extern "C" fn() -> *const c_char,
 }
 
@@ -165,17 +167,25 @@ unsafe extern "C" fn workspace_backward(plan: *const PlanCore, bytes: *mut u64) 
 }
 
 /// # Safety
-/// `plan` is live; `ptrs` holds 5 pointers to tensors as `PlanCore::forward` requires.
+/// `plan` is live; `ptrs` holds 5 pointers to tensors as `PlanCore::forward` requires and
+/// `avail` 5 byte counts (checked against the problem there).
 unsafe extern "C" fn forward(
     plan: *const PlanCore,
     ptrs: *const u64,
+    avail: *const u64,
     workspace: u64,
     workspace_bytes: u64,
     stream: u64,
 ) -> i32 {
     guarded(|| {
         // SAFETY: the caller's contract.
-        let (plan, p) = unsafe { (&*plan, std::slice::from_raw_parts(ptrs, 5)) };
+        let (plan, p, avail) = unsafe {
+            (
+                &*plan,
+                &*ptrs.cast::<[u64; 5]>(),
+                &*avail.cast::<[u64; 5]>(),
+            )
+        };
         let args = DeviceForwardArgs {
             q: p[0],
             k: p[1],
@@ -184,22 +194,30 @@ unsafe extern "C" fn forward(
             lse: p[4],
         };
         // SAFETY: the caller's contract.
-        unsafe { plan.forward(&args, workspace, workspace_bytes, stream) }
+        unsafe { plan.forward(&args, avail, workspace, workspace_bytes, stream) }
     })
 }
 
 /// # Safety
-/// `plan` is live; `ptrs` holds 9 pointers to tensors as `PlanCore::backward` requires.
+/// `plan` is live; `ptrs` holds 9 pointers to tensors as `PlanCore::backward` requires and
+/// `avail` 9 byte counts.
 unsafe extern "C" fn backward(
     plan: *const PlanCore,
     ptrs: *const u64,
+    avail: *const u64,
     workspace: u64,
     workspace_bytes: u64,
     stream: u64,
 ) -> i32 {
     guarded(|| {
         // SAFETY: the caller's contract.
-        let (plan, p) = unsafe { (&*plan, std::slice::from_raw_parts(ptrs, 9)) };
+        let (plan, p, avail) = unsafe {
+            (
+                &*plan,
+                &*ptrs.cast::<[u64; 9]>(),
+                &*avail.cast::<[u64; 9]>(),
+            )
+        };
         let args = DeviceBackwardArgs {
             q: p[0],
             k: p[1],
@@ -212,7 +230,7 @@ unsafe extern "C" fn backward(
             dv: p[8],
         };
         // SAFETY: the caller's contract.
-        unsafe { plan.backward(&args, workspace, workspace_bytes, stream) }
+        unsafe { plan.backward(&args, avail, workspace, workspace_bytes, stream) }
     })
 }
 

@@ -23,6 +23,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyT
 use serde_json::{Map, Value as Json};
 
 mod eager_abi;
+mod inputs;
 mod torch_ops;
 
 create_exception!(
@@ -1421,5 +1422,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config_keys, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_packs, m)?)?;
     torch_ops::register(m)?;
+    inputs::register(m)?;
     Ok(())
 }

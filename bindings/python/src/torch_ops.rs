@@ -12,7 +12,13 @@
 //! Errors are typed: `ExecutorRefused` (the executor does not do this problem: a capability
 //! gap, with the executor's reason), `ExecutorUnavailable` (it cannot run in this process: no
 //! GPU, feature off, library missing), `ExecutorFailed` (a library call failed), `ValueError`
-//! (the tensors do not describe a valid problem).
+//! (the tensors do not describe a valid problem) as `InvalidInput`, a `PolicyError`.
+//!
+//! Python checks the tensors before a plan is made (`attn_policy.torch._check_inputs`); the
+//! plans check again what they are handed, so that no caller's mistake becomes an out-of-bounds
+//! read: every pointer comes with the bytes its tensor's storage holds from it, and a call whose
+//! problem (shapes and strides) reaches past them, or a null or misaligned pointer, is refused
+//! before any executor reads it.
 
 use std::sync::{Arc, LazyLock, RwLock};
 
@@ -36,6 +42,14 @@ create_exception!(
     ExecutorUnavailable,
     PyRuntimeError,
     "The executor cannot run in this process (no GPU, feature off, library missing)."
+);
+create_exception!(
+    _native,
+    InvalidInput,
+    crate::PolicyError,
+    "The tensors do not describe one attention call (a wrong type, rank, dtype or device, sizes \
+     that disagree, a zero-sized dim, strides outside the storage): refused before any kernel \
+     reads them. A `PolicyError` (so a `ValueError`)."
 );
 create_exception!(
     _native,
@@ -63,7 +77,7 @@ fn exec_err(e: ExecError) -> PyErr {
         ExecError::Unsupported { reason } => ExecutorRefused::new_err(reason),
         ExecError::NoDevice { reason } => ExecutorUnavailable::new_err(reason),
         ExecError::Unavailable { reason, .. } => ExecutorUnavailable::new_err(reason),
-        ExecError::InvalidInput { reason } => PyValueError::new_err(reason),
+        ExecError::InvalidInput { reason } => InvalidInput::new_err(reason),
         ExecError::UnknownExecutor { name, known } => {
             PyValueError::new_err(format!("unknown executor '{name}' (known: {known})"))
         }
@@ -84,7 +98,7 @@ fn dtype_of(name: &str) -> PyResult<DType> {
         "float32" | "fp32" => DType::F32,
         "float64" | "fp64" => DType::F64,
         other => {
-            return Err(PyValueError::new_err(format!(
+            return Err(InvalidInput::new_err(format!(
                 "dtype {other} cannot be executed (float16, bfloat16, float32, float64)"
             )));
         }
@@ -145,15 +159,119 @@ pub fn make_problem(
             alignment,
         },
         other => {
-            return Err(PyValueError::new_err(format!(
+            return Err(InvalidInput::new_err(format!(
                 "mask {other}: 0 (none), 1 (causal top-left) or 2 (causal bottom-right)"
             )));
         }
     };
     p.softmax_scale = scale;
     p.deterministic = deterministic;
-    p.validate().map_err(PyValueError::new_err)?;
+    p.validate().map_err(InvalidInput::new_err)?;
+    for (name, bytes) in spans(&p) {
+        // Sizes and strides come from Python: a span past isize::MAX bytes would overflow the
+        // executors' offset arithmetic (no real tensor has one).
+        if bytes > isize::MAX as u128 {
+            return Err(InvalidInput::new_err(format!(
+                "{name}: the sizes and strides reach {bytes} bytes, more than any storage holds"
+            )));
+        }
+    }
     Ok(NativeProblem { p })
+}
+
+/// Bytes of Q, K, V, O and the LSE the problem reads or writes from each tensor's data
+/// pointer (largest offset + 1 element), in u128 so that no product of Python's sizes and
+/// strides overflows. dQ, dK, dV take Q, K, V's; dO takes O's.
+fn spans(p: &AttentionProblem) -> [(&'static str, u128); 5] {
+    let span = |s: Strides, h: usize, sl: usize, d: usize| -> u128 {
+        let last = |n: usize, stride: usize| (n.saturating_sub(1) as u128) * stride as u128;
+        let elems = last(p.batch, s.batch) + last(h, s.head) + last(sl, s.seq) + d as u128;
+        elems * p.dtype.size_bytes() as u128
+    };
+    let l = &p.layout;
+    let lse_elem: u128 = if p.dtype == DType::F64 { 8 } else { 4 };
+    [
+        ("q", span(l.q, p.heads_q, p.seqlen_q, p.head_dim_qk)),
+        ("k", span(l.k, p.heads_kv, p.seqlen_kv, p.head_dim_qk)),
+        ("v", span(l.v, p.heads_kv, p.seqlen_kv, p.head_dim_v)),
+        ("o", span(l.o, p.heads_q, p.seqlen_q, p.head_dim_v)),
+        (
+            "lse",
+            (p.batch as u128) * (p.heads_q as u128) * (p.seqlen_q as u128) * lse_elem,
+        ),
+    ]
+}
+
+/// Refuses a buffer the problem would read or write past: a null pointer (a meta tensor, a
+/// storage freed or resized to 0 bytes), one not aligned to its element, or fewer bytes from
+/// the pointer to the end of its storage (`avail`) than the problem's span.
+fn check_buffer(name: &str, ptr: u64, avail: u64, span: u128, elem: u64) -> Result<(), ExecError> {
+    if ptr == 0 {
+        return Err(ExecError::invalid(format!(
+            "{name} has no data (a null pointer: a meta tensor, or a storage freed or resized to \
+             0 bytes)"
+        )));
+    }
+    if !ptr.is_multiple_of(elem) {
+        return Err(ExecError::invalid(format!(
+            "{name}'s data pointer {ptr:#x} is not aligned to its {elem}-byte elements"
+        )));
+    }
+    if span > avail as u128 {
+        return Err(ExecError::invalid(format!(
+            "{name}'s sizes and strides reach {span} bytes from its data pointer, but its storage \
+             holds {avail} bytes from there"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks the forward's pointers against their storage: Q, K, V, O, LSE.
+fn check_forward_buffers(
+    p: &AttentionProblem,
+    a: &DeviceForwardArgs,
+    avail: &[u64; 5],
+) -> Result<(), ExecError> {
+    let [q, k, v, o, lse] = spans(p);
+    let elem = p.dtype.size_bytes() as u64;
+    let lse_elem = if p.dtype == DType::F64 { 8 } else { 4 };
+    let want = [
+        (q, a.q, elem),
+        (k, a.k, elem),
+        (v, a.v, elem),
+        (o, a.o, elem),
+        (lse, a.lse, lse_elem),
+    ];
+    for (i, ((name, span), ptr, e)) in want.into_iter().enumerate() {
+        check_buffer(name, ptr, avail[i], span, e)?;
+    }
+    Ok(())
+}
+
+/// As [`check_forward_buffers`] for the backward: Q, K, V, O, dO, LSE, dQ, dK, dV.
+fn check_backward_buffers(
+    p: &AttentionProblem,
+    a: &DeviceBackwardArgs,
+    avail: &[u64; 9],
+) -> Result<(), ExecError> {
+    let [q, k, v, o, lse] = spans(p);
+    let elem = p.dtype.size_bytes() as u64;
+    let lse_elem = if p.dtype == DType::F64 { 8 } else { 4 };
+    let want = [
+        ("q", q.1, a.q, elem),
+        ("k", k.1, a.k, elem),
+        ("v", v.1, a.v, elem),
+        ("o", o.1, a.o, elem),
+        ("dO", o.1, a.d_o, elem),
+        ("lse", lse.1, a.lse, lse_elem),
+        ("dQ", q.1, a.dq, elem),
+        ("dK", k.1, a.dk, elem),
+        ("dV", v.1, a.dv, elem),
+    ];
+    for (i, (name, span, ptr, e)) in want.into_iter().enumerate() {
+        check_buffer(name, ptr, avail[i], span, e)?;
+    }
+    Ok(())
 }
 
 impl NativeProblem {
@@ -296,20 +414,24 @@ impl PlanCore {
         self.ex.workspace_bytes(&self.p, Direction::Backward)
     }
 
-    /// Forward: on CUDA enqueues on `stream`; on the host computes in place.
+    /// Forward: on CUDA enqueues on `stream`; on the host computes in place. `avail`: the
+    /// bytes each tensor's storage holds from its pointer (Q, K, V, O, LSE); a problem that
+    /// reaches past them, or a null or misaligned pointer, is refused before anything runs.
     ///
     /// # Safety
-    /// The pointers are live tensors matching the problem (shapes, strides, dtype; the LSE
-    /// fp64 for fp64 problems, fp32 otherwise) on the plan's device, outputs distinct from
-    /// inputs; on CUDA allocated on (or synchronised with) `stream` and kept alive by torch's
-    /// allocator until the stream's work completes.
+    /// The pointers are live tensors of the problem's dtype (the LSE fp64 for fp64 problems,
+    /// fp32 otherwise) on the plan's device, each with `avail` bytes from it, outputs distinct
+    /// from inputs; on CUDA allocated on (or synchronised with) `stream` and kept alive by
+    /// torch's allocator until the stream's work completes.
     pub(crate) unsafe fn forward(
         &self,
         args: &DeviceForwardArgs,
+        avail: &[u64; 5],
         ws: u64,
         ws_bytes: u64,
         stream: u64,
     ) -> Result<(), ExecError> {
+        check_forward_buffers(&self.p, args, avail)?;
         if self.device.is_none() {
             let p = &self.p;
             let lse = if p.dtype == DType::F64 {
@@ -336,17 +458,20 @@ impl PlanCore {
 
     /// Backward; see `forward`. dQ, dK, dV use the strides of Q, K, V; dO those of O. On the
     /// host too it starts from the given O and LSE, like the GPU executors: a context-parallel
-    /// step passes the merged O and LSE of the whole softmax.
+    /// step passes the merged O and LSE of the whole softmax. `avail`: as `forward`'s, for Q,
+    /// K, V, O, dO, LSE, dQ, dK, dV.
     ///
     /// # Safety
     /// As `forward`.
     pub(crate) unsafe fn backward(
         &self,
         args: &DeviceBackwardArgs,
+        avail: &[u64; 9],
         ws: u64,
         ws_bytes: u64,
         stream: u64,
     ) -> Result<(), ExecError> {
+        check_backward_buffers(&self.p, args, avail)?;
         if self.device.is_none() {
             let p = &self.p;
             let lse = if p.dtype == DType::F64 {
@@ -408,8 +533,10 @@ impl NativePlan {
     }
 
     /// Forward. On CUDA: enqueues on `stream` and returns. On the host: computes in place
-    /// (GIL released). Pointers are `data_ptr()`s of tensors that match the problem.
-    #[pyo3(signature = (q, k, v, o, lse, workspace=0, workspace_bytes=0, stream=0))]
+    /// (GIL released). Pointers are `data_ptr()`s of tensors of the problem's dtype; `avail`
+    /// the bytes each one's storage holds from its pointer (`InvalidInput` where the problem
+    /// reaches past them).
+    #[pyo3(signature = (q, k, v, o, lse, avail, workspace=0, workspace_bytes=0, stream=0))]
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -419,14 +546,18 @@ impl NativePlan {
         v: u64,
         o: u64,
         lse: u64,
+        avail: [u64; 5],
         workspace: u64,
         workspace_bytes: u64,
         stream: u64,
     ) -> PyResult<()> {
         let args = DeviceForwardArgs { q, k, v, o, lse };
-        // SAFETY: the Python caller passes live tensors matching the problem (see
-        // `PlanCore::forward`).
-        let run = || unsafe { self.core.forward(&args, workspace, workspace_bytes, stream) };
+        // SAFETY: the Python caller passes live tensors of the problem's dtype with `avail`
+        // bytes from each pointer (see `PlanCore::forward`, which checks the extents).
+        let run = || unsafe {
+            self.core
+                .forward(&args, &avail, workspace, workspace_bytes, stream)
+        };
         if self.core.device.is_none() {
             py.detach(run).map_err(exec_err)
         } else {
@@ -434,8 +565,9 @@ impl NativePlan {
         }
     }
 
-    /// Backward; see `forward`. dQ, dK, dV use the strides of Q, K, V; dO those of O.
-    #[pyo3(signature = (q, k, v, o, d_o, lse, dq, dk, dv, workspace=0, workspace_bytes=0, stream=0))]
+    /// Backward; see `forward`. dQ, dK, dV use the strides of Q, K, V; dO those of O;
+    /// `avail` is for Q, K, V, O, dO, LSE, dQ, dK, dV.
+    #[pyo3(signature = (q, k, v, o, d_o, lse, dq, dk, dv, avail, workspace=0, workspace_bytes=0, stream=0))]
     #[allow(clippy::too_many_arguments)]
     fn backward(
         &self,
@@ -449,6 +581,7 @@ impl NativePlan {
         dq: u64,
         dk: u64,
         dv: u64,
+        avail: [u64; 9],
         workspace: u64,
         workspace_bytes: u64,
         stream: u64,
@@ -467,7 +600,7 @@ impl NativePlan {
         // SAFETY: as in `forward`.
         let run = || unsafe {
             self.core
-                .backward(&args, workspace, workspace_bytes, stream)
+                .backward(&args, &avail, workspace, workspace_bytes, stream)
         };
         if self.core.device.is_none() {
             py.detach(run).map_err(exec_err)
@@ -585,6 +718,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ExecutorRefused", py.get_type::<ExecutorRefused>())?;
     m.add("ExecutorUnavailable", py.get_type::<ExecutorUnavailable>())?;
     m.add("ExecutorFailed", py.get_type::<ExecutorFailed>())?;
+    m.add("InvalidInput", py.get_type::<InvalidInput>())?;
     m.add_function(wrap_pyfunction!(make_problem, m)?)?;
     m.add_function(wrap_pyfunction!(make_plan, m)?)?;
     m.add_function(wrap_pyfunction!(executors, m)?)?;

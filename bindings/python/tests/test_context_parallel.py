@@ -330,10 +330,14 @@ def test_world4_declines_and_mismatches_are_refused_on_every_rank(world4):
         if c["expect"] == "pass":
             continue
         members = [results[r][i] for r in range(4) if results[r][i]["member"]]
-        want = "ShardMismatch" if c["expect"] == "mismatch" else "ContextParallelDeclined"
+        want = {"mismatch": "ShardMismatch", "declined": "ContextParallelDeclined", "invalid": "InvalidInput"}[c["expect"]]
         assert members and all(m.get("raised") == want for m in members), (c["name"], members)
         if c["name"].startswith("rank 0 float32"):
             assert all("dtype differs" in m["message"] for m in members), members
+        if c["expect"] == "invalid":
+            # Every rank names the rank whose shards disagree, and how.
+            assert all("rank 0: q and k differ in batch (2 vs 1)" in m["message"] for m in members), members
+    assert any(c["expect"] == "invalid" for c in cases)
 
 
 def test_bench_dry_run_with_world_size_1():

@@ -137,8 +137,8 @@ def test_cpp_node_refuses_double_backward(node):
 def test_errors_of_the_node_are_retyped():
     e = apt._retyped(RuntimeError("attn_policy[ExecutorRefused]: head dim 999 is not supported"))
     assert isinstance(e, attn_policy_native().ExecutorRefused) and str(e) == "head dim 999 is not supported"
-    e = apt._retyped(RuntimeError("attn_policy[ValueError]: bad strides"))
-    assert type(e) is ValueError
+    e = apt._retyped(RuntimeError("attn_policy[InvalidInput]: bad strides"))
+    assert type(e) is apt.InvalidInput and isinstance(e, ValueError) and str(e) == "bad strides"
     other = RuntimeError("CUDA error: out of memory")
     assert apt._retyped(other) is other
 
@@ -179,6 +179,7 @@ def test_mode_auto_without_a_compiler_warns_and_uses_python(tmp_path):
         "    o = apt.attention(q, k, v, is_causal=True)\n"
         "print('grad_fn:', type(o.grad_fn).__name__)\n"
         "print('warned:', [str(x.message) for x in w if x.category is RuntimeWarning])\n"
+        "print('warned at:', [(x.filename, x.lineno) for x in w if x.category is RuntimeWarning])\n"
         "print('status:', eager_node.status())\n"
         "o.sum().backward()\n"
         "print('grad ok:', bool(torch.isfinite(q.grad).all()))\n"))
@@ -186,6 +187,13 @@ def test_mode_auto_without_a_compiler_warns_and_uses_python(tmp_path):
     out = r.stdout
     assert "grad_fn: _EagerBackward" in out, out
     assert "Python autograd.Function" in out and "no C++ compiler found" in out, out
+    warned = next(ln for ln in out.splitlines() if ln.startswith("warned:"))
+    # One warning of one line, which says how to silence it.
+    assert "\\n" not in warned, warned
+    assert "ATTN_POLICY_EAGER_NODE=python" in warned, warned
+    # It names the caller's line (the -c script's sixth: the attention call), not attn_policy's.
+    at = next(ln for ln in out.splitlines() if ln.startswith("warned at:"))
+    assert at == "warned at: [('<string>', 6)]", at
     assert "'node': 'python'" in out and "grad ok: True" in out, out
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))
 
@@ -198,8 +206,43 @@ def test_a_failing_compiler_is_reported_with_its_command(tmp_path):
         "except eager_node.EagerNodeError as e:\n"
         "    print('refused:', e)\n"), CXX="/bin/false")
     assert r.returncode == 0, r.stderr
-    assert "refused: compiling eager_node.cpp failed (exit 1)" in r.stdout and "$ /bin/false" in r.stdout, r.stdout
+    assert "refused: compiling eager_node.cpp for torch" in r.stdout and "failed (exit 1" in r.stdout, r.stdout
+    # The message is one line naming the log; the log holds the command and the output.
+    assert r.stdout.count("\n") == 1, r.stdout
+    logs = list((tmp_path / "cache").rglob("build.log"))
+    assert len(logs) == 1 and str(logs[0]) in r.stdout, (logs, r.stdout)
+    log = logs[0].read_text()
+    assert "$ /bin/false " in log and "exit 1" in log, log
     assert not any((tmp_path / "cache").rglob("*.so"))
+
+
+def test_a_compiler_error_is_one_line_and_the_whole_output_is_in_the_log(tmp_path):
+    # A compiler that fails as a real one does: pages of diagnostics, the cause at the top.
+    cxx = tmp_path / "fake-cxx"
+    cxx.write_text("#!/bin/sh\necho 'eager_node.cpp:1:2: error: #error C++99 is required' >&2\n"
+                   "i=0; while [ $i -lt 300 ]; do echo \"note: candidate $i\" >&2; i=$((i+1)); done\nexit 1\n")
+    cxx.chmod(0o755)
+    r = _fresh_process(tmp_path, "auto", (
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    o = apt.attention(q, k, v, is_causal=True)\n"
+        "msgs = [str(x.message) for x in w if x.category is RuntimeWarning]\n"
+        "print(len(msgs)); print(msgs[0])\n"), CXX=str(cxx))
+    assert r.returncode == 0, r.stderr
+    count, message = r.stdout.splitlines()[:2]
+    assert count == "1" and len(r.stdout.splitlines()) == 2, r.stdout
+    assert "error: #error C++99 is required" in message and "candidate" not in message, message
+    assert "ATTN_POLICY_EAGER_NODE=python" in message and "build.log" in message, message
+    log = next((tmp_path / "cache").rglob("build.log")).read_text()
+    assert "note: candidate 299" in log and "error: #error C++99" in log, log[:500]
+
+
+def test_the_cxx_standard_is_the_one_this_torch_requires():
+    std = eager_node.cxx_standard()
+    # torch 2.11's headers need C++17, 2.15's C++20 (they #error under C++17): CI runs both.
+    known = {"2.11": "c++17", "2.15": "c++20"}
+    assert std == known.get(".".join(torch.__version__.split(".")[:2]), std), std
+    assert f"-std={std}" in eager_node._command("c++", eager_node.SOURCE)
 
 
 @needs_cxx

@@ -535,7 +535,9 @@ _FIELDS = ("magic", "comm", "group_size", "a2a_size", "layout", "dtype", "device
 # Fields allowed to differ between ranks.
 _PER_RANK = {"a2a_rank", "p2p_rank", "verdict"}
 # Verdicts, by precedence (the largest seen on any rank decides the error every rank raises).
-_OK, _DECLINED, _INVALID, _MISMATCH = 0, 1, 2, 3
+# _INPUT: a rank's own tensors do not describe one call (attn_policy.torch.InvalidInput); it
+# comes first, as the descriptor of such a rank cannot be compared with the others'.
+_OK, _DECLINED, _INVALID, _MISMATCH, _INPUT = 0, 1, 2, 3, 4
 
 
 def _f64_bits(x: float) -> int:
@@ -603,6 +605,8 @@ def _agree(desc: List[int], groups: Sequence, like: torch.Tensor, local_msg: str
         return
     msgs = _gather_messages(local_msg or "; ".join(dict.fromkeys(mismatch)), groups)
     text = "; ".join(msgs) if msgs else "another rank refused the call"
+    if worst == _INPUT:
+        raise _apt.InvalidInput(f"context-parallel call refused on every rank (a rank's tensors): {text}")
     if worst == _MISMATCH:
         raise ShardMismatch(f"context-parallel shards differ between ranks (refused on every rank): {text}")
     if worst == _INVALID:
@@ -1120,10 +1124,8 @@ def cp_attention(
         if on_decline != "raise":
             raise PolicyError(f'on_decline={on_decline!r} is not available under context parallelism '
                               '(a fallback returns no log-sum-exp to merge); use on_decline="raise"')
-        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-            raise PolicyError(f"q, k, v must be 4-D ({layout}); found {q.dim()}, {k.dim()}, {v.dim()} dims")
-        if q.dtype not in _DTYPE_CODES or k.dtype != q.dtype or v.dtype != q.dtype:
-            raise PolicyError(f"q, k, v must share one of float16, bfloat16, float32, float64; found {q.dtype}, {k.dtype}, {v.dtype}")
+        # This rank's shards, checked as one call's tensors (the ranks' agreement: below).
+        _apt._check_inputs(q, k, v, li)
         (b, hq, sq, dqk), _ = _apt._bhsd(q, li)
         (_, hkv, skv, _), _ = _apt._bhsd(k, li)
         (_, _, _, dv), _ = _apt._bhsd(v, li)
@@ -1160,6 +1162,8 @@ def cp_attention(
             raise ContextParallelDeclined(why)
     except ContextParallelDeclined as e:
         verdict, local_msg = _DECLINED, f"rank {rank}: {e}"
+    except _apt.InvalidInput as e:
+        verdict, local_msg = _INPUT, f"rank {rank}: {e}"
     except PolicyError as e:
         verdict, local_msg = _INVALID, f"rank {rank}: {e}"
     except Exception as e:  # noqa: BLE001 - told to every rank, then re-raised as PolicyError
@@ -1174,7 +1178,7 @@ def cp_attention(
             a2a_rank, ring_rank, verdict]
     # 3. Every rank sees every rank's descriptor before any K/V moves.
     try:
-        _agree(desc, groups, q, local_msg)
+        _agree(desc, groups, q if isinstance(q, torch.Tensor) else torch.empty(0), local_msg)
     except ContextParallelDeclined as e:
         decision.declined = str(e)
         e.decision = decision

@@ -63,6 +63,10 @@ def default_cases(world_size: int, device: str) -> List[Dict[str, Any]]:
     if n >= 2:  # a world of one has no other shard to differ from
         cases.append(dict(base, sq=2 * n * c, skv=2 * n * c, causal=True, layout="bshd", comm="p2p", group=["world"],
                           name="rank 0's shard is longer", expect="mismatch", rank0_extra_tokens=2))
+    # A rank whose own K and V disagree with its Q (batch 1 against 2): refused on every rank
+    # as InvalidInput, before any K/V moves (a one-rank world too).
+    cases.append(dict(base, sq=2 * n * c, skv=2 * n * c, causal=True, layout="bshd", comm="p2p", group=["world"],
+                      name="rank 0's K, V of batch 1", expect="invalid", rank0_kv_batch=1))
     return cases
 
 
@@ -187,6 +191,10 @@ def _run_case(torch, apt, cp, case: Dict[str, Any], group, device, dtype) -> Dic
             shard["do"] = shard["do"].narrow(hd, 0, shard["do"].shape[hd] - case["rank0_drop_heads"]).contiguous()
         if case.get("rank0_comm"):
             comm = case["rank0_comm"]
+        if case.get("rank0_kv_batch"):
+            bd = 1 if layout == "sbhd" else 0
+            for x in ("k", "v"):
+                shard[x] = shard[x].narrow(bd, 0, case["rank0_kv_batch"]).contiguous()
     q, k, v = (shard[x].clone().requires_grad_(True) for x in ("q", "k", "v"))
     kw["dropout_p"] = case.get("dropout_p", 0.0)
     t0 = time.perf_counter()
@@ -197,6 +205,8 @@ def _run_case(torch, apt, cp, case: Dict[str, Any], group, device, dtype) -> Dic
         return {"raised": "ShardMismatch", "message": str(e)[:300]}
     except cp.ContextParallelDeclined as e:
         return {"raised": "ContextParallelDeclined", "message": str(e)[:300]}
+    except apt.InvalidInput as e:
+        return {"raised": "InvalidInput", "message": str(e)[:300]}
     secs = time.perf_counter() - t0
     # The single-process result on the whole sequence, sharded like ours.
     fq, fk, fv = (full[x].clone().requires_grad_(True) for x in ("q", "k", "v"))
@@ -317,8 +327,8 @@ def judge(case: Dict[str, Any], per_rank: Sequence[Dict[str, Any]], dtype: str) 
         return False, "no rank ran it"
     expect = case.get("expect", "pass")
     raised = {r.get("raised") for r in members}
-    if expect in ("mismatch", "declined"):
-        want = "ShardMismatch" if expect == "mismatch" else "ContextParallelDeclined"
+    if expect in ("mismatch", "declined", "invalid"):
+        want = {"mismatch": "ShardMismatch", "declined": "ContextParallelDeclined", "invalid": "InvalidInput"}[expect]
         ok = raised == {want}
         return ok, f"{want} on every rank" if ok else f"expected {want} on every rank, got {sorted(map(str, raised))}"
     if raised != {None}:

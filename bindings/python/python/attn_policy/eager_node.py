@@ -9,7 +9,9 @@ through a C ABI of ``attn_policy._native``), so the backward runs without Python
 It cannot ship prebuilt in this wheel: the wheel is one build for every torch version, and a
 C++ node must be compiled against the torch in the process. So it is compiled here, once per
 torch version and source (about 15 s), with the C++ compiler found (``$CXX``, ``c++``,
-``g++``) and torch's headers and libraries (no CUDA toolkit needed), and cached in
+``g++``), the C++ standard that torch's headers require (C++17 for torch 2.11, C++20 for
+2.15: read from ``ATen/ATen.h``) and torch's headers and libraries (no CUDA toolkit needed),
+and cached in
 ``$ATTN_POLICY_CACHE_DIR`` (default ``$XDG_CACHE_HOME/attn-policy`` or
 ``~/.cache/attn-policy``) under ``eager-node/``. Concurrent processes (``torchrun`` ranks)
 wait on a file lock; one compiles.
@@ -17,8 +19,9 @@ wait on a file lock; one compiles.
 ``ATTN_POLICY_EAGER_NODE`` chooses:
 
 - ``auto`` (default): the C++ node, built on the first eager call of a built-in executor; if no
-  compiler is found or the build fails, a warning with the reason (and the compiler's output)
-  and the Python ``autograd.Function`` (same executors, same results, more host time);
+  compiler is found or the build fails, one ``RuntimeWarning`` line (what failed, the build log
+  holding the compiler's whole output, how to silence it) and the Python ``autograd.Function``
+  (same executors, same results, more host time);
 - ``cpp``: the C++ node or an error (``EagerNodeError``);
 - ``python``: never build; the Python ``autograd.Function``.
 
@@ -54,7 +57,8 @@ import torch
 
 from . import _native
 
-__all__ = ["EagerNodeError", "Node", "op", "status", "build", "reset", "library_path", "MODES"]
+__all__ = ["EagerNodeError", "Node", "op", "status", "build", "build_log", "cxx_standard", "reset",
+           "library_path", "MODES"]
 
 log = logging.getLogger("attn_policy")
 
@@ -97,10 +101,32 @@ def _torch_dirs() -> Dict[str, Any]:
             "lib": root / "lib"}
 
 
+# `__cplusplus` values and the -std flag that gives each.
+_STANDARDS = ((201703, "c++17"), (202002, "c++20"), (202302, "c++23"))
+
+
+def cxx_standard() -> str:
+    """The ``-std`` the torch in the process requires of code including its headers: the check
+    ``__cplusplus < N`` at the top of ``ATen/ATen.h`` (torch 2.11: C++17; 2.15: C++20, whose
+    headers do not compile as C++17). The oldest standard meeting it; C++17 where the header
+    states none."""
+    import re
+
+    try:
+        text = (_torch_dirs()["include"][0] / "ATen" / "ATen.h").read_text(errors="replace")[:4000]
+    except OSError:
+        return "c++17"
+    need = max((int(n) for n in re.findall(r"__cplusplus\s*<\s*(\d{6})L", text)), default=0)
+    for value, flag in _STANDARDS:
+        if value >= need:
+            return flag
+    return _STANDARDS[-1][1]
+
+
 def _command(cxx: str, out: Path) -> List[str]:
     d = _torch_dirs()
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
-    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC",
+    cmd = [cxx, "-O2", f"-std={cxx_standard()}", "-shared", "-fPIC",
            f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     for inc in d["include"]:
         cmd += ["-isystem", str(inc)]
@@ -144,25 +170,46 @@ def build(force: bool = False) -> Path:
     return out
 
 
+def build_log(out: Path) -> Path:
+    """Where the compiler's whole output for the node at ``out`` is written."""
+    return out.parent / "build.log"
+
+
+def _first_error(text: str) -> str:
+    """The line that says what failed (the first error), shortened: the warning's summary."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "no output")
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
 def _compile(cxx: str, out: Path) -> None:
     log.warning("attn_policy: compiling the C++ autograd node for torch %s (once; ~15 s) into %s",
                 torch.__version__, out)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     cmd = _command(cxx, Path(tmp))
+    logfile = build_log(out)
+
+    def record(status: str, output: str) -> None:
+        logfile.write_text(f"torch {torch.__version__}, {SOURCE}\n$ {' '.join(cmd)}\n{status}\n{output}"
+                           + ("" if output.endswith("\n") else "\n"))
+
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
         os.unlink(tmp)
-        raise EagerNodeError(f"compiling {SOURCE.name} took over 900 s: $ {' '.join(cmd)}") from None
+        record("timed out after 900 s", f"{e.stdout or ''}{e.stderr or ''}")
+        raise EagerNodeError(f"compiling {SOURCE.name} took over 900 s (build log: {logfile})") from None
     except OSError as e:
         os.unlink(tmp)
         raise EagerNodeError(f"running the compiler {cxx} failed: {e}") from e
+    output = (r.stdout or "") + (r.stderr or "")
+    record(f"exit {r.returncode}", output)
     if r.returncode != 0:
         os.unlink(tmp)
-        tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-20:])
-        raise EagerNodeError(f"compiling {SOURCE.name} failed (exit {r.returncode}):\n"
-                             f"$ {' '.join(cmd)}\n{tail}")
+        raise EagerNodeError(f"compiling {SOURCE.name} for torch {torch.__version__} failed "
+                             f"(exit {r.returncode}: {_first_error(output)}); the compiler's output "
+                             f"is in {logfile}")
     os.replace(tmp, out)
 
 
@@ -196,6 +243,17 @@ def _load() -> Node:
     return node
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package, for a warning raised in
+    ``op()``: it names the user's line that made the first eager call, however deep inside
+    attn_policy the node was asked for."""
+    pkg = str(Path(__file__).resolve().parent)
+    frame, level = sys._getframe(2), 2  # 1 is op(), which warns
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(pkg):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def op() -> Optional[Node]:
     """The node's ops, or None where eager calls use the Python ``autograd.Function`` and the
     Python forward (mode ``python``, or ``auto`` without a usable compiler). Built and loaded on
@@ -215,9 +273,12 @@ def op() -> Optional[Node]:
             except EagerNodeError as e:
                 if m == "cpp":
                     raise
-                _state["why"] = str(e)
-                warnings.warn(f"attn_policy: eager calls use the Python autograd.Function "
-                              f"(more host time per backward): {e}", RuntimeWarning, stacklevel=3)
+                why = " ".join(str(e).split())  # one line, whatever the reason holds
+                _state["why"] = why
+                warnings.warn(f"attn_policy: the C++ eager node is not used ({why}); eager calls use "
+                              f"the Python autograd.Function (same results, more host time per "
+                              f"backward); set {ENV}=python to silence this", RuntimeWarning,
+                              stacklevel=_caller_level())
         _state["op"] = fn
         return fn
 

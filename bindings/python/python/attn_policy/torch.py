@@ -59,6 +59,8 @@ __all__ = [
     "DotProductAttention",
     "AttentionDeclined",
     "SubstitutionRefused",
+    "InvalidInput",
+    "ShapeMismatch",
     "CallDecision",
     "ChainEntry",
     "executor_chain",
@@ -103,6 +105,65 @@ class SubstitutionRefused(PolicyError):
         super().__init__(message)
         self.decision = decision
         self.diagnostics: list = []
+
+
+# The tensors do not describe one attention call: refused before anything is decided or planned
+# (a PolicyError, so a ValueError). The plans raise it too, for a pointer or strides that reach
+# past their tensor's storage.
+InvalidInput = _native.InvalidInput
+# Two tensors disagree on a size they share, or dO / O / LSE do not have the call's shape: no
+# broadcasting; the message names both shapes. An InvalidInput.
+ShapeMismatch = _native.ShapeMismatch
+
+
+# ---------------------------------------------------------------------------------------------
+# The one check of a call's tensors, before any decision or plan, is native
+# (`_native.check_tensors`, bindings/python/src/inputs.rs: the rules and their messages); every
+# entry path calls it (eager calls, the op and its fake, the backward, the context-parallel
+# shards). Python only reads what each argument is.
+
+
+def _tensor_arg(name: str, t: Any, storage: bool = True) -> tuple:
+    """What ``check_tensors`` reads of one argument: name, layout, device, dtype, shape,
+    strides, storage offset, the storage's bytes (None where not read: a fake tensor, a
+    subclass without a storage of its own) and the element size."""
+    if not isinstance(t, torch.Tensor):
+        raise InvalidInput(f"{name} must be a torch.Tensor; found {type(t).__name__}")
+    if t.layout is not torch.strided:  # no strides to read
+        return (name, str(t.layout), str(t.device), str(t.dtype), tuple(t.shape), (), 0, None, t.element_size())
+    nbytes = None
+    if storage:
+        try:
+            nbytes = t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):
+            # A tensor subclass without a storage of its own: the op's kernel gets the real
+            # tensors and checks them.
+            pass
+    return (name, "torch.strided", str(t.device), str(t.dtype), tuple(t.shape), t.stride(), t.storage_offset(),
+            nbytes, t.element_size())
+
+
+def _check_inputs(q: Any, k: Any, v: Any, layout: int, storage: bool = True) -> None:
+    """Refuses (``InvalidInput``, ``ShapeMismatch``) tensors that do not describe one call in
+    ``layout`` (an index into ``LAYOUTS``): not tensors, not strided, not CPU/CUDA, not 4-D, a
+    dtype other than fp16/bf16/fp32/fp64, dtypes or devices that differ, a zero-sized dim,
+    batch / heads / sequence length / head dim that disagree (no broadcasting), query heads not
+    a multiple of the KV heads and, with ``storage``, strides that reach outside a tensor's
+    storage. Shapes only (``storage=False``) for fake tensors, which have none."""
+    _native.check_tensors(layout, [_tensor_arg("q", q, storage), _tensor_arg("k", k, storage),
+                                   _tensor_arg("v", v, storage)])
+
+
+def _check_backward(g: Any, q, k, v, o: Any, lse: Any, layout: int, storage: bool = True) -> None:
+    """``_check_inputs`` and the backward's own tensors: O and dO of the forward's O shape and
+    dtype, the LSE ``[b, h_q, s_q]`` of ``lse_dtype``, all on Q's device, inside their storage."""
+    _native.check_tensors(layout, [_tensor_arg(n, t, storage) for n, t in
+                                   (("q", q), ("k", k), ("v", v), ("grad_out", g), ("out", o), ("lse", lse))])
+
+
+def _check_storage(q, k, v) -> None:
+    """Only that each one's strides fit inside its storage (a cached call: its key fixed the rest)."""
+    _native.check_tensors(0, [_tensor_arg("q", q), _tensor_arg("k", k), _tensor_arg("v", v)], True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,7 +354,10 @@ class _TorchFlash(_TorchExecutor):
 
 
 class _TorchMath(_TorchExecutor):
-    """Attention from torch tensor ops in float32 (float64 for fp64 inputs)."""
+    """Attention from torch tensor ops: float32 arithmetic for fp16/bf16 inputs, float64 for
+    fp32 and fp64 (an fp32 computation of fp32 inputs is itself the naive same-dtype attention,
+    which the FlashAttention criterion asks to beat within 2x: it missed that on ~3% of small
+    random problems)."""
 
     name = "torch_math"
     description = "attention from torch tensor ops"
@@ -465,12 +529,7 @@ class _Call:
     def __init__(self, q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training):
         self.layout, self.mask, self.window_left, self.window_right = layout, mask, wl, wr
         self.bottom_right, self.scale, self.dropout_p, self.training = br, scale, dropout_p, training
-        if not (q.dtype == k.dtype == v.dtype):
-            raise PolicyError(f"q, k, v must have one dtype; found {q.dtype}, {k.dtype}, {v.dtype}")
-        if not (q.device == k.device == v.device):
-            raise PolicyError(f"q, k, v must be on one device; found {q.device}, {k.device}, {v.device}")
-        if q.dtype not in _DTYPE_NAMES:
-            raise PolicyError(f"dtype {q.dtype} cannot be executed (float16, bfloat16, float32, float64)")
+        _check_inputs(q, k, v, layout)  # before any plan, whichever path made this call
         self.device, self.dtype = q.device, q.dtype
         (b, hq, sq, dqk), qs = _bhsd(q, layout)
         (_, hkv, skv, _), ks = _bhsd(k, layout)
@@ -531,6 +590,9 @@ def _contiguous_strides(shape: Sequence[int]) -> List[int]:
 
 class _Runner:
     executor = ""
+    # Whether the plan itself checks every pointer against its storage (native plans); the
+    # direct eager path checks the others' storage in Python on every call.
+    checks_storage = False
 
     def forward(self, q, k, v) -> Tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -559,6 +621,11 @@ def _no_stream(index: int) -> int:
     return 0
 
 
+def _avail(t: torch.Tensor) -> int:
+    """The bytes ``t``'s storage holds from its data pointer (what a native plan may touch)."""
+    return max(t.untyped_storage().nbytes() - t.storage_offset() * t.element_size(), 0)
+
+
 class _NativeRunner(_Runner):
     """A built-in executor through a native plan (pointers in, nothing allocated natively).
     What the input signature fixes (shapes, strides, dtype, device, forward workspace) is read
@@ -567,6 +634,8 @@ class _NativeRunner(_Runner):
     def __init__(self, plan, call: _Call, host_copy: bool):
         self.plan, self.executor = plan, plan.executor
         self.host_copy = host_copy  # CUDA tensors through the CPU reference (a last resort)
+        # The plan checks the pointers it is given; a host copy of a CUDA tensor is made by torch.
+        self.checks_storage = not host_copy
         self.ws_fwd = plan.workspace_forward
         self.lse_shape = (call.b, call.hq, call.sq)
         self.lse_dtype = lse_dtype(call.dtype)
@@ -602,6 +671,7 @@ class _NativeRunner(_Runner):
         ws = _empty((n,), dtype=_U8, device=dev) if n else None
         self._fwd(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+            (_avail(q), _avail(k), _avail(v), _avail(o), _avail(lse)),
             ws.data_ptr() if n else 0, n, self._stream(self.index),
         )
         return o, lse
@@ -618,7 +688,8 @@ class _NativeRunner(_Runner):
         ws = _empty((n,), dtype=_U8, device=dev) if n else None
         self._bwd(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
-            dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), ws.data_ptr() if n else 0, n,
+            dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+            tuple(_avail(t) for t in (q, k, v, o, g, lse, dq, dk, dv)), ws.data_ptr() if n else 0, n,
             self._stream(self.index),
         )
         return dq, dk, dv
@@ -629,7 +700,8 @@ class _NativeRunner(_Runner):
         q, k, v = q.cpu(), k.cpu(), v.cpu()
         o = torch.empty(_o_shape(q, v), dtype=q.dtype)
         lse = torch.empty(self.lse_shape, dtype=self.lse_dtype)
-        self._fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        self._fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                  tuple(_avail(t) for t in (q, k, v, o, lse)))
         return o.to(dev), lse.to(dev)
 
     def _backward_through_host(self, g, q, k, v, o, lse):
@@ -640,6 +712,7 @@ class _NativeRunner(_Runner):
         self._bwd(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
             dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+            tuple(_avail(t) for t in (q, k, v, o, g, lse, dq, dk, dv)),
         )
         return dq.to(dev), dk.to(dev), dv.to(dev)
 
@@ -647,7 +720,7 @@ class _NativeRunner(_Runner):
 _NODE_ERRORS = {
     "ExecutorRefused": _native.ExecutorRefused,
     "ExecutorUnavailable": _native.ExecutorUnavailable,
-    "ValueError": ValueError,
+    "InvalidInput": InvalidInput,
     "ExecutorFailed": _native.ExecutorFailed,
 }
 
@@ -678,7 +751,11 @@ def _through_node(node_op, handle: int):
 
 def _like(t: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor with ``t``'s shape and strides (gradients use the strides of
-    their inputs; ``empty_like`` would not keep the strides of a view with gaps)."""
+    their inputs; ``empty_like`` would not keep the strides of a view with gaps), contiguous
+    where those strides would make elements share memory (an ``expand``ed input) or the head
+    dim is not contiguous (the inputs the op copies first)."""
+    if _usable(t) is not t:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
@@ -846,8 +923,9 @@ def _mask_bool(call_like, sq: int, skv: int, device) -> Optional[torch.Tensor]:
 
 
 def _math_forward(q, k, v, layout, mask_args, scale):
-    """O and LSE from tensor ops (float32 at least); rows with no key: O = 0, LSE = -inf."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    """O and LSE from tensor ops (float32 for 16-bit inputs, float64 for fp32 and fp64); rows
+    with no key: O = 0, LSE = -inf."""
+    acc = torch.float64 if q.dtype in (torch.float64, torch.float32) else torch.float32
     qh, kh, vh = (_to_bhsd(t, layout).to(acc) for t in (q, k, v))
     hq, hkv = qh.shape[1], kh.shape[1]
     if hq != hkv:
@@ -1170,6 +1248,11 @@ _lib.define(
 
 
 def _fwd_impl(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute):
+    # Every call: a cached plan was made for these shapes, not for these storages.
+    _check_inputs(q, k, v, layout)
+    # The executors read rows with a contiguous head dim: a view of another kind is copied first
+    # (as attention() does), never read as if it were one.
+    q, k, v = _usable(q), _usable(k), _usable(v)
     args = (layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute)
     e = _entry(q, k, v, args)
     if e.runner is None or (no_substitute and e.decision.substitute):
@@ -1178,14 +1261,21 @@ def _fwd_impl(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid
 
 
 def _bwd_impl(g, q, k, v, o, lse, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute):
+    _check_backward(g, q, k, v, o, lse, layout)
+    like = (q, k, v)
+    q, k, v = _usable(q), _usable(k), _usable(v)
     args = (layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute)
     e = _entry(q, k, v, args)
     if e.runner is None or (no_substitute and e.decision.substitute):
         _raise_for(e, no_substitute)
+    # The executors read O contiguous in the layout and the LSE contiguous (the forward's); a
+    # caller of the op may pass views (the context-parallel steps narrow them).
+    o, lse = o.contiguous(), lse.contiguous()
     if g.stride() != o.stride():
         # dO must have the strides of O.
         g = g.contiguous() if o.is_contiguous() else torch.empty_like(o).copy_(g)
-    return e.runner.backward(g, q, k, v, o, lse)
+    # The gradients take the strides of the tensors given (the fake's), copied where Q, K or V was.
+    return _restrided(e.runner.backward(g, q, k, v, o, lse), like)
 
 
 for _dk in ("CPU", "CUDA"):
@@ -1195,6 +1285,7 @@ for _dk in ("CPU", "CUDA"):
 
 @torch.library.register_fake("attn_policy::attention")
 def _fwd_fake(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute):
+    _check_inputs(q, k, v, layout, storage=False)  # a shape error surfaces while tracing
     o = q.new_empty(_o_shape(q, v))
     if layout == 0:
         b, h, s = q.shape[0], q.shape[1], q.shape[2]
@@ -1206,7 +1297,8 @@ def _fwd_fake(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid
 
 
 @torch.library.register_fake("attn_policy::attention_backward")
-def _bwd_fake(g, q, k, v, o, lse, *args):
+def _bwd_fake(g, q, k, v, o, lse, layout, *args):
+    _check_backward(g, q, k, v, o, lse, layout, storage=False)
     return _like(q), _like(k), _like(v)
 
 
@@ -1339,20 +1431,25 @@ def attention(
     if _is_compiling():
         return _attention_op(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy,
                              on_decline, no_substitute, return_decision)
-    grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     try:
+        grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                q.device, k.device, v.device, grad, _deterministic(), layout, is_causal, diagonal, window,
                scale, dropout_p, policy, on_decline, no_substitute)
         hit = _fast.get(key)
     except (TypeError, AttributeError):  # an unhashable option (a list window), or not tensors
         key = hit = None
+        grad = False  # not read: what is not a tensor is refused before
     if (hit is None or type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor
             or _dispatch_modes() or _function_modes() or _functorch_transform() is not None):
         return _attention_first(q, k, v, key, grad, layout, is_causal, diagonal, window, scale, dropout_p,
                                 policy, on_decline, no_substitute, return_decision)
     _stats["hits"] += 1
     runner, decision, copy = hit
+    if copy or not runner.checks_storage:
+        # The key fixed shapes and strides, not the storage behind them: a native plan checks
+        # the pointers it reads, but not the tensors a copy is made from (torch reads them).
+        _check_storage(q, k, v)
     if copy:
         q, k, v = _usable(q), _usable(k), _usable(v)
     o = runner.apply(q, k, v) if grad else runner.output(q, k, v)
@@ -1373,20 +1470,24 @@ def _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, o
     mask = (2 if br else 1) if is_causal else 0
     wl, wr = _window_args(window, is_causal)
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        # (A zero-sized head dim is refused by the op's checks; none is divided by here.)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
     od = 1 if on_decline == "fallback" else 0
     return (li, mask, wl, wr, br, float(scale), float(dropout_p), training, _policy_id(policy), od, bool(no_substitute))
 
 
-def _check_4d(q, k, v, layout) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise PolicyError(f"q, k, v must be 4-D ({layout}); found {q.dim()}, {k.dim()}, {v.dim()} dims")
+def _layout_index(layout: Any) -> int:
+    if layout not in LAYOUTS:
+        raise PolicyError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}")
+    return LAYOUTS.index(layout)
 
 
 def _attention_op(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline,
                   no_substitute, return_decision):
     """The call through ``torch.ops.attn_policy.attention`` (traced by ``torch.compile``)."""
-    _check_4d(q, k, v, layout)
+    if not _is_compiling():
+        # (While tracing, the op's fake checks the shapes: nothing here is traced into the graph.)
+        _check_inputs(q, k, v, _layout_index(layout))
     q, k, v = (_usable(t) for t in (q, k, v))
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     args = _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline,
@@ -1406,7 +1507,7 @@ def _attention_first(q, k, v, key, grad, layout, is_causal, diagonal, window, sc
     if not plain:
         return _attention_op(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy,
                              on_decline, no_substitute, return_decision)
-    _check_4d(q, k, v, layout)
+    _check_inputs(q, k, v, _layout_index(layout))
     args = _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline,
                     no_substitute, grad)
     qu, ku, vu = _usable(q), _usable(k), _usable(v)

@@ -6,14 +6,15 @@
 // through a table of C functions exported by attn_policy._native (src/eager_abi.rs), so no
 // Python runs in the backward.
 //
-// Built on first use against the torch in the process by attn_policy/_eager_node.py (plain
-// C++17, torch's headers and libraries; no CUDA toolkit: the current CUDA stream comes from
+// Built on first use against the torch in the process by attn_policy/eager_node.py (C++17 or
+// C++20, whichever that torch's headers require; torch's headers and libraries; no CUDA toolkit: the current CUDA stream comes from
 // c10's device-guard interface). Loaded with torch.ops.load_library; the ops live in the
 // namespace attn_policy_eager:
 //   set_abi(int address, int version) -> ()   the table from _native.plan_abi()
 //   attention(Tensor q, Tensor k, Tensor v, int plan) -> Tensor
 //       O of the plan's problem (the plan is a NativePlan.handle; the caller checked that the
-//       tensors match it), differentiable in q, k, v.
+//       tensors match it, and the plan checks every pointer against its storage's bytes),
+//       differentiable in q, k, v.
 //   forward(Tensor q, Tensor k, Tensor v, int plan) -> Tensor
 //       The same O for a call that needs no gradient (no autograd node).
 
@@ -47,12 +48,14 @@ struct PlanAbi {
   void (*release)(const Plan*);
   void (*info)(const Plan*, PlanInfo*);
   int32_t (*workspace_backward)(const Plan*, uint64_t*);
-  int32_t (*forward)(const Plan*, const uint64_t*, uint64_t, uint64_t, uint64_t);
-  int32_t (*backward)(const Plan*, const uint64_t*, uint64_t, uint64_t, uint64_t);
+  // (plan, pointers, bytes each pointer's storage holds from it, workspace, bytes, stream)
+  int32_t (*forward)(const Plan*, const uint64_t*, const uint64_t*, uint64_t, uint64_t, uint64_t);
+  int32_t (*backward)(const Plan*, const uint64_t*, const uint64_t*, uint64_t, uint64_t,
+                      uint64_t);
   const char* (*last_error)();
 };
 
-constexpr int64_t kAbiVersion = 1;
+constexpr int64_t kAbiVersion = 2;
 const PlanAbi* abi = nullptr;
 
 void set_abi(int64_t address, int64_t version) {
@@ -75,13 +78,23 @@ void check(int32_t status) {
   if (status == 0) return;
   const char* kind = status == 1   ? "ExecutorRefused"
                      : status == 2 ? "ExecutorUnavailable"
-                     : status == 3 ? "ValueError"
+                     : status == 3 ? "InvalidInput"
                                    : "ExecutorFailed";
   TORCH_CHECK(false, "attn_policy[", kind, "]: ", abi->last_error());
 }
 
 uint64_t ptr(const at::Tensor& t) {
+  if (!t.has_storage()) return 0;
   return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()));
+}
+
+// The bytes t's storage holds from its data pointer: the plan refuses a problem that reaches
+// past them (a storage resized after the view was made, say), so no kernel reads outside it.
+uint64_t avail(const at::Tensor& t) {
+  if (!t.has_storage()) return 0;
+  const int64_t used = t.storage_offset() * static_cast<int64_t>(t.itemsize());
+  const int64_t total = static_cast<int64_t>(t.storage().nbytes());
+  return total > used ? static_cast<uint64_t>(total - used) : 0;
 }
 
 // torch's current stream on the tensor's device (0 on the host).
@@ -109,7 +122,8 @@ std::pair<at::Tensor, at::Tensor> run_forward(const Plan* plan, const at::Tensor
   const uint64_t n = info.on_host ? 0 : info.workspace_forward;
   at::Tensor ws = n ? workspace(n, q) : at::Tensor();
   const uint64_t ptrs[5] = {ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse)};
-  check(abi->forward(plan, ptrs, n ? ptr(ws) : 0, n, current_stream(q)));
+  const uint64_t bytes[5] = {avail(q), avail(k), avail(v), avail(o), avail(lse)};
+  check(abi->forward(plan, ptrs, bytes, n ? ptr(ws) : 0, n, current_stream(q)));
   return {o, lse};
 }
 
@@ -155,7 +169,9 @@ struct Attention : public torch::autograd::Function<Attention> {
     at::Tensor ws = n ? workspace(n, q) : at::Tensor();
     const uint64_t ptrs[9] = {ptr(q),   ptr(k),  ptr(v),  ptr(o), ptr(g),
                               ptr(lse), ptr(dq), ptr(dk), ptr(dv)};
-    check(abi->backward(plan, ptrs, n ? ptr(ws) : 0, n, current_stream(q)));
+    const uint64_t bytes[9] = {avail(q),   avail(k),  avail(v),  avail(o), avail(g),
+                               avail(lse), avail(dq), avail(dk), avail(dv)};
+    check(abi->backward(plan, ptrs, bytes, n ? ptr(ws) : 0, n, current_stream(q)));
     return {dq, dk, dv, at::Tensor()};
   }
 };
