@@ -127,8 +127,22 @@ enum Cond {
     Not(Box<Cond>),
     All(Box<[Cond]>),
     Any(Box<[Cond]>),
+    /// An `and` (`any: false`) or `or` (`any: true`) of slot formulas and their negations,
+    /// answered with a few mask tests per formula word instead of a walk over leaves.
+    Leaves {
+        any: bool,
+        words: Box<[LeafWord]>,
+    },
     /// A value in boolean position (a constant, `if(...)`).
     Value(Box<Num>),
+}
+
+/// The formulas of one word a [`Cond::Leaves`] reads: `pos` as they are, `neg` negated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct LeafWord {
+    word: u16,
+    pos: u64,
+    neg: u64,
 }
 
 /// An expression in value position.
@@ -801,6 +815,177 @@ fn patch_cond(c: &mut Cond, bits: &[(u16, u8)]) {
         Cond::Not(a) => patch_cond(a, bits),
         Cond::All(cs) | Cond::Any(cs) => cs.iter_mut().for_each(|c| patch_cond(c, bits)),
         Cond::Value(n) => patch_num(n, bits),
+        Cond::Leaves { .. } => unreachable!("leaf sets are built after patching"),
+    }
+}
+
+/// Largest leaf set an atom may have and still be copied into the conditions that use it
+/// (testing a few words is cheaper than looking up and storing the atom).
+const INLINE_ATOM_WORDS: usize = 4;
+
+/// Rewrites `and`/`or` over slot formulas into [`Cond::Leaves`] (Kleene `and`/`or` are
+/// associative and commutative and evaluation has no effects, so regrouping changes no
+/// result), and copies atoms that are leaf sets into their users. `atoms` holds the atoms
+/// already folded (an atom's body only refers to atoms built after it, i.e. higher indices).
+fn fold_cond(c: Cond, atoms: &[Option<Cond>]) -> Cond {
+    match c {
+        Cond::Not(a) => negate(fold_cond(*a, atoms)),
+        Cond::Atom { index, negate: n } => match atoms.get(index as usize) {
+            Some(Some(body @ (Cond::Leaf { .. } | Cond::Leaves { .. }))) => {
+                let inline = match body {
+                    Cond::Leaves { words, .. } => words.len() <= INLINE_ATOM_WORDS,
+                    _ => true,
+                };
+                match (inline, n) {
+                    (false, _) => c,
+                    (true, false) => body.clone(),
+                    (true, true) => negate(body.clone()),
+                }
+            }
+            _ => c,
+        },
+        Cond::All(cs) => group(false, cs.into_vec(), atoms),
+        Cond::Any(cs) => group(true, cs.into_vec(), atoms),
+        Cond::CmpNum { op, a, b } => Cond::CmpNum {
+            op,
+            a: Box::new(fold_num(*a, atoms)),
+            b: Box::new(fold_num(*b, atoms)),
+        },
+        Cond::In {
+            item,
+            mask,
+            list,
+            negate,
+        } => Cond::In {
+            item: Box::new(fold_num(*item, atoms)),
+            mask,
+            list,
+            negate,
+        },
+        Cond::Null { item, want_null } => Cond::Null {
+            item: Box::new(fold_num(*item, atoms)),
+            want_null,
+        },
+        Cond::Value(n) => Cond::Value(Box::new(fold_num(*n, atoms))),
+        c @ (Cond::Leaf { .. }
+        | Cond::Leaves { .. }
+        | Cond::CmpDef { .. }
+        | Cond::CmpFacts { .. }
+        | Cond::CmpArith { .. }) => c,
+    }
+}
+
+fn fold_num(n: Num, atoms: &[Option<Cond>]) -> Num {
+    match n {
+        Num::Arith(op, a, b) => Num::Arith(
+            op,
+            Box::new(fold_num(*a, atoms)),
+            Box::new(fold_num(*b, atoms)),
+        ),
+        Num::Neg(a) => Num::Neg(Box::new(fold_num(*a, atoms))),
+        Num::If(c, a, b) => Num::If(
+            Box::new(fold_cond(*c, atoms)),
+            Box::new(fold_num(*a, atoms)),
+            Box::new(fold_num(*b, atoms)),
+        ),
+        Num::Call(f, args) => Num::Call(
+            f,
+            args.into_vec()
+                .into_iter()
+                .map(|a| fold_num(a, atoms))
+                .collect(),
+        ),
+        Num::Truth(c) => Num::Truth(Box::new(fold_cond(*c, atoms))),
+        n @ (Num::Const(_) | Num::Slot(_) | Num::Def { .. }) => n,
+    }
+}
+
+/// `not c` (Kleene De Morgan for leaf sets).
+fn negate(c: Cond) -> Cond {
+    match c {
+        Cond::Leaf { word, bit } => Cond::Leaves {
+            any: false,
+            words: Box::new([LeafWord {
+                word,
+                pos: 0,
+                neg: 1 << bit,
+            }]),
+        },
+        Cond::Leaves { any, words } => Cond::Leaves {
+            any: !any,
+            words: words
+                .iter()
+                .map(|w| LeafWord {
+                    pos: w.neg,
+                    neg: w.pos,
+                    ..*w
+                })
+                .collect(),
+        },
+        Cond::Atom { index, negate } => Cond::Atom {
+            index,
+            negate: !negate,
+        },
+        Cond::Not(a) => *a,
+        c => Cond::Not(Box::new(c)),
+    }
+}
+
+/// Folds an `and` (`any: false`) or `or` of `cs`: nested groups of the same kind flattened,
+/// the slot formulas merged into one leaf set tested first.
+fn group(any: bool, cs: Vec<Cond>, atoms: &[Option<Cond>]) -> Cond {
+    let mut leaves: Vec<LeafWord> = Vec::new();
+    let mut rest: Vec<Cond> = Vec::new();
+    let add = |w: LeafWord, leaves: &mut Vec<LeafWord>| match leaves
+        .iter_mut()
+        .find(|l| l.word == w.word)
+    {
+        Some(l) => {
+            l.pos |= w.pos;
+            l.neg |= w.neg;
+        }
+        None => leaves.push(w),
+    };
+    let mut todo: Vec<Cond> = cs.into_iter().rev().collect();
+    while let Some(c) = todo.pop() {
+        match fold_cond(c, atoms) {
+            Cond::Leaf { word, bit } => add(
+                LeafWord {
+                    word,
+                    pos: 1 << bit,
+                    neg: 0,
+                },
+                &mut leaves,
+            ),
+            Cond::Leaves { any: a, words }
+                if a == any
+                    || words
+                        .iter()
+                        .map(|w| (w.pos | w.neg).count_ones())
+                        .sum::<u32>()
+                        == 1 =>
+            {
+                words.iter().for_each(|&w| add(w, &mut leaves))
+            }
+            Cond::All(inner) if !any => todo.extend(inner.into_vec().into_iter().rev()),
+            Cond::Any(inner) if any => todo.extend(inner.into_vec().into_iter().rev()),
+            c => rest.push(c),
+        }
+    }
+    if !leaves.is_empty() {
+        leaves.sort_by_key(|w| w.word);
+        rest.insert(
+            0,
+            Cond::Leaves {
+                any,
+                words: leaves.into(),
+            },
+        );
+    }
+    match rest.len() {
+        1 => rest.pop().expect("one"),
+        _ if any => Cond::Any(rest.into()),
+        _ => Cond::All(rest.into()),
     }
 }
 
@@ -1078,6 +1263,22 @@ impl RulePlan {
         for d in &mut defs {
             patch_num(d, &bits);
         }
+        let mut folded: Vec<Option<Cond>> = vec![None; atoms.len()];
+        for i in (0..atoms.len()).rev() {
+            let body = std::mem::replace(&mut atoms[i], Cond::All(Box::new([])));
+            folded[i] = Some(fold_cond(body, &folded));
+        }
+        let atoms: Vec<Cond> = folded.into_iter().map(|a| a.expect("folded")).collect();
+        let folded: Vec<Option<Cond>> = atoms.iter().cloned().map(Some).collect();
+        let rules = rules
+            .into_iter()
+            .map(|r| match group(false, r.into_vec(), &folded) {
+                Cond::All(cs) => cs,
+                c => Box::new([c]) as Box<[Cond]>,
+            })
+            .collect();
+        let extras = extras.into_iter().map(|c| fold_cond(c, &folded)).collect();
+        let defs = defs.into_iter().map(|d| fold_num(d, &folded)).collect();
         RulePlan {
             atoms,
             defs,
@@ -1455,7 +1656,33 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
                 }
                 if *negate { not(t) } else { t }
             }
+            Cond::Leaves { any, words } => self.leaves(*any, words),
             _ => self.cond_slow(c),
+        }
+    }
+
+    /// Kleene `and` (`or` when `any`) of the formulas in `words`.
+    #[inline(always)]
+    fn leaves(&self, any: bool, words: &[LeafWord]) -> u8 {
+        let mut unknown = 0u64;
+        for w in words {
+            let t = self.leaf_true[w.word as usize];
+            let u = self.leaf_unknown[w.word as usize];
+            let f = !(t | u);
+            unknown |= (w.pos | w.neg) & u;
+            let decided = if any {
+                w.pos & t | w.neg & f
+            } else {
+                w.pos & f | w.neg & t
+            };
+            if decided != 0 {
+                return if any { TRUE } else { FALSE };
+            }
+        }
+        match (unknown != 0, any) {
+            (true, _) => UNKNOWN,
+            (false, true) => FALSE,
+            (false, false) => TRUE,
         }
     }
 
@@ -1519,7 +1746,7 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
                 truth_of(v)
             }
             // The inline kinds: `cond` takes them before coming here.
-            Cond::Leaf { .. } | Cond::Atom { .. } => self.cond(c),
+            Cond::Leaf { .. } | Cond::Atom { .. } | Cond::Leaves { .. } => self.cond(c),
         }
     }
 
