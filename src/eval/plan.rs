@@ -16,7 +16,11 @@
 //! 3. per rule, keeps the other conjuncts (the *residual*: arithmetic, definitions, two facts)
 //!    as small typed condition trees ([`Cond`], [`Num`]), cheapest first; a conjunct shared by
 //!    several rules, and every boolean definition, becomes an *atom* computed at most once per
-//!    decision; numeric definitions are memoised.
+//!    decision; numeric definitions are memoised;
+//! 4. rewrites every `and`/`or` over slot formulas inside those trees (and inside atoms) into a
+//!    *leaf set* ([`Cond::Leaves`]): per formula word, a mask of the formulas it reads as they
+//!    are and a mask of those it reads negated, answered with a few AND/OR tests per word; an
+//!    atom that is a small leaf set is copied into its users (cheaper than its memo).
 //!
 //! A decision then classifies each fact the formulas read (one pass over the facts in slot
 //! order: a bit index for an enum, a binary search over a few constants for a number), ORs its
