@@ -485,7 +485,10 @@ mod tests {
             facts(json!({"flash_attn_versions": {"v2": "2.8.3"}})),
             facts(json!({"flash_attn_versions": {"v2": "2.8.3rc1"}})),
             facts(json!({"flash_attn_versions": {"v2": "2.8.3.dev1"}})),
-            // (Unparseable version text is an input error, so it never reaches a key.)
+            // The third version state: present but unparseable, keyed by its raw text.
+            facts(json!({"cudnn_frontend_version": "1.29.x-custom"})),
+            facts(json!({"cudnn_frontend_version": "1.29.y-custom"})),
+            facts(json!({"cudnn_frontend_version": "1.29.0"})),
             facts(json!({"env": {"NVTE_FLASH_ATTN": "0"}})),
             facts(json!({"env": {"NVTE_FUSED_ATTN": "0"}})),
             facts(json!({"attention_dropout": 0.0})),

@@ -38,6 +38,7 @@ fixture!(
     not_bool,
     public_def_unknown,
     public_def_no_meaning,
+    unguarded_version,
 );
 
 /// Executor chains are checked against the catalogue the loader is given: an unknown executor

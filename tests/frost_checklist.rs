@@ -636,10 +636,8 @@ fn every_frost_rule_is_on_the_checklist() {
 
 /// The pull request: an unparseable cuDNN frontend version does not decline; it defers to the
 /// check of the plan by name (FROST selected when the plan is a FROST plan, declined by
-/// FR.plan when it is not). Needs the third version state (unparseable) in the facts and the
-/// rule language, which the lead is adding; today such a version is refused when read.
+/// FR.plan when it is not): the third version state (present but unparseable).
 #[test]
-#[ignore = "needs the unparseable-version state (lead)"]
 fn fr27_unparseable_frontend_version_defers_to_the_plan_name_check() {
     let policy = Policy::embedded("te").expect("te");
     let unparseable = json!({"cudnn_frontend_version": "not-a-version"});

@@ -397,10 +397,38 @@ fn fr27_cudnn_frontend_floor() {
         frost_declines(&["--set", "cudnn_frontend_version=null"]),
         vec!["FR.27".to_string()]
     );
-    // A version that does not parse is an input error (exit 2), never a fact a rule sees.
-    let out = explain_output(&["--set", r#"cudnn_frontend_version="1.29.x-custom""#]);
+    // A version that does not parse (the probe's raw string) does not decline: it defers to
+    // the plan-name check, which passes in BASE, so FROST is selected.
+    let custom = ["--set", r#"cudnn_frontend_version="1.29.x-custom""#];
+    let out = explain_output(&custom);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(frost_selected(&custom));
+    assert!(frost_declines(&custom).is_empty());
+    // The explanation shows the raw string, in text and in JSON.
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("selected: FrostAttention"), "{text}");
+    assert!(
+        text.contains(r#"cudnn_frontend_version = "1.29.x-custom" (unparseable)"#),
+        "{text}"
+    );
+    let j = explain(&custom, "json");
+    assert_eq!(j["selected"], "FrostAttention");
+    assert_eq!(
+        j["input"]["cudnn_frontend_version"],
+        "1.29.x-custom (unparseable)"
+    );
+    // With a failing plan-name check FR.plan declines, and only it.
+    let no_plan = [&custom[..], &["--probe", "frost_plan=false"]].concat();
+    assert_eq!(frost_declines(&no_plan), vec!["FR.plan".to_string()]);
+    // A wrong JSON type stays an input error.
+    let out = explain_output(&["--set", "cudnn_frontend_version=129"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a version"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cudnn_frontend_version"));
 }
 
 #[test]
@@ -414,6 +442,15 @@ fn fr28_cutlass_dsl_floor() {
         frost_declines(&["--set", r#"cutlass_dsl_version="4.7.0rc1""#]),
         vec!["FR.28".to_string()]
     );
+    assert_eq!(
+        frost_declines(&["--set", "cutlass_dsl_version=null"]),
+        vec!["FR.28".to_string()]
+    );
+    // Unparseable: defers to the plan-name check (as FR.27).
+    let custom = ["--set", r#"cutlass_dsl_version="4.7-git""#];
+    assert!(frost_selected(&custom));
+    let no_plan = [&custom[..], &["--probe", "frost_plan=false"]].concat();
+    assert_eq!(frost_declines(&no_plan), vec!["FR.plan".to_string()]);
 }
 
 #[test]

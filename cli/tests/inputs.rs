@@ -218,13 +218,14 @@ fn impossible_files_are_refused_at_file_line_col() {
             "c.json:1:24",
             "9.5",
         ),
-        // A version that is a word was a `BadVersion` fact the rules saw; now it is refused.
+        // A word for a version whose selector reads numbers (cuDNN's runtime version) is
+        // refused; only facts whose probe reports raw text keep it (docs/facts.md).
         (
             "c.json",
             "{\"device_compute_capability\": [10, 0], \"head_dim_qk\": 512, \"head_dim_v\": 512,\n \
-             \"cudnn_frontend_version\": \"1.29.dev-local\"}",
+             \"cudnn_version\": \"9.dev-local\"}",
             "c.json:2:2",
-            "cudnn_frontend_version",
+            "cudnn_version",
         ),
     ];
     for (name, text, at, what) in cases {

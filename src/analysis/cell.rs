@@ -219,6 +219,12 @@ pub fn eval(p: &Program, id: NodeId, fact: &dyn Fn(usize) -> Abs) -> Abs {
                 Abs::Any => Abs::Any,
             }
         }
+        Node::IsParsed(a) => match eval(p, a, fact) {
+            Abs::Exact(v) => Abs::Exact(crate::eval::program::parsed_test(v)),
+            // Integer intervals are never versions.
+            Abs::Int { .. } => Abs::Exact(Value::Bool(false)),
+            Abs::Any => Abs::Any,
+        },
         Node::Neg(a) => match eval(p, a, fact) {
             Abs::Exact(v) => Abs::Exact(crate::eval::program::neg(v)),
             Abs::Int { lo, hi, r, m } => Abs::int(-hi, -lo, -r, m),

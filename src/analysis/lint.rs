@@ -225,7 +225,9 @@ fn enum_refs(p: &Program, id: NodeId, out: &mut BTreeSet<(usize, u16)>) {
             }
             enum_refs(p, item, out);
         }
-        Node::Not(a) | Node::IsNull(a) | Node::IsNotNull(a) | Node::Neg(a) => enum_refs(p, a, out),
+        Node::Not(a) | Node::IsNull(a) | Node::IsNotNull(a) | Node::IsParsed(a) | Node::Neg(a) => {
+            enum_refs(p, a, out)
+        }
         Node::And { start, len } | Node::Or { start, len } | Node::Call { start, len, .. } => {
             for &c in &p.children[start as usize..(start + len) as usize] {
                 enum_refs(p, c, out);

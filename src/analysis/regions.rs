@@ -46,7 +46,9 @@ impl Restriction {
     pub fn parse_for(schema: &'static Schema, text: &str) -> Result<Restriction, AnalysisError> {
         let ast = parse_expr(text)
             .map_err(|e| AnalysisError::Where(with_caret(text, e.span, &e.message)))?;
-        let mut c = Compiler::new(schema, BTreeMap::new());
+        // A restriction states a set of inputs, not a rule: comparing a version that may be
+        // unparseable is false for it, and needs no `parsed(x)` guard.
+        let mut c = Compiler::new(schema, BTreeMap::new()).without_version_guards();
         let compiled = c.condition(&ast).map_err(|e| {
             let message = match e.help {
                 Some(h) => format!("{} ({h})", e.message),

@@ -39,6 +39,7 @@ use std::collections::HashMap;
 
 use super::program::{
     Func, NO_MEMO, Node, NodeId, Program, Truth, arith, call, compare3, member, neg, null_test,
+    parsed_test,
 };
 use crate::facts::Value;
 use crate::facts::schema::{Schema, Ty};
@@ -128,6 +129,8 @@ enum Cond {
         item: Box<Num>,
         want_null: bool,
     },
+    /// `parsed(x)` over a computed item.
+    Parsed(Box<Num>),
     Not(Box<Cond>),
     All(Box<[Cond]>),
     Any(Box<[Cond]>),
@@ -376,11 +379,13 @@ fn formula_slot(p: &Program, id: NodeId) -> Result<Option<(u16, Kind)>, ()> {
                 .then_some(x)
                 .ok_or(()),
         },
-        Node::IsNull(item) | Node::IsNotNull(item) => match p.nodes[item as usize] {
-            Node::Slot(s) => Ok(Some((s, Kind::Plain))),
-            Node::Const(_) => Ok(None),
-            _ => Err(()),
-        },
+        Node::IsNull(item) | Node::IsNotNull(item) | Node::IsParsed(item) => {
+            match p.nodes[item as usize] {
+                Node::Slot(s) => Ok(Some((s, Kind::Plain))),
+                Node::Const(_) => Ok(None),
+                _ => Err(()),
+            }
+        }
         Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => Err(()),
     }
 }
@@ -459,6 +464,7 @@ fn formula_boundaries(p: &Program, id: NodeId, b: &mut Boundaries) {
             }
         }
         Node::IsNull(_) | Node::IsNotNull(_) => {}
+        Node::IsParsed(_) => b.null_only = false,
         Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => b.null_only = false,
     }
 }
@@ -561,6 +567,9 @@ fn formula_truth(
         }
         Node::IsNull(_) => FALSE,
         Node::IsNotNull(_) => TRUE,
+        // The classes between and at constants hold parsed versions (an unparseable one is
+        // no table's class: it takes the slow path).
+        Node::IsParsed(_) => TRUE,
         Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => {
             unreachable!("not a slot formula")
         }
@@ -711,6 +720,7 @@ impl Builder<'_> {
                 item: Box::new(self.num(a)),
                 want_null: matches!(self.p.nodes[id as usize], Node::IsNull(_)),
             },
+            Node::IsParsed(a) => Cond::Parsed(Box::new(self.num(a))),
             Node::Slot(_) | Node::Const(_) | Node::Arith(..) | Node::Neg(_) | Node::Call { .. } => {
                 Cond::Value(Box::new(self.num_body(id)))
             }
@@ -777,7 +787,8 @@ impl Builder<'_> {
             | Node::Cmp(..)
             | Node::In { .. }
             | Node::IsNull(_)
-            | Node::IsNotNull(_) => Num::Truth(Box::new(match is_formula(self.p, id) {
+            | Node::IsNotNull(_)
+            | Node::IsParsed(_) => Num::Truth(Box::new(match is_formula(self.p, id) {
                 Some(_) => self.cond(id),
                 None => self.cond_body(id),
             })),
@@ -815,7 +826,9 @@ fn patch_cond(c: &mut Cond, bits: &[(u16, u8)]) {
             patch_num(a, bits);
             patch_num(b, bits);
         }
-        Cond::In { item, .. } | Cond::Null { item, .. } => patch_num(item, bits),
+        Cond::In { item, .. } | Cond::Null { item, .. } | Cond::Parsed(item) => {
+            patch_num(item, bits)
+        }
         Cond::Not(a) => patch_cond(a, bits),
         Cond::All(cs) | Cond::Any(cs) => cs.iter_mut().for_each(|c| patch_cond(c, bits)),
         Cond::Value(n) => patch_num(n, bits),
@@ -1731,6 +1744,10 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
             Cond::Null { item, want_null } => {
                 let x = self.num(item);
                 truth_of(null_test(x, *want_null))
+            }
+            Cond::Parsed(item) => {
+                let x = self.num(item);
+                truth_of(parsed_test(x))
             }
             Cond::Not(a) => not(self.cond(a)),
             Cond::All(cs) => self.all(cs),

@@ -60,6 +60,9 @@ pub enum Node {
     },
     IsNull(NodeId),
     IsNotNull(NodeId),
+    /// `parsed(x)`: the version fact `x` is present and parsed (false for null and for an
+    /// unparseable version).
+    IsParsed(NodeId),
     Arith(ArithOp, NodeId, NodeId),
     Neg(NodeId),
     Call {
@@ -197,9 +200,11 @@ impl Program {
         };
         1 + match self.nodes[id as usize] {
             Node::Const(_) | Node::Slot(_) => 0,
-            Node::Not(a) | Node::IsNull(a) | Node::IsNotNull(a) | Node::Neg(a) => {
-                self.cost_in(a, false)
-            }
+            Node::Not(a)
+            | Node::IsNull(a)
+            | Node::IsNotNull(a)
+            | Node::IsParsed(a)
+            | Node::Neg(a) => self.cost_in(a, false),
             Node::And { start, len } | Node::Or { start, len } | Node::Call { start, len, .. } => {
                 kids(start, len)
             }
@@ -253,11 +258,16 @@ impl Program {
             Node::And { start, len } => list("and", start, len, s),
             Node::Or { start, len } => list("or", start, len, s),
             Node::Call { func, start, len } => list(&format!("{func:?}"), start, len, s),
-            Node::Not(a) | Node::IsNull(a) | Node::IsNotNull(a) | Node::Neg(a) => {
+            Node::Not(a)
+            | Node::IsNull(a)
+            | Node::IsNotNull(a)
+            | Node::IsParsed(a)
+            | Node::Neg(a) => {
                 let name = match self.nodes[id as usize] {
                     Node::Not(_) => "not",
                     Node::IsNull(_) => "null",
                     Node::IsNotNull(_) => "notnull",
+                    Node::IsParsed(_) => "parsed",
                     _ => "neg",
                 };
                 s.push_str(name);
@@ -377,6 +387,7 @@ impl Program {
                 "{} != null",
                 self.render_with(a, schema, None, false)
             )),
+            Node::IsParsed(a) => format!("parsed({})", self.render_with(a, schema, None, true)),
             Node::Arith(op, a, b) => wrap(format!(
                 "{} {} {}",
                 self.render_with(a, schema, None, false),
@@ -472,6 +483,7 @@ impl Program {
             }
             Node::IsNull(a) => null_test(self.eval_in(a, facts, memo), true),
             Node::IsNotNull(a) => null_test(self.eval_in(a, facts, memo), false),
+            Node::IsParsed(a) => parsed_test(self.eval_in(a, facts, memo)),
             Node::Arith(op, a, b) => arith(
                 op,
                 self.eval_in(a, facts, memo),
@@ -555,6 +567,14 @@ pub(crate) fn null_test(v: Value, want_null: bool) -> Value {
     match v {
         Value::Unknown => Value::Unknown,
         v => Value::Bool((v == Value::Null) == want_null),
+    }
+}
+
+/// `parsed(x)`: true for a parsed version, false for null and an unparseable version.
+pub(crate) fn parsed_test(v: Value) -> Value {
+    match v {
+        Value::Unknown => Value::Unknown,
+        v => Value::Bool(matches!(v, Value::Version(_))),
     }
 }
 

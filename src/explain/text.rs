@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value as Json;
 
-use super::{BackendStatus, ExecutorOutcome, Explanation, VariantChoice};
+use super::{BackendStatus, ExecutorOutcome, Explanation, FactValue, VariantChoice};
 
 /// ` [FA3 3.0.0]`, ` [F16_arbitrary_seqlen = 1]`, ` [name]` (no value), or nothing.
 fn variant_text(v: Option<&VariantChoice>) -> String {
@@ -92,6 +92,17 @@ impl Explanation {
         }
         if !self.layers_disabled.is_empty() {
             let _ = writeln!(out, "layers off: {}", self.layers_disabled.join(", "));
+        }
+        // The third version state is shown even where no rule fired on it: a rule that
+        // compares such a fact says, through `parsed(x)`, what this state does.
+        for (path, v) in self.input.iter() {
+            if let FactValue::Unparseable(_) = v {
+                let _ = writeln!(
+                    out,
+                    "unparseable version: {path} = {} (present, but not a version; rules decide on `parsed({path})`)",
+                    v.text()
+                );
+            }
         }
         let width = self
             .backends

@@ -300,17 +300,29 @@ impl Facts {
     }
 
     pub(crate) fn put(&mut self, path: &str, v: Value) {
+        let slot = self.schema.known_slot(path);
         self.key.clear();
-        self.values[self.schema.known_slot(path)] = v;
+        self.raw_versions.retain(|(s, _)| *s != slot);
+        self.values[slot] = v;
     }
 
-    /// A version fact given as a string (or, where `array_ok`, as `[9, 19, 0]`).
+    /// A version fact given as a string (or, where `array_ok`, as `[9, 19, 0]`). For a fact
+    /// whose probe reports the raw string ([`super::schema::FieldDef::raw_text`]), a string
+    /// that does not parse is kept as present-but-unparseable; for the others it is refused,
+    /// as is every value that is not a string (or a version list where allowed) or null.
     pub(crate) fn set_version(
         &mut self,
         path: &str,
         value: &Json,
         array_ok: bool,
     ) -> Result<(), InputError> {
+        if let Json::String(raw) = value
+            && self.schema.def(self.schema.known_slot(path)).raw_text
+            && Version::parse(raw).is_none()
+        {
+            self.put_version(path, Err(raw.clone()));
+            return Ok(());
+        }
         let v = version_from(path, value, array_ok)?;
         self.put_version(path, Ok(v));
         Ok(())
@@ -344,7 +356,7 @@ impl Facts {
         let d = self.schema.def(slot);
         if value.is_null() {
             if d.nullable {
-                self.values[slot] = Value::Null;
+                self.put(path, Value::Null);
                 return Ok(());
             }
             return Err(err(
@@ -353,10 +365,7 @@ impl Facts {
             ));
         }
         match d.ty {
-            Ty::Version => {
-                let v = version_from(path, value, false)?;
-                self.put_version(path, Ok(v));
-            }
+            Ty::Version => self.set_version(path, value, false)?,
             Ty::Object => return Err(err(path, "structured fact given in an unsupported form")),
             ty => self.values[slot] = typed_value(path, ty, value)?,
         }
@@ -527,17 +536,13 @@ impl Facts {
         let d = self.schema.def(slot);
         if v.is_null() {
             if d.nullable || d.ty == Ty::Version {
-                self.values[slot] = Value::Null;
+                self.put(full, Value::Null);
                 return Ok(());
             }
             return Err(err(full, "must not be null"));
         }
         match d.ty {
-            Ty::Version => {
-                let parsed = version_from(full, v, false)?;
-                self.put_version(full, Ok(parsed));
-                Ok(())
-            }
+            Ty::Version => self.set_version(full, v, false),
             ty => {
                 self.values[slot] = typed_value(full, ty, v)?;
                 Ok(())
@@ -643,7 +648,8 @@ fn env_int(path: &str, v: &Json) -> Result<Option<i64>, InputError> {
 
 /// Reads a version given as a string ("9.19.0") or, where `array_ok`, as [9, 19, 0].
 /// `Ok(None)` is null (not installed); text that does not parse as a version is an error (a
-/// word is not a version the rules could compare).
+/// word is not a version the rules could compare) unless the fact keeps raw text, which
+/// [`Facts::set_version`] handles before calling this.
 fn version_from(path: &str, v: &Json, array_ok: bool) -> Result<Option<Version>, InputError> {
     match v {
         Json::Null => Ok(None),
@@ -718,13 +724,81 @@ mod tests {
             f.get("cudnn_frontend_version"),
             Some(Value::Version(_))
         ));
-        // A word is not a version: an error, not a fact the rules would see.
-        let e = Facts::from_json(&json!({"cudnn_frontend_version": "not-a-version"})).unwrap_err();
+        // A word for a version TE reads as numbers (cuDNN's runtime version) or parses itself
+        // at import (flash-attn): an error, not a fact the rules would see.
+        let e = Facts::from_json(&json!({"cudnn_version": "not-a-version"})).unwrap_err();
         assert_eq!(e.kind, InputErrorKind::Domain);
-        assert_eq!(e.path, "cudnn_frontend_version");
+        assert_eq!(e.path, "cudnn_version");
         assert_eq!(f.get("env.NVTE_FLASH_ATTN"), Some(Value::Int(0)));
         assert_eq!(f.get("sm"), Some(Value::Int(103)));
         assert!(Facts::from_json(&json!({"env": {"NVTE_FLASH_ATTN": "yes"}})).is_err());
+    }
+
+    /// A version fact whose probe reports the raw string has three states: absent (null),
+    /// parsed, and present but unparseable (raw text kept). Other version facts have two.
+    #[test]
+    fn raw_text_versions_have_three_states() {
+        let slot = crate::facts::te::slot("cudnn_frontend_version").unwrap();
+        let read = |v: Json| Facts::from_json(&json!({ "cudnn_frontend_version": v }));
+        let absent = Facts::from_json(&json!({})).unwrap();
+        assert_eq!(absent.values()[slot], Value::Null);
+        assert_eq!(read(Json::Null).unwrap().values()[slot], Value::Null);
+        let parsed = read(json!("1.29.0rc1")).unwrap();
+        assert_eq!(
+            parsed.values()[slot],
+            Value::Version(Version::parse("1.29.0rc1").unwrap())
+        );
+        assert_eq!(parsed.raw_version(slot), None);
+        for raw in ["not-a-version", "1.29.x-custom", ""] {
+            let f = read(json!(raw)).unwrap_or_else(|e| panic!("{raw:?}: {e}"));
+            assert_eq!(f.values()[slot], Value::BadVersion, "{raw:?}");
+            assert_eq!(f.raw_version(slot), Some(raw));
+        }
+        let dsl = crate::facts::te::slot("cutlass_dsl_version").unwrap();
+        let f = Facts::from_json(&json!({"cutlass_dsl_version": "4.7-git"})).unwrap();
+        assert_eq!(
+            (f.values()[dsl], f.raw_version(dsl)),
+            (Value::BadVersion, Some("4.7-git"))
+        );
+        // The three states are three fact sets: the cache tells them apart.
+        let bad = read(json!("x")).unwrap();
+        let other_bad = read(json!("y")).unwrap();
+        assert_ne!(bad, absent);
+        assert_ne!(bad, other_bad);
+        // Setting the fact again drops the raw text of the old value.
+        let mut f = bad.clone();
+        f.set_scalar("cudnn_frontend_version", &json!("1.30.0"))
+            .unwrap();
+        assert_eq!(f.raw_version(slot), None);
+        assert_eq!(f.values()[slot], Value::Version(Version::new(1, 30, 0)));
+        let mut f = bad;
+        f.set_scalar("cudnn_frontend_version", &Json::Null).unwrap();
+        assert_eq!((f.values()[slot], f.raw_version(slot)), (Value::Null, None));
+        // Wrong JSON types stay refused.
+        for v in [
+            json!(129),
+            json!([1, 29, 0]),
+            json!({"v": "1.29.0"}),
+            json!(true),
+        ] {
+            let e = read(v.clone()).expect_err(&v.to_string());
+            assert_eq!(
+                (e.kind, e.path.as_str()),
+                (InputErrorKind::Type, "cudnn_frontend_version"),
+                "{v}"
+            );
+        }
+        // Facts whose selector parses (or reads as numbers) keep refusing words.
+        for (config, path) in [
+            (json!({"cudnn_version": "9.x"}), "cudnn_version"),
+            (
+                json!({"flash_attn_versions": {"v4": "4.0.0-custom"}}),
+                "flash_attn_versions.v4",
+            ),
+        ] {
+            let e = Facts::from_json(&config).expect_err(&config.to_string());
+            assert_eq!((e.kind, e.path.as_str()), (InputErrorKind::Domain, path));
+        }
     }
 
     #[test]

@@ -76,6 +76,11 @@ pub struct FieldDef {
     pub fixed: bool,
     /// Values outside it are refused when the input is read (`docs/facts.md`, "domain").
     pub bound: Bound,
+    /// A version fact whose upstream probe reports the raw string (package metadata): text
+    /// that does not parse is kept as the third state, present but unparseable
+    /// ([`super::Value::BadVersion`], raw text kept), instead of being refused. Rules must test
+    /// `parsed(x)` before comparing such a fact (docs/rule-language.md).
+    pub raw_text: bool,
     pub doc: &'static str,
 }
 
@@ -93,6 +98,7 @@ pub(crate) const fn f(
         origin: Origin::Input,
         fixed: false,
         bound: Bound::None,
+        raw_text: false,
         doc,
     }
 }
@@ -117,8 +123,15 @@ pub(crate) const fn derived(path: &'static str, ty: Ty, doc: &'static str) -> Fi
         origin: Origin::Derived,
         fixed: false,
         bound: Bound::None,
+        raw_text: false,
         doc,
     }
+}
+
+/// A version fact whose probe reports the raw string: see [`FieldDef::raw_text`].
+pub(crate) const fn raw_text(mut d: FieldDef) -> FieldDef {
+    d.raw_text = true;
+    d
 }
 
 pub(crate) const fn opt(mut d: FieldDef) -> FieldDef {
@@ -135,6 +148,7 @@ pub(crate) const fn probe(path: &'static str, doc: &'static str) -> FieldDef {
         origin: Origin::Probe,
         fixed: true,
         bound: Bound::None,
+        raw_text: false,
         doc,
     }
 }
@@ -299,10 +313,14 @@ impl Schema {
                 Origin::Derived => "derived",
                 Origin::Probe => "probe",
             };
+            let domain = if d.raw_text {
+                "unparseable text kept".to_string()
+            } else {
+                d.bound.text()
+            };
             out.push_str(&format!(
-                "| `{}` | {ty} | {} | {default} | {origin} | {} |\n",
+                "| `{}` | {ty} | {domain} | {default} | {origin} | {} |\n",
                 d.path,
-                d.bound.text(),
                 d.doc.replace('|', "\\|")
             ));
         }
@@ -325,8 +343,11 @@ impl Schema {
              `domain` is checked when an input is read, before any rule runs: a value outside it \
              is an input error (exit 2) that names the key and where it was given \
              (`file:line:col`, the flag, the preset or the environment variable). Versions must \
-             parse as versions, numbers must fit their type, and a key given twice in one object \
-             is an error.\n\n{}\n\
+             parse as versions, except those whose domain says `unparseable text kept`: their \
+             probe reports the raw string, so a version fact has three states, absent (null), \
+             parsed, and present but unparseable (the raw text is kept and shown in \
+             explanations; rules test it with `parsed(x)`, docs/rule-language.md). Numbers \
+             must fit their type, and a key given twice in one object is an error.\n\n{}\n\
              ## Constraints across facts\n\n\
              Checked after the facts are read. `refused when read`: the framework refuses such \
              an input before its selector runs, so it is an input error here too; `decided by \

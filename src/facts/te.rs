@@ -11,7 +11,7 @@ use super::constraint::{Bound, Check, Constraint};
 use super::domains::Domain;
 use super::input::{Facts, InputError, InputErrorKind};
 use super::schema::{
-    DefaultValue as D, FieldDef, Schema, Ty, bounded, derived, f, fixed, opt, probe,
+    DefaultValue as D, FieldDef, Schema, Ty, bounded, derived, f, fixed, opt, probe, raw_text,
 };
 use super::value::Value;
 use Domain as Dom;
@@ -488,18 +488,20 @@ pub static FIELDS: &[FieldDef] = &[
         D::Bool(false),
         "FA3 build exposes softcap in all three entry points.",
     ),
-    f(
+    // FROST's probes report the package metadata's raw string (PR #3527): text that does not
+    // parse is a third state, not an error, and defers to the plan-name check (FR.plan).
+    raw_text(f(
         "cudnn_frontend_version",
         Ty::Version,
         D::Null,
-        "nvidia-cudnn-frontend version; null = not installed.",
-    ),
-    f(
+        "nvidia-cudnn-frontend version; null = not installed; text that does not parse is kept as unparseable (test `parsed(cudnn_frontend_version)`).",
+    )),
+    raw_text(f(
         "cutlass_dsl_version",
         Ty::Version,
         D::Null,
-        "nvidia-cutlass-dsl version; null = not installed.",
-    ),
+        "nvidia-cutlass-dsl version; null = not installed; text that does not parse is kept as unparseable (test `parsed(cutlass_dsl_version)`).",
+    )),
     // --- Environment switches (integers, as TE reads them; null = not set) ---
     f(
         "env",

@@ -1,6 +1,7 @@
 //! Static checking: typing conditions against the fact schema and lowering them to the
 //! evaluation [`Program`](crate::eval::Program).
 
+mod guard;
 pub mod typeck;
 
 pub use typeck::{Compiled, Compiler, TypeError};

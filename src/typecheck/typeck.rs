@@ -100,6 +100,12 @@ pub struct Compiler {
     pub schema: &'static Schema,
     pub program: Program,
     defs: BTreeMap<String, DefState>,
+    /// The definitions that parse, for the unparseable-version guard (`guard.rs`).
+    def_asts: BTreeMap<String, Expr>,
+    /// Whether comparing a version fact that can be unparseable needs `parsed(x)` on its
+    /// path (pack conditions); off for analysis restrictions (`--where`), where such a
+    /// comparison is simply false for an unparseable version.
+    version_guards: bool,
     /// Errors found while compiling a definition on first use: (def name, error).
     pub def_errors: Vec<(String, TypeError)>,
 }
@@ -113,9 +119,15 @@ impl Default for Compiler {
 
 impl Compiler {
     pub fn new(schema: &'static Schema, defs: BTreeMap<String, String>) -> Compiler {
+        let def_asts = defs
+            .iter()
+            .filter_map(|(k, src)| parse_expr(src).ok().map(|e| (k.clone(), e)))
+            .collect();
         Compiler {
             schema,
             program: Program::default(),
+            def_asts,
+            version_guards: true,
             defs: defs
                 .into_iter()
                 .map(|(k, source)| {
@@ -131,6 +143,27 @@ impl Compiler {
                 .collect(),
             def_errors: Vec::new(),
         }
+    }
+
+    /// The same compiler without the unparseable-version guard: a comparison of a version
+    /// fact that can be unparseable is accepted as is (false for an unparseable version).
+    /// For analysis restrictions, not for packs.
+    pub fn without_version_guards(mut self) -> Compiler {
+        self.version_guards = false;
+        self
+    }
+
+    /// Checks that every comparison of a version fact that can be unparseable is guarded by
+    /// `parsed(x)` (see `guard.rs`).
+    fn check_guards(&self, e: &Expr) -> Result<(), TypeError> {
+        if !self.version_guards {
+            return Ok(());
+        }
+        super::guard::Guards {
+            schema: self.schema,
+            defs: &self.def_asts,
+        }
+        .check(e, &[])
     }
 
     /// Compiles a definition by name (used to check every def, referenced or not).
@@ -188,6 +221,7 @@ impl Compiler {
     pub fn expr(&mut self, e: &Expr) -> Result<Compiled, TypeError> {
         let mut slots = Vec::new();
         let (node, ty) = self.lower(e, &mut slots)?;
+        self.check_guards(e)?;
         slots.sort_unstable();
         slots.dedup();
         Ok(Compiled { node, ty, slots })
@@ -347,14 +381,17 @@ impl Compiler {
         span: Span,
         slots: &mut Vec<u16>,
     ) -> Result<(NodeId, T), TypeError> {
+        if name == "parsed" {
+            return self.parsed_call(args, span, slots);
+        }
+        let known = || Func::NAMES.iter().copied().chain(["parsed"]);
         let func = Func::lookup(name).ok_or_else(|| TypeError {
-            help: did_you_mean(name, Func::NAMES.iter().copied())
-                .map(|s| format!("did you mean `{s}`?")),
+            help: did_you_mean(name, known()).map(|s| format!("did you mean `{s}`?")),
             ..terr(
                 span,
                 format!(
                     "unknown function `{name}`; known: {}",
-                    Func::NAMES.join(", ")
+                    known().collect::<Vec<_>>().join(", ")
                 ),
             )
         })?;
@@ -402,6 +439,57 @@ impl Compiler {
         }
         let (start, len) = self.program.push_children(&ids);
         Ok((self.program.push(Node::Call { func, start, len }), ty))
+    }
+
+    /// `parsed(x)`: whether the version fact `x` is present and parsed (not null, not an
+    /// unparseable version). Takes a version fact by name only, so that the guard analysis
+    /// knows which fact it establishes.
+    fn parsed_call(
+        &mut self,
+        args: &[Expr],
+        span: Span,
+        slots: &mut Vec<u16>,
+    ) -> Result<(NodeId, T), TypeError> {
+        let help =
+            || Some("write the version fact's name, e.g. `parsed(cudnn_frontend_version)`".into());
+        let [arg] = args else {
+            return Err(TypeError {
+                help: help(),
+                ..terr(
+                    span,
+                    format!(
+                        "wrong number of arguments to `parsed` ({} given)",
+                        args.len()
+                    ),
+                )
+            });
+        };
+        let arg = strip(arg);
+        let by_name = match &arg.kind {
+            ExprKind::Path(p) if !self.defs.contains_key(p) => Some(p),
+            _ => None,
+        };
+        let Some(p) = by_name else {
+            return Err(TypeError {
+                help: help(),
+                ..terr(
+                    arg.span,
+                    "`parsed` takes a version fact by name (not an expression or a definition)",
+                )
+            });
+        };
+        // An unknown name gets the usual error and did-you-mean.
+        let (n, t) = self.path(p, arg.span, slots)?;
+        if t != T::Version {
+            return Err(TypeError {
+                help: help(),
+                ..terr(
+                    arg.span,
+                    format!("`parsed` takes a version fact; `{p}` is {}", t.name()),
+                )
+            });
+        }
+        Ok((self.program.push(Node::IsParsed(n)), T::Bool))
     }
 
     /// `if(cond, a, b)`: `cond` is a bool; the branches share a type (int and float mix to
@@ -847,27 +935,25 @@ mod tests {
 
     #[test]
     fn versions_and_nulls() {
-        assert_eq!(
-            eval(
-                "cudnn_frontend_version == null or cudnn_frontend_version < 1.29.0",
-                json!({"cudnn_frontend_version": "1.29.0rc1"})
-            ),
-            Value::Bool(true)
-        );
-        assert_eq!(
-            eval(
-                "cudnn_frontend_version == null or cudnn_frontend_version < 1.29.0",
-                json!({"cudnn_frontend_version": "1.29.0"})
-            ),
-            Value::Bool(false)
-        );
-        assert_eq!(
-            eval(
-                "cudnn_frontend_version == null or cudnn_frontend_version < 1.29.0",
-                json!({})
-            ),
-            Value::Bool(true)
-        );
+        // FR.27's form: absent declines, parsed below the floor declines, unparseable does not.
+        let fr27 = "cudnn_frontend_version == null or (parsed(cudnn_frontend_version) and \
+                    cudnn_frontend_version < 1.29.0)";
+        for (v, declines) in [
+            (json!(null), true),
+            (json!("1.28.0"), true),
+            (json!("1.29.0rc1"), true),
+            (json!("1.29.0"), false),
+            (json!("1.30.2+cu13"), false),
+            (json!("1.29.x-custom"), false),
+            (json!("not-a-version"), false),
+        ] {
+            assert_eq!(
+                eval(fr27, json!({ "cudnn_frontend_version": v })),
+                Value::Bool(declines),
+                "{v}"
+            );
+        }
+        assert_eq!(eval(fr27, json!({})), Value::Bool(true));
         assert_eq!(
             eval(
                 "cudnn_version in [9.23.0, 9.23.1]",
@@ -889,6 +975,185 @@ mod tests {
         assert_eq!(
             eval("env.NVTE_FLASH_ATTN == 0", json!({})),
             Value::Bool(false)
+        );
+    }
+
+    /// `parsed(x)` tells the three states of a version apart; `== null` stays the absence test.
+    #[test]
+    fn parsed_tells_the_three_states_apart() {
+        let states = [
+            (json!(null), false, true),
+            (json!("1.29.0"), true, false),
+            (json!("1.29.x-custom"), false, false),
+        ];
+        for (v, parsed, null) in states {
+            let facts = json!({ "cutlass_dsl_version": v });
+            assert_eq!(
+                eval("parsed(cutlass_dsl_version)", facts.clone()),
+                Value::Bool(parsed),
+                "{v}"
+            );
+            assert_eq!(
+                eval("cutlass_dsl_version == null", facts.clone()),
+                Value::Bool(null),
+                "{v}"
+            );
+            // Unparseable: present, not parsed.
+            assert_eq!(
+                eval(
+                    "cutlass_dsl_version != null and not parsed(cutlass_dsl_version)",
+                    facts
+                ),
+                Value::Bool(!parsed && !null),
+                "{v}"
+            );
+        }
+        // A version fact that is never unparseable: parsed is "present".
+        assert_eq!(
+            eval("parsed(flash_attn_versions.v2)", json!({})),
+            Value::Bool(false)
+        );
+        assert_eq!(eval("parsed(cudnn_version)", json!({})), Value::Bool(true));
+    }
+
+    /// Comparing a version fact that can be unparseable needs `parsed(x)` on the path.
+    #[test]
+    fn unguarded_version_comparisons_are_type_errors() {
+        let fe = "cudnn_frontend_version";
+        let rejected = [
+            "cudnn_frontend_version < 1.29.0",
+            "cudnn_frontend_version == null or cudnn_frontend_version < 1.29.0",
+            "cudnn_frontend_version != null and cudnn_frontend_version >= 1.29.0",
+            "cudnn_frontend_version == 1.29.0",
+            "cudnn_frontend_version != 1.29.0",
+            "1.29.0 <= cudnn_frontend_version",
+            "cudnn_frontend_version in [1.29.0, 1.29.1]",
+            "cudnn_frontend_version not in [1.29.0]",
+            // Wrong polarity: the comparison matters exactly when the version is not parsed.
+            "not parsed(cudnn_frontend_version) and cudnn_frontend_version < 1.29.0",
+            "parsed(cudnn_frontend_version) or cudnn_frontend_version < 1.29.0",
+            "if(parsed(cudnn_frontend_version), false, cudnn_frontend_version < 1.29.0)",
+            // Another fact's guard.
+            "parsed(cutlass_dsl_version) and cudnn_frontend_version < 1.29.0",
+            // Only one side of an `or` establishes it.
+            "(parsed(cudnn_frontend_version) or head_dim_qk > 8) and cudnn_frontend_version < 1.29.0",
+            "max(cudnn_frontend_version, 1.0.0) > 1.28.0",
+            "parsed(cudnn_frontend_version) and cutlass_dsl_version < 4.7.0",
+        ];
+        for src in rejected {
+            let e = type_error(src);
+            assert!(e.message.contains("unparseable"), "{src}: {}", e.message);
+            let help = e.help.unwrap_or_default();
+            assert!(help.contains("parsed("), "{src}: {help}");
+            // The span is the operand that reads the fact.
+            let at = &src[e.span.start..e.span.end];
+            assert!(
+                at.contains("cudnn_frontend_version") || at.contains("cutlass_dsl_version"),
+                "{src}: span {at:?}"
+            );
+        }
+        let e = type_error("head_dim_qk > 64 and cudnn_frontend_version < 1.29.0");
+        assert_eq!((e.span.start, e.span.end), (21, 21 + fe.len()));
+        let accepted = [
+            "parsed(cudnn_frontend_version) and cudnn_frontend_version < 1.29.0",
+            "cudnn_frontend_version < 1.29.0 and parsed(cudnn_frontend_version)",
+            "cudnn_frontend_version == null or not parsed(cudnn_frontend_version) or cudnn_frontend_version < 1.29.0",
+            "cudnn_frontend_version == null or (parsed(cudnn_frontend_version) and cudnn_frontend_version < 1.29.0)",
+            "not (not parsed(cudnn_frontend_version) or cudnn_frontend_version >= 1.29.0)",
+            "if(parsed(cudnn_frontend_version), cudnn_frontend_version < 1.29.0, true)",
+            "parsed(cudnn_frontend_version) and parsed(cutlass_dsl_version) and cudnn_frontend_version < 1.29.0 and cutlass_dsl_version < 4.7.0",
+            "parsed(cudnn_frontend_version) and 1.28.0 < cudnn_frontend_version <= 1.29.0",
+            "parsed(cudnn_frontend_version) and cudnn_frontend_version in [1.29.0]",
+            "cudnn_frontend_version == null",
+            "cudnn_frontend_version != null",
+            // Versions that are never unparseable need no guard.
+            "cudnn_version < 9.0.0",
+            "flash_attn_versions.v2 != null and flash_attn_versions.v2 < 2.5.0",
+        ];
+        for src in accepted {
+            let mut c = Compiler::default();
+            c.condition(&parse_expr(src).unwrap())
+                .unwrap_or_else(|e| panic!("{src}: {e}"));
+        }
+        // Restrictions (analysis `--where`) take the comparison as is.
+        let mut c = Compiler::default().without_version_guards();
+        let ast = parse_expr("cudnn_frontend_version < 1.29.0").unwrap();
+        let compiled = c.condition(&ast).unwrap();
+        let bad = Facts::from_json(&json!({ "cudnn_frontend_version": "x" })).unwrap();
+        assert_eq!(
+            c.program.eval(compiled.node, bad.values()),
+            Value::Bool(false)
+        );
+    }
+
+    #[test]
+    fn parsed_guards_through_definitions() {
+        let defs = [
+            ("fe", "cudnn_frontend_version"),
+            ("fe_known", "parsed(cudnn_frontend_version)"),
+            ("fe_unknown", "not parsed(cudnn_frontend_version)"),
+            (
+                "fe_old",
+                "parsed(cudnn_frontend_version) and cudnn_frontend_version < 1.29.0",
+            ),
+            ("fe_bad", "cudnn_frontend_version < 1.29.0"),
+        ];
+        let compiler = || {
+            Compiler::new(
+                &crate::facts::te::TE,
+                defs.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        for ok in [
+            "fe_old",
+            "fe_known and cudnn_frontend_version < 1.29.0",
+            "fe_unknown or cudnn_frontend_version < 1.29.0",
+            "parsed(cudnn_frontend_version) and fe < 1.29.0",
+        ] {
+            compiler()
+                .condition(&parse_expr(ok).unwrap())
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            "fe < 1.29.0",
+            "fe_unknown and cudnn_frontend_version < 1.29.0",
+        ] {
+            let e = compiler().condition(&parse_expr(bad).unwrap()).unwrap_err();
+            assert!(e.message.contains("unparseable"), "{bad}: {e}");
+        }
+        // A definition's own comparisons are checked where it is defined.
+        let e = compiler().compile_def("fe_bad").unwrap_err();
+        assert!(e.message.contains("unparseable"), "{e}");
+        let e = compiler()
+            .condition(&parse_expr("fe_bad").unwrap())
+            .unwrap_err();
+        assert!(e.message.contains("definition `fe_bad` is invalid"), "{e}");
+    }
+
+    #[test]
+    fn parsed_takes_a_version_fact_by_name() {
+        for (src, says) in [
+            ("parsed(head_dim_qk)", "`head_dim_qk` is int"),
+            ("parsed(1.29.0)", "by name"),
+            ("parsed(max(cudnn_version, 9.0.0))", "by name"),
+            ("parsed(cudnn_version, cudnn_version)", "wrong number"),
+            ("parsed()", "wrong number"),
+            ("parsed(cudnn_frontend_versio)", "unknown fact"),
+        ] {
+            let e = type_error(src);
+            assert!(e.message.contains(says), "{src}: {}", e.message);
+        }
+        assert_eq!(
+            type_error("parsed(cudnn_frontend_versio)").help.as_deref(),
+            Some("did you mean `cudnn_frontend_version`?")
+        );
+        assert!(
+            type_error("parsd(cudnn_version)")
+                .help
+                .unwrap()
+                .contains("parsed")
         );
     }
 

@@ -96,6 +96,7 @@ impl Specializer<'_> {
             Node::Not(a) => self.unary(id, a, Node::Not),
             Node::IsNull(a) => self.unary(id, a, Node::IsNull),
             Node::IsNotNull(a) => self.unary(id, a, Node::IsNotNull),
+            Node::IsParsed(a) => self.unary(id, a, Node::IsParsed),
             Node::Neg(a) => self.unary(id, a, Node::Neg),
             Node::Cmp(op, a, b) => self.binary(id, a, b, |x, y| Node::Cmp(op, x, y)),
             Node::Arith(op, a, b) => self.binary(id, a, b, |x, y| Node::Arith(op, x, y)),

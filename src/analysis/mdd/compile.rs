@@ -116,7 +116,11 @@ fn find_if(p: &Program, id: NodeId) -> Option<(NodeId, NodeId, NodeId, NodeId)> 
             let k = ch(start, 3);
             Some((id, k[0], k[1], k[2]))
         }
-        PNode::Not(a) | PNode::IsNull(a) | PNode::IsNotNull(a) | PNode::Neg(a) => find_if(p, a),
+        PNode::Not(a)
+        | PNode::IsNull(a)
+        | PNode::IsNotNull(a)
+        | PNode::IsParsed(a)
+        | PNode::Neg(a) => find_if(p, a),
         PNode::In { item, .. } => find_if(p, item),
         PNode::Cmp(_, a, b) | PNode::Arith(_, a, b) => find_if(p, a).or_else(|| find_if(p, b)),
         PNode::And { start, len } | PNode::Or { start, len } | PNode::Call { start, len, .. } => {
@@ -146,6 +150,7 @@ fn substitute(
         PNode::Not(a) => Some(PNode::Not(sub(p, a))),
         PNode::IsNull(a) => Some(PNode::IsNull(sub(p, a))),
         PNode::IsNotNull(a) => Some(PNode::IsNotNull(sub(p, a))),
+        PNode::IsParsed(a) => Some(PNode::IsParsed(sub(p, a))),
         PNode::Neg(a) => Some(PNode::Neg(sub(p, a))),
         PNode::In {
             item,

@@ -177,9 +177,11 @@ fn slots_in_order(p: &Program, id: NodeId, out: &mut Vec<usize>) {
                 out.push(s as usize);
             }
         }
-        PNode::Not(a) | PNode::IsNull(a) | PNode::IsNotNull(a) | PNode::Neg(a) => {
-            slots_in_order(p, a, out)
-        }
+        PNode::Not(a)
+        | PNode::IsNull(a)
+        | PNode::IsNotNull(a)
+        | PNode::IsParsed(a)
+        | PNode::Neg(a) => slots_in_order(p, a, out),
         PNode::In { item, .. } => slots_in_order(p, item, out),
         PNode::Cmp(_, a, b) | PNode::Arith(_, a, b) => {
             slots_in_order(p, a, out);

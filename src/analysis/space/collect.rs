@@ -50,7 +50,7 @@ pub(crate) fn slots_under(p: &Program, id: NodeId, out: &mut Vec<usize>) {
     match p.nodes[id as usize] {
         Node::Const(_) => {}
         Node::Slot(s) => out.push(s as usize),
-        Node::Not(a) | Node::IsNull(a) | Node::IsNotNull(a) | Node::Neg(a) => {
+        Node::Not(a) | Node::IsNull(a) | Node::IsNotNull(a) | Node::IsParsed(a) | Node::Neg(a) => {
             slots_under(p, a, out)
         }
         Node::And { start, len } | Node::Or { start, len } | Node::Call { start, len, .. } => {
@@ -110,7 +110,11 @@ impl Collect {
             Node::Slot(s) => {
                 self.read.insert(s as usize);
             }
-            Node::Not(a) | Node::IsNull(a) | Node::IsNotNull(a) | Node::Neg(a) => self.walk(p, a),
+            Node::Not(a)
+            | Node::IsNull(a)
+            | Node::IsNotNull(a)
+            | Node::IsParsed(a)
+            | Node::Neg(a) => self.walk(p, a),
             Node::And { start, len } | Node::Or { start, len } => {
                 for &c in &p.children[start as usize..(start + len) as usize] {
                     self.walk(p, c);
