@@ -883,6 +883,7 @@ fn fold_cond(c: Cond, atoms: &[Option<Cond>]) -> Cond {
             item: Box::new(fold_num(*item, atoms)),
             want_null,
         },
+        Cond::Parsed(item) => Cond::Parsed(Box::new(fold_num(*item, atoms))),
         Cond::Value(n) => Cond::Value(Box::new(fold_num(*n, atoms))),
         c @ (Cond::Leaf { .. }
         | Cond::Leaves { .. }
