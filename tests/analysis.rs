@@ -787,3 +787,125 @@ fn executor_chain_lints_find_dead_entries_and_stranded_inputs() {
         .expect("fixture loads");
     assert!(!lint(&policy).iter().any(|d| d.code == "W-NO-EXECUTOR"));
 }
+
+/// The analysis enumerates the third version state: a copy of the te pack whose FR.27 also
+/// declines an unparseable frontend version differs from the te pack exactly where the
+/// version is present but unparseable (and FROST would otherwise serve), and the regions say
+/// so in the rule language (`parsed(...)`), with examples that read back as unparseable.
+#[test]
+fn te_diff_sees_the_unparseable_frontend_version() {
+    let old = Policy::embedded("te").unwrap();
+    let dir = std::env::temp_dir().join(format!("attn-policy-te-fe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir("rules/te").unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let f = dir.join("frost_attention.yaml");
+    let text = std::fs::read_to_string(&f).unwrap();
+    let guarded = "when: cudnn_frontend_version == null or (parsed(cudnn_frontend_version) and \
+                   cudnn_frontend_version < 1.29.0)";
+    assert!(text.contains(guarded), "FR.27 as in the te pack");
+    let declines_unparseable = "when: cudnn_frontend_version == null or not \
+                                parsed(cudnn_frontend_version) or cudnn_frontend_version < 1.29.0";
+    std::fs::write(&f, text.replace(guarded, declines_unparseable)).unwrap();
+    let new = Policy::from_dir(&dir).expect("the copy loads");
+    // The frontend version free; the head dims pinned to the seed's 512 (with the two dims
+    // free, the diff's witness search leaves cubes of their relation unverified, whatever the
+    // change: a limitation of the search, not of the version state).
+    let slice = TE_SLICE
+        .replace("cudnn_frontend_version == 1.29.0 and ", "")
+        .replace(
+            "256 < head_dim_qk <= 512 and head_dim_v == head_dim_qk",
+            "head_dim_qk == 512 and head_dim_v == 512",
+        );
+    assert!(!slice.contains("cudnn_frontend_version") && !slice.contains("256 <"));
+    let w = Restriction::parse(&slice).unwrap();
+    let (report, _) = diff(&old, &new, Some(&w), DEFAULT_BUDGET, usize::MAX);
+    assert!(report.complete);
+    assert_eq!(
+        report.changed_rules,
+        vec!["FR.27@FrostAttention".to_string()]
+    );
+    assert!(!report.regions.is_empty());
+    for r in &report.regions {
+        assert_eq!(
+            r.old.as_deref(),
+            Some("FrostAttention"),
+            "{:?}",
+            r.constraints
+        );
+        assert_ne!(r.new.as_deref(), Some("FrostAttention"));
+        assert_eq!(r.rules, vec!["FR.27".to_string()]);
+        assert_eq!(
+            r.constraints["cudnn_frontend_version"],
+            json!("cudnn_frontend_version != null and not parsed(cudnn_frontend_version)")
+        );
+        let fe = r.example["cudnn_frontend_version"].as_str().unwrap();
+        assert!(attn_policy::lang::Version::parse(fe).is_none(), "{fe}");
+        assert_eq!(
+            decide_example(&old, &r.example).unwrap().as_deref(),
+            Some("FrostAttention")
+        );
+        assert_ne!(
+            decide_example(&new, &r.example).unwrap().as_deref(),
+            Some("FrostAttention")
+        );
+    }
+    let regions: Vec<Restriction> = report
+        .regions
+        .iter()
+        .map(|r| Restriction::of_constraints(&r.constraints).unwrap())
+        .collect();
+    // Brute force over the three states (and the floor's neighbours): a config lies in a
+    // region iff the packs differ, and they differ exactly for the unparseable versions.
+    let mut differ = 0;
+    for sm in [90, 100, 103] {
+        // FusedAttention (answered "supported") comes first unless it is switched off.
+        for fused in [json!(null), json!("0")] {
+            for fe in [
+                json!(null),
+                json!("1.28.0"),
+                json!("1.29.0rc1"),
+                json!("1.29.0"),
+                json!("1.30.1"),
+                json!("1.29.x-custom"),
+                json!("not-a-version"),
+            ] {
+                let c = json!({
+                    "qkv_dtype": "bf16", "qkv_layout": "bshd_bshd_bshd",
+                    "attn_mask_type": "causal", "max_seqlen_q": 8192, "max_seqlen_kv": 8192,
+                    "num_heads": 16, "num_gqa_groups": 16, "context_parallel": true,
+                    "cp_size": 2, "cp_size_a2a": 2, "batch_size": 2,
+                    "flash_attn_versions": {"v2": "2.7.4"}, "cudnn_version": "9.19.0",
+                    "cudnn_frontend_version": fe, "cutlass_dsl_version": "4.7.1",
+                    "device_compute_capability": [sm / 10, sm % 10],
+                    "head_dim_qk": 512, "head_dim_v": 512,
+                    "env": {"NVTE_FUSED_ATTN": fused},
+                    "probe": {"fused_attn_graph": true, "frost_plan": true, "cuda_device": true}
+                });
+                let facts = Facts::from_json(&c).unwrap();
+                assert!(w.holds(&facts), "{c}");
+                let (a, b) = (
+                    decide_example(&old, &c).unwrap(),
+                    decide_example(&new, &c).unwrap(),
+                );
+                let hits = regions.iter().filter(|r| r.holds(&facts)).count();
+                if a != b {
+                    differ += 1;
+                    assert!(fe.as_str().is_some_and(|s| s.contains('-')), "{c}");
+                    assert_eq!(hits, 1, "{c}");
+                } else {
+                    assert_eq!(hits, 0, "{c}");
+                }
+            }
+        }
+    }
+    assert_eq!(
+        differ,
+        2 * 2,
+        "sm100/103 x 2 unparseable versions, FusedAttention off"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -208,8 +208,8 @@ fn real_explanations_match_the_schema() {
         == "outranked"
         && b["outranked_by"].is_string())));
     assert!(any(&|d| rules(d).iter().any(|r| r["kind"] == "switch")));
-    // No case holds an unparseable version: since issue 15 a version that does not parse is
-    // an input error (exit 2), never a fact; the schema keeps the form for older documents.
+    // No case holds an unparseable version (only cudnn_frontend_version and
+    // cutlass_dsl_version keep one, issue 30; cli/tests/frost_rules.rs checks its form).
     assert!(any(&|d| d["pending_probes"]
         .as_array()
         .is_some_and(|p| !p.is_empty())));

@@ -273,20 +273,39 @@ pub struct GapReport {
 }
 
 pub fn assumptions() -> Vec<String> {
-    vec![
-        "probe facts (probe.*) are answered \"supported\" (true)".into(),
-        "unparseable version strings are not enumerated".into(),
-        "integer sizes are >= 1 (token counts, shapes >= 0), dropout and softcap >= 0".into(),
-    ]
+    assumptions_for(&crate::facts::te::TE)
+}
+
+/// What the analysis enumerates of version facts: the third state where the family keeps it.
+fn versions_assumption(schema: &Schema) -> String {
+    let raw: Vec<&str> = schema
+        .fields
+        .iter()
+        .filter(|d| d.raw_text)
+        .map(|d| d.path)
+        .collect();
+    if raw.is_empty() {
+        "versions are parsed (a version string that does not parse is refused when read)".into()
+    } else {
+        format!(
+            "present but unparseable is one more value of {} (other versions are parsed: a \
+             string that does not parse is refused when read)",
+            raw.join(", ")
+        )
+    }
 }
 
 /// The assumptions of an analysis over `schema`'s facts.
 pub fn assumptions_for(schema: &Schema) -> Vec<String> {
     if schema.family != "torch" {
-        return assumptions();
+        return vec![
+            "probe facts (probe.*) are answered \"supported\" (true)".into(),
+            versions_assumption(schema),
+            "integer sizes are >= 1 (token counts, shapes >= 0), dropout and softcap >= 0".into(),
+        ];
     }
     vec![
-        "unparseable version strings are not enumerated".into(),
+        versions_assumption(schema),
         "head counts, head dims and ranks are >= 1, other sizes, strides and lengths >= 0, \
          a mask has at least 2 dimensions, dropout_p >= 0"
             .into(),

@@ -217,7 +217,7 @@ fn class_of(space: &Space, i: usize, v: Value) -> Option<usize> {
             }
             (ClassDesc::Null, Value::Null) => true,
             (ClassDesc::Present, Value::Bool(true)) => true,
-            (ClassDesc::Ordered { lo, hi }, x) if x != Value::Null => {
+            (ClassDesc::Ordered { lo, hi }, x) if !matches!(x, Value::Null | Value::BadVersion) => {
                 lo.is_none_or(|(b, incl)| {
                     x.compare(b)
                         .is_some_and(|o| o.is_gt() || (incl && o.is_eq()))
@@ -240,6 +240,8 @@ fn describe(space: &Space, i: usize, c: usize, from: Value, to: Value) -> String
         (ClassDesc::Ordered { lo, hi }, _, Value::Version(_)) => {
             let verb = if from == Value::Null {
                 "install"
+            } else if from == Value::BadVersion {
+                "replace the unparseable"
             } else if from.compare(to).is_some_and(|o| o.is_lt()) {
                 "upgrade"
             } else {
@@ -312,6 +314,7 @@ fn package_hint(
         .map(|(_, _, c)| candidates[c[0]].2)?;
     let verb = match from.compare(first) {
         _ if from == Value::Null => "install",
+        _ if from == Value::BadVersion => "replace the unparseable",
         Some(o) if o.is_lt() => "upgrade",
         _ => "downgrade",
     };
@@ -379,7 +382,8 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
         let cur = vals[var.slot];
         let here = class_of(&space, i, cur);
         for c in 0..var.classes.len() {
-            if Some(c) == here {
+            // Never propose an unparseable version as a change.
+            if Some(c) == here || var.classes[c].desc == ClassDesc::Unparseable {
                 continue;
             }
             let to = nearest(&space, i, c, cur);

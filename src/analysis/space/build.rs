@@ -270,6 +270,13 @@ impl Collect {
                     },
                 );
             }
+            // One more value of such a version: present but unparseable.
+            if d.raw_text && d.ty == Ty::Version {
+                classes.push(Class {
+                    value: Value::BadVersion,
+                    desc: ClassDesc::Unparseable,
+                });
+            }
             index.insert(s, vars.len());
             vars.push(Var {
                 slot: s,

@@ -69,6 +69,9 @@ pub fn mask_of(slots: &[u16]) -> SlotMask {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ClassDesc {
     Null,
+    /// A version fact present but unparseable ([`Value::BadVersion`]): the third state of a
+    /// version whose probe reports raw text (`FieldDef::raw_text`).
+    Unparseable,
     Present,
     Bool(bool),
     Enum(u16),

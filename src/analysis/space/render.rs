@@ -20,32 +20,43 @@ impl Space {
             return None;
         }
         let path = v.path;
-        let has_null = set
-            .iter()
-            .any(|&c| v.classes[c as usize].desc == ClassDesc::Null);
+        let count = |d: ClassDesc| set.iter().any(|&c| v.classes[c as usize].desc == d);
+        let (has_null, has_bad) = (count(ClassDesc::Null), count(ClassDesc::Unparseable));
+        // The classes of present values (parsed ones, for a version).
+        let present = |c: &&Class| !matches!(c.desc, ClassDesc::Null | ClassDesc::Unparseable);
         let rest: Vec<&Class> = set
             .iter()
             .map(|&c| &v.classes[c as usize])
-            .filter(|c| c.desc != ClassDesc::Null)
+            .filter(present)
             .collect();
-        let null_total = v.classes.iter().any(|c| c.desc == ClassDesc::Null);
+        let bad_total = v.classes.iter().any(|c| c.desc == ClassDesc::Unparseable);
+        let rest_total = v.classes.iter().filter(present).count();
         let mut parts: Vec<String> = Vec::new();
-        if !rest.is_empty() {
-            let all_non_null = rest.len() == n - usize::from(null_total);
-            if all_non_null {
-                parts.push(format!("{path} != null"));
-            } else {
-                parts.push(self.render_non_null(v, &rest));
-            }
-        }
         if has_null {
-            if rest.is_empty() {
-                return Some(format!("{path} == null"));
-            }
-            let body = parts.join("");
-            return Some(format!("{path} == null or {body}"));
+            parts.push(format!("{path} == null"));
         }
-        Some(parts.join(""))
+        if has_bad && rest.len() == rest_total {
+            // Every present value, parsed or not (null is not in the set, or it would be all).
+            return Some(format!("{path} != null"));
+        }
+        if has_bad {
+            let bad = format!("{path} != null and not parsed({path})");
+            parts.push(if has_null || !rest.is_empty() {
+                format!("({bad})")
+            } else {
+                bad
+            });
+        }
+        if !rest.is_empty() {
+            parts.push(if rest.len() < rest_total {
+                self.render_non_null(v, &rest)
+            } else if bad_total {
+                format!("parsed({path})")
+            } else {
+                format!("{path} != null")
+            });
+        }
+        Some(parts.join(" or "))
     }
 
     fn render_non_null(&self, v: &Var, cls: &[&Class]) -> String {
@@ -125,6 +136,7 @@ impl Space {
                 terms.join(" or ")
             }
             ClassDesc::Null => format!("{path} == null"),
+            ClassDesc::Unparseable => format!("{path} != null and not parsed({path})"),
         }
     }
 

@@ -118,6 +118,8 @@ impl Space {
         v.classes.iter().position(|c| match (&c.desc, value) {
             (ClassDesc::Null, x) => x == Value::Null,
             (_, Value::Null) => false,
+            (ClassDesc::Unparseable, x) => x == Value::BadVersion,
+            (_, Value::BadVersion) => false,
             (ClassDesc::Present, _) => true,
             (ClassDesc::Bool(b), Value::Bool(x)) => *b == x,
             (ClassDesc::Enum(e), Value::Enum(x)) => *e == x,
