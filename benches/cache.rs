@@ -20,8 +20,8 @@ const TE_PYTHON_US: f64 = 153.0;
 
 /// The raw configs behind [`inputs`] (for the from-JSON figure).
 fn configs() -> Vec<serde_json::Value> {
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
+    let corpus =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
     match attn_policy::corpus::read_corpus(&corpus) {
         Ok(recs) => recs
             .iter()
@@ -37,8 +37,8 @@ fn configs() -> Vec<serde_json::Value> {
 }
 
 fn inputs() -> Vec<Facts> {
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
+    let corpus =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
     if let Ok(recs) = attn_policy::corpus::read_corpus(&corpus) {
         let facts: Vec<Facts> = recs
             .iter()
