@@ -157,6 +157,11 @@ pub struct Mdd<'s> {
     /// Atom evaluations that stayed unknown with every fact they read assigned (read as
     /// false; a result built from them is not exact).
     pub unknown: u64,
+    /// Operation steps: `and` / `or` / `minus` / `not` calls not answered by a terminal case
+    /// or a memo (each visits a pair of nodes). With `size`, the deterministic measure of
+    /// the diagram work that `tests/analysis_counts.rs` guards: a memo that stops hitting
+    /// shows here, not in the node count.
+    pub steps: u64,
     /// Scratch fact values for evaluations (reused: evaluations run millions of times).
     vals: Vec<Value>,
     // --- relation variables (`relations`)

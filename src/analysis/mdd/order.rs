@@ -135,6 +135,7 @@ impl<'s> Mdd<'s> {
             progs: Vec::new(),
             evaluations: 0,
             unknown: 0,
+            steps: 0,
             vals: Vec::new(),
             scratch: std::cell::Cell::new(NodeMemo::default()),
             expand_memos: Default::default(),

@@ -550,6 +550,7 @@ impl<'s> Mdd<'s> {
         if let Some(r) = self.not_memo.get(a, 0) {
             return r;
         }
+        self.steps += 1;
         let h = self.store.hdr[a as usize];
         let w = self.store.w(h.level);
         let (ks, ws) = (self.ek.len(), self.ew.len());
@@ -609,6 +610,7 @@ impl<'s> Mdd<'s> {
         if let Some(r) = memo.get(lo, hi) {
             return r;
         }
+        self.steps += 1;
         let (ha, hb) = (self.store.hdr[a as usize], self.store.hdr[b as usize]);
         let level = ha.level.min(hb.level);
         let w = self.store.w(level);
