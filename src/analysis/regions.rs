@@ -256,6 +256,9 @@ pub struct GapReport {
     pub classes_examined: u64,
     /// Decision-diagram nodes built (the work beyond evaluations).
     pub diagram_nodes: u64,
+    /// Diagram operation steps (`Mdd::steps`): a work measure for the CI guard, not output.
+    #[serde(skip)]
+    pub diagram_steps: u64,
     /// Size of the full cross product of classes (what naive enumeration would visit).
     pub class_product: f64,
     pub facts_enumerated: usize,
@@ -592,6 +595,7 @@ pub fn gaps_only(
         regions_truncated: !listed_all,
         classes_examined: m.evaluations,
         diagram_nodes: m.size() as u64,
+        diagram_steps: m.steps,
         class_product: space.product(),
         facts_enumerated: space.vars.len(),
         complete: !m.exhausted && m.unknown == 0 && unverified == 0,
@@ -636,6 +640,9 @@ pub struct DiffReport {
     pub classes_examined: u64,
     /// Decision-diagram nodes built.
     pub diagram_nodes: u64,
+    /// As for `gaps` (not output).
+    #[serde(skip)]
+    pub diagram_steps: u64,
     /// The diagrams were built within budget with every evaluation definite.
     pub complete: bool,
     /// As for `gaps`: cubes without a found example, not listed.
@@ -853,6 +860,7 @@ pub fn diff(
         regions_truncated: !listed_all,
         classes_examined: m.evaluations,
         diagram_nodes: m.size() as u64,
+        diagram_steps: m.steps,
         complete: !m.exhausted && m.unknown == 0 && unverified == 0,
         regions_unverified: unverified,
         changed_rules: changed_names,

@@ -169,14 +169,27 @@ impl<'s> Mdd<'s> {
         self.mk(self.level[v], edges)
     }
 
+    /// Per var of `vars`, per block, the abstract value of the var over the block's classes
+    /// (what [`Mdd::decide_cell`] reads for a block of several classes: computed once per
+    /// atom, not once per cell).
+    pub(super) fn block_hulls(&self, vars: &[usize], blocks: &[Vec<Vec<u32>>]) -> Vec<Vec<Abs>> {
+        vars.iter()
+            .zip(blocks)
+            .map(|(&v, bs)| bs.iter().map(|b| self.hull(v, b)).collect())
+            .collect()
+    }
+
     /// Whether atom `id` is constant on a cell (per var, the classes of its block), and its
-    /// value there; None when it is not, or not provably so.
+    /// value there; None when it is not, or not provably so. `hulls`: the blocks'
+    /// [`Mdd::block_hulls`].
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn decide_cell(
         &mut self,
         prog: usize,
         id: NodeId,
         vars: &[usize],
         blocks: &[Vec<Vec<u32>>],
+        hulls: &[Vec<Abs>],
         asg: &Assign,
         cell: &[usize],
     ) -> Option<bool> {
@@ -211,7 +224,7 @@ impl<'s> Mdd<'s> {
             match plain {
                 Some(&v) => match pos(v) {
                     Some(i) if cell[i] == usize::MAX => Abs::Exact(Value::Null),
-                    Some(i) => self.hull(v, &blocks[i][cell[i]]),
+                    Some(i) => hulls[i][cell[i]],
                     None => Abs::Any,
                 },
                 None => Abs::Any,
@@ -269,6 +282,10 @@ impl<'s> Mdd<'s> {
                             return None;
                         }
                         ms.extend((0..n as i64).map(|k| (c, Some(first + k * step))));
+                        // The count is at least this var's members: stop early.
+                        if ms.len() as u128 > limit {
+                            return None;
+                        }
                     }
                     None => {
                         if let ClassDesc::Ordered { lo, hi } =
@@ -278,6 +295,9 @@ impl<'s> Mdd<'s> {
                             return None;
                         }
                         ms.push((c, None));
+                        if ms.len() as u128 > limit {
+                            return None;
+                        }
                     }
                 }
             }

@@ -30,7 +30,18 @@ impl Bits {
         })
     }
 
-    fn words(&self) -> &[u64] {
+    /// A set over `words.len() * 64` slots with exactly these words (a node's edge label).
+    pub(super) fn from_words(words: &[u64]) -> Bits {
+        Bits(if words.len() <= INLINE_WORDS {
+            let mut w = [0; INLINE_WORDS];
+            w[..words.len()].copy_from_slice(words);
+            Words::Inline(words.len() as u8, w)
+        } else {
+            Words::Heap(words.into())
+        })
+    }
+
+    pub(super) fn words(&self) -> &[u64] {
         match &self.0 {
             Words::Inline(n, w) => &w[..*n as usize],
             Words::Heap(w) => w,
@@ -85,14 +96,10 @@ impl Bits {
         r
     }
 
-    pub(super) fn or_with(&mut self, o: &Bits) {
-        for (a, b) in self.words_mut().iter_mut().zip(o.words()) {
+    pub(super) fn or_words(&mut self, o: &[u64]) {
+        for (a, b) in self.words_mut().iter_mut().zip(o) {
             *a |= b;
         }
-    }
-
-    pub(super) fn meets(&self, o: &Bits) -> bool {
-        self.words().iter().zip(o.words()).any(|(a, b)| a & b != 0)
     }
 
     pub(super) fn len(&self) -> usize {
@@ -111,4 +118,22 @@ impl Bits {
         }
         out
     }
+}
+
+/// Whether two sets of the same var (as words) share a class.
+pub(super) fn words_meet(a: &[u64], b: &[u64]) -> bool {
+    a.iter().zip(b).any(|(x, y)| x & y != 0)
+}
+
+/// The number of classes in a set (as words).
+pub(super) fn words_len(a: &[u64]) -> usize {
+    a.iter().map(|w| w.count_ones() as usize).sum()
+}
+
+/// The lowest class of a non-empty set (as words).
+pub(super) fn words_first(a: &[u64]) -> u32 {
+    a.iter()
+        .enumerate()
+        .find(|(_, w)| **w != 0)
+        .map_or(u32::MAX, |(i, w)| i as u32 * 64 + w.trailing_zeros())
 }

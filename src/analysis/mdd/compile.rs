@@ -57,6 +57,7 @@ impl<'s> Mdd<'s> {
         let (unit, zero) = match op {
             Op::And => (TRUE, FALSE),
             Op::Or => (FALSE, TRUE),
+            Op::Diff => unreachable!("conditions fold and / or"),
         };
         let mut acc = unit;
         for &c in kids {

@@ -48,8 +48,9 @@ impl<'s> Mdd<'s> {
         }
         let want = want[0] == 1;
         let blocks = self.path_blocks(&vars, cube)?;
+        let hulls = self.block_hulls(&vars, &blocks);
         self.contrary_cells(&vars, &blocks, cube, &mut |m, asg, cell| {
-            let decided = m.decide_cell(prog, node, &vars, &blocks, asg, cell)?;
+            let decided = m.decide_cell(prog, node, &vars, &blocks, &hulls, asg, cell)?;
             (decided != want).then(|| m.literal(r, want, TRUE))
         })
     }

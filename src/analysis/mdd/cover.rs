@@ -22,7 +22,12 @@
 
 use crate::facts::Value;
 
+use super::bits::{words_first, words_len, words_meet};
 use super::{Bits, Cube, FALSE, Id, Mdd, NodeMemo, TRUE};
+
+/// The memos of `expand`: `allowed` per node (an index into the sets) and `everywhere`.
+#[derive(Default)]
+pub(super) struct ExpandMemos((NodeMemo<u32>, Vec<Bits>), NodeMemo<bool>);
 
 impl<'s> Mdd<'s> {
     /// Whether `x` holds in every class of the cube.
@@ -38,7 +43,7 @@ impl<'s> Mdd<'s> {
     /// [`Mdd::everywhere`] with the reusable memo.
     fn everywhere_reusing(&self, x: Id, cube: &[Option<Bits>], want: bool) -> bool {
         let mut memo = self.scratch.take();
-        memo.clear(self.nodes.len());
+        memo.clear(self.size());
         let r = self.everywhere(x, cube, want, &mut memo);
         self.scratch.set(memo);
         r
@@ -60,13 +65,10 @@ impl<'s> Mdd<'s> {
         if let Some(r) = memo.get(x) {
             return r;
         }
-        let n = &self.nodes[x as usize];
-        let v = self.order[n.level as usize];
-        let r = n.edges.iter().all(|(k, set)| {
-            cube.get(v)
-                .and_then(Option::as_ref)
-                .is_some_and(|c| !c.meets(set))
-                || self.everywhere(*k, cube, want, memo)
+        let v = self.order[self.node_level(x) as usize];
+        let c = cube.get(v).and_then(Option::as_ref);
+        let r = self.edges(x).all(|(k, set)| {
+            c.is_some_and(|c| !words_meet(c.words(), set)) || self.everywhere(k, cube, want, memo)
         });
         memo.set(x, r);
         r
@@ -155,17 +157,15 @@ impl<'s> Mdd<'s> {
     fn widest_path(&self, mut x: Id) -> Cube {
         let mut cube = vec![None; self.nvars()];
         while x > TRUE {
-            let n = &self.nodes[x as usize];
-            let (k, set) = n
-                .edges
-                .iter()
+            let (k, set) = self
+                .edges(x)
                 .filter(|e| e.0 != FALSE)
                 // Ties go to the lowest class, not the child's id: the cover then depends
                 // only on the function, not on the order its nodes were built in.
-                .max_by_key(|e| (e.1.len(), std::cmp::Reverse(e.1.classes()[0])))
+                .max_by_key(|e| (words_len(e.1), std::cmp::Reverse(words_first(e.1))))
                 .expect("a non-false node has a non-false edge");
-            cube[self.order[n.level as usize]] = Some(set.clone());
-            x = *k;
+            cube[self.order[self.node_level(x) as usize]] = Some(Bits::from_words(set));
+            x = k;
         }
         cube
     }
@@ -181,17 +181,17 @@ impl<'s> Mdd<'s> {
             .filter(|&l| cube[self.order[l]].is_some())
             .collect();
         levels.sort_by_key(|&l| std::cmp::Reverse(self.full[l].len()));
-        // Reused (cleared) between vars: allocating fresh tables dominated the run time.
-        let (mut memo, mut inside) = ((NodeMemo::default(), Vec::new()), NodeMemo::default());
+        // Reused (cleared) between vars and calls: allocating fresh tables dominated.
+        let ExpandMemos(mut memo, mut inside) = self.expand_memos.take();
         for free_only in [true, false] {
             for &l in &levels {
                 let v = self.order[l];
                 if cube[v].is_none() {
                     continue;
                 }
-                memo.0.clear(self.nodes.len());
+                memo.0.clear(self.size());
                 memo.1.clear();
-                inside.clear(self.nodes.len());
+                inside.clear(self.size());
                 let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
                 // An object whose members are constrained stays present: a member's
                 // constraint cannot be written for an absent object.
@@ -216,6 +216,7 @@ impl<'s> Mdd<'s> {
                 }
             }
         }
+        self.expand_memos.set(ExpandMemos(memo, inside));
     }
 
     /// The classes of the var at `level` for which `cube` (with that var replaced by the
@@ -229,8 +230,8 @@ impl<'s> Mdd<'s> {
         inside: &mut NodeMemo<bool>,
     ) -> Bits {
         let full = &self.full[level as usize];
-        let n = &self.nodes[x as usize];
-        if n.level > level {
+        let nl = self.node_level(x);
+        if nl > level {
             return if self.everywhere(x, cube, true, inside) {
                 full.clone()
             } else {
@@ -240,20 +241,20 @@ impl<'s> Mdd<'s> {
         if let Some(i) = memo.0.get(x) {
             return memo.1[i as usize].clone();
         }
-        let r = if n.level == level {
+        let r = if nl == level {
             let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
-            for (k, set) in n.edges.iter() {
-                if self.everywhere(*k, cube, true, inside) {
-                    r.or_with(set);
+            for (k, set) in self.edges(x) {
+                if self.everywhere(k, cube, true, inside) {
+                    r.or_words(set);
                 }
             }
             r
         } else {
-            let v = self.order[n.level as usize];
+            let v = self.order[nl as usize];
             let mut r = full.clone();
-            for (k, set) in n.edges.iter() {
-                if cube[v].as_ref().is_none_or(|c| c.meets(set)) {
-                    let a = self.allowed(*k, level, cube, memo, inside);
+            for (k, set) in self.edges(x) {
+                if cube[v].as_ref().is_none_or(|c| words_meet(c.words(), set)) {
+                    let a = self.allowed(k, level, cube, memo, inside);
                     match r.and(&a) {
                         Some(both) => r = both,
                         None => {

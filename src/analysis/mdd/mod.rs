@@ -48,7 +48,7 @@
 //!   levels of all its children; its edges partition the variable's classes (non-empty,
 //!   disjoint, covering every class), one edge per distinct child, sorted by child id; it has at
 //!   least two edges; the unique table holds it once. Hence two ids are equal iff their
-//!   functions are equal (for this manager's order). Only `Mdd::mk` (in `tables`) creates
+//!   functions are equal (for this manager's order). Only `Mdd::mk_top` (in `tables`) creates
 //!   nodes, and it keeps all of this.
 //! - **Variables.** Diagram var `v < space.vars.len()` is fact var `v` of the [`Space`]; var
 //!   `space.vars.len() + k` is relation variable `rels[k]`. Facts sit at levels `k * SPREAD`;
@@ -84,11 +84,12 @@ use crate::eval::program::{NodeId, Program};
 use crate::facts::Value;
 
 pub use bits::Bits;
+use cover::ExpandMemos;
 pub use cover::cube_within;
 pub use queries::PolicyDiagrams;
 pub use relations::Rel;
 pub use restrict::Pins;
-use tables::{Node, NodeMemo, Op};
+use tables::{NodeMemo, Op, OpMemo, Store};
 
 /// The node and operation tables are hashed millions of times: foldhash, not SipHash.
 type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::FixedState>;
@@ -127,13 +128,20 @@ pub struct Mdd<'s> {
     /// Per diagram var: its number of classes.
     ncls: Vec<usize>,
     // --- node store and memos (`tables`)
-    nodes: Vec<Node>,
-    /// Hash-consing: open addressing over node ids (a node is stored once, in `nodes`).
-    unique: Vec<Id>,
-    apply_cache: HashMap<(Op, Id, Id), Id>,
-    not_cache: HashMap<Id, Id>,
+    /// Nodes, their edges, the hash-consing tables.
+    store: Store,
+    /// The edge stack: nodes under construction (children, their sets' words).
+    ek: Vec<Id>,
+    ew: Vec<u64>,
+    and_memo: OpMemo,
+    or_memo: OpMemo,
+    not_memo: OpMemo,
+    diff_memo: OpMemo,
     /// A reusable memo for `holds_on` / `meets` (they are called per rule per region).
     scratch: std::cell::Cell<NodeMemo<bool>>,
+    /// Reusable memos of `expand` (it runs per listed cube: fresh tables of the diagram's
+    /// size, zeroed each time, cost more than the traversals).
+    expand_memos: std::cell::Cell<ExpandMemos>,
     /// The most nodes the manager may create.
     pub budget: usize,
     /// The budget ran out: every result is meaningless (report INCOMPLETE).
@@ -149,6 +157,11 @@ pub struct Mdd<'s> {
     /// Atom evaluations that stayed unknown with every fact they read assigned (read as
     /// false; a result built from them is not exact).
     pub unknown: u64,
+    /// Operation steps: `and` / `or` / `minus` / `not` calls not answered by a terminal case
+    /// or a memo (each visits a pair of nodes). With `size`, the deterministic measure of
+    /// the diagram work that `tests/analysis_counts.rs` guards: a memo that stops hitting
+    /// shows here, not in the node count.
+    pub steps: u64,
     /// Scratch fact values for evaluations (reused: evaluations run millions of times).
     vals: Vec<Value>,
     // --- relation variables (`relations`)

@@ -14,8 +14,8 @@
 use crate::analysis::space::Space;
 use crate::eval::program::{Func, Node as PNode, NodeId, Program};
 
-use super::tables::{EMPTY_SLOT, TERMINAL};
-use super::{Bits, FALSE, HashMap, Id, Mdd, Node, NodeMemo, SPREAD, TRUE};
+use super::tables::{OpMemo, Store};
+use super::{Bits, HashMap, Mdd, NodeMemo, SPREAD};
 
 impl<'s> Mdd<'s> {
     /// A manager ordered for these packs: facts in the order a depth-first walk of the rules
@@ -117,27 +117,28 @@ impl<'s> Mdd<'s> {
             full[at as usize] = Bits::full(space.vars[v].classes.len());
         }
         let used: Vec<u32> = (0..nv as u32).map(|l| l * SPREAD).collect();
-        let terminal = |_: Id| Node {
-            level: TERMINAL,
-            edges: Box::new([]),
-        };
         Mdd {
             space,
+            store: Store::new(full.iter().map(|b| b.words().len() as u32).collect()),
             full,
             order: by_level,
             used,
             level,
-            nodes: vec![terminal(FALSE), terminal(TRUE)],
-            unique: vec![EMPTY_SLOT; 1 << 16],
-            apply_cache: HashMap::default(),
-            not_cache: HashMap::default(),
+            ek: Vec::new(),
+            ew: Vec::new(),
+            and_memo: OpMemo::default(),
+            or_memo: OpMemo::default(),
+            not_memo: OpMemo::default(),
+            diff_memo: OpMemo::default(),
             compiled: HashMap::default(),
             atoms: HashMap::default(),
             progs: Vec::new(),
             evaluations: 0,
             unknown: 0,
+            steps: 0,
             vals: Vec::new(),
             scratch: std::cell::Cell::new(NodeMemo::default()),
+            expand_memos: Default::default(),
             rels: Vec::new(),
             rel_index: HashMap::default(),
             ties: Vec::new(),

@@ -71,6 +71,8 @@ impl<'s> Mdd<'s> {
         self.level.push(at);
         self.order[at as usize] = v;
         self.full[at as usize] = Bits::full(classes);
+        let words = self.full[at as usize].words().len() as u32;
+        self.store.set_level_words(at as usize, words);
         self.ncls.push(classes);
         let pos = self.used.partition_point(|&l| l < at);
         self.used.insert(pos, at);
@@ -292,9 +294,10 @@ impl<'s> Mdd<'s> {
         own: &Space,
     ) -> Id {
         let blocks = self.blocks_of(vars, own, &[]);
+        let hulls = self.block_hulls(vars, &blocks);
         let mut decided: Vec<Option<bool>> = Vec::new();
         self.enumerate(vars, &blocks, &mut |m, asg, cell| {
-            decided.push(m.decide_cell(prog, id, vars, &blocks, asg, cell));
+            decided.push(m.decide_cell(prog, id, vars, &blocks, &hulls, asg, cell));
             FALSE
         });
         let undecided = decided.iter().any(Option::is_none);
@@ -344,8 +347,9 @@ impl<'s> Mdd<'s> {
                     .fold(1usize, |a, n| a.saturating_mul(n));
                 let per_class: &[usize] = if cells <= TIE_CELL_LIMIT { &vars } else { &[] };
                 let blocks = self.blocks_of(&vars, &own, per_class);
+                let hulls = self.block_hulls(&vars, &blocks);
                 self.enumerate(&vars, &blocks, &mut |m, asg, cell| match m
-                    .decide_cell(prog, node, &vars, &blocks, asg, cell)
+                    .decide_cell(prog, node, &vars, &blocks, &hulls, asg, cell)
                 {
                     Some(b) => m.rel_node(
                         r,

@@ -15,7 +15,7 @@ use crate::analysis::space::ClassDesc;
 use crate::eval::program::Truth;
 use crate::facts::Value;
 
-use super::{FALSE, HashMap, Id, Mdd, Rel, TRUE};
+use super::{Bits, FALSE, HashMap, Id, Mdd, Rel, TRUE};
 
 /// Cubes of an outcome's cover tried for an example before it is reported unverified.
 const EXAMPLE_CUBES: usize = 16;
@@ -39,19 +39,21 @@ impl<'s> Mdd<'s> {
         if let Some(&r) = memo.get(&x) {
             return r;
         }
-        let level = self.nodes[x as usize].level;
+        let level = self.node_level(x);
         let v = self.order[level as usize];
         let r = match pins.get(v).copied().flatten() {
             Some(c) => {
-                let child = self.nodes[x as usize]
-                    .edges
-                    .iter()
-                    .find(|(_, set)| set.classes().contains(&c))
+                let child = self
+                    .edges(x)
+                    .find(|(_, set)| set[(c / 64) as usize] & (1 << (c % 64)) != 0)
                     .map_or(FALSE, |e| e.0);
                 self.restrict_in(child, pins, memo)
             }
             None => {
-                let edges = self.nodes[x as usize].edges.to_vec();
+                let edges: Vec<(Id, Bits)> = self
+                    .edges(x)
+                    .map(|(k, set)| (k, Bits::from_words(set)))
+                    .collect();
                 let mut out = Vec::with_capacity(edges.len());
                 for (k, set) in edges {
                     out.push((self.restrict_in(k, pins, memo), set));
@@ -72,9 +74,8 @@ impl<'s> Mdd<'s> {
             if !seen.insert(x) {
                 continue;
             }
-            let n = &self.nodes[x as usize];
-            vars.insert(self.order[n.level as usize]);
-            stack.extend(n.edges.iter().map(|e| e.0).filter(|&k| k > TRUE));
+            vars.insert(self.order[self.node_level(x) as usize]);
+            stack.extend(self.edges(x).map(|e| e.0).filter(|&k| k > TRUE));
         }
         vars.into_iter().collect()
     }

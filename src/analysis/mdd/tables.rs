@@ -2,15 +2,30 @@
 //! operations on diagrams.
 //!
 //! Invariants (see the module root for what a node id means):
-//! - `nodes[0]` / `nodes[1]` are the terminals ([`FALSE`] / [`TRUE`], level `TERMINAL`);
-//!   every other node is in canonical form and was created by [`Mdd::mk`], which is the only
-//!   place that pushes to `nodes`.
-//! - `unique` is an open-addressing table of node ids (`EMPTY_SLOT` for a free slot), its
-//!   size a power of two at least twice the number of nodes; a node is found by hashing the
-//!   node itself, so equal nodes are stored once.
-//! - `apply_cache` is keyed by `(op, min(a, b), max(a, b))` (both operations commute);
-//!   `not_cache` holds both directions of each negation (`not` is an involution). Entries
-//!   stay valid forever (nodes are never freed).
+//! - Node `x` is `store.hdr[x]` (its level, its number of edges, where its edges start in
+//!   the arena). Ids 0 / 1 are the terminals ([`FALSE`] / [`TRUE`], level `TERMINAL`, no
+//!   edges); every other node is in canonical form and was created by [`Mdd::mk_top`], the
+//!   only place that appends nodes.
+//! - A node's edges are stored once, in `store.arena`: its `len` children packed two per
+//!   word, then its class sets. A set of a var of at most 64 classes is its word, stored
+//!   inline; a wider set (`wpl[level]` words, the words of [`Bits`] for that var) is stored
+//!   once in the set table (`SetTable`, hash-consed like the nodes) and the node holds its
+//!   id (packed two per word). No node owns an allocation: a node costs 16 bytes plus about
+//!   8 per edge, where boxed edges of `(Id, Bits)` took 40 bytes each (and a wide node's
+//!   sets repeat the same few partitions of a head dim's 712 classes).
+//! - `store.unique` is an open-addressing table (linear probing) of `tag << 32 | id` (`EMPTY`
+//!   for a free slot), its size a power of two, at most 70% full; `tag` is the high half of
+//!   the node's hash and picks the slot (multiply-shift), so the table grows without
+//!   rehashing and a probe compares a node only when its tag matches. Equal nodes are stored
+//!   once. A node's hash is computed from its sets' words, so it does not depend on set ids.
+//! - `and_memo` / `or_memo` are keyed by `(min(a, b), max(a, b))` (both operations commute);
+//!   `not_memo` holds both directions of each negation (`not` is an involution). Entries stay
+//!   valid forever (nodes are never freed). The memos are exact (an entry is never dropped),
+//!   so which nodes are created, and in which order, depends only on the operations asked.
+//! - Nodes under construction live on an edge stack (`ek` children, `ew` their sets' words,
+//!   `wpl[level]` words an edge): an operation pushes its edges above those of the
+//!   operations it is nested in and [`Mdd::mk_top`] pops them, so building a node allocates
+//!   nothing.
 //! - [`NodeMemo`] is a per-traversal memo over node ids, cleared in O(1) by a generation stamp;
 //!   `clear(n)` must be called with `n` at least the number of nodes before `get` / `set`.
 //!
@@ -18,31 +33,298 @@
 //! `a` and `b` reachable together at most once (memoised), each visit intersecting two edge
 //! partitions (O(edges(a) * edges(b)) set operations); `not(a)` is O(size of `a`).
 
+use super::bits::words_meet;
 use super::{Bits, FALSE, Id, Mdd, TRUE};
 
 /// The level of the terminals: below every variable.
 pub(super) const TERMINAL: u32 = u32::MAX;
 
-/// An empty slot of the hash-consing table.
-pub(super) const EMPTY_SLOT: Id = u32::MAX;
+/// A free slot of the hash-consing tables and of the operation memos.
+const EMPTY: u64 = u64::MAX;
 
-fn node_hash(n: &Node) -> u64 {
-    use std::hash::BuildHasher;
-    foldhash::fast::FixedState::default().hash_one(n)
+/// Most node edges are sorted by insertion; longer lists by an index sort.
+const INSERTION_SORT_EDGES: usize = 16;
+
+/// A node: its level, its number of edges and where they start in the arena.
+#[derive(Clone, Copy)]
+pub(super) struct Hdr {
+    off: u64,
+    pub(super) level: u32,
+    len: u32,
 }
 
-/// A node: a var (by level) and a partition of its classes into edges, one per distinct
-/// child, sorted by child (so equal functions have equal nodes).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub(super) struct Node {
-    pub(super) level: u32,
-    pub(super) edges: Box<[(Id, Bits)]>,
+impl Hdr {
+    const TERMINAL: Hdr = Hdr {
+        off: 0,
+        level: TERMINAL,
+        len: 0,
+    };
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Op {
     And,
     Or,
+    /// `a and not b`.
+    Diff,
+}
+
+/// An exact memo `(u32, u32) -> u32` by open addressing (12 bytes an entry; a std `HashMap`
+/// of the same entries took 17, in a third more slots).
+pub(super) struct OpMemo {
+    keys: Vec<u64>,
+    vals: Vec<u32>,
+    len: usize,
+}
+
+impl Default for OpMemo {
+    fn default() -> Self {
+        OpMemo {
+            keys: vec![EMPTY; 1 << 12],
+            vals: vec![0; 1 << 12],
+            len: 0,
+        }
+    }
+}
+
+impl OpMemo {
+    fn slot(key: u64, mask: usize) -> usize {
+        // Fibonacci hashing: the high bits of the product depend on every bit of the key.
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask
+    }
+
+    pub(super) fn get(&self, a: Id, b: Id) -> Option<Id> {
+        let key = (a as u64) << 32 | b as u64;
+        let mask = self.keys.len() - 1;
+        let mut i = Self::slot(key, mask);
+        loop {
+            match self.keys[i] {
+                EMPTY => return None,
+                k if k == key => return Some(self.vals[i]),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    pub(super) fn insert(&mut self, a: Id, b: Id, r: Id) {
+        if (self.len + 1) * 10 > self.keys.len() * 7 {
+            self.grow();
+        }
+        let key = (a as u64) << 32 | b as u64;
+        let mask = self.keys.len() - 1;
+        let mut i = Self::slot(key, mask);
+        loop {
+            match self.keys[i] {
+                EMPTY => {
+                    self.keys[i] = key;
+                    self.vals[i] = r;
+                    self.len += 1;
+                    return;
+                }
+                k if k == key => {
+                    self.vals[i] = r;
+                    return;
+                }
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    fn grow(&mut self) {
+        let size = self.keys.len() * 2;
+        let keys = std::mem::replace(&mut self.keys, vec![EMPTY; size]);
+        let vals = std::mem::replace(&mut self.vals, vec![0; size]);
+        let mask = size - 1;
+        for (k, v) in keys.into_iter().zip(vals) {
+            if k != EMPTY {
+                let mut i = Self::slot(k, mask);
+                while self.keys[i] != EMPTY {
+                    i = (i + 1) & mask;
+                }
+                self.keys[i] = k;
+                self.vals[i] = v;
+            }
+        }
+    }
+}
+
+const K: u64 = 0x9E37_79B9_7F4A_7C15;
+
+fn mix(h: u64, x: u64) -> u64 {
+    (h ^ x).wrapping_mul(K).rotate_left(23)
+}
+
+/// Final avalanche (the high half is the tag, which picks the slot).
+fn finish(mut h: u64) -> u64 {
+    h ^= h >> 31;
+    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^ (h >> 29)
+}
+
+/// The hash of a node (its level, children and sets' words).
+fn node_hash(level: u32, kids: &[Id], words: &[u64]) -> u64 {
+    let mut h = (level as u64 ^ 0x5851_F42D_4C95_7F2D).wrapping_mul(K);
+    for &k in kids {
+        h = mix(h, k as u64);
+    }
+    for &w in words {
+        h = mix(h, w);
+    }
+    finish(h)
+}
+
+/// The slot of `tag` in a table of `size` (a power of two): multiply-shift, so a larger
+/// table needs no rehash.
+fn tag_slot(tag: u32, size: usize) -> usize {
+    ((tag as u64 * size as u64) >> 32) as usize
+}
+
+/// Inserts `tag << 32 | id` into a tag-addressed table (no equal entry is in it).
+fn tag_insert(table: &mut [u64], tag: u32, id: u32) {
+    let mask = table.len() - 1;
+    let mut i = tag_slot(tag, table.len());
+    while table[i] != EMPTY {
+        i = (i + 1) & mask;
+    }
+    table[i] = (tag as u64) << 32 | id as u64;
+}
+
+/// Doubles a tag-addressed table (tags pick the slots: nothing is hashed again).
+fn tag_grow(table: &mut Vec<u64>) {
+    let old = std::mem::replace(table, vec![EMPTY; table.len() * 2]);
+    for e in old.into_iter().filter(|&e| e != EMPTY) {
+        tag_insert(table, (e >> 32) as u32, e as u32);
+    }
+}
+
+/// Class sets of vars wider than one word, each stored once (edges of wide nodes hold ids).
+struct SetTable {
+    /// Set `i`'s words start at `off[i]` (its var's word count long).
+    off: Vec<u64>,
+    words: Vec<u64>,
+    /// `tag << 32 | set id`, as the node table.
+    unique: Vec<u64>,
+}
+
+impl SetTable {
+    fn get(&self, id: u32, w: usize) -> &[u64] {
+        let at = self.off[id as usize] as usize;
+        &self.words[at..at + w]
+    }
+
+    /// The id of a set (added when new).
+    fn intern(&mut self, set: &[u64]) -> u32 {
+        let h = finish(set.iter().fold(K, |h, &w| mix(h, w)));
+        let tag = (h >> 32) as u32;
+        let mask = self.unique.len() - 1;
+        let mut i = tag_slot(tag, self.unique.len());
+        loop {
+            let e = self.unique[i];
+            if e == EMPTY {
+                break;
+            }
+            if (e >> 32) as u32 == tag && self.get(e as u32, set.len()) == set {
+                return e as u32;
+            }
+            i = (i + 1) & mask;
+        }
+        let id = self.off.len() as u32;
+        self.off.push(self.words.len() as u64);
+        self.words.extend_from_slice(set);
+        self.unique[i] = (tag as u64) << 32 | id as u64;
+        if self.off.len() * 10 > self.unique.len() * 7 {
+            tag_grow(&mut self.unique);
+        }
+        id
+    }
+}
+
+/// The node store: headers, the arena of their edges, the hash-consing table, the set table.
+pub(super) struct Store {
+    hdr: Vec<Hdr>,
+    arena: Vec<u64>,
+    unique: Vec<u64>,
+    sets: SetTable,
+    /// Per level: the words of one class set of its var.
+    wpl: Vec<u32>,
+}
+
+impl Store {
+    /// The two terminals, for levels whose vars have these words per class set.
+    pub(super) fn new(wpl: Vec<u32>) -> Store {
+        Store {
+            hdr: vec![Hdr::TERMINAL; 2],
+            arena: Vec::new(),
+            unique: vec![EMPTY; 1 << 16],
+            sets: SetTable {
+                off: Vec::new(),
+                words: Vec::new(),
+                unique: vec![EMPTY; 1 << 10],
+            },
+            wpl,
+        }
+    }
+
+    /// Sets the words per class set of `level` (a new relation variable's level). No node
+    /// tests it yet.
+    pub(super) fn set_level_words(&mut self, level: usize, words: u32) {
+        if self.wpl.len() <= level {
+            self.wpl.resize(level + 1, 0);
+        }
+        self.wpl[level] = words;
+    }
+
+    fn w(&self, level: u32) -> usize {
+        self.wpl[level as usize] as usize
+    }
+
+    /// Child `i` of node `h`.
+    fn kid(&self, h: Hdr, i: usize) -> Id {
+        (self.arena[h.off as usize + i / 2] >> ((i & 1) * 32)) as Id
+    }
+
+    /// The class set of edge `i` of node `h` (`w` words a set).
+    fn set(&self, h: Hdr, i: usize, w: usize) -> &[u64] {
+        let sets = h.off as usize + (h.len as usize).div_ceil(2);
+        if w <= 1 {
+            &self.arena[sets + i..sets + i + w]
+        } else {
+            let id = (self.arena[sets + i / 2] >> ((i & 1) * 32)) as u32;
+            self.sets.get(id, w)
+        }
+    }
+
+    /// Whether node `id` is the node with these edges (`n` children, `n * w` set words).
+    fn same(&self, id: Id, level: u32, kids: &[Id], words: &[u64], w: usize) -> bool {
+        let h = self.hdr[id as usize];
+        h.level == level
+            && h.len as usize == kids.len()
+            && kids.chunks(2).enumerate().all(|(j, pair)| {
+                let hi = pair.get(1).map_or(0, |&k| k as u64);
+                self.arena[h.off as usize + j] == pair[0] as u64 | hi << 32
+            })
+            && (0..kids.len()).all(|i| self.set(h, i, w) == &words[i * w..(i + 1) * w])
+    }
+
+    /// Appends a node (not in the store) with these edges; returns its id.
+    fn push(&mut self, level: u32, kids: &[Id], words: &[u64], w: usize) -> Id {
+        let id = self.hdr.len() as Id;
+        let off = self.arena.len() as u64;
+        let pack = |pair: &[u32]| pair[0] as u64 | pair.get(1).map_or(0, |&k| k as u64) << 32;
+        self.arena.extend(kids.chunks(2).map(pack));
+        if w <= 1 {
+            self.arena.extend_from_slice(words);
+        } else {
+            let ids: Vec<u32> = words.chunks(w).map(|s| self.sets.intern(s)).collect();
+            self.arena.extend(ids.chunks(2).map(pack));
+        }
+        self.hdr.push(Hdr {
+            off,
+            level,
+            len: kids.len() as u32,
+        });
+        id
+    }
 }
 
 /// A memo over node ids, cleared in O(1): a generation stamp per node (the traversals of
@@ -87,70 +369,176 @@ impl<T: Copy + Default> NodeMemo<T> {
     }
 }
 
+/// The edges of a node: (child, class set as words), in the node's order (by child).
+pub(super) struct Edges<'a> {
+    store: &'a Store,
+    h: Hdr,
+    w: usize,
+    i: usize,
+}
+
+impl<'a> Iterator for Edges<'a> {
+    type Item = (Id, &'a [u64]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.i == self.h.len as usize {
+            return None;
+        }
+        let i = self.i;
+        self.i += 1;
+        Some((self.store.kid(self.h, i), self.store.set(self.h, i, self.w)))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.h.len as usize - self.i;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for Edges<'_> {}
+
 impl<'s> Mdd<'s> {
     /// Number of nodes created (a measure of the work done).
     pub fn size(&self) -> usize {
-        self.nodes.len()
+        self.store.hdr.len()
+    }
+
+    /// The level node `x` tests (`TERMINAL` for the terminals).
+    pub(super) fn node_level(&self, x: Id) -> u32 {
+        self.store.hdr[x as usize].level
+    }
+
+    /// The edges of node `x`.
+    pub(super) fn edges(&self, x: Id) -> Edges<'_> {
+        let h = self.store.hdr[x as usize];
+        let w = if h.len == 0 { 0 } else { self.store.w(h.level) };
+        Edges {
+            store: &self.store,
+            h,
+            w,
+            i: 0,
+        }
     }
 
     /// The node for `level` with these edges (merging edges to the same child).
-    pub(super) fn mk(&mut self, level: u32, mut edges: Vec<(Id, Bits)>) -> Id {
-        edges.retain(|e| !e.1.is_empty());
-        edges.sort_by_key(|e| e.0);
-        // Merge edges to the same child (in place).
-        let mut w = 0;
-        for r in 0..edges.len() {
-            if w > 0 && edges[w - 1].0 == edges[r].0 {
-                let b = edges[r].1.clone();
-                edges[w - 1].1.or_with(&b);
-            } else {
-                edges.swap(w, r);
-                w += 1;
-            }
+    pub(super) fn mk(&mut self, level: u32, edges: Vec<(Id, Bits)>) -> Id {
+        let (ks, ws) = (self.ek.len(), self.ew.len());
+        for (k, b) in &edges {
+            debug_assert_eq!(b.words().len(), self.store.w(level));
+            self.ek.push(*k);
+            self.ew.extend_from_slice(b.words());
         }
-        edges.truncate(w);
-        if edges.len() == 1 {
-            return edges[0].0;
-        }
-        let node = Node {
-            level,
-            edges: edges.into_boxed_slice(),
+        self.mk_top(level, ks, ws)
+    }
+
+    /// The node for `level` whose edges are those on the edge stack from `ks` (children) /
+    /// `ws` (their sets' words): empty sets dropped, sorted by child, edges to the same child
+    /// merged; one edge left is its child. Pops them.
+    pub(super) fn mk_top(&mut self, level: u32, ks: usize, ws: usize) -> Id {
+        let w = self.store.w(level);
+        let n = self.normalize(ks, ws, w);
+        self.ek.truncate(ks + n);
+        self.ew.truncate(ws + n * w);
+        let r = if n == 1 {
+            self.ek[ks]
+        } else {
+            self.find_or_add(level, ks, ws, w)
         };
-        let mask = self.unique.len() - 1;
-        let mut i = node_hash(&node) as usize & mask;
-        while self.unique[i] != EMPTY_SLOT {
-            let id = self.unique[i];
-            if self.nodes[id as usize] == node {
-                return id;
+        self.ek.truncate(ks);
+        self.ew.truncate(ws);
+        r
+    }
+
+    /// The id of the node on top of the edge stack (added when new and within budget).
+    fn find_or_add(&mut self, level: u32, ks: usize, ws: usize, w: usize) -> Id {
+        let (kids, words) = (&self.ek[ks..], &self.ew[ws..]);
+        let st = &mut self.store;
+        let tag = (node_hash(level, kids, words) >> 32) as u32;
+        let mask = st.unique.len() - 1;
+        let mut i = tag_slot(tag, st.unique.len());
+        loop {
+            let e = st.unique[i];
+            if e == EMPTY {
+                break;
+            }
+            if (e >> 32) as u32 == tag && st.same(e as Id, level, kids, words, w) {
+                return e as Id;
             }
             i = (i + 1) & mask;
         }
-        if self.nodes.len() >= self.budget {
+        if st.hdr.len() >= self.budget {
             // Out of budget: results from now on are meaningless, and flagged so.
             self.exhausted = true;
             return FALSE;
         }
-        let id = self.nodes.len() as Id;
-        self.nodes.push(node);
-        self.unique[i] = id;
-        if self.nodes.len() * 2 > self.unique.len() {
-            self.grow_unique();
+        let id = st.push(level, kids, words, w);
+        st.unique[i] = (tag as u64) << 32 | id as u64;
+        if st.hdr.len() * 10 > st.unique.len() * 7 {
+            tag_grow(&mut st.unique);
         }
         id
     }
 
-    /// Doubles the hash-consing table (rehashing every node).
-    fn grow_unique(&mut self) {
-        let size = self.unique.len() * 2;
-        let mut table = vec![EMPTY_SLOT; size];
-        for (id, node) in self.nodes.iter().enumerate().skip(2) {
-            let mut i = node_hash(node) as usize & (size - 1);
-            while table[i] != EMPTY_SLOT {
-                i = (i + 1) & (size - 1);
+    /// Drops the empty sets of the edges on the stack from `ks` / `ws`, sorts them by child
+    /// and merges edges to the same child; returns how many are left (the stack above them
+    /// is left over: truncate it).
+    fn normalize(&mut self, ks: usize, ws: usize, w: usize) -> usize {
+        let n = self.ek.len() - ks;
+        let (ek, ew) = (&mut self.ek, &mut self.ew);
+        let mut m = 0;
+        for r in 0..n {
+            let at = ws + r * w;
+            if ew[at..at + w].iter().all(|&x| x == 0) {
+                continue;
             }
-            table[i] = id as Id;
+            if m != r {
+                ek[ks + m] = ek[ks + r];
+                ew.copy_within(at..at + w, ws + m * w);
+            }
+            m += 1;
         }
-        self.unique = table;
+        let sorted = ek[ks..ks + m].windows(2).all(|p| p[0] <= p[1]);
+        if !sorted {
+            if m <= INSERTION_SORT_EDGES {
+                for i in 1..m {
+                    let mut j = i;
+                    while j > 0 && ek[ks + j - 1] > ek[ks + j] {
+                        ek.swap(ks + j - 1, ks + j);
+                        for t in 0..w {
+                            ew.swap(ws + (j - 1) * w + t, ws + j * w + t);
+                        }
+                        j -= 1;
+                    }
+                }
+            } else {
+                let mut perm: Vec<usize> = (0..m).collect();
+                perm.sort_by_key(|&i| ek[ks + i]);
+                let kids: Vec<Id> = perm.iter().map(|&i| ek[ks + i]).collect();
+                let mut words = Vec::with_capacity(m * w);
+                for &i in &perm {
+                    words.extend_from_slice(&ew[ws + i * w..ws + (i + 1) * w]);
+                }
+                ek[ks..ks + m].copy_from_slice(&kids);
+                ew[ws..ws + m * w].copy_from_slice(&words);
+            }
+        }
+        // Merge edges to the same child (in place).
+        let mut out = 0;
+        for r in 0..m {
+            if out > 0 && ek[ks + out - 1] == ek[ks + r] {
+                for t in 0..w {
+                    let x = ew[ws + r * w + t];
+                    ew[ws + (out - 1) * w + t] |= x;
+                }
+            } else {
+                if out != r {
+                    ek[ks + out] = ek[ks + r];
+                    ew.copy_within(ws + r * w..ws + (r + 1) * w, ws + out * w);
+                }
+                out += 1;
+            }
+        }
+        out
     }
 
     pub fn not(&mut self, a: Id) -> Id {
@@ -159,72 +547,107 @@ impl<'s> Mdd<'s> {
             TRUE => return FALSE,
             _ => {}
         }
-        if let Some(&r) = self.not_cache.get(&a) {
+        if let Some(r) = self.not_memo.get(a, 0) {
             return r;
         }
-        let level = self.nodes[a as usize].level;
-        let old: Vec<(Id, Bits)> = self.nodes[a as usize].edges.to_vec();
-        let edges: Vec<(Id, Bits)> = old.into_iter().map(|(k, b)| (self.not(k), b)).collect();
-        let r = self.mk(level, edges);
-        self.not_cache.insert(a, r);
-        self.not_cache.insert(r, a);
+        self.steps += 1;
+        let h = self.store.hdr[a as usize];
+        let w = self.store.w(h.level);
+        let (ks, ws) = (self.ek.len(), self.ew.len());
+        for i in 0..h.len as usize {
+            let k = self.store.kid(h, i);
+            let r = self.not(k);
+            self.ek.push(r);
+            self.ew.extend_from_slice(self.store.set(h, i, w));
+        }
+        let r = self.mk_top(h.level, ks, ws);
+        self.not_memo.insert(a, 0, r);
+        self.not_memo.insert(r, 0, a);
         r
     }
 
     pub(super) fn apply(&mut self, op: Op, a: Id, b: Id) -> Id {
-        let (zero, one) = match op {
-            Op::And => (FALSE, TRUE),
-            Op::Or => (TRUE, FALSE),
-        };
-        if a == zero || b == zero {
-            return zero;
-        }
-        if a == one || a == b {
-            return b;
-        }
-        if b == one {
-            return a;
-        }
-        let key = (op, a.min(b), a.max(b));
-        if let Some(&r) = self.apply_cache.get(&key) {
-            return r;
-        }
-        let level = self.nodes[a as usize]
-            .level
-            .min(self.nodes[b as usize].level);
-        // Edges by index (a node below `level` is one edge over every class, `None`):
-        // copying the edge lists dominated the allocator's time.
-        let count = |m: &Self, x: Id| {
-            let n = &m.nodes[x as usize];
-            if n.level == level { n.edges.len() } else { 1 }
-        };
-        let edge = |m: &Self, x: Id, i: usize| {
-            let n = &m.nodes[x as usize];
-            if n.level == level {
-                (n.edges[i].0, Some(n.edges[i].1.clone()))
-            } else {
-                (x, None)
-            }
-        };
-        let (na, nb) = (count(self, a), count(self, b));
-        let mut edges = Vec::with_capacity(na.max(nb));
-        for i in 0..na {
-            let (x, sx) = edge(self, a, i);
-            for j in 0..nb {
-                let (y, sy) = edge(self, b, j);
-                let both = match (&sx, sy) {
-                    (Some(p), Some(q)) => p.and(&q),
-                    (Some(p), None) => Some(p.clone()),
-                    (None, Some(q)) => Some(q),
-                    (None, None) => Some(self.full[level as usize].clone()),
+        match op {
+            Op::And | Op::Or => {
+                let (zero, one) = if op == Op::And {
+                    (FALSE, TRUE)
+                } else {
+                    (TRUE, FALSE)
                 };
-                if let Some(both) = both {
-                    edges.push((self.apply(op, x, y), both));
+                if a == zero || b == zero {
+                    return zero;
+                }
+                if a == one || a == b {
+                    return b;
+                }
+                if b == one {
+                    return a;
+                }
+            }
+            Op::Diff => {
+                if a == FALSE || b == TRUE || a == b {
+                    return FALSE;
+                }
+                if b == FALSE {
+                    return a;
+                }
+                if a == TRUE {
+                    return self.not(b);
                 }
             }
         }
-        let r = self.mk(level, edges);
-        self.apply_cache.insert(key, r);
+        // `and` / `or` commute: one entry for both operand orders.
+        let (lo, hi) = if op == Op::Diff {
+            (a, b)
+        } else {
+            (a.min(b), a.max(b))
+        };
+        let memo = match op {
+            Op::And => &self.and_memo,
+            Op::Or => &self.or_memo,
+            Op::Diff => &self.diff_memo,
+        };
+        if let Some(r) = memo.get(lo, hi) {
+            return r;
+        }
+        self.steps += 1;
+        let (ha, hb) = (self.store.hdr[a as usize], self.store.hdr[b as usize]);
+        let level = ha.level.min(hb.level);
+        let w = self.store.w(level);
+        // A node below `level` is one edge over every class (its own id).
+        let (at_a, at_b) = (ha.level == level, hb.level == level);
+        let na = if at_a { ha.len as usize } else { 1 };
+        let nb = if at_b { hb.len as usize } else { 1 };
+        let (ks, ws) = (self.ek.len(), self.ew.len());
+        for i in 0..na {
+            let x = if at_a { self.store.kid(ha, i) } else { a };
+            for j in 0..nb {
+                let y = if at_b { self.store.kid(hb, j) } else { b };
+                if at_a && at_b && !words_meet(self.store.set(ha, i, w), self.store.set(hb, j, w)) {
+                    continue;
+                }
+                let r = self.apply(op, x, y);
+                self.ek.push(r);
+                let (st, ew) = (&self.store, &mut self.ew);
+                match (at_a, at_b) {
+                    (true, true) => ew.extend(
+                        st.set(ha, i, w)
+                            .iter()
+                            .zip(st.set(hb, j, w))
+                            .map(|(p, q)| p & q),
+                    ),
+                    (true, false) => ew.extend_from_slice(st.set(ha, i, w)),
+                    (false, true) => ew.extend_from_slice(st.set(hb, j, w)),
+                    (false, false) => unreachable!("one operand tests the top level"),
+                }
+            }
+        }
+        let r = self.mk_top(level, ks, ws);
+        match op {
+            Op::And => self.and_memo.insert(lo, hi, r),
+            Op::Or => self.or_memo.insert(lo, hi, r),
+            Op::Diff => self.diff_memo.insert(lo, hi, r),
+        }
         r
     }
 
@@ -238,8 +661,8 @@ impl<'s> Mdd<'s> {
 
     /// `a and not b`.
     pub fn minus(&mut self, a: Id, b: Id) -> Id {
-        let nb = self.not(b);
-        self.and(a, nb)
+        // Directly: `not b` would copy all of `b` (most of it outside `a`).
+        self.apply(Op::Diff, a, b)
     }
 
     /// Whether `a` implies `b` (every class where `a` holds has `b`).
