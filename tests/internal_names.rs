@@ -110,6 +110,7 @@ impl Known {
         names.extend(
             attn_policy::eval::program::Func::NAMES
                 .iter()
+                .chain(attn_policy::eval::program::Func::PREDICATES)
                 .map(|s| s.to_string()),
         );
         for b in &policy.backends {
@@ -187,6 +188,7 @@ impl Check<'_> {
         for (p, call) in paths {
             let ok = if call {
                 attn_policy::eval::program::Func::lookup(&p).is_some()
+                    || attn_policy::eval::program::Func::PREDICATES.contains(&p.as_str())
             } else {
                 self.known.condition.contains(&p)
             };

@@ -34,6 +34,10 @@ impl Func {
     }
 
     pub const NAMES: &'static [&'static str] = &["max", "min", "gcd", "round_up", "abs", "if"];
+
+    /// Calls of the language that are not functions of values: `parsed(x)` tests the state
+    /// of a version fact (lowered to [`Node::IsParsed`]).
+    pub const PREDICATES: &'static [&'static str] = &["parsed"];
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]

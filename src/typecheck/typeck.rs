@@ -384,7 +384,7 @@ impl Compiler {
         if name == "parsed" {
             return self.parsed_call(args, span, slots);
         }
-        let known = || Func::NAMES.iter().copied().chain(["parsed"]);
+        let known = || Func::NAMES.iter().chain(Func::PREDICATES).copied();
         let func = Func::lookup(name).ok_or_else(|| TypeError {
             help: did_you_mean(name, known()).map(|s| format!("did you mean `{s}`?")),
             ..terr(
