@@ -38,8 +38,8 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 
 use super::program::{
-    Func, NO_MEMO, Node, NodeId, Program, Truth, arith, call, compare3, member, neg, null_test,
-    parsed_test,
+    Func, NO_MEMO, Node, NodeId, Program, Truth, arith, call, compare3, holds, member, neg,
+    null_test, parsed_test,
 };
 use crate::facts::Value;
 use crate::facts::schema::{Schema, Ty};
@@ -478,18 +478,6 @@ enum ClassValue {
     Between { below: usize },
     /// Equal to constant `at`.
     Equal { at: usize },
-}
-
-fn holds(op: CmpOp, ord: Ordering) -> bool {
-    match op {
-        CmpOp::Eq => ord == Ordering::Equal,
-        CmpOp::Ne => ord != Ordering::Equal,
-        CmpOp::Lt => ord == Ordering::Less,
-        CmpOp::Le => ord != Ordering::Greater,
-        CmpOp::Gt => ord == Ordering::Greater,
-        CmpOp::Ge => ord != Ordering::Less,
-        CmpOp::In | CmpOp::NotIn => unreachable!("membership is compiled to Node::In"),
-    }
 }
 
 /// The truth of slot formula `id` for a value of class `cv` (`cs`: the sorted constants;

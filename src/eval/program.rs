@@ -597,6 +597,12 @@ pub fn compare(op: CmpOp, x: Value, y: Value) -> bool {
     let Some(ord) = x.compare(y) else {
         return false;
     };
+    holds(op, ord)
+}
+
+/// Whether `op` holds between two operands that compare as `ord`.
+#[inline]
+pub(crate) fn holds(op: CmpOp, ord: Ordering) -> bool {
     match op {
         CmpOp::Eq => ord == Ordering::Equal,
         CmpOp::Ne => ord != Ordering::Equal,
