@@ -1,5 +1,6 @@
 //! The core's architecture, enforced: its top-level modules depend on each other one way (no
-//! import cycles), and the core package depends on no CLI or executor crate.
+//! import cycles), the core package depends on no CLI or executor crate, and every `unsafe`
+//! block in the repository says why it is sound.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -144,6 +145,86 @@ fn the_core_depends_on_no_front_end_or_executor_crate() {
         assert!(
             !names.contains(&banned),
             "the core library depends on `{banned}`"
+        );
+    }
+}
+
+/// Every Rust file of the repository (all crates, their tests and benches), build outputs aside.
+fn workspace_rust_files() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "benches", "adapters", "cli", "bindings", "fuzz"] {
+        let d = root.join(dir);
+        if d.is_dir() {
+            rust_files(&d, &mut files);
+        }
+    }
+    files.retain(|f| !f.components().any(|c| c.as_os_str() == "target"));
+    files
+}
+
+/// `file:line` of each `unsafe` block or impl with no `SAFETY:` comment in the six lines above
+/// it (the comment says why the operation is sound; clippy's `undocumented_unsafe_blocks` says
+/// the same for the code it compiles, this covers feature-gated GPU code too).
+fn undocumented_unsafe(file: &Path, text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        // Code only: comments and string literals (like this file's own examples) do not count.
+        let code: String = line
+            .split("//")
+            .next()
+            .unwrap_or("")
+            .split('"')
+            .step_by(2)
+            .collect();
+        let opens = code.match_indices("unsafe").any(|(at, _)| {
+            let rest = code[at + "unsafe".len()..].trim_start();
+            let word_start = at == 0 || !code.as_bytes()[at - 1].is_ascii_alphanumeric();
+            word_start && (rest.starts_with('{') || rest.starts_with("impl "))
+        });
+        if opens && !lines[i.saturating_sub(6)..i].iter().any(|l| l.contains("SAFETY:")) {
+            out.push(format!("{}:{}", file.display(), i + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_unsafe_block_says_why_it_is_sound() {
+    let files = workspace_rust_files();
+    assert!(files.len() > 50, "found the sources: {}", files.len());
+    let missing: Vec<String> = files
+        .iter()
+        .flat_map(|f| undocumented_unsafe(f, &std::fs::read_to_string(f).expect("read")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "`unsafe` without a `// SAFETY:` comment:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_unsafe_check_finds_an_undocumented_block() {
+    let f = Path::new("x.rs");
+    assert_eq!(
+        undocumented_unsafe(f, "fn a() {\n    unsafe { b() }\n}\n"),
+        vec!["x.rs:2"]
+    );
+    assert!(undocumented_unsafe(f, "// SAFETY: b has no contract.\nunsafe { b() }\n").is_empty());
+    // `unsafe fn` and `unsafe extern` declare a contract; they are not blocks.
+    assert!(undocumented_unsafe(f, "pub unsafe fn a() {}\n").is_empty());
+}
+
+#[test]
+fn no_crate_allows_missing_safety_docs() {
+    for f in workspace_rust_files() {
+        let text = std::fs::read_to_string(&f).expect("read");
+        assert!(
+            !text.contains(concat!("allow(clippy::", "missing_safety_doc")),
+            "{} allows undocumented unsafe functions",
+            f.display()
         );
     }
 }

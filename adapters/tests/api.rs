@@ -286,6 +286,7 @@ fn strided_reference_runs_every_dtype_on_padded_views_and_matches_float64() {
             let sentinel = 7.0;
             let mut ob = enc(&vec![sentinel; p.o_span()]);
             let mut lse = vec![0f32; p.lse_len()];
+            // SAFETY: the host buffers were sized from the problem's spans (q/k/v/o_span, lse_len) just above and outlive the call.
             unsafe {
                 reference::forward_strided(
                     &p,
@@ -338,6 +339,7 @@ fn strided_reference_runs_every_dtype_on_padded_views_and_matches_float64() {
                 enc(&vec![0.0; p.k_span()]),
                 enc(&vec![0.0; p.v_span()]),
             );
+            // SAFETY: the host buffers were sized from the problem's spans (q/k/v/o_span, lse_len) just above and outlive the call.
             unsafe {
                 reference::backward_strided(
                     &p,

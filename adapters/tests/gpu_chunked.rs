@@ -417,6 +417,7 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
             lse: l.ptr(),
         }
     };
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.forward_device(&p, &fa(&o1, &l1)) }.unwrap();
     // A stream the executor does not own, as a framework's would be.
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
@@ -435,6 +436,7 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
         ..launch
     };
     assert!(matches!(
+        // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
         unsafe { ex.enqueue_forward(&p, &fa(&o2, &l2), &other) },
         Err(ExecError::InvalidInput { .. })
     ));
@@ -443,9 +445,11 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
         ..launch
     };
     assert!(matches!(
+        // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
         unsafe { ex.enqueue_forward(&p, &fa(&o2, &l2), &short) },
         Err(ExecError::InvalidInput { .. })
     ));
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.enqueue_forward(&p, &fa(&o2, &l2), &launch) }.unwrap();
     side.synchronize().unwrap();
     assert_eq!(
@@ -484,6 +488,7 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
         dk: g[1].ptr(),
         dv: g[2].ptr(),
     };
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.backward_device(&p, &ba(&g1)) }.unwrap();
     let bws_bytes = ex.workspace_bytes(&p, Direction::Backward).unwrap();
     let bws = ex.alloc(bws_bytes as usize).unwrap();
@@ -492,6 +497,7 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
         workspace_bytes: bws_bytes,
         ..launch
     };
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.enqueue_backward(&p, &ba(&g2), &blaunch) }.unwrap();
     side.synchronize().unwrap();
     for (i, n) in [p.q_span(), p.k_span(), p.v_span()].into_iter().enumerate() {

@@ -266,7 +266,9 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
     let (o1, l1) = outs();
     let (o2, l2) = outs();
     let (o3, l3) = outs();
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.forward_device(&p, &args(&o1, &l1)) }.unwrap();
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.forward_device(&p, &args(&o2, &l2)) }.unwrap();
     let first = read(&o1, &l1);
     assert!(first.0.iter().any(|&x| x != 0), "O is all zeros");
@@ -277,6 +279,7 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
     let ws_bytes = launch.workspace_bytes;
     let refused = |l: &StreamLaunch| {
         matches!(
+            // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
             unsafe { ex.enqueue_forward(&p, &args(&o3, &l3), l) },
             Err(ExecError::InvalidInput { .. })
         )
@@ -289,6 +292,7 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
         workspace_bytes: ws_bytes - 256,
         ..launch
     }));
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.enqueue_forward(&p, &args(&o3, &l3), &launch) }.unwrap();
     side.synchronize().unwrap();
     assert_eq!(first, read(&o3, &l3), "stream path differs");
@@ -296,6 +300,7 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
     // The same call captured in a CUDA graph (after the warm-up above) and replayed twice.
     bufs.poison(&o3, 0xFF).unwrap();
     bufs.poison(&l3, 0xFF).unwrap();
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     replay_twice_in_a_graph(&side, || unsafe {
         ex.enqueue_forward(&p, &args(&o3, &l3), &launch)
     });
@@ -336,6 +341,7 @@ fn replay_twice_in_a_graph(
     let raw = stream.cu_stream();
     let mut graph: drv::CUgraph = std::ptr::null_mut();
     let mut exec: drv::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: raw driver calls on this test's own live stream, graph and exec handles, each created before use and destroyed once.
     unsafe {
         drv::cuStreamBeginCapture_v2(raw, drv::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
             .result()
@@ -351,6 +357,7 @@ fn replay_twice_in_a_graph(
         }
     }
     stream.synchronize().unwrap();
+    // SAFETY: raw driver calls on this test's own live stream, graph and exec handles, each created before use and destroyed once.
     unsafe {
         drv::cuGraphExecDestroy(exec).result().unwrap();
         drv::cuGraphDestroy(graph).result().unwrap();
@@ -466,6 +473,7 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
         o: o.ptr(),
         lse: lse.ptr(),
     };
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.forward_device(&p, &fa) }.unwrap();
     let grads = || {
         let g = [
@@ -497,7 +505,9 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
         ]
     };
     let (g1, g2, g3) = (grads(), grads(), grads());
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.backward_device(&p, &args(&g1)) }.unwrap();
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.backward_device(&p, &args(&g2)) }.unwrap();
     let first = read(&g1);
     for (g, name) in first.iter().zip(["dQ", "dK", "dV"]) {
@@ -509,6 +519,7 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
     let (side, _ws, launch) = foreign_launch(&ex, &p, Direction::Backward);
     let ws_bytes = launch.workspace_bytes;
     assert!(matches!(
+        // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
         unsafe {
             ex.enqueue_backward(
                 &p,
@@ -521,6 +532,7 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
         },
         Err(ExecError::InvalidInput { .. })
     ));
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe { ex.enqueue_backward(&p, &args(&g3), &launch) }.unwrap();
     side.synchronize().unwrap();
     assert_eq!(first, read(&g3), "stream path differs");
@@ -528,6 +540,7 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
     for b in &g3 {
         bufs.poison(b, 0xFF).unwrap();
     }
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     replay_twice_in_a_graph(&side, || unsafe {
         ex.enqueue_backward(&p, &args(&g3), &launch)
     });

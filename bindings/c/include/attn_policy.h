@@ -76,6 +76,10 @@ uint32_t attn_policy_abi_version(void);
  * pack.yaml) is non-NULL. `parity` non-zero switches off the `guard` layer. `cache_size`
  * bounds the decision cache. On success `*out` is a new handle (free with
  * `attn_policy_free`).
+ *
+ * # Safety
+ * `pack` and `dir` are NULL or NUL-terminated UTF-8 strings; `out` is valid for a write of
+ * one pointer; `error` is NULL or valid for a write of one pointer.
  */
 int attn_policy_load(const char *pack,
                      const char *dir,
@@ -86,12 +90,21 @@ int attn_policy_load(const char *pack,
 
 /**
  * Frees a policy handle (NULL is ignored). Free its decisions first.
+ *
+ * # Safety
+ * `policy` is NULL or a handle from `attn_policy_load` not freed before, with no decision of
+ * it still alive and no other thread using it.
  */
 void attn_policy_free(struct AttnPolicy *policy);
 
 /**
  * Decides for a JSON config (an object of facts by TE's names). On success `*out` is a new
  * decision (free with `attn_policy_decision_free`; it must not outlive the policy).
+ *
+ * # Safety
+ * `policy` is NULL or a live handle from `attn_policy_load`; `config_json` is NULL or a
+ * NUL-terminated string; `out` is NULL or valid for a write of one pointer; `error` is NULL or
+ * valid for a write of one pointer.
  */
 int attn_policy_select(const struct AttnPolicy *policy,
                        const char *config_json,
@@ -100,11 +113,18 @@ int attn_policy_select(const struct AttnPolicy *policy,
 
 /**
  * Frees a decision (NULL is ignored).
+ *
+ * # Safety
+ * `decision` is NULL or a decision from `attn_policy_select` not freed before.
  */
 void attn_policy_decision_free(struct AttnDecision *decision);
 
 /**
  * Renders a decision into `*out` (free with `attn_policy_string_free`).
+ *
+ * # Safety
+ * `decision` is NULL or a live decision whose policy is still alive; `out` is NULL or valid
+ * for a write of one pointer; `error` is NULL or valid for a write of one pointer.
  */
 int attn_policy_decision_render(const struct AttnDecision *decision,
                                 enum AttnPolicyFormat format,
@@ -114,11 +134,18 @@ int attn_policy_decision_render(const struct AttnDecision *decision,
 /**
  * The selected backend's name (owned by the policy, valid until `attn_policy_free`; do not free),
  * or NULL when no backend can serve the configuration.
+ *
+ * # Safety
+ * `decision` is NULL or a live decision whose policy is still alive.
  */
 const char *attn_policy_decision_selected(const struct AttnDecision *decision);
 
 /**
  * Cache counters (any pointer may be NULL).
+ *
+ * # Safety
+ * `policy` is NULL or a live handle from `attn_policy_load`; each counter pointer is NULL or
+ * valid for a write of one `u64`.
  */
 int attn_policy_cache_stats(const struct AttnPolicy *policy,
                             uint64_t *hits,
@@ -127,6 +154,9 @@ int attn_policy_cache_stats(const struct AttnPolicy *policy,
 
 /**
  * Frees a string returned by this library (NULL is ignored).
+ *
+ * # Safety
+ * `s` is NULL or a string this library returned through `out` or `error`, not freed before.
  */
 void attn_policy_string_free(char *s);
 

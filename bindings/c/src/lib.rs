@@ -6,8 +6,12 @@
 //!
 //! Strings returned through `out`/`error` parameters are owned by the caller and freed with
 //! `attn_policy_string_free`. Handles are thread-safe: many threads may select on one policy.
+//!
+//! Every entry point takes raw pointers, so each is `unsafe` with a `# Safety` section saying
+//! what the caller must guarantee; each `unsafe` block inside says, in a `SAFETY:` comment, why
+//! that guarantee (or a null check just before it) makes the operation sound.
 
-#![allow(clippy::missing_safety_doc)]
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 use std::ffi::{CStr, CString, c_char, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -56,29 +60,44 @@ fn to_c(s: String) -> *mut c_char {
         .unwrap_or(ptr::null_mut())
 }
 
+/// Stores `message` in `*error` unless `error` is NULL.
+///
+/// # Safety
+/// `error` is NULL or valid for a write of one pointer.
 unsafe fn set_error(error: *mut *mut c_char, message: String) {
     if !error.is_null() {
+        // SAFETY: non-null, and valid for writes by this function's contract.
         unsafe { *error = to_c(message) };
     }
 }
 
+/// Borrows a C string argument as UTF-8, or the status and message for a NULL or non-UTF-8 one.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string that stays valid and unchanged for `'a`.
 unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str, (c_int, String)> {
     if p.is_null() {
         return Err((ATTN_POLICY_INVALID_ARGUMENT, format!("{what} is NULL")));
     }
+    // SAFETY: non-null, NUL-terminated and live for 'a by this function's contract.
     unsafe { CStr::from_ptr(p) }
         .to_str()
         .map_err(|_| (ATTN_POLICY_INVALID_ARGUMENT, format!("{what} is not UTF-8")))
 }
 
 /// Runs `f`, turning an error or a panic into a status code and `*error`.
+///
+/// # Safety
+/// `error` is NULL or valid for a write of one pointer.
 unsafe fn guard(error: *mut *mut c_char, f: impl FnOnce() -> Result<(), (c_int, String)>) -> c_int {
     if !error.is_null() {
+        // SAFETY: non-null, and valid for writes by this function's contract.
         unsafe { *error = ptr::null_mut() };
     }
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => ATTN_POLICY_OK,
         Ok(Err((code, msg))) => {
+            // SAFETY: `error` is as this function's contract requires.
             unsafe { set_error(error, msg) };
             code
         }
@@ -88,6 +107,7 @@ unsafe fn guard(error: *mut *mut c_char, f: impl FnOnce() -> Result<(), (c_int, 
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
+            // SAFETY: `error` is as this function's contract requires.
             unsafe { set_error(error, format!("internal error (panic): {msg}")) };
             ATTN_POLICY_PANIC
         }
@@ -98,6 +118,10 @@ unsafe fn guard(error: *mut *mut c_char, f: impl FnOnce() -> Result<(), (c_int, 
 /// pack.yaml) is non-NULL. `parity` non-zero switches off the `guard` layer. `cache_size`
 /// bounds the decision cache. On success `*out` is a new handle (free with
 /// `attn_policy_free`).
+///
+/// # Safety
+/// `pack` and `dir` are NULL or NUL-terminated UTF-8 strings; `out` is valid for a write of
+/// one pointer; `error` is NULL or valid for a write of one pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn attn_policy_load(
     pack: *const c_char,
@@ -107,6 +131,8 @@ pub unsafe extern "C" fn attn_policy_load(
     out: *mut *mut AttnPolicy,
     error: *mut *mut c_char,
 ) -> c_int {
+    // SAFETY: `error`, `pack`, `dir` and `out` are as this function's contract requires;
+    // `out` is written only after its null check.
     unsafe {
         guard(error, || {
             if out.is_null() {
@@ -138,15 +164,25 @@ pub unsafe extern "C" fn attn_policy_load(
 }
 
 /// Frees a policy handle (NULL is ignored). Free its decisions first.
+///
+/// # Safety
+/// `policy` is NULL or a handle from `attn_policy_load` not freed before, with no decision of
+/// it still alive and no other thread using it.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn attn_policy_free(policy: *mut AttnPolicy) {
     if !policy.is_null() {
+        // SAFETY: a live handle made by Box::into_raw in attn_policy_load, freed once.
         let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(policy) })));
     }
 }
 
 /// Decides for a JSON config (an object of facts by TE's names). On success `*out` is a new
 /// decision (free with `attn_policy_decision_free`; it must not outlive the policy).
+///
+/// # Safety
+/// `policy` is NULL or a live handle from `attn_policy_load`; `config_json` is NULL or a
+/// NUL-terminated string; `out` is NULL or valid for a write of one pointer; `error` is NULL or
+/// valid for a write of one pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn attn_policy_select(
     policy: *const AttnPolicy,
@@ -154,6 +190,8 @@ pub unsafe extern "C" fn attn_policy_select(
     out: *mut *mut AttnDecision,
     error: *mut *mut c_char,
 ) -> c_int {
+    // SAFETY: the pointers are as this function's contract requires; `policy` is read and
+    // `out` written only after their null checks.
     unsafe {
         guard(error, || {
             if policy.is_null() || out.is_null() {
@@ -178,10 +216,14 @@ pub unsafe extern "C" fn attn_policy_select(
 }
 
 /// Frees a decision (NULL is ignored).
+///
+/// # Safety
+/// `decision` is NULL or a decision from `attn_policy_select` not freed before.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn attn_policy_decision_free(decision: *mut AttnDecision) {
     if !decision.is_null() {
         let _ = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: a live decision made by Box::into_raw in attn_policy_select, freed once.
             drop(unsafe { Box::from_raw(decision) })
         }));
     }
@@ -200,6 +242,10 @@ pub enum AttnPolicyFormat {
 }
 
 /// Renders a decision into `*out` (free with `attn_policy_string_free`).
+///
+/// # Safety
+/// `decision` is NULL or a live decision whose policy is still alive; `out` is NULL or valid
+/// for a write of one pointer; `error` is NULL or valid for a write of one pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn attn_policy_decision_render(
     decision: *const AttnDecision,
@@ -207,6 +253,8 @@ pub unsafe extern "C" fn attn_policy_decision_render(
     out: *mut *mut c_char,
     error: *mut *mut c_char,
 ) -> c_int {
+    // SAFETY: the pointers are as this function's contract requires; `decision` is read and
+    // `out` written only after their null checks, and a decision never outlives its policy.
     unsafe {
         guard(error, || {
             if decision.is_null() || out.is_null() {
@@ -232,6 +280,9 @@ pub unsafe extern "C" fn attn_policy_decision_render(
 
 /// The selected backend's name (owned by the policy, valid until `attn_policy_free`; do not free),
 /// or NULL when no backend can serve the configuration.
+///
+/// # Safety
+/// `decision` is NULL or a live decision whose policy is still alive.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn attn_policy_decision_selected(
     decision: *const AttnDecision,
@@ -239,6 +290,8 @@ pub unsafe extern "C" fn attn_policy_decision_selected(
     if decision.is_null() {
         return ptr::null();
     }
+    // SAFETY: non-null and live by this function's contract; its policy outlives it, and
+    // `selected` indexes the policy's backends, for which `names` has one entry each.
     catch_unwind(AssertUnwindSafe(|| unsafe {
         let d = &*decision;
         match d.decision.selected {
@@ -250,6 +303,10 @@ pub unsafe extern "C" fn attn_policy_decision_selected(
 }
 
 /// Cache counters (any pointer may be NULL).
+///
+/// # Safety
+/// `policy` is NULL or a live handle from `attn_policy_load`; each counter pointer is NULL or
+/// valid for a write of one `u64`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn attn_policy_cache_stats(
     policy: *const AttnPolicy,
@@ -260,7 +317,9 @@ pub unsafe extern "C" fn attn_policy_cache_stats(
     if policy.is_null() {
         return ATTN_POLICY_INVALID_ARGUMENT;
     }
+    // SAFETY: non-null and live by this function's contract.
     let s = unsafe { (*policy).inner.cache().stats() };
+    // SAFETY: each pointer is written only when non-null, and then valid by the contract.
     unsafe {
         if !hits.is_null() {
             *hits = s.hits;
@@ -276,9 +335,13 @@ pub unsafe extern "C" fn attn_policy_cache_stats(
 }
 
 /// Frees a string returned by this library (NULL is ignored).
+///
+/// # Safety
+/// `s` is NULL or a string this library returned through `out` or `error`, not freed before.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn attn_policy_string_free(s: *mut c_char) {
     if !s.is_null() {
+        // SAFETY: made by CString::into_raw in `to_c`, freed once, by this function's contract.
         drop(unsafe { CString::from_raw(s) });
     }
 }
