@@ -153,7 +153,9 @@ fn the_core_depends_on_no_front_end_or_executor_crate() {
 fn workspace_rust_files() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    for dir in ["src", "tests", "benches", "adapters", "cli", "bindings", "fuzz"] {
+    for dir in [
+        "src", "tests", "benches", "adapters", "cli", "bindings", "fuzz",
+    ] {
         let d = root.join(dir);
         if d.is_dir() {
             rust_files(&d, &mut files);
@@ -183,7 +185,11 @@ fn undocumented_unsafe(file: &Path, text: &str) -> Vec<String> {
             let word_start = at == 0 || !code.as_bytes()[at - 1].is_ascii_alphanumeric();
             word_start && (rest.starts_with('{') || rest.starts_with("impl "))
         });
-        if opens && !lines[i.saturating_sub(6)..i].iter().any(|l| l.contains("SAFETY:")) {
+        if opens
+            && !lines[i.saturating_sub(6)..i]
+                .iter()
+                .any(|l| l.contains("SAFETY:"))
+        {
             out.push(format!("{}:{}", file.display(), i + 1));
         }
     }

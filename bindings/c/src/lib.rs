@@ -142,7 +142,11 @@ pub unsafe extern "C" fn attn_policy_load(
             let spec = if !dir.is_null() {
                 PackSpec::dir(str_arg(dir, "dir")?)
             } else {
-                let name = if pack.is_null() { "te" } else { str_arg(pack, "pack")? };
+                let name = if pack.is_null() {
+                    "te"
+                } else {
+                    str_arg(pack, "pack")?
+                };
                 PackSpec::embedded(name)
             };
             let policy = spec
