@@ -105,6 +105,9 @@ pub struct Definition {
 pub struct ChainEntry {
     pub executor: String,
     pub admits: Option<usize>,
+    /// Listed under `if_admitted:`: in the chain only for configurations its `admits`
+    /// condition accepts (see [`Policy::executor_chain_for`]).
+    pub if_admitted: bool,
     pub loc: Loc,
 }
 
@@ -219,6 +222,29 @@ impl Policy {
             .and_then(|v| own(Some(v)))
             .or_else(|| own(None))
             .map_or(&[][..], |c| &c.entries)
+    }
+
+    /// The chain that runs a decision on `facts`: [`Policy::executor_chain`] without the
+    /// `if_admitted:` entries whose executor's `admits` condition is false for these facts (an
+    /// unknown truth, e.g. an unanswered probe, keeps the entry: the walk's own checks decide).
+    /// The first entry left is the backend's own executor; a later one that runs is a
+    /// substitute.
+    pub fn executor_chain_for(
+        &self,
+        backend: u16,
+        variant: Option<u8>,
+        facts: &Facts,
+    ) -> Vec<&ChainEntry> {
+        self.executor_chain(backend, variant)
+            .iter()
+            .filter(|e| {
+                !e.if_admitted
+                    || e.admits.is_none_or(|i| {
+                        let c = &self.executor_admits[i].1;
+                        Truth::of(self.program.eval(c.node, facts.values())) != Truth::False
+                    })
+            })
+            .collect()
     }
 
     pub fn backend_index(&self, name: &str) -> Option<usize> {

@@ -72,3 +72,81 @@ fn unknown_executor() {
     assert_eq!(err.diagnostics.0.len(), 1, "{}", err.render(false));
     assert_eq!(err.diagnostics.0[0].code, "E-EXECUTOR");
 }
+
+fn catalogue_with_cudnn_admitting(cond: &str) -> attn_policy::ExecutorCatalogue {
+    use attn_policy::{CatalogueEntry, ExecutorCatalogue, Provider};
+    let mut catalogue = ExecutorCatalogue::new();
+    for name in ["cudnn", "chunked", "reference"] {
+        catalogue.add(CatalogueEntry {
+            name: name.into(),
+            description: String::new(),
+            provider: Provider::Builtin,
+            admits: if name == "cudnn" {
+                vec![("te".into(), cond.into())]
+            } else {
+                Vec::new()
+            },
+        });
+    }
+    catalogue
+}
+
+/// `if_admitted:` names entries of the chain whose executor states an `admits` condition: a
+/// name outside the chain (with a did-you-mean) and an executor without a condition are errors.
+#[test]
+fn if_admitted_errors() {
+    use attn_policy::{PackError, PackSpec};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid/if_admitted");
+    let err = PackSpec::dir(&dir)
+        .with_catalogue(std::sync::Arc::new(catalogue_with_cudnn_admitting(
+            "head_dim_qk <= 256",
+        )))
+        .load()
+        .expect_err("bad if_admitted");
+    let PackError::Load(err) = err else {
+        panic!("expected load diagnostics, got {err}")
+    };
+    let text = err
+        .render(false)
+        .replace(&format!("{}/", dir.display()), "");
+    insta::assert_snapshot!(text);
+}
+
+/// An `if_admitted:` entry is in the chain that runs a decision only where its executor's
+/// `admits` condition holds for the decision's facts; the declared chain keeps it.
+#[test]
+fn if_admitted_entries_leave_the_chain_where_not_admitted() {
+    use attn_policy::{Facts, PackSpec};
+    let dir = std::env::temp_dir().join(format!("ap-if-admitted-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid/if_admitted");
+    std::fs::copy(src.join("b.yaml"), dir.join("b.yaml")).unwrap();
+    let pack = std::fs::read_to_string(src.join("pack.yaml"))
+        .unwrap()
+        .replace("[chunkd, reference]", "[cudnn]");
+    std::fs::write(dir.join("pack.yaml"), pack).unwrap();
+    let policy = PackSpec::dir(&dir)
+        .with_catalogue(std::sync::Arc::new(catalogue_with_cudnn_admitting(
+            "head_dim_qk <= 256",
+        )))
+        .load()
+        .expect("valid pack");
+    std::fs::remove_dir_all(&dir).ok();
+    let names = |d: i64| {
+        let facts =
+            Facts::from_json(&serde_json::json!({"head_dim_qk": d, "head_dim_v": d})).unwrap();
+        policy
+            .executor_chain_for(0, None, &facts)
+            .iter()
+            .map(|e| e.executor.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(128), ["cudnn", "chunked", "reference"]);
+    assert_eq!(names(512), ["chunked", "reference"]);
+    let declared: Vec<&str> = policy
+        .executor_chain(0, None)
+        .iter()
+        .map(|e| e.executor.as_str())
+        .collect();
+    assert_eq!(declared, ["cudnn", "chunked", "reference"]);
+}

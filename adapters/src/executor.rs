@@ -179,6 +179,10 @@ pub struct Manifest {
     pub device: DeviceKind,
     /// Minimum CUDA compute capability as `major * 10 + minor` (None for CPU).
     pub min_compute_capability: Option<u32>,
+    /// Maximum CUDA compute capability, same encoding (None: no upper bound); `fused` is
+    /// sm_90a code, which no later architecture runs.
+    #[serde(default)]
+    pub max_compute_capability: Option<u32>,
     /// Accepted element types.
     pub dtypes: Vec<DType>,
     /// Accepted Q/K head dims.

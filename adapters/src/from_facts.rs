@@ -245,6 +245,9 @@ pub fn te_admits(m: &crate::executor::Manifest) -> String {
     if let Some(cc) = m.min_compute_capability {
         parts.push(format!("sm >= {cc}"));
     }
+    if let Some(cc) = m.max_compute_capability {
+        parts.push(format!("sm <= {cc}"));
+    }
     for (fact, r) in [("head_dim_qk", m.head_dim_qk), ("head_dim_v", m.head_dim_v)] {
         parts.push(format!("{fact} >= {} and {fact} <= {}", r.min, r.max));
         if r.multiple_of > 1 {
@@ -398,7 +401,8 @@ mod tests {
                                     let cc = (sm[0] * 10 + sm[1]) as u32;
                                     let expected =
                                         problem.as_ref().is_ok_and(|p| m.admits(p).is_ok())
-                                            && m.min_compute_capability.is_none_or(|min| cc >= min);
+                                            && m.min_compute_capability.is_none_or(|min| cc >= min)
+                                            && m.max_compute_capability.is_none_or(|max| cc <= max);
                                     let got = Truth::of(compiler.program.eval(node, f.values()));
                                     assert_eq!(
                                         got,

@@ -28,6 +28,7 @@ pub fn manifest() -> Manifest {
         name: NAME.into(),
         device: DeviceKind::Cpu,
         min_compute_capability: None,
+        max_compute_capability: None,
         dtypes: vec![DType::F16, DType::BF16, DType::F32, DType::F64],
         head_dim_qk: HeadDimRange {
             min: 1,

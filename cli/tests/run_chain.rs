@@ -355,3 +355,26 @@ fn packs_of_another_fact_family_and_their_flags_are_bad_input() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("--causal"), "{}", text(&o));
 }
+
+/// The te pack's unfused path runs on `fused` only where its manifest admits the problem
+/// (`if_admitted:`): d512 on SM90 has it first; on SM80 and SM120 (no sm_90a code there) and at a head
+/// dim outside 264..512 it is left out of the chain, so `chunked` is the backend's own
+/// executor there, not a substitute (issue 34, part 1).
+#[test]
+fn te_unfused_chain_has_fused_only_where_it_is_admitted() {
+    let chain = |extra: &str| {
+        let (code, doc) = run_json(&words(&format!(
+            "run --pack te --preset gemma4-global --seqlen 64 --batch 1 --forward-only {extra}"
+        )));
+        assert_eq!(code, 0, "{extra}: {doc:#}");
+        assert_eq!(doc["backend"], "UnfusedDotProductAttention", "{extra}");
+        outcomes(&doc)
+            .into_iter()
+            .map(|(e, _)| e)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(chain("--sm 90"), ["fused", "chunked", "reference"]);
+    assert_eq!(chain("--sm 80"), ["chunked", "reference"]);
+    assert_eq!(chain("--sm 120"), ["chunked", "reference"]);
+    assert_eq!(chain("--sm 90 --head-dim 520"), ["chunked", "reference"]);
+}

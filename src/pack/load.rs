@@ -1095,8 +1095,47 @@ fn link_executors(
             entries.push(ChainEntry {
                 executor: name.value.clone(),
                 admits: admits.iter().position(|(n, _)| *n == name.value),
+                if_admitted: false,
                 loc: at,
             });
+        }
+        for name in &def.if_admitted {
+            let at = l.at(pack_file, name);
+            let Some(e) = entries.iter_mut().find(|e| e.executor == name.value) else {
+                l.unknown(
+                    Code::Executor,
+                    format!(
+                        "if_admitted: `{}` is not an entry of this chain ({})",
+                        name.value,
+                        def.chain
+                            .iter()
+                            .map(|c| c.value.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    at,
+                    &name.value,
+                    def.chain.iter().map(|c| c.value.as_str()),
+                );
+                continue;
+            };
+            // Without a catalogue nothing runs executors, so there is nothing to check against;
+            // with one, the entry's condition must exist or the entry would be kept everywhere.
+            if catalogue.is_some() && e.admits.is_none() {
+                l.diags.push(
+                    Diagnostic::new(
+                        Code::Executor,
+                        format!(
+                            "if_admitted: executor `{}` states no `admits` condition for this \
+                             pack's family, so where it is admitted cannot be known",
+                            name.value
+                        ),
+                    )
+                    .at(at),
+                );
+                continue;
+            }
+            e.if_admitted = true;
         }
         chains.push(ExecutorChain {
             backend: b as u16,

@@ -47,6 +47,11 @@ pub struct ExecutorsDef {
     #[serde(default)]
     pub variant: Option<Spanned<String>>,
     pub chain: Vec<Spanned<String>>,
+    /// Entries of `chain` that belong to it only where their executor's manifest admits the
+    /// configuration (the catalogue's `admits` condition): elsewhere they are left out, so the
+    /// next entry is the backend's own executor rather than a substitute.
+    #[serde(default)]
+    pub if_admitted: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

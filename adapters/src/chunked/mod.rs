@@ -89,6 +89,7 @@ pub fn manifest() -> Manifest {
         name: NAME.into(),
         device: DeviceKind::Cuda,
         min_compute_capability: Some(80),
+        max_compute_capability: None,
         dtypes: vec![DType::F16, DType::BF16],
         head_dim_qk: HeadDimRange {
             min: 8,

@@ -21,6 +21,7 @@ pub fn manifest() -> Manifest {
         name: NAME.to_string(),
         device: DeviceKind::Cuda,
         min_compute_capability: Some(80),
+        max_compute_capability: None,
         dtypes: vec![DType::BF16, DType::F16],
         head_dim_qk: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },
         head_dim_v: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },

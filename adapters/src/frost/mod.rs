@@ -432,6 +432,7 @@ pub fn manifest() -> Manifest {
         name: NAME.to_string(),
         device: DeviceKind::Cuda,
         min_compute_capability: Some(90),
+        max_compute_capability: None,
         dtypes: vec![DType::BF16, DType::F16],
         head_dim_qk: HeadDimRange { min: 264, max: 512, multiple_of: 8 },
         head_dim_v: HeadDimRange { min: 264, max: 512, multiple_of: 8 },

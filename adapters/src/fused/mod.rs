@@ -99,6 +99,7 @@ pub fn manifest() -> Manifest {
         name: NAME.into(),
         device: DeviceKind::Cuda,
         min_compute_capability: Some(90),
+        max_compute_capability: Some(90),
         dtypes: vec![DType::F16, DType::BF16],
         head_dim_qk: HeadDimRange {
             min: MIN_HEAD_DIM,

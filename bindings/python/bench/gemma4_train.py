@@ -13,7 +13,8 @@ Checks (the script exits 1 when one fails):
 1. at every step, |loss(attn_policy) - mean of the two sdpa losses| <= 1.5 x the largest gap
    between the two sdpa runs;
 2. the per-layer decision log of the first step shows ``cudnn`` on the sliding layers and the
-   d512 executor (``chunked``) on the global layer;
+   d512 executor (``fused``: the te pack runs TE's unfused path there on the H200) on the
+   global layer;
 3. greedy ``generate()`` of 64 tokens with a KV cache gives the same tokens with "attn_policy"
    and "sdpa" (the same weights: attn_policy's trained ones; the prompt is from the data).
 Also reported: step time and peak memory of each run and their ratios.
@@ -25,7 +26,7 @@ exceed the budget it reduces the step count for every run and says so (the summa
 ``--device cpu --tiny`` runs a miniature of the same flow (a smoke test of the script).
 ``--chain Backend=exec1,exec2`` (repeatable) runs attn_policy with a copy of the te pack whose
 chain for that backend is replaced, e.g. ``--chain UnfusedDotProductAttention=torch_math,chunked``
-to run the global layer on torch's own math (float32 softmax) instead of ``chunked``: a way to
+to run the global layer on torch's own math (float32 softmax) instead of ``fused``: a way to
 tell an executor's accuracy from a defect when the loss bound fails (the per-layer check then
 only reports).
 """
@@ -267,7 +268,7 @@ def main(argv=None) -> int:
     loss_ok = all(gp <= 1.5 * bound for gp in ours_gap) and bound > 0
 
     # Per-layer executors (first step).
-    expected = {i: ("cudnn" if t == "sliding_attention" else "chunked") for i, t in enumerate(lt)}
+    expected = {i: ("cudnn" if t == "sliding_attention" else "fused") for i, t in enumerate(lt)}
     seen = {}
     for r in ours["per_layer"]:
         seen.setdefault(r["layer"], set()).add((r["backend"], r["executor"]))
@@ -315,7 +316,7 @@ def main(argv=None) -> int:
           f"worst {ours_gap[worst]:.4g} at step {worst} ({ours_gap[worst] / bound if bound else float('inf'):.2f} x) | "
           f"{'yes' if loss_ok else 'NO'} |")
     layer_cells = "; ".join(f"{i}: {sorted(seen.get(i, []))}" for i in sorted(expected))
-    print(f"| per-layer executors (sliding: cudnn, global: chunked) | {layer_cells} | "
+    print(f"| per-layer executors (sliding: cudnn, global: fused) | {layer_cells} | "
           f"{'yes' if layers_ok else 'NO'} |")
     print(f"| greedy generate() with KV cache == sdpa | {gen_note} | {'yes' if gen_ok else 'NO'} |")
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s")

@@ -711,16 +711,19 @@ impl NativeDecision {
             .map(|s| self.policy.policy().backends[s as usize].name.clone())
     }
 
-    /// The executor chain the pack declares for the selected backend and its variant (empty
-    /// when nothing was selected or the pack names no chain).
+    /// The executor chain that runs this decision: the pack's chain for the selected backend
+    /// and its variant, without the `if_admitted:` entries these facts are not admitted by
+    /// (empty when nothing was selected or the pack names no chain).
     #[getter]
     fn executor_chain(&self) -> Vec<String> {
         match self.decision.selected {
-            Some(b) => chain_names(
-                self.policy.policy(),
-                b,
-                self.decision.backends[b as usize].variant,
-            ),
+            Some(b) => self
+                .policy
+                .policy()
+                .executor_chain_for(b, self.decision.backends[b as usize].variant, &self.facts)
+                .iter()
+                .map(|e| e.executor.clone())
+                .collect(),
             None => Vec::new(),
         }
     }

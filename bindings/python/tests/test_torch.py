@@ -283,7 +283,9 @@ def test_chains_are_the_packs_data(tmp_path):
     te_pack = attn_policy.Policy.load("te")
     assert apt.executor_chain("te", "FusedAttention") == ("cudnn", "reference")
     assert apt.executor_chain(None, "FlashAttention") == ("torch_flash", "cudnn", "chunked", "reference")
-    assert apt.executor_chain(te_pack, "NoSuchBackend" if False else "UnfusedDotProductAttention") == ("chunked", "reference")
+    # The declared chain; `fused` is `if_admitted` (in the chain that runs a decision only where
+    # its manifest admits it: SM90, head dims 264..512, ...).
+    assert apt.executor_chain(te_pack, "UnfusedDotProductAttention") == ("fused", "chunked", "reference")
     assert apt.executor_chain("native", "cudnn") == ("cudnn", "chunked", "reference")
     q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
     _, d = apt.attention(q, q, q, is_causal=True, return_decision=True)

@@ -35,9 +35,14 @@ pub fn run(a: ExecutorsArgs) -> i32 {
             "    {}; {:?}{}; dtypes {}; head_dim {}; backward {}; deterministic {}",
             e.description,
             m.device,
-            m.min_compute_capability
-                .map(|c| format!(" sm >= {c}"))
-                .unwrap_or_default(),
+            match (m.min_compute_capability, m.max_compute_capability) {
+                (Some(lo), Some(hi)) if lo == hi => format!(" sm == {lo}"),
+                (lo, hi) => format!(
+                    "{}{}",
+                    lo.map(|c| format!(" sm >= {c}")).unwrap_or_default(),
+                    hi.map(|c| format!(" sm <= {c}")).unwrap_or_default()
+                ),
+            },
             dtypes.join("/"),
             m.head_dim_qk,
             m.backward,

@@ -249,7 +249,7 @@ pub fn run(a: RunArgs) -> i32 {
     let backend = policy.backends[selected as usize].name.clone();
     let variant = decision.backends[selected as usize].variant;
     let names: Vec<&str> = policy
-        .executor_chain(selected, variant)
+        .executor_chain_for(selected, variant, &facts)
         .iter()
         .map(|e| e.executor.as_str())
         .collect();
