@@ -1,0 +1,240 @@
+"""The chain walk and the per-signature cache. A call is decided once per input signature: the
+policy selects a backend with the call's and the process's facts, the pack's executor chain for
+it is walked (the first entry that is available and accepts the problem runs; every entry's
+outcome is recorded), and the runner and :class:`CallDecision` are cached. Also the pack chains
+(:func:`executor_chain`), policies by id (the op takes an int) and the cache's counters."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+
+from . import Decision, Policy, _environment, _native, eager_node
+from ._call import _Call
+from ._decision import AttentionDeclined, CallDecision, ChainEntry, SubstitutionRefused
+from ._executors import _TORCH_EXECUTORS, _frost_unavailable
+from ._facts import _cudnn_fact, _device_facts, _live_probes, live_facts
+from ._runners import _NativeRunner, _Runner, _SdpaFallback
+
+# The decisions' log records keep the name of the public module.
+logger = logging.getLogger("attn_policy.torch")
+
+
+# ---------------------------------------------------------------------------------------------
+# Executor chains: the pack's data (`executors:` in pack.yaml).
+
+
+_packs: Dict[str, Policy] = {}
+
+
+def executor_chain(policy: Union[Policy, str, None], backend: str, variant: Optional[str] = None) -> Tuple[str, ...]:
+    """The ordered executors that may run ``backend`` of ``policy`` (a :class:`Policy`, the
+    name of an embedded pack, or None for the ``te`` pack), as the pack declares them
+    (``executors:`` in its pack.yaml; a ``variant``'s own chain wins where it has one). First
+    = the backend's own executor; the rest are substitutes. Empty: nothing can run it."""
+    if policy is None:
+        policy = _environment.get_policy()
+    elif isinstance(policy, str):
+        p = _packs.get(policy)
+        if p is None:
+            p = _packs.setdefault(policy, Policy.load(policy))
+        policy = p
+    return tuple(policy._p.executor_chain(backend, variant))
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies by id (the op takes an int), the per-signature cache.
+
+_policies: List[Policy] = []
+_policy_ids: Dict[int, int] = {}
+_policies_lock = threading.Lock()
+
+
+def _policy_id(policy: Optional[Policy]) -> int:
+    if policy is None:
+        return 0
+    key = id(policy)
+    pid = _policy_ids.get(key)
+    if pid is None:
+        with _policies_lock:
+            if key not in _policy_ids:
+                _policies.append(policy)
+                _policy_ids[key] = len(_policies)
+            pid = _policy_ids[key]
+    return pid
+
+
+def _policy_of(pid: int) -> Policy:
+    if pid == 0:
+        return _environment.get_policy()
+    return _policies[pid - 1]
+
+
+class _Entry:
+    __slots__ = ("runner", "decision")
+
+    def __init__(self, runner: Optional[_Runner], decision: CallDecision):
+        self.runner, self.decision = runner, decision
+
+
+_cache: Dict[tuple, _Entry] = {}
+_cache_lock = threading.Lock()
+_CACHE_CAP = 4096
+_stats = {"hits": 0, "misses": 0}
+
+
+# Eager calls by everything that decides them (tensor signatures, the grad and deterministic
+# flags, the options) -> (runner, decision, whether Q/K/V need a contiguous copy first).
+_fast: Dict[tuple, Tuple[_Runner, CallDecision, bool]] = {}
+
+
+def cache_info() -> Dict[str, int]:
+    """Per-signature cache counters (hits, misses, entries)."""
+    return {"hits": _stats["hits"], "misses": _stats["misses"], "entries": len(_cache)}
+
+
+def clear_cache() -> None:
+    """Forgets every cached decision and plan (after changing ``NVTE_*`` or installing a
+    package, say) and the eager node's choice (``ATTN_POLICY_EAGER_NODE`` is read again)."""
+    with _cache_lock:
+        _cache.clear()
+        _fast.clear()
+        _device_facts.clear()
+        _stats["hits"] = _stats["misses"] = 0
+    eager_node.reset()
+    _environment.reprobe()
+
+
+def _key(q, k, v, args) -> tuple:
+    # Every tensor's dtype and device: a plan reads its inputs' memory as the problem says.
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, torch.are_deterministic_algorithms_enabled(), args)
+
+
+def _entry(q, k, v, args) -> _Entry:
+    key = _key(q, k, v, args)
+    e = _cache.get(key)
+    if e is not None:
+        _stats["hits"] += 1
+        return e
+    e = _decide(q, k, v, *args)
+    with _cache_lock:
+        if len(_cache) >= _CACHE_CAP:
+            _cache.clear()
+        _cache[key] = e
+        _stats["misses"] += 1
+    return e
+
+
+def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute) -> _Entry:
+    call = _Call(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training)
+    policy = _policy_of(pid)
+    env = live_facts(q.device)
+    config = call.config()
+    on_gpu = q.device.type == "cuda"
+    device = q.device.index if on_gpu else None
+    if on_gpu and device is None:
+        device = torch.cuda.current_device()
+    # The cuDNN plan answers probe.fused_attn_graph and is the `cudnn` entry's plan when the
+    # chain reaches it.
+    probe, cudnn = _live_probes(call.problem, device, training, _cudnn_fact(env))
+    config["probe"] = probe
+    nd = policy._p.te_select(config, env, None)
+    decision = Decision(nd)
+    backend = decision.selected
+    # The pack's chain for the selected backend (and variant).
+    chain = tuple(nd.executor_chain)
+    outcomes: List[ChainEntry] = []
+    runner: Optional[_Runner] = None
+    for name in chain:
+        if runner is not None:
+            outcomes.append(ChainEntry(name, "not_tried", ""))
+            continue
+        try:
+            runner = _runner_for(name, call, device, cudnn, env)
+            outcomes.append(ChainEntry(name, "ran", ""))
+        except _native.ExecutorRefused as e:
+            outcomes.append(ChainEntry(name, "refused", str(e)))
+        except _native.ExecutorUnavailable as e:
+            outcomes.append(ChainEntry(name, "unavailable", str(e)))
+        except _native.ExecutorFailed as e:
+            outcomes.append(ChainEntry(name, "unavailable", f"failed: {e}"))
+    ran = next((e.executor for e in outcomes if e.outcome == "ran"), None)
+    provenance = {k: s for k, (_, s) in env.items()}
+    provenance.update({f"probe.{k}": ("probe" if a is not None else "default") for k, a in probe.items()})
+    if q.dtype == torch.float64:
+        provenance["qkv_dtype"] = "call (float64 decided as fp32: the schema has no fp64)"
+    cd = CallDecision(
+        pack=policy.name,
+        backend=backend,
+        executor=ran,
+        chain=outcomes,
+        decision=decision,
+        substitute=ran is not None and bool(chain) and ran != chain[0],
+        provenance=provenance,
+        problem=repr(call.problem),
+    )
+    if ran is None:
+        if backend is None:
+            reasons = "; ".join(
+                f"{b.name}: " + ", ".join(f"{r.id} {r.reason}" for r in b.declined_by)
+                for b in decision.backends
+                if b.declined_by
+            )
+            why = f"pack {policy.name} selected no backend ({reasons})"
+        elif not chain:
+            why = f"pack {policy.name} selected {backend}, which has no executor chain"
+        else:
+            why = f"pack {policy.name} selected {backend}; no executor of its chain could run: " + "; ".join(
+                f"{e.executor} {e.outcome}: {e.reason}" for e in outcomes
+            )
+        if on_decline == 1:
+            cd.fallback = why
+            logger.warning("attn_policy: %s; falling back to torch SDPA", why)
+            return _Entry(_SdpaFallback(call), cd)
+        return _Entry(None, cd)
+    if cd.substitute:
+        if no_substitute:
+            return _Entry(None, cd)
+        logger.info("attn_policy: %s", cd.summary())
+    return _Entry(runner, cd)
+
+
+def _runner_for(name, call: _Call, device, cudnn, env) -> _Runner:
+    if name == "frost":
+        raise _native.ExecutorUnavailable(_frost_unavailable(call))
+    te = _TORCH_EXECUTORS.get(name)
+    if te is not None:
+        ok, detail = te.available(call.device)
+        if not ok:
+            raise _native.ExecutorUnavailable(detail)
+        why = te.check(call)
+        if why:
+            raise _native.ExecutorRefused(why)
+        return te.runner(call)
+    if call.dropout_p > 0.0:
+        raise _native.ExecutorRefused("dropout is not supported by this executor")
+    if name == "cudnn" and cudnn is not None:
+        if isinstance(cudnn, Exception):
+            raise cudnn
+        return _NativeRunner(cudnn, call, host_copy=False)
+    if name == "reference" and call.device.type == "cuda":
+        plan = _native.make_plan(name, None, call.problem, None)
+        return _NativeRunner(plan, call, host_copy=True)
+    plan = _native.make_plan(name, device, call.problem, _cudnn_fact(env))
+    if call.training and call.device.type == "cuda":
+        plan.workspace_backward()
+    return _NativeRunner(plan, call, host_copy=False)
+
+
+def _raise_for(e: _Entry, no_substitute: bool) -> None:
+    d = e.decision
+    if d.executor is not None and d.substitute and no_substitute:
+        raise SubstitutionRefused(f"substitution refused (no_substitute=True): {d.summary()}", d)
+    if d.executor is None and d.fallback is None:
+        raise AttentionDeclined(d.summary() + "\n" + "\n".join(
+            f"  {c.executor}: {c.outcome}: {c.reason}" for c in d.chain
+        ), d)

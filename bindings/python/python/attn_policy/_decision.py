@@ -1,0 +1,103 @@
+"""What :func:`attn_policy.torch.attention` decided for one call, and its errors: the chain's
+entries (:class:`ChainEntry`), the decision (:class:`CallDecision`), and the exceptions a call
+raises (:class:`AttentionDeclined`, :class:`SubstitutionRefused`, :class:`InvalidInput`,
+:class:`ShapeMismatch`). No torch: plain data. Re-exported by :mod:`attn_policy.torch`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from . import Decision, PolicyError, _native
+
+
+class AttentionDeclined(PolicyError):
+    """No executor can run this call (the policy selected no backend, or every entry of the
+    chain refused or is unavailable). ``.decision`` holds the :class:`CallDecision`."""
+
+    def __init__(self, message: str, decision: "CallDecision"):
+        super().__init__(message)
+        self.decision = decision
+        self.diagnostics: list = []
+
+
+class SubstitutionRefused(PolicyError):
+    """``no_substitute=True`` and the backend's first executor could not run."""
+
+    def __init__(self, message: str, decision: "CallDecision"):
+        super().__init__(message)
+        self.decision = decision
+        self.diagnostics: list = []
+
+
+# The tensors do not describe one attention call: refused before anything is decided or planned
+# (a PolicyError, so a ValueError). The plans raise it too, for a pointer or strides that reach
+# past their tensor's storage.
+InvalidInput = _native.InvalidInput
+# Two tensors disagree on a size they share, or dO / O / LSE do not have the call's shape: no
+# broadcasting; the message names both shapes. An InvalidInput.
+ShapeMismatch = _native.ShapeMismatch
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision of one call.
+
+
+@dataclass(frozen=True)
+class ChainEntry:
+    """One executor of the chain and what happened to it: ``ran``, ``refused`` (the executor
+    does not do this problem), ``unavailable`` (it cannot run in this process) or
+    ``not_tried`` (an earlier entry ran)."""
+
+    executor: str
+    outcome: str
+    reason: str = ""
+
+
+@dataclass
+class CallDecision:
+    """What :func:`attention` decided for one input signature."""
+
+    pack: str
+    backend: Optional[str]
+    executor: Optional[str]
+    chain: List[ChainEntry]
+    decision: Optional[Decision]
+    substitute: bool = False
+    fallback: Optional[str] = None
+    provenance: Dict[str, str] = field(default_factory=dict)
+    problem: str = ""
+
+    def summary(self) -> str:
+        """``selected FlashAttention; ran on chunked (substitute: torch_flash: ...)``."""
+        if self.backend is None:
+            head = f"pack {self.pack} selected no backend"
+        else:
+            head = f"pack {self.pack} selected {self.backend}"
+        if self.executor is None:
+            tail = "no executor ran"
+            if self.fallback:
+                tail += f"; fell back to torch SDPA ({self.fallback})"
+            return f"{head}; {tail}"
+        if not self.substitute:
+            return f"{head}; ran on {self.executor}"
+        why = "; ".join(f"{e.executor}: {e.reason}" for e in self.chain if e.outcome in ("refused", "unavailable"))
+        return f"{head}; ran on {self.executor} (substitute: {why})"
+
+    def to_dict(self) -> Dict[str, Any]:
+        d: Dict[str, Any] = {
+            "pack": self.pack,
+            "backend": self.backend,
+            "executor": self.executor,
+            "substitute": self.substitute,
+            "executor_chain": [{"executor": e.executor, "outcome": e.outcome, "reason": e.reason} for e in self.chain],
+            "provenance": dict(self.provenance),
+        }
+        if self.fallback:
+            d["fallback"] = self.fallback
+        if self.decision is not None:
+            d["decision"] = self.decision.to_dict()
+        return d
+
+    def __str__(self) -> str:
+        return self.summary()
