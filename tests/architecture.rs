@@ -1,6 +1,7 @@
-//! The core's architecture, enforced: its top-level modules depend on each other one way (no
-//! import cycles), the core package depends on no CLI or executor crate, and every `unsafe`
-//! block in the repository says why it is sound.
+//! The architecture, enforced: the core's top-level modules depend on each other one way (no
+//! import cycles), no crate has a circle of files (every workspace crate and both bindings; see
+//! "Circles of files" below), the core package depends on no CLI or executor crate, and every
+//! `unsafe` block in the repository says why it is sound.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -1154,4 +1155,49 @@ fn the_circle_comparison_fails_both_ways() {
     assert!(gone.unwrap_err().contains("no longer exists"));
     let changed = compare_circles(&found, &[&["a.rs", "b.rs"], &["c.rs", "d.rs"]]);
     assert!(changed.unwrap_err().contains("no longer exists"));
+}
+
+#[test]
+fn the_file_graph_sees_the_real_imports() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &Path| std::fs::read_to_string(p).ok();
+    let edges = |krate: &str| -> BTreeSet<(String, String)> {
+        let c = file_graph::Crate::load(&root.join(krate), &read).expect("crate");
+        let mut out = BTreeSet::new();
+        for (from, to) in c.graph() {
+            out.extend(to.keys().map(|t| (rel(root, &from), rel(root, t))));
+        }
+        out
+    };
+    let adapters = edges("adapters/src/lib.rs");
+    assert!(adapters.len() > 50, "{adapters:?}");
+    for (from, to) in [
+        // `use crate::device::{Availability, cuda_devices}`.
+        ("adapters/src/chunked/enabled.rs", "adapters/src/device.rs"),
+        // `crate::chunked::ChunkedConfig`: the re-export in chunked/mod.rs, followed.
+        (
+            "adapters/src/fused/enabled.rs",
+            "adapters/src/chunked/config.rs",
+        ),
+        // `super::NAME`, `super::manifest()` in the stand-in: through frost/mod.rs.
+        (
+            "adapters/src/frost/bridge.rs",
+            "adapters/src/frost/rules.rs",
+        ),
+    ] {
+        assert!(
+            adapters.contains(&(from.into(), to.into())),
+            "{from} -> {to}"
+        );
+    }
+    // Naming a re-export is no edge to the file that re-exports it.
+    assert!(!adapters.contains(&(
+        "adapters/src/fused/enabled.rs".into(),
+        "adapters/src/chunked/mod.rs".into()
+    )));
+    let cli = edges("cli/src/main.rs");
+    assert!(cli.contains(&(
+        "cli/src/commands/info.rs".into(),
+        "cli/src/commands/exit.rs".into()
+    )));
 }
