@@ -5,6 +5,8 @@
 //!   mask/window, scale).
 //! - [`executor`]: the [`Executor`] trait, its [`Manifest`], [`Unsupported`] and [`ExecError`].
 //! - [`registry`]: executor name -> executor, manifest and availability ([`Registry::builtin`]).
+//! - [`device`]: CUDA discovery (device count, a device's name and compute capability) and
+//!   [`Availability`]; every executor imports it, it imports none of them.
 //! - [`reference`]: CPU float64 oracle. [`chunked`]: CUDA cuBLAS + NVRTC executor (feature `cuda`).
 //!   [`fused`]: one NVRTC wgmma kernel per call for head dims 264..512 on SM90 (feature `cuda`).
 //! - [`from_facts`]: the policy's facts -> an [`AttentionProblem`] (the one conversion).
@@ -24,6 +26,7 @@ pub mod catalogue;
 pub mod chain;
 pub mod chunked;
 pub mod cudnn;
+pub mod device;
 pub mod executor;
 pub mod from_facts;
 pub mod frost;
@@ -37,6 +40,7 @@ pub mod rng;
 pub mod trial;
 
 pub use chain::{ChainError, ChainOptions, Walked};
+pub use device::Availability;
 pub use executor::{
     BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceKind, Direction,
     ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostTensor,
@@ -48,4 +52,4 @@ pub use problem::{
     AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Strides,
     TensorLayouts,
 };
-pub use registry::{Availability, ExecutorInfo, Provider, Registry, RegistryEntry};
+pub use registry::{ExecutorInfo, Provider, Registry, RegistryEntry};

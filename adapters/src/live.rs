@@ -49,7 +49,7 @@ impl LiveDevice {
 
 /// The live facts of CUDA device `ordinal`, or why there is no device to read them from.
 pub fn live_device(ordinal: usize) -> Result<LiveDevice, String> {
-    let (name, compute_capability) = crate::chunked::device_identity(ordinal)?;
+    let (name, compute_capability) = crate::device::device_identity(ordinal)?;
     let (cudnn_version, cudnn_unavailable) = match crate::cudnn::loaded_version() {
         Ok(v) => (Some(v), None),
         Err(why) => (None, Some(why)),

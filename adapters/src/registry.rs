@@ -14,6 +14,7 @@
 //! `fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError>` and a
 //! `fn availability() -> Availability`, then a [`RegistryEntry`] in [`Registry::builtin`].
 
+pub use crate::device::Availability;
 use crate::executor::{ExecError, Executor, Manifest};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -25,42 +26,6 @@ pub type CreateFn = fn(usize) -> Result<Arc<dyn Executor>, ExecError>;
 
 /// Run-time probe of whether an executor can run in this process.
 pub type ProbeFn = fn() -> Availability;
-
-/// Whether an executor can run here.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "availability", rename_all = "snake_case")]
-pub enum Availability {
-    /// It can run (the detail says on what).
-    Available {
-        /// What was found (device, library version).
-        detail: String,
-    },
-    /// It cannot run here.
-    Unavailable {
-        /// Why: no GPU, feature off, library missing, provided by the Python host.
-        reason: String,
-    },
-}
-
-impl Availability {
-    /// Shorthand for [`Availability::Unavailable`].
-    pub fn unavailable(reason: impl Into<String>) -> Availability {
-        Availability::Unavailable {
-            reason: reason.into(),
-        }
-    }
-    /// Is it available?
-    pub fn is_available(&self) -> bool {
-        matches!(self, Availability::Available { .. })
-    }
-    /// The reason it is unavailable, if it is.
-    pub fn reason(&self) -> Option<&str> {
-        match self {
-            Availability::Available { .. } => None,
-            Availability::Unavailable { reason } => Some(reason),
-        }
-    }
-}
 
 /// Who provides an executor's implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

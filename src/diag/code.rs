@@ -5,7 +5,22 @@
 use serde::Serialize;
 use strum::{EnumIter, EnumString, IntoEnumIterator, IntoStaticStr};
 
-use super::Severity;
+/// How bad a diagnostic is (each [`Code`] has one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Warning,
+    Error,
+}
+
+impl Severity {
+    pub fn word(self) -> &'static str {
+        match self {
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+}
 
 /// A diagnostic code. The `E-` codes are load errors (the pack does not load); the `W-` codes
 /// are warnings from the loader or from `attn-policy check`'s lints.

@@ -8,32 +8,8 @@ pub mod source;
 use annotate_snippets::{AnnotationKind, Group, Level, Renderer, Snippet};
 use serde::Serialize;
 
-pub use code::Code;
-pub use source::{SourceFile, SourceMap};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    Warning,
-    Error,
-}
-
-impl Severity {
-    pub fn word(self) -> &'static str {
-        match self {
-            Severity::Warning => "warning",
-            Severity::Error => "error",
-        }
-    }
-}
-
-/// Where a diagnostic points: a byte range in one source file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
-pub struct Loc {
-    pub file: u16,
-    pub start: usize,
-    pub end: usize,
-}
+pub use code::{Code, Severity};
+pub use source::{Loc, SourceFile, SourceMap};
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Diagnostic {

@@ -2,7 +2,15 @@
 //! point at). The YAML-specific mapping from a node's span to a location is in
 //! `pack::source`.
 
-use super::Loc;
+use serde::Serialize;
+
+/// Where a diagnostic points: a byte range in one source file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
+pub struct Loc {
+    pub file: u16,
+    pub start: usize,
+    pub end: usize,
+}
 
 #[derive(Clone, Debug)]
 pub struct SourceFile {

@@ -5,9 +5,6 @@ use serde_json::Value as Json;
 
 use super::Explanation;
 
-/// The `schema` field of the document.
-pub const SCHEMA: &str = "attn-policy/explain/v1";
-
 impl Explanation {
     /// The `explain/v1` document as a JSON value.
     pub fn to_json(&self) -> Json {

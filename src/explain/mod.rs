@@ -21,9 +21,8 @@ mod model;
 mod te;
 mod text;
 
-pub use json::SCHEMA;
 pub use model::{
     BackendExplanation, BackendStatus, ExecutorAttempt, ExecutorOutcome, Explanation, FactValue,
-    OrderedMap, PreferenceApplied, RuleExplanation, UnavailableVariant, VariantChoice,
+    OrderedMap, PreferenceApplied, RuleExplanation, SCHEMA, UnavailableVariant, VariantChoice,
 };
 pub use te::TeTuple;

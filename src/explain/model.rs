@@ -272,10 +272,13 @@ pub struct ExecutorAttempt {
     pub reason: Option<String>,
 }
 
+/// The `schema` field of the `explain/v1` JSON document (`json.rs`).
+pub const SCHEMA: &str = "attn-policy/explain/v1";
+
 /// The explanation of one decision (`attn-policy/explain/v1`, docs/decision-json.md).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Explanation {
-    /// Always [`super::SCHEMA`].
+    /// Always [`SCHEMA`].
     pub schema: &'static str,
     pub pack: String,
     pub selected: Option<String>,
@@ -411,7 +414,7 @@ impl Explanation {
         pending_probes.sort_unstable();
         pending_probes.dedup();
         Explanation {
-            schema: super::SCHEMA,
+            schema: SCHEMA,
             pack: p.name.clone(),
             selected: d.selected.map(name),
             variant: d

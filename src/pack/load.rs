@@ -19,7 +19,6 @@ use serde::de::DeserializeOwned;
 use serde_saphyr::Spanned;
 
 use super::source::SourceMap;
-use super::spec::PackSource;
 use super::yaml::{BackendFile, ExecutorsDef, LayerFile, PackFile, RuleDef};
 use crate::catalogue::ExecutorCatalogue;
 use crate::diag::{Code, Diagnostic, Diagnostics, Loc};
@@ -30,6 +29,15 @@ use crate::policy::{
     Backend, ChainEntry, Definition, ExecutorChain, Policy, Preference, Rule, RuleKind, Variant,
 };
 use crate::typecheck::{Compiled, Compiler, TypeError};
+
+/// Where a pack comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PackSource {
+    /// A pack compiled into the binary (`te`, `native`).
+    Embedded(String),
+    /// A folder holding `pack.yaml`.
+    Dir(PathBuf),
+}
 
 /// A pack that failed to load: every diagnostic, and the sources to render them against.
 #[derive(Debug, thiserror::Error)]

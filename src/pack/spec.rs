@@ -5,19 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::load::{LoadError, load_pack_with};
+use super::load::{LoadError, PackSource, load_pack_with};
 use crate::catalogue::ExecutorCatalogue;
 use crate::facts::did_you_mean;
 use crate::policy::Policy;
-
-/// Where a pack comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PackSource {
-    /// A pack compiled into the binary (`te`, `native`).
-    Embedded(String),
-    /// A folder holding `pack.yaml`.
-    Dir(PathBuf),
-}
 
 /// A pack to load: its source plus everything that changes what it decides.
 #[derive(Clone, Debug, Default)]

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use super::typeck::TypeError;
+use super::error::TypeError;
 use crate::facts::schema::Schema;
 use crate::lang::ast::{CmpOp, Expr, ExprKind};
 

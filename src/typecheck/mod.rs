@@ -1,7 +1,9 @@
 //! Static checking: typing conditions against the fact schema and lowering them to the
 //! evaluation [`Program`](crate::eval::Program).
 
+mod error;
 mod guard;
 pub mod typeck;
 
-pub use typeck::{Compiled, Compiler, TypeError};
+pub use error::TypeError;
+pub use typeck::{Compiled, Compiler};

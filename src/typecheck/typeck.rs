@@ -10,16 +10,8 @@ use crate::facts::{Domain, Value, did_you_mean};
 use crate::lang::ast::{CmpOp, Expr, ExprKind, Span};
 use crate::lang::{Version, parse_expr};
 
-/// A type error inside one expression; `span` is relative to the expression text.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("{message}")]
-pub struct TypeError {
-    pub message: String,
-    pub span: Span,
-    pub help: Option<String>,
-    /// The expression did not parse (reported as `E-SYNTAX`, not `E-TYPE`).
-    pub syntax: bool,
-}
+/// Defined in `error.rs` (the guard check reports it too); named here as before.
+pub use super::error::TypeError;
 
 fn terr(span: Span, message: impl Into<String>) -> TypeError {
     TypeError {
@@ -27,15 +19,6 @@ fn terr(span: Span, message: impl Into<String>) -> TypeError {
         span,
         help: None,
         syntax: false,
-    }
-}
-
-impl From<crate::lang::SyntaxError> for TypeError {
-    fn from(e: crate::lang::SyntaxError) -> TypeError {
-        TypeError {
-            syntax: true,
-            ..terr(e.span, e.message)
-        }
     }
 }
 

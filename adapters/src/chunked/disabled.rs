@@ -1,12 +1,12 @@
 //! Stand-in when the crate is built without the `cuda` feature: every call says why.
 
 use super::ChunkedConfig;
+use crate::device::Availability;
 use crate::executor::{
     BackwardInputs, BackwardOutput, ExecError, Executor, ForwardInputs, ForwardOutput, Manifest,
     Unsupported,
 };
 use crate::problem::AttentionProblem;
-use crate::registry::Availability;
 
 const WHY: &str = "attn-policy-adapters was built without the `cuda` feature";
 
@@ -25,16 +25,6 @@ impl Chunked {
     pub fn on_device(_config: ChunkedConfig, _ordinal: usize) -> Result<Chunked, ExecError> {
         Err(ExecError::NoDevice { reason: WHY.into() })
     }
-}
-
-/// Number of CUDA devices: none can be used in this build.
-pub fn cuda_devices() -> Result<usize, String> {
-    Err(WHY.into())
-}
-
-/// No CUDA device can be read in this build.
-pub fn device_identity(_ordinal: usize) -> Result<(String, (u32, u32)), String> {
-    Err(WHY.into())
 }
 
 /// Always unavailable in this build.

@@ -5,6 +5,7 @@ use super::plan::{
     RowDotArgs, ScoreKernel, SoftmaxArgs, ZeroRowsArgs,
 };
 use super::{ChunkedConfig, NAME};
+use crate::device::{Availability, cuda_devices};
 use crate::executor::{
     BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, Direction, ExecError,
     ExecStats, Executor, ForwardInputs, ForwardOutput, HostTensor, Manifest, StreamLaunch,
@@ -83,45 +84,8 @@ impl Kernels {
     }
 }
 
-/// Number of CUDA devices, or why none can be used (driver library missing, `cuInit` failed,
-/// no device). Cached: the answer does not change within a process.
-pub fn cuda_devices() -> Result<usize, String> {
-    static N: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
-    N.get_or_init(|| {
-        // SAFETY: dlopen probe only.
-        if !unsafe { drv_sys::is_culib_present() } {
-            return Err("no GPU: the CUDA driver library (libcuda) is not present".into());
-        }
-        drv_result::init().map_err(|e| format!("no GPU: cuInit failed: {e:?}"))?;
-        let n = drv_result::device::get_count().map_err(|e| format!("no GPU: {e:?}"))?;
-        if n <= 0 {
-            return Err("no GPU: the CUDA driver reports no device".into());
-        }
-        Ok(n as usize)
-    })
-    .clone()
-}
-
-/// Name and compute capability (major, minor) of CUDA device `ordinal`, read from the driver
-/// (the live device facts `attn-policy run` decides with), or why there is none.
-pub fn device_identity(ordinal: usize) -> Result<(String, (u32, u32)), String> {
-    let n = cuda_devices()?;
-    if ordinal >= n {
-        return Err(format!("no CUDA device {ordinal} ({n} device(s))"));
-    }
-    let ctx = CudaContext::new(ordinal).map_err(|e| format!("CUDA device {ordinal}: {e:?}"))?;
-    let name = ctx
-        .name()
-        .map_err(|e| format!("CUDA device {ordinal}: {e:?}"))?;
-    let (major, minor) = ctx
-        .compute_capability()
-        .map_err(|e| format!("CUDA device {ordinal}: {e:?}"))?;
-    Ok((name, (major as u32, minor as u32)))
-}
-
 /// Run-time probe: a CUDA device, cuBLAS and NVRTC loadable.
-pub fn availability() -> crate::registry::Availability {
-    use crate::registry::Availability;
+pub fn availability() -> Availability {
     let n = match cuda_devices() {
         Ok(n) => n,
         Err(why) => return Availability::unavailable(why),

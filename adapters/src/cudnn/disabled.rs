@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use super::convert::ProbeAnswer;
 use super::spec::Direction;
+use crate::device::Availability;
 use crate::executor::{ExecError, Executor};
 use crate::problem::AttentionProblem;
-use crate::registry::Availability;
 
 const WHY: &str = "attn-policy-adapters was built without the `cudnn` feature";
 

@@ -17,6 +17,7 @@ use pyo3::types::PyModule;
 
 use super::{FrostEnv, FrostError, FrostKey, VersionProbe, check, select_frost_plan};
 use crate::cudnn::spec::{Diagonal, Direction};
+use crate::device::{Availability, cuda_devices};
 use crate::executor::{
     BackwardInputs, BackwardOutput, ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput,
     HostTensor, Manifest, Unsupported, validate_backward_inputs, validate_forward_inputs,
@@ -79,9 +80,8 @@ pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
 
 /// Run-time probe: a CUDA device of compute capability 9.0 or 10.x (the frontend's Python
 /// package and its versions are checked when the executor is created).
-pub fn availability() -> crate::registry::Availability {
-    use crate::registry::Availability;
-    if let Err(why) = crate::chunked::cuda_devices() {
+pub fn availability() -> Availability {
+    if let Err(why) = cuda_devices() {
         return Availability::unavailable(why);
     }
     let cc = CudaContext::new(0).and_then(|c| c.compute_capability());
@@ -221,7 +221,7 @@ impl FrostExecutor {
         hint: &str,
     ) -> Result<FrostPlan, FrostError> {
         self.ctx.bind_to_thread().map_err(cuda_err)?;
-        let m = super::mask_of(p);
+        let m = crate::cudnn::convert::mask_of(p);
         let l = &p.layout;
         let s = |x: crate::problem::Strides| (x.batch, x.head, x.seq);
         let key_str = format!("{key:?}");

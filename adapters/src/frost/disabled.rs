@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::device::Availability;
 use crate::executor::{ExecError, Executor};
-use crate::registry::Availability;
 
 const WHY: &str = "attn-policy-adapters was built without the `frost` feature";
 

@@ -1,11 +1,11 @@
 //! Stand-in when the crate is built without the `cuda` feature: every call says why.
 
+use crate::device::Availability;
 use crate::executor::{
     BackwardInputs, BackwardOutput, ExecError, Executor, ForwardInputs, ForwardOutput, Manifest,
     Unsupported,
 };
 use crate::problem::AttentionProblem;
-use crate::registry::Availability;
 
 const WHY: &str = "attn-policy-adapters was built without the `cuda` feature";
 

@@ -4,6 +4,7 @@
 use super::{BLOCK_M, BLOCK_N, NAME, backward_shared_bytes, padded_dims, shared_bytes};
 use crate::chunked::plan::{BwdScoresArgs, ScoreKernel};
 use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
+use crate::device::{Availability, cuda_devices, device_identity};
 use crate::executor::{
     BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, Direction, ExecError,
     ExecStats, Executor, ForwardInputs, ForwardOutput, Manifest, StreamLaunch, Unsupported,
@@ -215,9 +216,8 @@ pub struct Fused {
 }
 
 /// Run-time probe: an SM90 device and NVRTC.
-pub fn availability() -> crate::registry::Availability {
-    use crate::registry::Availability;
-    let n = match crate::chunked::cuda_devices() {
+pub fn availability() -> Availability {
+    let n = match cuda_devices() {
         Ok(n) => n,
         Err(why) => return Availability::unavailable(why),
     };
@@ -226,9 +226,7 @@ pub fn availability() -> crate::registry::Availability {
         return Availability::unavailable("library missing: NVRTC");
     }
     let sm90: Vec<usize> = (0..n)
-        .filter(|&i| {
-            crate::chunked::device_identity(i).is_ok_and(|(_, cc)| cc == super::COMPUTE_CAPABILITY)
-        })
+        .filter(|&i| device_identity(i).is_ok_and(|(_, cc)| cc == super::COMPUTE_CAPABILITY))
         .collect();
     if sm90.is_empty() {
         return Availability::unavailable("no compute capability 9.0 (Hopper) device");
@@ -251,8 +249,8 @@ impl Fused {
         ordinal: usize,
         backward_chunks: ChunkedConfig,
     ) -> Result<Fused, ExecError> {
-        let (name, cc) = crate::chunked::device_identity(ordinal)
-            .map_err(|reason| ExecError::NoDevice { reason })?;
+        let (name, cc) =
+            device_identity(ordinal).map_err(|reason| ExecError::NoDevice { reason })?;
         if cc != super::COMPUTE_CAPABILITY {
             return Err(ExecError::NoDevice {
                 reason: format!(

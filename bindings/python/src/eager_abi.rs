@@ -16,6 +16,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use attn_policy_adapters::{DType, DeviceBackwardArgs, DeviceForwardArgs, ExecError};
+use pyo3::prelude::*;
 
 use crate::torch_ops::PlanCore;
 
@@ -82,6 +83,19 @@ static ABI: PlanAbi = PlanAbi {
 /// The table's address.
 pub fn address() -> usize {
     &ABI as *const PlanAbi as usize
+}
+
+/// The C ABI table of plans for the C++ autograd node: `(address, version)`.
+#[pyfunction]
+pub fn plan_abi() -> (usize, u32) {
+    (address(), ABI_VERSION)
+}
+
+/// Registers `plan_abi` on the module (this module names the plans' module, `torch_ops`, which
+/// names nothing here: no circle of files).
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(plan_abi, m)?)?;
+    Ok(())
 }
 
 thread_local! {

@@ -1425,6 +1425,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config_keys, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_packs, m)?)?;
     torch_ops::register(m)?;
+    eager_abi::register(m)?;
     inputs::register(m)?;
     Ok(())
 }

@@ -704,12 +704,6 @@ pub fn frost_reasons(
     reasons
 }
 
-/// The C ABI table of plans for the C++ autograd node: `(address, version)`.
-#[pyfunction]
-pub fn plan_abi() -> (usize, u32) {
-    (crate::eager_abi::address(), crate::eager_abi::ABI_VERSION)
-}
-
 /// Registers the classes and functions on the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -725,6 +719,5 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_host_availability, m)?)?;
     m.add_function(wrap_pyfunction!(cudnn_library, m)?)?;
     m.add_function(wrap_pyfunction!(frost_reasons, m)?)?;
-    m.add_function(wrap_pyfunction!(plan_abi, m)?)?;
     Ok(())
 }

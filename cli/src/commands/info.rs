@@ -1,7 +1,7 @@
 //! Commands that describe the tool itself: `presets`, `facts`, `explain-code`,
 //! `completions`, `man`, and the `--version` text.
 
-use clap::{Args, CommandFactory};
+use clap::Args;
 use serde_json::{Value as Json, json};
 
 use attn_policy::diag::Code;
@@ -269,14 +269,14 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
-pub fn completions(a: CompletionsArgs) -> i32 {
-    let mut cmd = super::Cli::command();
+/// `cmd`: the whole command line (`Cli::command()`, passed in by `mod.rs`, which defines it).
+pub fn completions(a: CompletionsArgs, mut cmd: clap::Command) -> i32 {
     clap_complete::generate(a.shell, &mut cmd, "attn-policy", &mut std::io::stdout());
     super::EXIT_OK
 }
 
-pub fn man() -> i32 {
-    let cmd = super::Cli::command();
+/// `cmd`: the whole command line, as for [`completions`].
+pub fn man(cmd: clap::Command) -> i32 {
     let mut out = Vec::new();
     if let Err(e) = clap_mangen::Man::new(cmd).render(&mut out) {
         return super::fail(format!("cannot render the man page: {e}"));

@@ -1,5 +1,5 @@
-//! Subcommands of `attn-policy`. Every command exits with a code of [`EXIT_CODES`] (printed
-//! by `--help` and in docs/cli.md).
+//! Subcommands of `attn-policy`. Every command exits with a code of [`exit`] (printed by
+//! `--help` and in docs/cli.md).
 
 pub mod args;
 mod bench;
@@ -8,6 +8,7 @@ mod conformance;
 mod coverage;
 mod diff;
 mod executors;
+mod exit;
 mod explain;
 mod gaps;
 mod info;
@@ -15,39 +16,11 @@ mod matrix;
 mod run;
 mod why_not;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
-/// 0: a backend was selected, or the command found nothing wrong.
-pub const EXIT_OK: i32 = 0;
-/// 1: no backend can serve the input, a search found gaps or differences, a check found
-/// problems, a rate or coverage fell short.
-pub const EXIT_FOUND: i32 = 1;
-/// 2: bad input (arguments, config, corpus) or bad rules (the pack does not load).
-pub const EXIT_BAD_INPUT: i32 = 2;
-/// 3: a search ran out of budget with nothing found (no claim either way).
-pub const EXIT_INCOMPLETE: i32 = 3;
-/// 4: `run`: no entry of the selected backend's executor chain ran, or `--no-substitute`
-/// refused a substitute.
-pub const EXIT_NOT_RUN: i32 = 4;
-/// 5: `run`: the executor ran but verification against the float64 reference failed.
-pub const EXIT_VERIFY_FAILED: i32 = 5;
-
-/// The exit-code table, as `--help` prints it (docs/cli.md has the same table; a test keeps
-/// them equal). A macro so that help texts can `concat!` it.
-#[macro_export]
-macro_rules! exit_codes {
-    () => {
-        "Exit codes (every command):
-  0  ok: a backend was selected, or nothing was found wrong
-  1  no backend can serve the input; gaps, differences or check findings found; a rate or
-     coverage below what was asked
-  2  bad input (arguments, config file, corpus) or bad rules (the pack does not load)
-  3  a search ran out of budget with nothing found (INCOMPLETE: no claim either way)
-  4  run: no entry of the selected backend's executor chain ran (unavailable, refused or
-     failed), or --no-substitute refused a substitute
-  5  run: verification against the float64 reference failed"
-    };
-}
+pub use exit::{
+    EXIT_BAD_INPUT, EXIT_FOUND, EXIT_NOT_RUN, EXIT_OK, EXIT_VERIFY_FAILED, analysis_exit, fail,
+};
 
 /// Decide which attention backend may run an attention call, and say why.
 #[derive(Parser, Debug)]
@@ -63,7 +36,7 @@ Environment: explain, why-not and run read NVTE_* variables from the shell as Tr
 does (--env NAME=VALUE overrides one, --no-env ignores them); conformance, coverage, gaps, diff
 and bench never read the shell environment.
 
-", exit_codes!()))]
+", crate::exit_codes!()))]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -134,8 +107,8 @@ pub fn main() -> i32 {
         Command::Presets(a) => info::presets(a),
         Command::Facts(a) => info::facts(a),
         Command::ExplainCode(a) => info::explain_code(a),
-        Command::Completions(a) => info::completions(a),
-        Command::Man => info::man(),
+        Command::Completions(a) => info::completions(a, Cli::command()),
+        Command::Man => info::man(Cli::command()),
     }
 }
 
@@ -147,20 +120,4 @@ fn restore_sigpipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-}
-
-/// Exit code of a search (`gaps`, `diff`): 1 when it found regions, 0 when it found none and
-/// finished, 3 when it found none but ran out of budget (no claim either way).
-pub fn analysis_exit(found: bool, complete: bool) -> i32 {
-    match (found, complete) {
-        (true, _) => EXIT_FOUND,
-        (false, true) => EXIT_OK,
-        (false, false) => EXIT_INCOMPLETE,
-    }
-}
-
-/// Prints an error to stderr and returns exit code 2.
-pub fn fail(message: impl std::fmt::Display) -> i32 {
-    eprintln!("error: {message}");
-    EXIT_BAD_INPUT
 }

@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use super::convert::ProbeAnswer;
 use super::spec::Direction;
+use crate::device::{Availability, cuda_devices};
 use crate::executor::{ExecError, Executor};
 use crate::problem::AttentionProblem;
-use crate::registry::Availability;
 
 /// Registry constructor: the shared executor on CUDA device `ordinal`.
 pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
@@ -25,7 +25,7 @@ pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
 
 /// Run-time probe: a CUDA device and a loadable libcudnn (without creating a handle).
 pub fn availability() -> Availability {
-    if let Err(why) = crate::chunked::cuda_devices() {
+    if let Err(why) = cuda_devices() {
         return Availability::unavailable(why);
     }
     match (dl::api(), runtime_version()) {

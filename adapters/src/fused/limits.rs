@@ -1,0 +1,227 @@
+//! The fused executor's registry name, tile sizes, head-dim and shared-memory limits, manifest
+//! and exact gate ([`check_problem`]): what `mod.rs`, the CUDA build (`enabled.rs`) and its
+//! stand-in (`disabled.rs`) share. It names none of them (no circle of files).
+
+use crate::executor::{DeviceKind, HeadDimRange, Manifest, Unsupported};
+use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
+
+/// Registry name.
+pub const NAME: &str = "fused";
+
+/// Smallest and largest head dim (Q/K and V) the kernel is built and tested for.
+pub const MIN_HEAD_DIM: usize = 264;
+/// See [`MIN_HEAD_DIM`].
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Query rows per CTA (and the grid's y extent limit divides the longest query sequence).
+pub const BLOCK_M: usize = 64;
+/// Keys per iteration.
+pub const BLOCK_N: usize = 64;
+
+/// The only compute capability the wgmma code runs on (`sm_90a` features do not carry over to
+/// sm_100 or later).
+pub const COMPUTE_CAPABILITY: (u32, u32) = (9, 0);
+
+/// Padded head dims a kernel variant is compiled for: qk to a multiple of 64 (the 64-column
+/// swizzle atom of the K tiles), v to a multiple of 64 (two output warpgroups, each a wgmma N
+/// that is a multiple of 32).
+pub fn padded_dims(head_dim_qk: usize, head_dim_v: usize) -> (usize, usize) {
+    (head_dim_qk.div_ceil(64) * 64, head_dim_v.div_ceil(64) * 64)
+}
+
+/// Dynamic shared memory of a variant (`SMEM_USED` in `kernels.cu`): two K tiles, one V^T tile,
+/// two probability tiles, Q's columns past 384 (the first 384 live in registers), two rescale
+/// vectors and the 1/l vector (fp32 per row), twelve mbarriers, and 1 KiB for aligning the base
+/// to the swizzle atom.
+pub fn shared_bytes(dqk_pad: usize, dv_pad: usize) -> usize {
+    2 * BLOCK_N * dqk_pad * 2
+        + dv_pad * BLOCK_N * 2
+        + 2 * BLOCK_M * BLOCK_N * 2
+        + BLOCK_M * dqk_pad.saturating_sub(384) * 2
+        + 2 * BLOCK_M * 4
+        + BLOCK_M * 4
+        + 12 * 8
+        + 1024
+}
+
+/// Dynamic shared memory of the backward's score kernel (`BSMEM_USED` in `backward.cu`): five
+/// ring slots of a 128 x 64 A tile and a 128 x 64 B tile, the staging of P and dS (2 x 128 x 128
+/// elements), ten mbarriers, and 1 KiB for aligning the base.
+pub fn backward_shared_bytes() -> usize {
+    5 * (128 * 64 * 2 + 128 * 64 * 2) + 2 * 128 * 128 * 2 + 10 * 8 + 1024
+}
+
+/// Bytes of the forward's workspace: the transposed V, `[b, h_kv, d_v, round_up(s_kv, 64)]`.
+pub fn forward_workspace_bytes(p: &AttentionProblem) -> u64 {
+    let skv_pad = p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N;
+    let bytes = (p.batch * p.heads_kv * p.head_dim_v) as u64 * skv_pad as u64 * 2;
+    bytes.div_ceil(256) * 256
+}
+
+/// The fused executor's manifest.
+pub fn manifest() -> Manifest {
+    Manifest {
+        name: NAME.into(),
+        device: DeviceKind::Cuda,
+        min_compute_capability: Some(90),
+        max_compute_capability: Some(90),
+        dtypes: vec![DType::F16, DType::BF16],
+        head_dim_qk: HeadDimRange {
+            min: MIN_HEAD_DIM,
+            max: MAX_HEAD_DIM,
+            multiple_of: 8,
+        },
+        head_dim_v: HeadDimRange {
+            min: MIN_HEAD_DIM,
+            max: MAX_HEAD_DIM,
+            multiple_of: 8,
+        },
+        head_dim_v_may_differ: true,
+        masks: vec![
+            MaskKind::NoMask,
+            MaskKind::CausalTopLeft,
+            MaskKind::CausalBottomRight,
+        ],
+        windows: true,
+        rectangular: true,
+        layouts: vec![LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd],
+        arbitrary_strides: true,
+        stride_multiple_of: 8,
+        gqa: true,
+        max_seqlen: Some(MAX_SEQLEN),
+        max_score_elements: None,
+        backward: true,
+        deterministic: true,
+        notes: vec![
+            "SM90 only (wgmma, sm_90a); NVRTC at run time, no headers".into(),
+            "backward: P and dS from a fused score kernel, dQ/dK/dV by cuBLAS GEMMs (chunked plan)"
+                .into(),
+            "forward workspace: a transposed copy of V, b*h_kv*d_v*round_up(s_kv,64)*2 bytes"
+                .into(),
+            "backward workspace: per lane (2) P and dS of a chunk (4 bytes per score) and fp32 \
+             dK/dV accumulators, within a 1 GiB budget, plus cuBLAS's"
+                .into(),
+            "strides and base pointers must be multiples of 8 elements (16 bytes)".into(),
+            "deterministic: no atomics, fixed reduction order".into(),
+        ],
+    }
+}
+
+/// Longest sequence (either side): grid y holds the query tiles rounded up to whole clusters of
+/// two (at most 65534 x 64 rows), and key indices are 32-bit in the kernel.
+pub const MAX_SEQLEN: usize = 65534 * BLOCK_M;
+
+/// The exact gate shared by the enabled and disabled builds (no device needed).
+pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
+    manifest().admits(p)?;
+    let rows = p.batch * p.heads_q;
+    if rows > i32::MAX as usize {
+        return Err(Unsupported::new(format!(
+            "batch * heads_q = {rows} above 2^31-1 (grid x)"
+        )));
+    }
+    let kv_heads = p.batch * p.heads_kv;
+    if kv_heads > 65535 {
+        return Err(Unsupported::new(format!(
+            "batch * heads_kv = {kv_heads} above 65535 (the V transpose's grid z)"
+        )));
+    }
+    let (dqk, dv) = padded_dims(p.head_dim_qk, p.head_dim_v);
+    let smem = shared_bytes(dqk, dv);
+    if smem > MAX_SHARED_BYTES {
+        return Err(Unsupported::new(format!(
+            "shared memory {smem} bytes above the SM90 limit {MAX_SHARED_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+/// Largest dynamic shared memory of one CTA on SM90 (227 KiB).
+pub const MAX_SHARED_BYTES: usize = 232_448;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{DiagonalAlignment, MaskSpec, Strides};
+
+    fn problem(d: usize, dv: usize) -> AttentionProblem {
+        AttentionProblem::new(2, 8, 4, 1024, 1024, d, dv, DType::BF16)
+    }
+
+    #[test]
+    fn every_head_dim_of_the_range_fits_shared_memory() {
+        for d in (MIN_HEAD_DIM..=MAX_HEAD_DIM).step_by(8) {
+            for dv in (MIN_HEAD_DIM..=MAX_HEAD_DIM).step_by(8) {
+                assert_eq!(check_problem(&problem(d, dv)), Ok(()), "d {d} dv {dv}");
+            }
+        }
+        assert_eq!(padded_dims(264, 264), (320, 320));
+        assert_eq!(padded_dims(328, 392), (384, 448));
+        assert_eq!(padded_dims(512, 512), (512, 512));
+        assert!(shared_bytes(512, 512) <= MAX_SHARED_BYTES);
+    }
+
+    #[test]
+    fn problems_outside_the_manifest_are_refused_with_the_reason() {
+        let cases: Vec<(AttentionProblem, &str)> = vec![
+            (problem(256, 256), "head_dim_qk 256 outside"),
+            (problem(520, 512), "head_dim_qk 520 outside"),
+            (problem(512, 128), "head_dim_v 128 outside"),
+            (problem(300, 512), "head_dim_qk 300 outside"),
+            (
+                {
+                    let mut p = problem(512, 512);
+                    p.dtype = DType::F32;
+                    p
+                },
+                "dtype fp32",
+            ),
+            (
+                {
+                    let mut p = problem(512, 512);
+                    p.seqlen_q = MAX_SEQLEN + 1;
+                    p.set_layout(LayoutKind::Bshd);
+                    p
+                },
+                "sequence length above",
+            ),
+            (
+                AttentionProblem::new(70000, 2, 1, 64, 64, 512, 512, DType::BF16),
+                "batch * heads_kv = 70000 above 65535",
+            ),
+            (
+                {
+                    let mut p = problem(512, 512);
+                    p.layout.k = Strides {
+                        batch: 2054 * 1024,
+                        head: 512,
+                        seq: 2052 + 2,
+                    };
+                    p
+                },
+                "must be multiples of 8",
+            ),
+        ];
+        for (p, want) in cases {
+            let err = check_problem(&p).expect_err(want);
+            assert!(
+                err.reason.contains(want),
+                "{want:?} not in {:?}",
+                err.reason
+            );
+        }
+        // Windows and both causal alignments are in.
+        let p =
+            problem(512, 512).with_mask(MaskSpec::window(128, 0, DiagonalAlignment::BottomRight));
+        assert_eq!(check_problem(&p), Ok(()));
+    }
+
+    #[test]
+    fn the_workspace_is_the_transposed_v_padded_to_whole_key_tiles() {
+        let mut p = problem(512, 384);
+        p.seqlen_kv = 1000;
+        p.set_layout(LayoutKind::Bshd);
+        // 2 * 4 * 384 * 1024 keys * 2 bytes.
+        assert_eq!(forward_workspace_bytes(&p), 2 * 4 * 384 * 1024 * 2);
+    }
+}
