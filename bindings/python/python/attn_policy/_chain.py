@@ -33,8 +33,11 @@ _packs: Dict[str, Policy] = {}
 def executor_chain(policy: Union[Policy, str, None], backend: str, variant: Optional[str] = None) -> Tuple[str, ...]:
     """The ordered executors that may run ``backend`` of ``policy`` (a :class:`Policy`, the
     name of an embedded pack, or None for the ``te`` pack), as the pack declares them
-    (``executors:`` in its pack.yaml; a ``variant``'s own chain wins where it has one). First
-    = the backend's own executor; the rest are substitutes. Empty: nothing can run it."""
+    (``executors:`` in its pack.yaml; a ``variant``'s own chain wins where it has one),
+    ``if_admitted:`` entries included: a decision's ``executor_chain`` leaves those out where
+    the executor's manifest does not admit the call. Of the chain a decision runs, the first
+    entry is the backend's own executor and the rest are substitutes. Empty: nothing can run
+    it."""
     if policy is None:
         policy = _environment.get_policy()
     elif isinstance(policy, str):
