@@ -289,7 +289,11 @@ def test_chains_are_the_packs_data(tmp_path):
     assert apt.executor_chain("native", "cudnn") == ("cudnn", "chunked", "reference")
     q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
     _, d = apt.attention(q, q, q, is_causal=True, return_decision=True)
-    assert [e.executor for e in d.chain] == list(apt.executor_chain("te", d.backend))
+    assert d.backend == "UnfusedDotProductAttention", d.summary()
+    # The chain that ran is the declared one without `fused`, which does not admit head dim 8
+    # (nor a CPU tensor): it is left out, not refused, so `chunked` is the own executor.
+    assert [e.executor for e in d.chain] == ["chunked", "reference"]
+    assert [e.executor for e in d.chain] == list(d.decision._d.executor_chain)
     # Another pack's data, another chain: the same call now runs on torch_math, first entry.
     chains = {
         "FlashAttention": ["torch_flash", "reference"],
