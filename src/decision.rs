@@ -89,8 +89,11 @@ impl Decision {
         self.pending = false;
         self.fired.clear();
         self.unknown.clear();
-        self.backends.clear();
-        self.backends.resize(n, BackendResult::default());
+        // Reset in place: the backend count is the same decision after decision.
+        if self.backends.len() != n {
+            self.backends.resize(n, BackendResult::default());
+        }
+        self.backends.fill(BackendResult::default());
     }
 
     /// Exit status of `explain`: 0 selected, 1 none can serve.

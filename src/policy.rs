@@ -309,8 +309,11 @@ impl Policy {
         let values = facts.values();
         out.reset(self.backends.len());
         // Each definition is computed at most once per decision.
-        out.memo.clear();
-        out.memo.resize(self.program.memo_count as usize, None);
+        let defs = self.program.memo_count as usize;
+        if out.memo.len() != defs {
+            out.memo.resize(defs, None);
+        }
+        out.memo.fill(None);
         let memo = &mut out.memo;
         let hot = &self.hot;
         hot.plan.reset(&mut out.atoms);

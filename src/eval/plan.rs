@@ -301,13 +301,20 @@ pub struct RulePlan {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AtomScratch {
     atoms: Vec<u8>,
-    /// Per formula word: true bits, then unknown bits.
-    leaf_true: Vec<u64>,
-    leaf_unknown: Vec<u64>,
+    /// Per formula word: its true bits and its unknown bits (every word is written by each
+    /// classification, so it is never cleared).
+    leaf: Vec<Leaf>,
     live: Vec<u64>,
     unknown: Vec<u64>,
     /// Evaluation steps of the last decision (counted only by the counting entry points).
     steps: u64,
+}
+
+/// The true and unknown bits of one formula word (read together, so kept together).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Leaf {
+    t: u64,
+    u: u64,
 }
 
 fn is_def(p: &Program, id: NodeId) -> bool {
@@ -1275,6 +1282,8 @@ impl RulePlan {
             folded[i] = Some(fold_cond(body, &folded));
         }
         let atoms: Vec<Cond> = folded.into_iter().map(|a| a.expect("folded")).collect();
+        // A decision keeps group i's formula bits in word i (`classify` writes them in order).
+        assert!(groups.iter().enumerate().all(|(i, g)| g.word as usize == i));
         let folded: Vec<Option<Cond>> = atoms.iter().cloned().map(Some).collect();
         let rules = rules
             .into_iter()
@@ -1315,7 +1324,8 @@ impl RulePlan {
 
     /// Classifies every fact the formulas read and folds the class tables into the formula
     /// words and the live / unknown rule sets (the first step of a decision).
-    #[inline]
+    // Out of line: inlined, it crowds the rule loop's registers (more instructions overall).
+    #[inline(never)]
     fn classify<const COUNT: bool>(
         &self,
         program: &Program,
@@ -1324,31 +1334,42 @@ impl RulePlan {
     ) {
         let n = self.rules.len();
         let s = scratch;
-        s.live.clear();
-        s.live.resize(self.words, u64::MAX);
+        // Every word is rewritten below: size the buffers once, never clear them.
+        if s.live.len() != self.words {
+            s.live.resize(self.words, 0);
+            s.unknown.resize(self.words, 0);
+        }
+        s.live.fill(u64::MAX);
         if !n.is_multiple_of(64) {
             s.live[self.words - 1] = (1u64 << (n % 64)) - 1;
         }
-        s.unknown.clear();
-        s.unknown.resize(self.words, 0);
-        s.leaf_true.clear();
-        s.leaf_true.resize(self.groups.len(), 0);
-        s.leaf_unknown.clear();
-        s.leaf_unknown.resize(self.groups.len(), 0);
-        for g in &self.groups {
+        s.unknown.fill(0);
+        if s.leaf.len() != self.groups.len() {
+            s.leaf.resize(self.groups.len(), Leaf::default());
+        }
+        for (g, leaf) in self.groups.iter().zip(s.leaf.iter_mut()) {
             if COUNT {
                 s.steps += 1;
             }
             let v = facts[g.slot as usize];
             let Some(k) = g.classes.of(v) else {
-                self.classify_slow::<COUNT>(g, program, facts, s);
+                let (t, u) = self.classify_slow::<COUNT>(
+                    g,
+                    program,
+                    facts,
+                    &mut s.live,
+                    &mut s.unknown,
+                    &mut s.steps,
+                );
+                *leaf = Leaf { t, u };
                 continue;
             };
             let row = g.rows[k];
-            s.leaf_true[g.word as usize] = row.true_bits;
-            s.leaf_unknown[g.word as usize] = row.unknown_bits;
-            let changes = &g.changes[row.start as usize..(row.start + row.len) as usize];
-            for c in changes {
+            *leaf = Leaf {
+                t: row.true_bits,
+                u: row.unknown_bits,
+            };
+            for c in &g.changes[row.start as usize..(row.start + row.len) as usize] {
                 s.live[c.word as usize] &= !c.kill;
                 s.unknown[c.word as usize] |= c.unknown;
             }
@@ -1362,30 +1383,31 @@ impl RulePlan {
         g: &SlotGroup,
         program: &Program,
         facts: &[Value],
-        s: &mut AtomScratch,
-    ) {
+        live: &mut [u64],
+        unknown: &mut [u64],
+        steps: &mut u64,
+    ) -> (u64, u64) {
         let (mut t, mut u) = (0u64, 0u64);
         for (bit, (&f, rules)) in g.formulas.iter().zip(g.literal_of.iter()).enumerate() {
             if COUNT {
-                s.steps += 1;
+                *steps += 1;
             }
             match truth_of(program.eval(f, facts)) {
                 TRUE => t |= 1 << bit,
                 UNKNOWN => {
                     u |= 1 << bit;
-                    for (x, r) in s.unknown.iter_mut().zip(rules.iter()) {
+                    for (x, r) in unknown.iter_mut().zip(rules.iter()) {
                         *x |= r;
                     }
                 }
                 _ => {
-                    for (x, r) in s.live.iter_mut().zip(rules.iter()) {
+                    for (x, r) in live.iter_mut().zip(rules.iter()) {
                         *x &= !r;
                     }
                 }
             }
         }
-        s.leaf_true[g.word as usize] = t;
-        s.leaf_unknown[g.word as usize] = u;
+        (t, u)
     }
 
     /// Evaluates every rule and calls `visit(rule, truth)`, in rule order, for each rule whose
@@ -1432,8 +1454,7 @@ impl RulePlan {
             facts,
             memo,
             atoms: &mut scratch.atoms,
-            leaf_true: &scratch.leaf_true,
-            leaf_unknown: &scratch.leaf_unknown,
+            leaf: &scratch.leaf,
             steps: 0,
         };
         for (w, &bits) in scratch.live.iter().enumerate() {
@@ -1495,8 +1516,7 @@ impl RulePlan {
             facts,
             memo,
             atoms: &mut scratch.atoms,
-            leaf_true: &scratch.leaf_true,
-            leaf_unknown: &scratch.leaf_unknown,
+            leaf: &scratch.leaf,
             steps: 0,
         };
         let t = cx.cond(&self.extras[i]);
@@ -1522,8 +1542,7 @@ impl RulePlan {
             facts,
             memo,
             atoms: &mut scratch.atoms,
-            leaf_true: &scratch.leaf_true,
-            leaf_unknown: &scratch.leaf_unknown,
+            leaf: &scratch.leaf,
             steps: 0,
         };
         match cx.all(&self.rules[rule]) {
@@ -1606,14 +1625,33 @@ fn tabulate<'a>(
     }
 }
 
+/// What [`arith`] computes, with the common cases inline: integers, and a positive divisor
+/// (for which Python's `//` and `%` are Euclid's).
+#[inline(always)]
+fn int_arith(op: ArithOp, x: Value, y: Value) -> Value {
+    match (op, x, y) {
+        (ArithOp::Add, Value::Int(p), Value::Int(q)) => {
+            p.checked_add(q).map_or(Value::Null, Value::Int)
+        }
+        (ArithOp::Sub, Value::Int(p), Value::Int(q)) => {
+            p.checked_sub(q).map_or(Value::Null, Value::Int)
+        }
+        (ArithOp::Mul, Value::Int(p), Value::Int(q)) => {
+            p.checked_mul(q).map_or(Value::Null, Value::Int)
+        }
+        (ArithOp::FloorDiv, Value::Int(p), Value::Int(q)) if q > 0 => Value::Int(p.div_euclid(q)),
+        (ArithOp::Rem, Value::Int(p), Value::Int(q)) if q > 0 => Value::Int(p.rem_euclid(q)),
+        _ => arith(op, x, y),
+    }
+}
+
 /// One decision's evaluation context.
 struct Cx<'a, const COUNT: bool> {
     plan: &'a RulePlan,
     facts: &'a [Value],
     memo: &'a mut [Option<Value>],
     atoms: &'a mut [u8],
-    leaf_true: &'a [u64],
-    leaf_unknown: &'a [u64],
+    leaf: &'a [Leaf],
     steps: u64,
 }
 
@@ -1650,8 +1688,8 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
         match c {
             Cond::Leaf { word, bit } => {
                 let w = *word as usize;
-                let t = (self.leaf_true[w] >> bit) & 1;
-                let u = (self.leaf_unknown[w] >> bit) & 1;
+                let Leaf { t, u } = self.leaf[w];
+                let (t, u) = ((t >> bit) & 1, (u >> bit) & 1);
                 (t | u << 1) as u8
             }
             Cond::Atom { index, negate } => {
@@ -1672,8 +1710,7 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
     fn leaves(&self, any: bool, words: &[LeafWord]) -> u8 {
         let mut unknown = 0u64;
         for w in words {
-            let t = self.leaf_true[w.word as usize];
-            let u = self.leaf_unknown[w.word as usize];
+            let Leaf { t, u } = self.leaf[w.word as usize];
             let f = !(t | u);
             unknown |= (w.pos | w.neg) & u;
             let decided = if any {
@@ -1711,14 +1748,14 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
                 k,
                 op,
                 c,
-            } => truth_of(compare3(*op, arith(*a, f[*slot as usize], *k), *c)),
+            } => truth_of(compare3(*op, int_arith(*a, f[*slot as usize], *k), *c)),
             Cond::CmpDef { memo, body, op, c } => {
                 let x = self.def(*memo, *body);
                 truth_of(compare3(*op, x, *c))
             }
             Cond::CmpNum { op, a, b } => {
-                let x = self.num(a);
-                let y = self.num(b);
+                let x = self.operand(a);
+                let y = self.operand(b);
                 truth_of(compare3(*op, x, y))
             }
             Cond::In {
@@ -1727,15 +1764,15 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
                 list,
                 negate,
             } => {
-                let x = self.num(item);
+                let x = self.operand(item);
                 truth_of(member(x, *mask, list, *negate))
             }
             Cond::Null { item, want_null } => {
-                let x = self.num(item);
+                let x = self.operand(item);
                 truth_of(null_test(x, *want_null))
             }
             Cond::Parsed(item) => {
-                let x = self.num(item);
+                let x = self.operand(item);
                 truth_of(parsed_test(x))
             }
             Cond::Not(a) => not(self.cond(a)),
@@ -1752,7 +1789,7 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
                 if unknown { UNKNOWN } else { FALSE }
             }
             Cond::Value(n) => {
-                let v = self.num(n);
+                let v = self.operand(n);
                 truth_of(v)
             }
             // The inline kinds: `cond` takes them before coming here.
@@ -1771,9 +1808,35 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
             self.steps += 1;
         }
         let plan = self.plan;
-        let v = self.num(&plan.defs[body as usize]);
+        let v = self.operand(&plan.defs[body as usize]);
         self.memo[m] = Some(v);
         v
+    }
+
+    /// A function call. Out of line: its argument buffer would enlarge every `num` frame.
+    #[inline(never)]
+    fn call(&mut self, func: Func, args: &[Num]) -> Value {
+        // Functions take 1-3 arguments (max/min rarely more).
+        if args.len() <= 4 {
+            let mut vals = [Value::Null; 4];
+            for (v, a) in vals.iter_mut().zip(args.iter()) {
+                *v = self.operand(a);
+            }
+            call(func, vals[..args.len()].iter().copied())
+        } else {
+            let vals: Vec<Value> = args.iter().map(|a| self.num(a)).collect();
+            call(func, vals.into_iter())
+        }
+    }
+
+    /// An operand's value: constants and facts (most operands) without `num`'s frame.
+    #[inline(always)]
+    fn operand(&mut self, n: &Num) -> Value {
+        match n {
+            Num::Const(v) => *v,
+            Num::Slot(s) => self.facts[*s as usize],
+            _ => self.num(n),
+        }
     }
 
     fn num(&mut self, n: &Num) -> Value {
@@ -1782,32 +1845,20 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
             Num::Slot(s) => self.facts[*s as usize],
             Num::Def { memo, body } => self.def(*memo, *body),
             Num::Arith(op, a, b) => {
-                let x = self.num(a);
-                let y = self.num(b);
-                arith(*op, x, y)
+                let x = self.operand(a);
+                let y = self.operand(b);
+                int_arith(*op, x, y)
             }
             Num::Neg(a) => {
-                let x = self.num(a);
+                let x = self.operand(a);
                 neg(x)
             }
             Num::If(c, a, b) => match self.cond(c) {
-                TRUE => self.num(a),
-                FALSE => self.num(b),
+                TRUE => self.operand(a),
+                FALSE => self.operand(b),
                 _ => Value::Unknown,
             },
-            Num::Call(func, args) => {
-                // Functions take 1-3 arguments (max/min rarely more).
-                if args.len() <= 8 {
-                    let mut vals = [Value::Null; 8];
-                    for (v, a) in vals.iter_mut().zip(args.iter()) {
-                        *v = self.num(a);
-                    }
-                    call(*func, vals[..args.len()].iter().copied())
-                } else {
-                    let vals: Vec<Value> = args.iter().map(|a| self.num(a)).collect();
-                    call(*func, vals.into_iter())
-                }
-            }
+            Num::Call(func, args) => self.call(*func, args),
             Num::Truth(c) => {
                 let t = self.cond(c);
                 value_of(t)
@@ -2008,6 +2059,49 @@ mod tests {
             };
             facts.values[slot] = v;
         }
+    }
+
+    /// The inline integer arithmetic computes exactly what the interpreter's `arith` does,
+    /// including overflow, zero, negative divisors and operands of other kinds.
+    #[test]
+    fn int_arith_is_arith() {
+        let ints = [i64::MIN, -7, -2, -1, 0, 1, 2, 3, 7, 8, 64, i64::MAX];
+        let mut vals: Vec<Value> = ints.iter().map(|&i| Value::Int(i)).collect();
+        vals.extend([
+            Value::Null,
+            Value::Unknown,
+            Value::Float(2.5),
+            Value::Bool(true),
+        ]);
+        let ops = [
+            ArithOp::Add,
+            ArithOp::Sub,
+            ArithOp::Mul,
+            ArithOp::Div,
+            ArithOp::FloorDiv,
+            ArithOp::Rem,
+        ];
+        let mut compared = 0;
+        for op in ops {
+            for &x in &vals {
+                for &y in &vals {
+                    // `arith` panics where Rust's own division does (MIN // -1): skip it.
+                    if matches!(
+                        (op, x, y),
+                        (
+                            ArithOp::FloorDiv | ArithOp::Rem,
+                            Value::Int(i64::MIN),
+                            Value::Int(-1)
+                        )
+                    ) {
+                        continue;
+                    }
+                    assert_eq!(int_arith(op, x, y), arith(op, x, y), "{op:?} {x:?} {y:?}");
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared > 1000);
     }
 
     /// The plan and the node interpreter agree on every rule and extra condition of every
