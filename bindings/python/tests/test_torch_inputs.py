@@ -327,9 +327,11 @@ SEED = int(os.environ.get("ATTN_POLICY_PROPERTY_SEED", "30"))
 CASES = int(os.environ.get("ATTN_POLICY_PROPERTY_CASES", "200"))
 
 # Every field of an executor manifest and whether the evaluator below reads it; a field it does
-# not know fails the test (the evaluator must learn it) instead of being ignored.
+# not know fails the test (the evaluator must learn it) instead of being ignored. The compute
+# capability bounds are the device's, not the call's: an executor whose device does not meet
+# them is unavailable, which the test already accepts as a refusal.
 MANIFEST_FIELDS = {
-    "name", "device", "min_compute_capability", "dtypes", "head_dim_qk", "head_dim_v", "head_dim_v_may_differ",
+    "name", "device", "min_compute_capability", "max_compute_capability", "dtypes", "head_dim_qk", "head_dim_v", "head_dim_v_may_differ",
     "masks", "windows", "rectangular", "layouts", "arbitrary_strides", "stride_multiple_of", "gqa", "max_seqlen",
     "max_score_elements", "backward", "deterministic", "notes",
 }
