@@ -189,20 +189,37 @@ impl<'s> Mdd<'s> {
                 if cube[v].is_none() {
                     continue;
                 }
-                memo.0.clear(self.size());
-                memo.1.clear();
-                inside.clear(self.size());
-                let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
                 // An object whose members are constrained stays present: a member's
                 // constraint cannot be written for an absent object.
-                if v < self.space.vars.len()
+                let keep_present = v < self.space.vars.len()
                     && self
                         .space
                         .vars
                         .iter()
                         .enumerate()
-                        .any(|(u, x)| x.parent == Some(v) && cube[u].is_some())
-                {
+                        .any(|(u, x)| x.parent == Some(v) && cube[u].is_some());
+                if free_only {
+                    // Only "every class" frees the var: one walk that stops at the first
+                    // path leaving `f`, not the allowed classes (the same answer).
+                    let nullable =
+                        self.space.vars.get(v).is_some_and(|x| {
+                            x.classes.iter().any(|class| class.value == Value::Null)
+                        });
+                    if keep_present && nullable {
+                        continue;
+                    }
+                    let set = cube[v].take();
+                    inside.clear(self.size());
+                    if !self.everywhere(f, cube, true, &mut inside) {
+                        cube[v] = set;
+                    }
+                    continue;
+                }
+                memo.0.clear(self.size());
+                memo.1.clear();
+                inside.clear(self.size());
+                let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
+                if keep_present {
                     for (c, class) in self.space.vars[v].classes.iter().enumerate() {
                         if class.value == Value::Null {
                             good.remove(c as u32);
@@ -299,7 +316,7 @@ impl<'s> Mdd<'s> {
     /// still constrained (a member's constraint cannot be written for an absent object).
     /// Widening a relation variable also admits its values that no input has with the cube's
     /// facts, so the check is, if anything, stricter than needed: sound, possibly not minimal.
-    pub fn widen_inside(&self, care: Id, cube: &Cube) -> Cube {
+    pub fn widen_inside(&self, f: Id, valid: Id, cube: &Cube) -> Cube {
         let nv = self.space.vars.len();
         let mut out = cube.clone();
         let members = (0..nv).filter(|&v| self.space.vars[v].parent.is_some());
@@ -314,11 +331,94 @@ impl<'s> Mdd<'s> {
                 && ((0..self.rels.len())
                     .any(|k| out[nv + k].is_some() && self.rel_vars(k).contains(&v))
                     || (0..nv).any(|u| self.space.vars[u].parent == Some(v) && out[u].is_some()));
-            if held || !self.holds_on(care, &out) {
+            if held || !self.holds_unless(f, valid, &out) {
                 out[v] = Some(set);
             }
         }
         out
+    }
+
+    /// Whether `f or not valid` holds in every class of the cube. Walked on the pair of
+    /// diagrams: building `f or not valid` cost as much as building `f` (the te pack's gaps).
+    fn holds_unless(&self, f: Id, valid: Id, cube: &[Option<Bits>]) -> bool {
+        let mut memo = self.pair_memos.take();
+        memo.clear(self.size());
+        let r = self.unless(f, valid, cube, &mut memo);
+        self.pair_memos.set(memo);
+        r
+    }
+
+    fn unless(&self, f: Id, valid: Id, cube: &[Option<Bits>], memo: &mut PairMemos) -> bool {
+        if f == TRUE || valid == FALSE {
+            return true;
+        }
+        if valid == TRUE {
+            return self.everywhere(f, cube, true, &mut memo.f);
+        }
+        if f == FALSE {
+            return self.everywhere(valid, cube, false, &mut memo.valid);
+        }
+        // Most nodes of `f` meet one node of `valid` (a small diagram): a dense memo per node
+        // of `f`, other pairs hashed.
+        match memo.first.get(f) {
+            Some((v, r)) if v == valid => return r,
+            Some(_) => {
+                if let Some(&r) = memo.more.get(&(f, valid)) {
+                    return r;
+                }
+            }
+            None => {}
+        }
+        let (lf, lv) = (self.node_level(f), self.node_level(valid));
+        let level = lf.min(lv);
+        let c = cube
+            .get(self.order[level as usize])
+            .and_then(Option::as_ref)
+            .map(Bits::words);
+        let r = if lf == lv {
+            self.edges(f).all(|(kf, sf)| {
+                self.edges(valid).all(|(kv, sv)| {
+                    let meet = match c {
+                        Some(c) => c.iter().zip(sf).zip(sv).any(|((c, x), y)| c & x & y != 0),
+                        None => words_meet(sf, sv),
+                    };
+                    !meet || self.unless(kf, kv, cube, memo)
+                })
+            })
+        } else if lf < lv {
+            self.edges(f).all(|(kf, sf)| {
+                c.is_some_and(|c| !words_meet(c, sf)) || self.unless(kf, valid, cube, memo)
+            })
+        } else {
+            self.edges(valid).all(|(kv, sv)| {
+                c.is_some_and(|c| !words_meet(c, sv)) || self.unless(f, kv, cube, memo)
+            })
+        };
+        if memo.first.get(f).is_none() {
+            memo.first.set(f, (valid, r));
+        } else {
+            memo.more.insert((f, valid), r);
+        }
+        r
+    }
+}
+
+/// The memos of [`Mdd::holds_unless`]: per node of `f` the first pair's answer, other pairs,
+/// and the single-diagram walks once one side is a terminal.
+#[derive(Default)]
+pub(super) struct PairMemos {
+    first: NodeMemo<(Id, bool)>,
+    more: super::HashMap<(Id, Id), bool>,
+    f: NodeMemo<bool>,
+    valid: NodeMemo<bool>,
+}
+
+impl PairMemos {
+    fn clear(&mut self, nodes: usize) {
+        self.first.clear(nodes);
+        self.more.clear();
+        self.f.clear(nodes);
+        self.valid.clear(nodes);
     }
 }
 
