@@ -138,8 +138,6 @@ pub struct Mdd<'s> {
     or_memo: OpMemo,
     not_memo: OpMemo,
     diff_memo: OpMemo,
-    /// `or_many` per sorted set of operands (three or more).
-    many_memo: HashMap<Vec<Id>, Id>,
     /// Literal combinations [`Mdd::satisfiable`] found unsatisfiable (valid for the
     /// manager's life).
     sat_dead: HashSet<Vec<u32>>,

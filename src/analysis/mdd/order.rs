@@ -130,7 +130,6 @@ impl<'s> Mdd<'s> {
             or_memo: OpMemo::default(),
             not_memo: OpMemo::default(),
             diff_memo: OpMemo::default(),
-            many_memo: HashMap::default(),
             compiled: HashMap::default(),
             atoms: HashMap::default(),
             progs: Vec::new(),

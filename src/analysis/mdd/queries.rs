@@ -162,26 +162,9 @@ impl PolicyDiagrams {
     /// Where, within `acc`, the pack selects nothing.
     pub fn none_within(&self, m: &mut Mdd, p: &crate::policy::Policy, acc: Id) -> Id {
         let mut out = m.and(acc, self.no_pref);
-        // Nothing is selected under an entry where every backend it lists is declined: the
-        // order does not matter, so entries listing the same backends (te's sm90+ and default
-        // orders) are one question over where either applies (the `first_pref` are disjoint).
-        let mut groups: Vec<(Vec<usize>, Id)> = Vec::new();
         for (i, e) in p.preference.iter().enumerate() {
-            let backends = self.fewest_rules_first(&e.order);
-            let mut set = backends.clone();
-            set.sort_unstable();
-            match groups.iter_mut().find(|g| {
-                let mut s = g.0.clone();
-                s.sort_unstable();
-                s == set
-            }) {
-                Some(g) => g.1 = m.or(g.1, self.first_pref[i]),
-                None => groups.push((backends, self.first_pref[i])),
-            }
-        }
-        for (backends, applies) in groups {
-            let mut part = m.and(acc, applies);
-            for b in backends {
+            let mut part = m.and(acc, self.first_pref[i]);
+            for b in self.fewest_rules_first(&e.order) {
                 if part == FALSE {
                     break;
                 }

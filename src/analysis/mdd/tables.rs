@@ -667,85 +667,8 @@ impl<'s> Mdd<'s> {
         !self.satisfiable(&[(a, true), (b, false)])
     }
 
-    /// The union of `xs`, in one walk of all of them ([`Mdd::or_many`]).
     pub fn any<I: IntoIterator<Item = Id>>(&mut self, xs: I) -> Id {
-        self.or_many(xs.into_iter().collect())
-    }
-
-    /// The union of several diagrams at once: a node of the result per set of their nodes
-    /// met together (memoised per set). A fold of pairwise `or`s re-walks the growing union
-    /// once per operand: FusedAttention's decliners built ~2.6 times the nodes of their union.
-    fn or_many(&mut self, mut xs: Vec<Id>) -> Id {
-        xs.retain(|&x| x != FALSE);
-        if xs.contains(&TRUE) {
-            return TRUE;
-        }
-        xs.sort_unstable();
-        xs.dedup();
-        match xs[..] {
-            [] => return FALSE,
-            [x] => return x,
-            [x, y] => return self.or(x, y),
-            _ => {}
-        }
-        if let Some(&r) = self.many_memo.get(&xs) {
-            return r;
-        }
-        self.steps += 1;
-        let level = xs
-            .iter()
-            .map(|&x| self.node_level(x))
-            .min()
-            .expect("3 or more");
-        let w = self.store.w(level);
-        let at: Vec<usize> = (0..xs.len())
-            .filter(|&i| self.node_level(xs[i]) == level)
-            .collect();
-        // The cells of the common refinement of the partitions of the nodes at `level`.
-        let mut cells: Vec<(Vec<Id>, Vec<u64>)> = Vec::new();
-        self.refine(&xs, &at, 0, &[], w, &mut xs.clone(), &mut cells);
-        let (ks, ws) = (self.ek.len(), self.ew.len());
-        for (kids, set) in cells {
-            let r = self.or_many(kids);
-            self.ek.push(r);
-            self.ew.extend_from_slice(&set);
-        }
-        let r = self.mk_top(level, ks, ws);
-        self.many_memo.insert(xs, r);
-        r
-    }
-
-    /// Appends to `cells` every non-empty intersection of one edge per node `at` of `xs`
-    /// (`set`: the classes shared so far), with the operands below them (`cur`).
-    #[allow(clippy::too_many_arguments)]
-    fn refine(
-        &self,
-        xs: &[Id],
-        at: &[usize],
-        j: usize,
-        set: &[u64],
-        w: usize,
-        cur: &mut Vec<Id>,
-        cells: &mut Vec<(Vec<Id>, Vec<u64>)>,
-    ) {
-        if j == at.len() {
-            cells.push((cur.clone(), set.to_vec()));
-            return;
-        }
-        let h = self.store.hdr[xs[at[j]] as usize];
-        for e in 0..h.len as usize {
-            let s = self.store.set(h, e, w);
-            let meet: Vec<u64> = if j == 0 {
-                s.to_vec()
-            } else {
-                if !words_meet(set, s) {
-                    continue;
-                }
-                set.iter().zip(s).map(|(p, q)| p & q).collect()
-            };
-            cur[at[j]] = self.store.kid(h, e);
-            self.refine(xs, at, j + 1, &meet, w, cur, cells);
-        }
+        xs.into_iter().fold(FALSE, |acc, x| self.or(acc, x))
     }
 
     /// Whether the conjunction of the literals (a diagram, and whether it holds or its
