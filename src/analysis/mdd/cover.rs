@@ -305,9 +305,9 @@ impl<'s> Mdd<'s> {
 impl<'s> Mdd<'s> {
     /// The EXPAND step of two-level minimisation on a listed cube, exact (a diagram check,
     /// never sampled): each var the cube constrains is widened to its whole domain when the
-    /// widened cube still lies inside `care` (`cube(widened) and not care` is false), else
-    /// restored. `care` is the set covered joined with what no input is (`f or not valid`):
-    /// the widened cube then holds no input outside `f` that the cube did not.
+    /// widened cube still lies inside `f or not valid` (`cube(widened) and valid and not f`
+    /// is false; asked of the pair, never built), else restored: the widened cube then holds
+    /// no valid input outside `f`.
     ///
     /// Order (fixed, so the result depends only on the diagrams): relation variables first
     /// (in their index order), then members of objects, then the other facts, each group in
@@ -342,26 +342,35 @@ impl<'s> Mdd<'s> {
     /// diagrams: building `f or not valid` cost as much as building `f` (the te pack's gaps).
     fn holds_unless(&self, f: Id, valid: Id, cube: &[Option<Bits>]) -> bool {
         let mut memo = self.pair_memos.take();
-        memo.clear(self.size());
-        let r = self.unless(f, valid, cube, &mut memo);
+        // The walk of `f` alone (once `valid` is true) shares `holds_on`'s memo.
+        let mut single = self.scratch.take();
+        memo.first.clear(self.size());
+        memo.more.clear();
+        single.clear(self.size());
+        let r = self.unless(f, valid, cube, &mut memo, &mut single);
+        self.scratch.set(single);
         self.pair_memos.set(memo);
         r
     }
 
-    fn unless(&self, f: Id, valid: Id, cube: &[Option<Bits>], memo: &mut PairMemos) -> bool {
+    fn unless(
+        &self,
+        f: Id,
+        valid: Id,
+        cube: &[Option<Bits>],
+        memo: &mut PairMemos,
+        single: &mut NodeMemo<bool>,
+    ) -> bool {
         if f == TRUE || valid == FALSE {
             return true;
         }
         if valid == TRUE {
-            return self.everywhere(f, cube, true, &mut memo.f);
-        }
-        if f == FALSE {
-            return self.everywhere(valid, cube, false, &mut memo.valid);
+            return self.everywhere(f, cube, true, single);
         }
         // Most nodes of `f` meet one node of `valid` (a small diagram): a dense memo per node
-        // of `f`, other pairs hashed.
+        // of `f` (`valid << 1 | answer`), other pairs hashed.
         match memo.first.get(f) {
-            Some((v, r)) if v == valid => return r,
+            Some(e) if e >> 1 == valid => return e & 1 == 1,
             Some(_) => {
                 if let Some(&r) = memo.more.get(&(f, valid)) {
                     return r;
@@ -369,33 +378,37 @@ impl<'s> Mdd<'s> {
             }
             None => {}
         }
-        let (lf, lv) = (self.node_level(f), self.node_level(valid));
-        let level = lf.min(lv);
-        let c = cube
-            .get(self.order[level as usize])
-            .and_then(Option::as_ref)
-            .map(Bits::words);
-        let r = if lf == lv {
-            self.edges(f).all(|(kf, sf)| {
-                self.edges(valid).all(|(kv, sv)| {
-                    let meet = match c {
-                        Some(c) => c.iter().zip(sf).zip(sv).any(|((c, x), y)| c & x & y != 0),
-                        None => words_meet(sf, sv),
-                    };
-                    !meet || self.unless(kf, kv, cube, memo)
+        // `f` false is walked as a terminal: down `valid` to where it is false everywhere.
+        let r = {
+            let (lf, lv) = (self.node_level(f), self.node_level(valid));
+            let level = lf.min(lv);
+            let c = cube
+                .get(self.order[level as usize])
+                .and_then(Option::as_ref)
+                .map(Bits::words);
+            if lf == lv {
+                self.edges(f).all(|(kf, sf)| {
+                    self.edges(valid).all(|(kv, sv)| {
+                        let meet = match c {
+                            Some(c) => c.iter().zip(sf).zip(sv).any(|((c, x), y)| c & x & y != 0),
+                            None => words_meet(sf, sv),
+                        };
+                        !meet || self.unless(kf, kv, cube, memo, single)
+                    })
                 })
-            })
-        } else if lf < lv {
-            self.edges(f).all(|(kf, sf)| {
-                c.is_some_and(|c| !words_meet(c, sf)) || self.unless(kf, valid, cube, memo)
-            })
-        } else {
-            self.edges(valid).all(|(kv, sv)| {
-                c.is_some_and(|c| !words_meet(c, sv)) || self.unless(f, kv, cube, memo)
-            })
+            } else if lf < lv {
+                self.edges(f).all(|(kf, sf)| {
+                    c.is_some_and(|c| !words_meet(c, sf))
+                        || self.unless(kf, valid, cube, memo, single)
+                })
+            } else {
+                self.edges(valid).all(|(kv, sv)| {
+                    c.is_some_and(|c| !words_meet(c, sv)) || self.unless(f, kv, cube, memo, single)
+                })
+            }
         };
         if memo.first.get(f).is_none() {
-            memo.first.set(f, (valid, r));
+            memo.first.set(f, valid << 1 | r as u32);
         } else {
             memo.more.insert((f, valid), r);
         }
@@ -403,23 +416,11 @@ impl<'s> Mdd<'s> {
     }
 }
 
-/// The memos of [`Mdd::holds_unless`]: per node of `f` the first pair's answer, other pairs,
-/// and the single-diagram walks once one side is a terminal.
+/// The memos of [`Mdd::holds_unless`]: per node of `f` the first pair's answer, other pairs.
 #[derive(Default)]
 pub(super) struct PairMemos {
-    first: NodeMemo<(Id, bool)>,
+    first: NodeMemo<u32>,
     more: super::HashMap<(Id, Id), bool>,
-    f: NodeMemo<bool>,
-    valid: NodeMemo<bool>,
-}
-
-impl PairMemos {
-    fn clear(&mut self, nodes: usize) {
-        self.first.clear(nodes);
-        self.more.clear();
-        self.f.clear(nodes);
-        self.valid.clear(nodes);
-    }
 }
 
 /// Whether every class of `inner` is a class of `outer`, var by var (`None`: every class).
