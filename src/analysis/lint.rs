@@ -476,7 +476,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             )
             .at(bk.loc)
         };
-        let eligible = d.eligible_within(&mut m, bi, TRUE) != FALSE;
+        let eligible = d.ever_eligible(bi);
         let selectable = eligible && d.selectable(&mut m, policy, bi, TRUE);
         if m.exhausted {
             out.push(incomplete(format!("backend `{}`", bk.name)));
@@ -638,13 +638,11 @@ fn executor_lints(policy: &Policy, m: &mut Mdd, d: &PolicyDiagrams, out: &mut Ve
             ),
             None => format!("backend `{}`", bk.name),
         };
-        // Where the chain serves: the backend (or that variant) is eligible.
-        let serves = match chain.variant {
-            Some(v) => {
-                let out_v = d.variant_out(m, b, v as usize, TRUE);
-                m.not(out_v)
-            }
-            None => d.eligible_within(m, b, TRUE),
+        // The chain serves where the backend (or that variant) is eligible: where `out` is
+        // false. Its complement is never built (FusedAttention's `out` is ~360k nodes).
+        let out_of_chain = match chain.variant {
+            Some(v) => d.variant_out(m, b, v as usize, TRUE),
+            None => d.declined_within(m, b, TRUE),
         };
         let mut runs = FALSE;
         let mut all_known = true;
@@ -653,7 +651,7 @@ fn executor_lints(policy: &Policy, m: &mut Mdd, d: &PolicyDiagrams, out: &mut Ve
                 all_known = false;
                 continue;
             };
-            if m.and(serves, a) == FALSE && serves != FALSE {
+            if out_of_chain != TRUE && !m.satisfiable(&[(a, true), (out_of_chain, false)]) {
                 out.push(
                     Diagnostic::new(
                         Code::DeadExecutor,
@@ -678,7 +676,9 @@ fn executor_lints(policy: &Policy, m: &mut Mdd, d: &PolicyDiagrams, out: &mut Ve
         if !all_known {
             continue;
         }
-        let stranded = m.minus(serves, runs);
+        // `not out and not runs`, built from the small side.
+        let idle = m.not(runs);
+        let stranded = m.minus(idle, out_of_chain);
         if stranded == FALSE {
             continue;
         }

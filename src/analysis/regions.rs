@@ -463,15 +463,6 @@ fn manager<'s>(
     (m, acc, valid_id)
 }
 
-/// Where a listed cube of `f` may be widened ([`Mdd::widen_inside`]): `f` or an input the
-/// family does not accept (`not valid`). A fact whose value does not change the outcome for
-/// any valid input of the region is then dropped from its constraints, as a bound's classes
-/// are (`dont_cares`).
-fn widening_care(m: &mut Mdd, f: Id, valid: Id) -> Id {
-    let invalid = m.not(valid);
-    m.or(f, invalid)
-}
-
 /// Finds every region of the space where no backend is selected: the diagram of "nothing
 /// selected" (within `--where`), listed as a cover of at most `max_regions` regions.
 pub fn gaps(
@@ -509,7 +500,6 @@ pub fn gaps_only(
     // Listed regions are widened cubes ([`Mdd::widen_inside`]); a widened region may hold
     // cubes the cover lists after it. So the cover runs in rounds over what no listed region
     // holds yet, until `max_regions` are listed or the cover is complete.
-    let care = widening_care(&mut m, none, valid_id);
     let (mut unverified, mut merged) = (0, 0);
     let mut listed: Vec<Cube> = Vec::new();
     let mut regions: Vec<GapRegion> = Vec::new();
@@ -529,7 +519,8 @@ pub fn gaps_only(
                 rest = m.minus(rest, c);
                 continue;
             };
-            let wide = m.widen_inside(care, cube);
+            // Widened where `none or not valid` (inputs the family refuses do not count).
+            let wide = m.widen_inside(none, valid_id, cube);
             // Inside a region listed before: it adds no gap to the union (left out, counted).
             if listed.iter().any(|l| cube_within(&wide, l)) {
                 merged += 1;
@@ -806,7 +797,6 @@ pub fn diff(
             let room = max_regions.saturating_sub(regions.len());
             let (cubes, all) = m.cover_disjoint(both, room);
             listed_all &= all;
-            let care = widening_care(&mut m, both, valid_id);
             for cube in &cubes {
                 // Rules differing everywhere in the region; else those differing in part of it.
                 let mut rules: BTreeSet<String> = rule_diffs
@@ -838,7 +828,7 @@ pub fn diff(
                     unverified += 1;
                     continue;
                 };
-                let wide = m.widen_inside(care, cube);
+                let wide = m.widen_inside(both, valid_id, cube);
                 regions.push(DiffRegion {
                     constraints: cube_constraints(&m, cube),
                     widened: cube_constraints(&m, &wide),

@@ -266,6 +266,34 @@ impl<'s> Mdd<'s> {
         classes: &dyn Fn(usize) -> Option<&'c [u32]>,
         limit: u128,
     ) -> Option<Vec<Vec<Member>>> {
+        // Counted first, without allocating: most cells are too large (this runs per cell of
+        // every relational atom; building the lists first dominated compiling the te pack).
+        let mut count: u128 = 1;
+        for (i, &v) in vars.iter().enumerate() {
+            let Some(classes) = classes(i) else { continue };
+            let mut n: u128 = 0;
+            for &c in classes {
+                n += match self.space.int_members(v, c) {
+                    Some((first, last, step)) => ((last - first) / step) as u128 + 1,
+                    None => {
+                        if let ClassDesc::Ordered { lo, hi } =
+                            &self.space.vars[v].classes[c as usize].desc
+                            && lo != hi
+                        {
+                            return None;
+                        }
+                        1
+                    }
+                };
+                if n > limit {
+                    return None;
+                }
+            }
+            count = count.saturating_mul(n.max(1));
+            if count > limit {
+                return None;
+            }
+        }
         let mut members: Vec<Vec<Member>> = Vec::with_capacity(vars.len());
         let mut count: u128 = 1;
         for (i, &v) in vars.iter().enumerate() {

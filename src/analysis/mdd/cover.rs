@@ -189,20 +189,37 @@ impl<'s> Mdd<'s> {
                 if cube[v].is_none() {
                     continue;
                 }
-                memo.0.clear(self.size());
-                memo.1.clear();
-                inside.clear(self.size());
-                let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
                 // An object whose members are constrained stays present: a member's
                 // constraint cannot be written for an absent object.
-                if v < self.space.vars.len()
+                let keep_present = v < self.space.vars.len()
                     && self
                         .space
                         .vars
                         .iter()
                         .enumerate()
-                        .any(|(u, x)| x.parent == Some(v) && cube[u].is_some())
-                {
+                        .any(|(u, x)| x.parent == Some(v) && cube[u].is_some());
+                if free_only {
+                    // Only "every class" frees the var: one walk that stops at the first
+                    // path leaving `f`, not the allowed classes (the same answer).
+                    let nullable =
+                        self.space.vars.get(v).is_some_and(|x| {
+                            x.classes.iter().any(|class| class.value == Value::Null)
+                        });
+                    if keep_present && nullable {
+                        continue;
+                    }
+                    let set = cube[v].take();
+                    inside.clear(self.size());
+                    if !self.everywhere(f, cube, true, &mut inside) {
+                        cube[v] = set;
+                    }
+                    continue;
+                }
+                memo.0.clear(self.size());
+                memo.1.clear();
+                inside.clear(self.size());
+                let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
+                if keep_present {
                     for (c, class) in self.space.vars[v].classes.iter().enumerate() {
                         if class.value == Value::Null {
                             good.remove(c as u32);
@@ -288,9 +305,9 @@ impl<'s> Mdd<'s> {
 impl<'s> Mdd<'s> {
     /// The EXPAND step of two-level minimisation on a listed cube, exact (a diagram check,
     /// never sampled): each var the cube constrains is widened to its whole domain when the
-    /// widened cube still lies inside `care` (`cube(widened) and not care` is false), else
-    /// restored. `care` is the set covered joined with what no input is (`f or not valid`):
-    /// the widened cube then holds no input outside `f` that the cube did not.
+    /// widened cube still lies inside `f or not valid` (`cube(widened) and valid and not f`
+    /// is false; asked of the pair, never built), else restored: the widened cube then holds
+    /// no valid input outside `f`.
     ///
     /// Order (fixed, so the result depends only on the diagrams): relation variables first
     /// (in their index order), then members of objects, then the other facts, each group in
@@ -299,7 +316,7 @@ impl<'s> Mdd<'s> {
     /// still constrained (a member's constraint cannot be written for an absent object).
     /// Widening a relation variable also admits its values that no input has with the cube's
     /// facts, so the check is, if anything, stricter than needed: sound, possibly not minimal.
-    pub fn widen_inside(&self, care: Id, cube: &Cube) -> Cube {
+    pub fn widen_inside(&self, f: Id, valid: Id, cube: &Cube) -> Cube {
         let nv = self.space.vars.len();
         let mut out = cube.clone();
         let members = (0..nv).filter(|&v| self.space.vars[v].parent.is_some());
@@ -314,12 +331,96 @@ impl<'s> Mdd<'s> {
                 && ((0..self.rels.len())
                     .any(|k| out[nv + k].is_some() && self.rel_vars(k).contains(&v))
                     || (0..nv).any(|u| self.space.vars[u].parent == Some(v) && out[u].is_some()));
-            if held || !self.holds_on(care, &out) {
+            if held || !self.holds_unless(f, valid, &out) {
                 out[v] = Some(set);
             }
         }
         out
     }
+
+    /// Whether `f or not valid` holds in every class of the cube. Walked on the pair of
+    /// diagrams: building `f or not valid` cost as much as building `f` (the te pack's gaps).
+    fn holds_unless(&self, f: Id, valid: Id, cube: &[Option<Bits>]) -> bool {
+        let mut memo = self.pair_memos.take();
+        // The walk of `f` alone (once `valid` is true) shares `holds_on`'s memo.
+        let mut single = self.scratch.take();
+        memo.first.clear(self.size());
+        memo.more.clear();
+        single.clear(self.size());
+        let r = self.unless(f, valid, cube, &mut memo, &mut single);
+        self.scratch.set(single);
+        self.pair_memos.set(memo);
+        r
+    }
+
+    fn unless(
+        &self,
+        f: Id,
+        valid: Id,
+        cube: &[Option<Bits>],
+        memo: &mut PairMemos,
+        single: &mut NodeMemo<bool>,
+    ) -> bool {
+        if f == TRUE || valid == FALSE {
+            return true;
+        }
+        if valid == TRUE {
+            return self.everywhere(f, cube, true, single);
+        }
+        // Most nodes of `f` meet one node of `valid` (a small diagram): a dense memo per node
+        // of `f` (`valid << 1 | answer`), other pairs hashed.
+        match memo.first.get(f) {
+            Some(e) if e >> 1 == valid => return e & 1 == 1,
+            Some(_) => {
+                if let Some(&r) = memo.more.get(&(f, valid)) {
+                    return r;
+                }
+            }
+            None => {}
+        }
+        // `f` false is walked as a terminal: down `valid` to where it is false everywhere.
+        let r = {
+            let (lf, lv) = (self.node_level(f), self.node_level(valid));
+            let level = lf.min(lv);
+            let c = cube
+                .get(self.order[level as usize])
+                .and_then(Option::as_ref)
+                .map(Bits::words);
+            if lf == lv {
+                self.edges(f).all(|(kf, sf)| {
+                    self.edges(valid).all(|(kv, sv)| {
+                        let meet = match c {
+                            Some(c) => c.iter().zip(sf).zip(sv).any(|((c, x), y)| c & x & y != 0),
+                            None => words_meet(sf, sv),
+                        };
+                        !meet || self.unless(kf, kv, cube, memo, single)
+                    })
+                })
+            } else if lf < lv {
+                self.edges(f).all(|(kf, sf)| {
+                    c.is_some_and(|c| !words_meet(c, sf))
+                        || self.unless(kf, valid, cube, memo, single)
+                })
+            } else {
+                self.edges(valid).all(|(kv, sv)| {
+                    c.is_some_and(|c| !words_meet(c, sv)) || self.unless(f, kv, cube, memo, single)
+                })
+            }
+        };
+        if memo.first.get(f).is_none() {
+            memo.first.set(f, valid << 1 | r as u32);
+        } else {
+            memo.more.insert((f, valid), r);
+        }
+        r
+    }
+}
+
+/// The memos of [`Mdd::holds_unless`]: per node of `f` the first pair's answer, other pairs.
+#[derive(Default)]
+pub(super) struct PairMemos {
+    first: NodeMemo<u32>,
+    more: super::HashMap<(Id, Id), bool>,
 }
 
 /// Whether every class of `inner` is a class of `outer`, var by var (`None`: every class).

@@ -84,8 +84,8 @@ use crate::eval::program::{NodeId, Program};
 use crate::facts::Value;
 
 pub use bits::Bits;
-use cover::ExpandMemos;
 pub use cover::cube_within;
+use cover::{ExpandMemos, PairMemos};
 pub use queries::PolicyDiagrams;
 pub use relations::Rel;
 pub use restrict::Pins;
@@ -93,6 +93,7 @@ use tables::{NodeMemo, Op, OpMemo, Store};
 
 /// The node and operation tables are hashed millions of times: foldhash, not SipHash.
 type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::FixedState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::FixedState>;
 
 /// A diagram node (an index into the manager's node table).
 pub type Id = u32;
@@ -137,11 +138,16 @@ pub struct Mdd<'s> {
     or_memo: OpMemo,
     not_memo: OpMemo,
     diff_memo: OpMemo,
+    /// Literal combinations [`Mdd::satisfiable`] found unsatisfiable (valid for the
+    /// manager's life).
+    sat_dead: HashSet<Vec<u32>>,
     /// A reusable memo for `holds_on` / `meets` (they are called per rule per region).
     scratch: std::cell::Cell<NodeMemo<bool>>,
     /// Reusable memos of `expand` (it runs per listed cube: fresh tables of the diagram's
     /// size, zeroed each time, cost more than the traversals).
     expand_memos: std::cell::Cell<ExpandMemos>,
+    /// Reusable memos of `widen_inside` (it runs per var of every listed cube).
+    pair_memos: std::cell::Cell<PairMemos>,
     /// The most nodes the manager may create.
     pub budget: usize,
     /// The budget ran out: every result is meaningless (report INCOMPLETE).

@@ -15,7 +15,7 @@ use crate::analysis::space::Space;
 use crate::eval::program::{Func, Node as PNode, NodeId, Program};
 
 use super::tables::{OpMemo, Store};
-use super::{Bits, HashMap, Mdd, NodeMemo, SPREAD};
+use super::{Bits, HashMap, HashSet, Mdd, NodeMemo, SPREAD};
 
 impl<'s> Mdd<'s> {
     /// A manager ordered for these packs: facts in the order a depth-first walk of the rules
@@ -137,6 +137,8 @@ impl<'s> Mdd<'s> {
             unknown: 0,
             steps: 0,
             vals: Vec::new(),
+            sat_dead: HashSet::default(),
+            pair_memos: std::cell::Cell::new(Default::default()),
             scratch: std::cell::Cell::new(NodeMemo::default()),
             expand_memos: Default::default(),
             rels: Vec::new(),

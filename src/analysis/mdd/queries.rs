@@ -215,26 +215,36 @@ impl PolicyDiagrams {
         out
     }
 
-    /// Whether backend `b` is selected for some input: for some preference entry listing it,
-    /// some input where that entry applies, `b` is eligible and every backend before it is
-    /// declined (computed inside `b`'s eligible region, which stays small).
+    /// Whether backend `b` is selected for some input within `within`: for some preference
+    /// entry listing it, some input where that entry applies, some variant of `b` is eligible
+    /// and every variant of every backend before it is out. Asked of the conjunction without
+    /// building it ([`Mdd::satisfiable`]: it stops at the first such input).
     pub fn selectable(&self, m: &mut Mdd, p: &crate::policy::Policy, b: usize, within: Id) -> bool {
         for (i, e) in p.preference.iter().enumerate() {
             let Some(pos) = e.order.iter().position(|&x| x as usize == b) else {
                 continue;
             };
-            let entry = m.and(within, self.first_pref[i]);
-            let mut acc = self.eligible_within(m, b, entry);
-            for earlier in self.fewest_rules_first(&e.order[..pos]) {
-                if acc == FALSE {
-                    break;
-                }
-                acc = self.declined_within(m, earlier, acc);
+            let mut lits = vec![(within, true), (self.first_pref[i], true)];
+            for &earlier in &e.order[..pos] {
+                lits.extend(
+                    self.variant_out[earlier as usize]
+                        .iter()
+                        .map(|&x| (x, true)),
+                );
             }
-            if acc != FALSE {
-                return true;
+            for &out in &self.variant_out[b] {
+                lits.push((out, false));
+                if m.satisfiable(&lits) {
+                    return true;
+                }
+                lits.pop();
             }
         }
         false
+    }
+
+    /// Whether backend `b` is eligible for some input (some variant is not out).
+    pub fn ever_eligible(&self, b: usize) -> bool {
+        self.variant_out[b].iter().any(|&x| x != TRUE)
     }
 }

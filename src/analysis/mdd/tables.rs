@@ -34,7 +34,7 @@
 //! partitions (O(edges(a) * edges(b)) set operations); `not(a)` is O(size of `a`).
 
 use super::bits::words_meet;
-use super::{Bits, FALSE, Id, Mdd, TRUE};
+use super::{Bits, FALSE, HashSet, Id, Mdd, TRUE};
 
 /// The level of the terminals: below every variable.
 pub(super) const TERMINAL: u32 = u32::MAX;
@@ -69,60 +69,60 @@ pub(super) enum Op {
     Diff,
 }
 
-/// An exact memo `(u32, u32) -> u32` by open addressing (12 bytes an entry; a std `HashMap`
-/// of the same entries took 17, in a third more slots).
+/// An exact memo `(u32, u32) -> u32` by open addressing, 12 bytes an entry (a std `HashMap`
+/// of the same entries took 17, in a third more slots). Key and value share an entry: a
+/// lookup is one cache miss, not two (the memo lookups were most of `apply`'s time).
 pub(super) struct OpMemo {
-    keys: Vec<u64>,
-    vals: Vec<u32>,
+    /// `[a, b, result]`; `a == u32::MAX` marks a free slot (ids stay below it).
+    slots: Vec<[u32; 3]>,
     len: usize,
 }
+
+const FREE: u32 = u32::MAX;
 
 impl Default for OpMemo {
     fn default() -> Self {
         OpMemo {
-            keys: vec![EMPTY; 1 << 12],
-            vals: vec![0; 1 << 12],
+            slots: vec![[FREE, 0, 0]; 1 << 12],
             len: 0,
         }
     }
 }
 
 impl OpMemo {
-    fn slot(key: u64, mask: usize) -> usize {
+    fn slot(a: Id, b: Id, mask: usize) -> usize {
+        let key = (a as u64) << 32 | b as u64;
         // Fibonacci hashing: the high bits of the product depend on every bit of the key.
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask
     }
 
     pub(super) fn get(&self, a: Id, b: Id) -> Option<Id> {
-        let key = (a as u64) << 32 | b as u64;
-        let mask = self.keys.len() - 1;
-        let mut i = Self::slot(key, mask);
+        let mask = self.slots.len() - 1;
+        let mut i = Self::slot(a, b, mask);
         loop {
-            match self.keys[i] {
-                EMPTY => return None,
-                k if k == key => return Some(self.vals[i]),
+            match self.slots[i] {
+                [FREE, _, _] => return None,
+                [x, y, r] if x == a && y == b => return Some(r),
                 _ => i = (i + 1) & mask,
             }
         }
     }
 
     pub(super) fn insert(&mut self, a: Id, b: Id, r: Id) {
-        if (self.len + 1) * 10 > self.keys.len() * 7 {
+        if (self.len + 1) * 10 > self.slots.len() * 7 {
             self.grow();
         }
-        let key = (a as u64) << 32 | b as u64;
-        let mask = self.keys.len() - 1;
-        let mut i = Self::slot(key, mask);
+        let mask = self.slots.len() - 1;
+        let mut i = Self::slot(a, b, mask);
         loop {
-            match self.keys[i] {
-                EMPTY => {
-                    self.keys[i] = key;
-                    self.vals[i] = r;
+            match self.slots[i] {
+                [FREE, _, _] => {
+                    self.slots[i] = [a, b, r];
                     self.len += 1;
                     return;
                 }
-                k if k == key => {
-                    self.vals[i] = r;
+                [x, y, _] if x == a && y == b => {
+                    self.slots[i][2] = r;
                     return;
                 }
                 _ => i = (i + 1) & mask,
@@ -131,19 +131,15 @@ impl OpMemo {
     }
 
     fn grow(&mut self) {
-        let size = self.keys.len() * 2;
-        let keys = std::mem::replace(&mut self.keys, vec![EMPTY; size]);
-        let vals = std::mem::replace(&mut self.vals, vec![0; size]);
+        let size = self.slots.len() * 2;
+        let old = std::mem::replace(&mut self.slots, vec![[FREE, 0, 0]; size]);
         let mask = size - 1;
-        for (k, v) in keys.into_iter().zip(vals) {
-            if k != EMPTY {
-                let mut i = Self::slot(k, mask);
-                while self.keys[i] != EMPTY {
-                    i = (i + 1) & mask;
-                }
-                self.keys[i] = k;
-                self.vals[i] = v;
+        for e in old.into_iter().filter(|e| e[0] != FREE) {
+            let mut i = Self::slot(e[0], e[1], mask);
+            while self.slots[i][0] != FREE {
+                i = (i + 1) & mask;
             }
+            self.slots[i] = e;
         }
     }
 }
@@ -665,12 +661,115 @@ impl<'s> Mdd<'s> {
         self.apply(Op::Diff, a, b)
     }
 
-    /// Whether `a` implies `b` (every class where `a` holds has `b`).
+    /// Whether `a` implies `b` (every class where `a` holds has `b`): `a and not b` is
+    /// unsatisfiable, walked without building it ([`Mdd::satisfiable`]).
     pub fn implies(&mut self, a: Id, b: Id) -> bool {
-        self.minus(a, b) == FALSE
+        !self.satisfiable(&[(a, true), (b, false)])
     }
 
     pub fn any<I: IntoIterator<Item = Id>>(&mut self, xs: I) -> Id {
         xs.into_iter().fold(FALSE, |acc, x| self.or(acc, x))
     }
+
+    /// Whether the conjunction of the literals (a diagram, and whether it holds or its
+    /// negation) is true for some combination of classes. Same answer as building the
+    /// conjunction and comparing it with [`FALSE`], but builds no node and stops at the first
+    /// satisfying path; combinations found unsatisfiable are remembered for the manager's
+    /// life (nodes never change), so the many questions of `check` share them.
+    pub fn satisfiable(&mut self, lits: &[(Id, bool)]) -> bool {
+        let key: Vec<u32> = lits.iter().map(|&(x, pos)| lit(x, pos)).collect();
+        let mut dead = std::mem::take(&mut self.sat_dead);
+        let r = self.sat_walk(key, &mut dead);
+        self.sat_dead = dead;
+        r
+    }
+
+    fn sat_walk(&self, mut key: Vec<u32>, dead: &mut HashSet<Vec<u32>>) -> bool {
+        // Terminals: a satisfied literal is dropped, a violated one ends the walk.
+        let mut violated = false;
+        key.retain(|&l| {
+            let (x, pos) = (l >> 1, l & POS != 0);
+            if x > TRUE {
+                return true;
+            }
+            violated |= (x == TRUE) != pos;
+            false
+        });
+        if violated {
+            return false;
+        }
+        key.sort_unstable();
+        key.dedup();
+        // `x and not x` (adjacent once sorted: the polarity is the low bit).
+        if key.windows(2).any(|p| p[0] >> 1 == p[1] >> 1) {
+            return false;
+        }
+        // A single inner node is neither constant, so both it and its negation hold somewhere.
+        if key.len() <= 1 {
+            return true;
+        }
+        if dead.contains(&key) {
+            return false;
+        }
+        let level = key
+            .iter()
+            .map(|&l| self.node_level(l >> 1))
+            .min()
+            .expect("non-empty");
+        let w = self.store.w(level);
+        let at: Vec<usize> = (0..key.len())
+            .filter(|&i| self.node_level(key[i] >> 1) == level)
+            .collect();
+        let mut cur = key.clone();
+        let found = self.sat_split(&key, &at, 0, &[], w, &mut cur, dead);
+        if !found {
+            dead.insert(key);
+        }
+        found
+    }
+
+    /// The edges of the nodes `at` of `key` at one level, intersected one node after the
+    /// other (`set`: the classes still shared): `cur` holds the children chosen so far.
+    #[allow(clippy::too_many_arguments)]
+    fn sat_split(
+        &self,
+        key: &[u32],
+        at: &[usize],
+        j: usize,
+        set: &[u64],
+        w: usize,
+        cur: &mut Vec<u32>,
+        dead: &mut HashSet<Vec<u32>>,
+    ) -> bool {
+        if j == at.len() {
+            return self.sat_walk(cur.clone(), dead);
+        }
+        let i = at[j];
+        let (x, pol) = (key[i] >> 1, key[i] & POS);
+        let h = self.store.hdr[x as usize];
+        for e in 0..h.len as usize {
+            let s = self.store.set(h, e, w);
+            let meet: Vec<u64> = if j == 0 {
+                s.to_vec()
+            } else {
+                if !words_meet(set, s) {
+                    continue;
+                }
+                set.iter().zip(s).map(|(p, q)| p & q).collect()
+            };
+            cur[i] = self.store.kid(h, e) << 1 | pol;
+            if self.sat_split(key, at, j + 1, &meet, w, cur, dead) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// The polarity bit of a literal of [`Mdd::satisfiable`]'s walk (the id shifted left).
+const POS: u32 = 1;
+
+fn lit(x: Id, pos: bool) -> u32 {
+    debug_assert!(x < 1 << 31, "node ids fit 31 bits");
+    x << 1 | pos as u32
 }
