@@ -1255,11 +1255,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
     ("adapters/src/bin/attn_bench.rs", "run", "being split"),
     ("adapters/src/chunked/plan.rs", "backward", "being split"),
     ("bindings/python/src/lib.rs", "te_read", "being split"),
-    ("cli/src/commands/run.rs", "run", "being split"),
-    ("src/explain/text.rs", "Explanation::to_text", "being split"),
-    ("src/matrix/mod.rs", "build", "being split"),
-    ("src/matrix/svg.rs", "Matrix::to_svg", "being split"),
-    ("src/pack/load.rs", "link_pack", "being split"),
 ];
 
 /// The functions of one file over `max` lines: (name, first line, length in lines). Names are
