@@ -1251,9 +1251,6 @@ const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
         "checklist",
         "a table: one `case(..)` per line of FROST's pull-request checklist, no logic",
     ),
-    // Splitting in progress on this branch (each entry goes with its split).
-    ("adapters/src/bin/attn_bench.rs", "run", "being split"),
-    ("adapters/src/chunked/plan.rs", "backward", "being split"),
 ];
 
 /// The functions of one file over `max` lines: (name, first line, length in lines). Names are
