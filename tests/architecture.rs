@@ -1,7 +1,8 @@
 //! The architecture, enforced: the core's top-level modules depend on each other one way (no
 //! import cycles), no crate has a circle of files (every workspace crate and both bindings; see
-//! "Circles of files" below), the core package depends on no CLI or executor crate, and every
-//! `unsafe` block in the repository says why it is sound.
+//! "Circles of files" below), the core package depends on no CLI or executor crate, every
+//! `unsafe` block in the repository says why it is sound, and no function is over 150 lines
+//! (see "Function length" below).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -1200,4 +1201,247 @@ fn the_file_graph_sees_the_real_imports() {
         "cli/src/commands/info.rs".into(),
         "cli/src/commands/exit.rs".into()
     )));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Function length (issue 31, part 6: "no function over 150 lines outside generated code and
+// tables").
+//
+// Every function of every Rust file of the repository (the workspace's crates, both bindings, the
+// fuzz targets; library code, binaries, tests and benches alike) is measured from the line of its
+// `fn` keyword to the line of its closing brace: free functions, functions nested in other
+// functions or modules, `impl` methods and trait methods with a default body. Attributes and doc
+// comments above the `fn` do not count. Functions inside macro invocations (`quote!`, ...) are
+// tokens, not items, and are not seen. The parsing is `syn`'s, with `proc-macro2`'s
+// `span-locations` for line numbers.
+
+/// The longest a function may be, in lines.
+const MAX_FN_LINES: usize = 150;
+
+/// Functions allowed to stay over [`MAX_FN_LINES`]: (file, name as [`long_functions`] gives it,
+/// why). The check fails on a long function not listed here and on an entry that is no longer
+/// over the limit (or no longer exists), so this list only shrinks: when a function is split,
+/// delete its entry.
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[
+    // Issue 31 part 6, to be split: these files are being reworked on other branches (decision
+    // speed in `src/eval/`, analysis speed in `src/analysis/`); split them there, then delete.
+    (
+        "src/eval/plan.rs",
+        "RulePlan::build",
+        "to be split (src/eval/ reworked elsewhere)",
+    ),
+    (
+        "src/analysis/lint.rs",
+        "lint",
+        "to be split (src/analysis/ reworked elsewhere)",
+    ),
+    (
+        "src/analysis/why_not.rs",
+        "why_not",
+        "to be split (src/analysis/ reworked elsewhere)",
+    ),
+    (
+        "src/analysis/regions.rs",
+        "diff",
+        "to be split (src/analysis/ reworked elsewhere)",
+    ),
+    // Tables: long because they list cases, one entry per checked behaviour.
+    (
+        "tests/frost_checklist.rs",
+        "checklist",
+        "a table: one `case(..)` per line of FROST's pull-request checklist, no logic",
+    ),
+];
+
+/// The functions of one file over `max` lines: (name, first line, length in lines). Names are
+/// qualified by the `impl`'s type or the trait (`Type::method`), and by the enclosing function
+/// for a nested one (`outer::inner`).
+fn long_functions(text: &str, max: usize) -> Result<Vec<(String, usize, usize)>, syn::Error> {
+    use syn::spanned::Spanned;
+    use syn::visit::Visit;
+
+    struct Lengths {
+        max: usize,
+        scope: Vec<String>,
+        out: Vec<(String, usize, usize)>,
+    }
+    impl Lengths {
+        fn measure(&mut self, name: &syn::Ident, fn_token: &syn::token::Fn, block: &syn::Block) {
+            let first = fn_token.span.start().line;
+            let last = block.brace_token.span.close().end().line;
+            let lines = last + 1 - first;
+            if lines > self.max {
+                let mut path = self.scope.clone();
+                path.push(name.to_string());
+                self.out.push((path.join("::"), first, lines));
+            }
+        }
+    }
+    // An `impl` is named by its type's last path segment; a type that is not a path (`&[T]`, a
+    // tuple) by the line it starts on.
+    fn type_name(ty: &syn::Type) -> String {
+        match ty {
+            syn::Type::Path(p) => p
+                .path
+                .segments
+                .last()
+                .map_or_else(String::new, |s| s.ident.to_string()),
+            other => format!("<type at line {}>", other.span().start().line),
+        }
+    }
+    impl<'ast> Visit<'ast> for Lengths {
+        fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+            self.measure(&f.sig.ident, &f.sig.fn_token, &f.block);
+            self.scope.push(f.sig.ident.to_string());
+            syn::visit::visit_item_fn(self, f);
+            self.scope.pop();
+        }
+        fn visit_item_impl(&mut self, i: &'ast syn::ItemImpl) {
+            self.scope.push(type_name(&i.self_ty));
+            syn::visit::visit_item_impl(self, i);
+            self.scope.pop();
+        }
+        fn visit_item_trait(&mut self, t: &'ast syn::ItemTrait) {
+            self.scope.push(t.ident.to_string());
+            syn::visit::visit_item_trait(self, t);
+            self.scope.pop();
+        }
+        fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+            self.measure(&f.sig.ident, &f.sig.fn_token, &f.block);
+            self.scope.push(f.sig.ident.to_string());
+            syn::visit::visit_impl_item_fn(self, f);
+            self.scope.pop();
+        }
+        fn visit_trait_item_fn(&mut self, f: &'ast syn::TraitItemFn) {
+            if let Some(block) = &f.default {
+                self.measure(&f.sig.ident, &f.sig.fn_token, block);
+            }
+            self.scope.push(f.sig.ident.to_string());
+            syn::visit::visit_trait_item_fn(self, f);
+            self.scope.pop();
+        }
+    }
+    let file = syn::parse_file(text)?;
+    let mut v = Lengths {
+        max,
+        scope: Vec::new(),
+        out: Vec::new(),
+    };
+    v.visit_file(&file);
+    Ok(v.out)
+}
+
+/// Every Rust file the length check reads: [`workspace_rust_files`] plus the root build script.
+fn length_checked_files() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = workspace_rust_files();
+    for extra in ["build.rs", "examples"] {
+        let p = root.join(extra);
+        if p.is_dir() {
+            rust_files(&p, &mut files);
+        } else if p.is_file() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    files.dedup();
+    files
+}
+
+/// Ok, or what differs between the long functions found (file, name, first line, length) and the
+/// allowed ones.
+fn compare_long_functions(
+    found: &[(String, String, usize, usize)],
+    allowed: &[(&str, &str, &str)],
+) -> Result<(), String> {
+    let mut problems = Vec::new();
+    for (file, name, line, lines) in found {
+        if !allowed.iter().any(|(f, n, _)| f == file && n == name) {
+            problems.push(format!(
+                "{file}:{line}: `{name}` is {lines} lines (at most {MAX_FN_LINES}): split it"
+            ));
+        }
+    }
+    for (file, name, _) in allowed {
+        if !found.iter().any(|(f, n, _, _)| f == file && n == name) {
+            problems.push(format!(
+                "LONG_FUNCTIONS lists {file} `{name}`, which is no longer over {MAX_FN_LINES} \
+                 lines (or no longer exists): delete the entry"
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+#[test]
+fn no_function_is_over_150_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = length_checked_files();
+    assert!(files.len() > 50, "found the sources: {}", files.len());
+    let mut found = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("read");
+        let long =
+            long_functions(&text, MAX_FN_LINES).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        found.extend(
+            long.into_iter()
+                .map(|(name, line, lines)| (rel(root, f), name, line, lines)),
+        );
+    }
+    if let Err(e) = compare_long_functions(&found, LONG_FUNCTIONS) {
+        panic!("functions over {MAX_FN_LINES} lines (issue 31, part 6):\n{e}");
+    }
+}
+
+#[test]
+fn the_length_check_counts_from_fn_to_closing_brace() {
+    // A function of exactly `n` lines, `fn` line and closing brace included, with an attribute
+    // and a doc comment above it that do not count.
+    let function = |name: &str, n: usize| {
+        let body = "    let _ = 1;\n".repeat(n - 2);
+        format!("/// Doc.\n#[inline]\nfn {name}() {{\n{body}}}\n")
+    };
+    let text = format!(
+        "{}\n{}\nstruct S;\nimpl S {{\n{}}}\ntrait T {{\n{}}}\nfn outer() {{\n{}}}\n",
+        function("fits", 150),
+        function("too_long", 151),
+        function("method", 151),
+        function("provided", 151),
+        function("nested", 151),
+    );
+    let long = long_functions(&text, 150).expect("parses");
+    let names: Vec<(&str, usize)> = long.iter().map(|(n, _, l)| (n.as_str(), *l)).collect();
+    assert_eq!(
+        names,
+        [
+            ("too_long", 151),
+            ("S::method", 151),
+            ("T::provided", 151),
+            ("outer", 155),
+            ("outer::nested", 151),
+        ]
+    );
+    // The line is the `fn` line: after the 150-line function (3 lines of which come after its
+    // doc and attribute), a blank line, then the doc and attribute of the next.
+    assert_eq!(long[0].1, 2 + 150 + 1 + 2 + 1);
+    assert!(
+        long_functions(&function("fits", 150), 150)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(long_functions(&function("f", 151), 150).unwrap().len(), 1);
+}
+
+#[test]
+fn the_length_comparison_fails_both_ways() {
+    let found = vec![("a.rs".to_string(), "f".to_string(), 1, 151)];
+    assert!(compare_long_functions(&found, &[("a.rs", "f", "a table")]).is_ok());
+    let new = compare_long_functions(&found, &[]).unwrap_err();
+    assert!(new.contains("a.rs:1: `f` is 151 lines"), "{new}");
+    let gone = compare_long_functions(&[], &[("a.rs", "f", "a table")]).unwrap_err();
+    assert!(gone.contains("no longer over"), "{gone}");
 }

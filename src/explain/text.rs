@@ -5,7 +5,9 @@ use std::fmt::Write as _;
 
 use serde_json::Value as Json;
 
-use super::{BackendStatus, ExecutorOutcome, Explanation, FactValue, VariantChoice};
+use super::{
+    BackendExplanation, BackendStatus, ExecutorOutcome, Explanation, FactValue, VariantChoice,
+};
 
 /// ` [FA3 3.0.0]`, ` [F16_arbitrary_seqlen = 1]`, ` [name]` (no value), or nothing.
 fn variant_text(v: Option<&VariantChoice>) -> String {
@@ -19,17 +21,55 @@ fn variant_text(v: Option<&VariantChoice>) -> String {
     }
 }
 
+/// `s` in the ANSI style `code` when `color`, else as it is.
+fn style(color: bool, code: &str, s: &str) -> String {
+    if color {
+        format!("\x1b[{code}m{s}\x1b[0m")
+    } else {
+        s.to_string()
+    }
+}
+
 impl Explanation {
     /// The text of `attn-policy explain`; `color` adds ANSI styles.
     pub fn to_text(&self, color: bool) -> String {
-        let style = |code: &str, s: &str| {
-            if color {
-                format!("\x1b[{code}m{s}\x1b[0m")
-            } else {
-                s.to_string()
-            }
-        };
         let mut out = String::new();
+        self.write_selection(&mut out, color);
+        if self.provisional {
+            self.write_provisional(&mut out);
+        }
+        if !self.layers_disabled.is_empty() {
+            let _ = writeln!(out, "layers off: {}", self.layers_disabled.join(", "));
+        }
+        // The third version state is shown even where no rule fired on it: a rule that
+        // compares such a fact says, through `parsed(x)`, what this state does.
+        for (path, v) in self.input.iter() {
+            if let FactValue::Unparseable(_) = v {
+                let _ = writeln!(
+                    out,
+                    "unparseable version: {path} = {} (present, but not a version; rules decide on `parsed({path})`)",
+                    v.text()
+                );
+            }
+        }
+        let width = self
+            .backends
+            .iter()
+            .map(|b| b.name.len())
+            .max()
+            .unwrap_or(0);
+        for b in &self.backends {
+            write_backend(&mut out, b, width, color);
+        }
+        if !self.executor_chain.is_empty() {
+            self.write_executors(&mut out, color);
+        }
+        out
+    }
+
+    /// The first line: the selected backend and variant, and the preference that chose it.
+    fn write_selection(&self, out: &mut String, color: bool) {
+        let style = |code: &str, s: &str| style(color, code, s);
         match &self.selected {
             Some(s) => {
                 let _ = write!(
@@ -57,151 +97,76 @@ impl Explanation {
             out.push(')');
         }
         out.push('\n');
-        if self.provisional {
-            // Name the undecided backends that come first, and the probes they wait for.
-            let mut waiting = Vec::new();
-            if let Some(pref) = &self.preference {
-                for name in &pref.order {
-                    if Some(name) == self.selected.as_ref() {
-                        break;
-                    }
-                    let Some(b) = self.backend(name) else {
-                        continue;
-                    };
-                    if b.status == BackendStatus::Undecided {
-                        let mut probes: Vec<&str> = b
-                            .pending
-                            .iter()
-                            .flat_map(|r| r.probes.iter().map(String::as_str))
-                            .collect();
-                        probes.sort_unstable();
-                        probes.dedup();
-                        waiting.push(format!(
-                            "{} (until {} is answered)",
-                            b.name,
-                            probes.join(", ")
-                        ));
-                    }
+    }
+
+    /// The `provisional:` line: the undecided backends that come first, and the probes they
+    /// wait for.
+    fn write_provisional(&self, out: &mut String) {
+        let mut waiting = Vec::new();
+        if let Some(pref) = &self.preference {
+            for name in &pref.order {
+                if Some(name) == self.selected.as_ref() {
+                    break;
+                }
+                let Some(b) = self.backend(name) else {
+                    continue;
+                };
+                if b.status == BackendStatus::Undecided {
+                    let mut probes: Vec<&str> = b
+                        .pending
+                        .iter()
+                        .flat_map(|r| r.probes.iter().map(String::as_str))
+                        .collect();
+                    probes.sort_unstable();
+                    probes.dedup();
+                    waiting.push(format!(
+                        "{} (until {} is answered)",
+                        b.name,
+                        probes.join(", ")
+                    ));
                 }
             }
-            let _ = writeln!(
-                out,
-                "provisional: undecided and earlier in the preference order: {}; answer with --probe NAME=true|false",
-                waiting.join("; ")
-            );
         }
-        if !self.layers_disabled.is_empty() {
-            let _ = writeln!(out, "layers off: {}", self.layers_disabled.join(", "));
-        }
-        // The third version state is shown even where no rule fired on it: a rule that
-        // compares such a fact says, through `parsed(x)`, what this state does.
-        for (path, v) in self.input.iter() {
-            if let FactValue::Unparseable(_) = v {
-                let _ = writeln!(
-                    out,
-                    "unparseable version: {path} = {} (present, but not a version; rules decide on `parsed({path})`)",
-                    v.text()
-                );
-            }
-        }
+        let _ = writeln!(
+            out,
+            "provisional: undecided and earlier in the preference order: {}; answer with --probe NAME=true|false",
+            waiting.join("; ")
+        );
+    }
+
+    /// The executors of the selected backend, one line each, with what each did.
+    fn write_executors(&self, out: &mut String, color: bool) {
+        let _ = writeln!(
+            out,
+            "\nexecutors of {}:",
+            self.selected.as_deref().unwrap_or("no backend")
+        );
         let width = self
-            .backends
+            .executor_chain
             .iter()
-            .map(|b| b.name.len())
+            .map(|a| a.executor.len())
             .max()
             .unwrap_or(0);
-        for b in &self.backends {
-            let (code, status) = match &b.status {
-                BackendStatus::Selected => ("32", "selected".to_string()),
-                BackendStatus::Outranked { by: Some(by) } => {
-                    ("33", format!("eligible, outranked by {by}"))
-                }
-                BackendStatus::Outranked { by: None } => {
-                    ("33", "eligible, not in the preference order".to_string())
-                }
-                BackendStatus::Declined => ("31", "declined".to_string()),
-                BackendStatus::Disabled => ("31", "disabled by environment".to_string()),
-                BackendStatus::Undecided => ("35", "undecided: pending probe".to_string()),
+        for (i, a) in self.executor_chain.iter().enumerate() {
+            let code = match a.outcome {
+                ExecutorOutcome::Ran => "32",
+                ExecutorOutcome::Refused | ExecutorOutcome::Failed => "31",
+                ExecutorOutcome::Unavailable => "33",
+                ExecutorOutcome::NotTried => "2",
             };
-            let _ = writeln!(
-                out,
-                "\n{:<width$}  {}{}",
-                b.name,
-                style(code, &status),
-                variant_text(b.variant.as_ref())
+            let word = format!("{:<11}", a.outcome.word());
+            let detail = match (&a.reason, a.outcome) {
+                (Some(r), _) => r.clone(),
+                (None, ExecutorOutcome::Ran) if i > 0 => "substitute".to_string(),
+                (None, _) => String::new(),
+            };
+            let line = format!(
+                "  {:<width$}  {}  {detail}",
+                a.executor,
+                style(color, code, &word)
             );
-            for (rules, tag) in [(&b.declined_by, ""), (&b.pending, "? ")] {
-                for rule in rules {
-                    let scope = match &rule.variants {
-                        Some(v) => format!(" ({})", v.join(", ")),
-                        None => String::new(),
-                    };
-                    let _ = writeln!(
-                        out,
-                        "  {tag}{}{scope} [{}] {}",
-                        style("1", &rule.id),
-                        rule.layer,
-                        rule.reason
-                    );
-                    let vals: Vec<String> = rule
-                        .values
-                        .iter()
-                        .map(|(fact, v)| format!("{fact} = {}", v.text()))
-                        .collect();
-                    let _ = writeln!(out, "      {}  at {}", vals.join(", "), rule.location);
-                }
-            }
-            for v in &b.unavailable_variants {
-                // The condition (internal definitions written out), with the values of the
-                // facts it read.
-                let read: Vec<String> = v
-                    .values
-                    .iter()
-                    .map(|(fact, value)| format!("{fact} = {}", value.text()))
-                    .collect();
-                let _ = writeln!(
-                    out,
-                    "  - {} not available: `{}` is false{}",
-                    v.name,
-                    v.applicable.as_deref().unwrap_or("false"),
-                    if read.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", read.join(", "))
-                    }
-                );
-            }
+            let _ = writeln!(out, "{}", line.trim_end());
         }
-        if !self.executor_chain.is_empty() {
-            let _ = writeln!(
-                out,
-                "\nexecutors of {}:",
-                self.selected.as_deref().unwrap_or("no backend")
-            );
-            let width = self
-                .executor_chain
-                .iter()
-                .map(|a| a.executor.len())
-                .max()
-                .unwrap_or(0);
-            for (i, a) in self.executor_chain.iter().enumerate() {
-                let code = match a.outcome {
-                    ExecutorOutcome::Ran => "32",
-                    ExecutorOutcome::Refused | ExecutorOutcome::Failed => "31",
-                    ExecutorOutcome::Unavailable => "33",
-                    ExecutorOutcome::NotTried => "2",
-                };
-                let word = format!("{:<11}", a.outcome.word());
-                let detail = match (&a.reason, a.outcome) {
-                    (Some(r), _) => r.clone(),
-                    (None, ExecutorOutcome::Ran) if i > 0 => "substitute".to_string(),
-                    (None, _) => String::new(),
-                };
-                let line = format!("  {:<width$}  {}  {detail}", a.executor, style(code, &word));
-                let _ = writeln!(out, "{}", line.trim_end());
-            }
-        }
-        out
     }
 
     /// The facts whose provenance is known, with their values and sources (the Python TE
@@ -242,5 +207,69 @@ impl Explanation {
             }
         }
         out
+    }
+}
+
+/// One backend: its status line (names padded to `width`), the rules that decline it or wait
+/// on a probe, and its variants that are not available.
+fn write_backend(out: &mut String, b: &BackendExplanation, width: usize, color: bool) {
+    let style = |code: &str, s: &str| style(color, code, s);
+    let (code, status) = match &b.status {
+        BackendStatus::Selected => ("32", "selected".to_string()),
+        BackendStatus::Outranked { by: Some(by) } => ("33", format!("eligible, outranked by {by}")),
+        BackendStatus::Outranked { by: None } => {
+            ("33", "eligible, not in the preference order".to_string())
+        }
+        BackendStatus::Declined => ("31", "declined".to_string()),
+        BackendStatus::Disabled => ("31", "disabled by environment".to_string()),
+        BackendStatus::Undecided => ("35", "undecided: pending probe".to_string()),
+    };
+    let _ = writeln!(
+        out,
+        "\n{:<width$}  {}{}",
+        b.name,
+        style(code, &status),
+        variant_text(b.variant.as_ref())
+    );
+    for (rules, tag) in [(&b.declined_by, ""), (&b.pending, "? ")] {
+        for rule in rules {
+            let scope = match &rule.variants {
+                Some(v) => format!(" ({})", v.join(", ")),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "  {tag}{}{scope} [{}] {}",
+                style("1", &rule.id),
+                rule.layer,
+                rule.reason
+            );
+            let vals: Vec<String> = rule
+                .values
+                .iter()
+                .map(|(fact, v)| format!("{fact} = {}", v.text()))
+                .collect();
+            let _ = writeln!(out, "      {}  at {}", vals.join(", "), rule.location);
+        }
+    }
+    for v in &b.unavailable_variants {
+        // The condition (internal definitions written out), with the values of the
+        // facts it read.
+        let read: Vec<String> = v
+            .values
+            .iter()
+            .map(|(fact, value)| format!("{fact} = {}", value.text()))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  - {} not available: `{}` is false{}",
+            v.name,
+            v.applicable.as_deref().unwrap_or("false"),
+            if read.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", read.join(", "))
+            }
+        );
     }
 }

@@ -28,7 +28,7 @@ mod svg;
 
 use serde_json::{Map, Value as Json};
 
-use crate::analysis::matrix::{GridQuery, Outcome, analyse};
+use crate::analysis::matrix::{CellAnalysis, GridQuery, Outcome, analyse};
 use crate::facts::schema::{Origin, Schema, Ty};
 use crate::policy::Policy;
 
@@ -188,13 +188,80 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
     }
     let rows = axis_values(schema, &q.rows, &rn)?;
     let cols = axis_values(schema, &q.cols, &cn)?;
+    let pins = resolve_pins(policy, &q.fix, &rn, &cn)?;
+    let free_slots = resolve_free_slots(schema, &q.free, &rn, &cn, &pins.slots)?;
+    let configs = cell_configs(&pins, &rows, &cols, &rn, &cn);
+    // Alias extras (cp_size under `cp_comm_type`) are config values, not pins: free facts
+    // stay free, held ones are pinned to them.
+    let grid = GridQuery {
+        row_slots: rn.slots.clone(),
+        col_slots: cn.slots.clone(),
+        free_slots: free_slots.clone(),
+        nrows: rows.len(),
+        ncols: cols.len(),
+        configs,
+    };
+    let g = analyse(policy, &grid, budget)?;
+    let cells = matrix_cells(policy, &g.cells, &grid.configs);
+    let mut free: Vec<String> = free_slots
+        .iter()
+        .map(|&s| schema.fields[s].path.to_string())
+        .collect();
+    free.dedup();
+    Ok(Matrix {
+        pack: policy.name.clone(),
+        family: schema.family,
+        rows: Axis {
+            name: rn.name.clone(),
+            meaning: rn.meaning(),
+            values: rows,
+        },
+        cols: Axis {
+            name: cn.name.clone(),
+            meaning: cn.meaning(),
+            values: cols,
+        },
+        fixed: pins.fixed,
+        fixed_caption: pins.caption,
+        free,
+        backends: policy.backends.iter().map(|b| b.name.clone()).collect(),
+        cells,
+        complete: g.complete,
+        diagram_nodes: g.diagram_nodes,
+        classes_examined: g.classes_examined,
+    })
+}
+
+/// The `--fix` facts, resolved (see [`resolve_pins`]).
+struct Pins {
+    /// The config every cell starts from: the fixed values set.
+    base: Map<String, Json>,
+    /// (fact, value) of each fixed value, and of each input held at its default.
+    fixed: Vec<(String, Json)>,
+    /// The caption's words for each `--fix`.
+    caption: Vec<String>,
+    /// The slots the `--fix` facts name.
+    slots: Vec<usize>,
+    /// The `--fix` names, as given.
+    names: Vec<String>,
+}
+
+/// Resolves the `--fix` facts (none may be on an axis): their values in the base config, or
+/// their defaults.
+fn resolve_pins(
+    policy: &Policy,
+    fix: &[(String, Option<String>)],
+    rn: &Name,
+    cn: &Name,
+) -> Result<Pins, MatrixError> {
+    let schema = policy.schema;
     let defaults = policy.default_facts();
     let mut base = Map::new();
     let mut fixed = Vec::new();
     let mut fixed_caption = Vec::new();
     let mut fixed_slots = Vec::new();
-    let fixed_names: Vec<String> = q.fix.iter().map(|f| f.0.clone()).collect();
-    for (name, value) in &q.fix {
+    let fixed_names: Vec<String> = fix.iter().map(|f| f.0.clone()).collect();
+    for (name, value) in fix {
         let n = Name::resolve(schema, name)?;
         if let Some(s) = n
             .slots
@@ -235,8 +302,25 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
             }
         }
     }
+    Ok(Pins {
+        base,
+        fixed,
+        caption: fixed_caption,
+        slots: fixed_slots,
+        names: fixed_names,
+    })
+}
+
+/// The slots the analysis lets vary (`--free`), less those on an axis or fixed.
+fn resolve_free_slots(
+    schema: &Schema,
+    free: &Free,
+    rn: &Name,
+    cn: &Name,
+    fixed_slots: &[usize],
+) -> Result<Vec<usize>, MatrixError> {
     let axis_slots = |s: usize| rn.slots.contains(&s) || cn.slots.contains(&s);
-    let free_slots: Vec<usize> = match &q.free {
+    Ok(match free {
         Free::Shape => shape_facts(schema)
             .into_iter()
             .filter_map(|p| schema.slot(p))
@@ -255,36 +339,33 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
     }
     .into_iter()
     .filter(|&s| !axis_slots(s) && !fixed_slots.contains(&s))
-    .collect();
+    .collect())
+}
+
+/// Each cell's config, row-major: the base config with the row's and the column's values set.
+fn cell_configs(pins: &Pins, rows: &[Json], cols: &[Json], rn: &Name, cn: &Name) -> Vec<Json> {
     let mut configs = Vec::with_capacity(rows.len() * cols.len());
-    for r in &rows {
-        for c in &cols {
-            let mut obj = base.clone();
+    for r in rows {
+        for c in cols {
+            let mut obj = pins.base.clone();
             for (path, x) in rn
-                .sets(r, &fixed_names)
+                .sets(r, &pins.names)
                 .into_iter()
-                .chain(cn.sets(c, &fixed_names))
+                .chain(cn.sets(c, &pins.names))
             {
                 axes::insert_path(&mut obj, &path, x);
             }
             configs.push(Json::Object(obj));
         }
     }
-    // Alias extras (cp_size under `cp_comm_type`) are config values, not pins: free facts
-    // stay free, held ones are pinned to them.
-    let grid = GridQuery {
-        row_slots: rn.slots.clone(),
-        col_slots: cn.slots.clone(),
-        free_slots: free_slots.clone(),
-        nrows: rows.len(),
-        ncols: cols.len(),
-        configs,
-    };
-    let g = analyse(policy, &grid, budget)?;
-    let cells = g
-        .cells
+    configs
+}
+
+/// The cells of the matrix from the analysis of each and its config.
+fn matrix_cells(policy: &Policy, analysed: &[CellAnalysis], configs: &[Json]) -> Vec<Cell> {
+    analysed
         .iter()
-        .zip(&grid.configs)
+        .zip(configs)
         .map(|(c, config)| {
             let (backend, variant) = name_of(policy, c.at_defaults);
             let decision = policy.decide(&c.facts);
@@ -311,32 +392,5 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
                 explanation,
             }
         })
-        .collect();
-    let mut free: Vec<String> = free_slots
-        .iter()
-        .map(|&s| schema.fields[s].path.to_string())
-        .collect();
-    free.dedup();
-    Ok(Matrix {
-        pack: policy.name.clone(),
-        family: schema.family,
-        rows: Axis {
-            name: rn.name.clone(),
-            meaning: rn.meaning(),
-            values: rows,
-        },
-        cols: Axis {
-            name: cn.name.clone(),
-            meaning: cn.meaning(),
-            values: cols,
-        },
-        fixed,
-        fixed_caption,
-        free,
-        backends: policy.backends.iter().map(|b| b.name.clone()).collect(),
-        cells,
-        complete: g.complete,
-        diagram_nodes: g.diagram_nodes,
-        classes_examined: g.classes_examined,
-    })
+        .collect()
 }

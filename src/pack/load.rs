@@ -541,7 +541,64 @@ fn link_pack(
 
     let (def_sources, public) = link_public_defs(l, &pack, pack_file);
     let mut shower = super::shown::Shower::new(&def_sources, &public);
-    let definitions: Vec<Definition> = def_sources
+    let definitions = link_definitions(&pack, &def_sources, &public, &mut shower);
+    let (backends, backend_of) = link_backends(l, &backend_files, typed_variants, &mut shower);
+    let (layers, rules) = link_rules(
+        l,
+        rule_sources.into_iter().zip(typed_rules),
+        &backends,
+        &backend_of,
+        broken_backend_files,
+        schema,
+        &mut shower,
+    );
+
+    let preference = link_preference(
+        l,
+        &pack,
+        pack_file,
+        typed_preference,
+        &backends,
+        broken_backend_files,
+        &mut shower,
+    );
+    let executor_chains =
+        link_executors(l, &pack.executors, pack_file, &backends, catalogue, &admits);
+    let min_versions = link_min_versions(l, &pack, pack_file, schema);
+    let allow = link_allow(l, &pack, pack_file);
+
+    let hot =
+        crate::policy::HotPath::build(&compiler.program, schema, &rules, &backends, &preference);
+    Policy {
+        name: pack.name.value.clone(),
+        description: pack.description.clone(),
+        schema,
+        sources: SourceMap::default(),
+        program: compiler.program,
+        backends,
+        rules,
+        preference,
+        layers,
+        defs,
+        definitions,
+        min_versions,
+        executor_chains,
+        executor_admits: admits,
+        warnings: Diagnostics::default(),
+        allow,
+        disabled_layers: 0,
+        hot,
+    }
+}
+
+/// The pack's definitions, in name order, each with its source on one line and as shown.
+fn link_definitions(
+    pack: &PackFile,
+    def_sources: &BTreeMap<String, String>,
+    public: &BTreeSet<String>,
+    shower: &mut super::shown::Shower<'_>,
+) -> Vec<Definition> {
+    def_sources
         .iter()
         .map(|(name, source)| Definition {
             name: name.clone(),
@@ -553,9 +610,17 @@ fn link_pack(
                 .filter(|_| public.contains(name))
                 .map(|d| d.value.trim().to_string()),
         })
-        .collect();
+        .collect()
+}
 
-    // Backends, in the listed order; `backend_of[i]`: the backend of parsed file i.
+/// Backends, in the listed order, and `backend_of[i]`: the backend of parsed file i (`None` for
+/// a file that defines a backend again).
+fn link_backends(
+    l: &mut Loader,
+    backend_files: &[(u16, BackendFile)],
+    typed_variants: Vec<Vec<(Option<Compiled>, Option<Compiled>)>>,
+    shower: &mut super::shown::Shower<'_>,
+) -> (Vec<Backend>, Vec<Option<u16>>) {
     let mut backends: Vec<Backend> = Vec::new();
     let mut backend_of: Vec<Option<u16>> = Vec::new();
     for ((file, bf), compiled) in backend_files.iter().zip(typed_variants) {
@@ -602,12 +667,25 @@ fn link_pack(
             loc,
         });
     }
+    (backends, backend_of)
+}
 
-    // Layers: `capability` (index 0) holds the backend files' rules.
+/// Layers (`capability`, index 0, holds the backend files' rules; the others in order of first
+/// use) and the rules, each once per backend it targets. `sources`: each rule's source with its
+/// compiled (`when`, `until`); `backend_of`: as [`link_backends`] returns it.
+fn link_rules(
+    l: &mut Loader,
+    sources: impl IntoIterator<Item = (RuleSource, (Option<Compiled>, Option<Compiled>))>,
+    backends: &[Backend],
+    backend_of: &[Option<u16>],
+    broken_backend_files: bool,
+    schema: &'static Schema,
+    shower: &mut super::shown::Shower<'_>,
+) -> (Vec<String>, Vec<Rule>) {
     let mut layers = vec!["capability".to_string()];
     let mut rules: Vec<Rule> = Vec::new();
     let mut seen: HashMap<String, Loc> = HashMap::new();
-    for (src, (when, until)) in rule_sources.into_iter().zip(typed_rules) {
+    for (src, (when, until)) in sources {
         let own_backend = match src.backend_file {
             // The rules of a duplicate backend file were reported with it.
             Some(i) => match backend_of[i] {
@@ -648,51 +726,14 @@ fn link_pack(
             &def,
             id_loc,
             own_backend,
-            &backends,
+            backends,
             broken_backend_files,
         ) else {
             continue;
         };
         let backend = targets[0];
-        let b = &backends[backend as usize];
-        let mut mask = 0u64;
-        for v in &def.variants {
-            match b.variants.iter().position(|x| x.name == v.value) {
-                Some(i) => mask |= 1 << i,
-                None => {
-                    let at = l.at(file, v);
-                    l.unknown(
-                        Code::Name,
-                        format!("backend `{}` has no variant `{}`", b.name, v.value),
-                        at,
-                        &v.value,
-                        b.variants.iter().map(|x| x.name.as_str()),
-                    );
-                }
-            }
-        }
-        if def.variants.is_empty() {
-            mask = b.all_variants();
-        } else if targets.len() > 1 {
-            let at = l.at(file, &def.variants[0]);
-            l.diags
-                .push(Diagnostic::new(Code::Rule, "`variants:` needs a single `backend:`").at(at));
-        }
-        let kind = match def.kind.as_ref().map(|k| k.value.as_str()) {
-            None | Some("decline") => RuleKind::Decline,
-            Some("switch") => RuleKind::Switch,
-            Some(other) => {
-                let at = l.at(file, def.kind.as_ref().expect("kind present"));
-                l.diags.push(
-                    Diagnostic::new(
-                        Code::Rule,
-                        format!("unknown rule kind `{other}`; expected `decline` or `switch`"),
-                    )
-                    .at(at),
-                );
-                RuleKind::Decline
-            }
-        };
+        let mask = rule_variant_mask(l, file, &def, &backends[backend as usize], targets.len());
+        let kind = rule_kind(l, file, &def);
         // A condition that did not compile was reported in stage 3.
         let Some(when) = when else { continue };
         let when_loc = l.at(file, &def.when);
@@ -728,19 +769,64 @@ fn link_pack(
             });
         }
     }
+    (layers, rules)
+}
 
-    let preference = link_preference(
-        l,
-        &pack,
-        pack_file,
-        typed_preference,
-        &backends,
-        broken_backend_files,
-        &mut shower,
-    );
-    let executor_chains =
-        link_executors(l, &pack.executors, pack_file, &backends, catalogue, &admits);
+/// The variants of backend `b` a rule's `variants:` names, as a mask (all of them when it names
+/// none); `targets`: how many backends the rule targets (`variants:` needs one).
+fn rule_variant_mask(l: &mut Loader, file: u16, def: &RuleDef, b: &Backend, targets: usize) -> u64 {
+    let mut mask = 0u64;
+    for v in &def.variants {
+        match b.variants.iter().position(|x| x.name == v.value) {
+            Some(i) => mask |= 1 << i,
+            None => {
+                let at = l.at(file, v);
+                l.unknown(
+                    Code::Name,
+                    format!("backend `{}` has no variant `{}`", b.name, v.value),
+                    at,
+                    &v.value,
+                    b.variants.iter().map(|x| x.name.as_str()),
+                );
+            }
+        }
+    }
+    if def.variants.is_empty() {
+        mask = b.all_variants();
+    } else if targets > 1 {
+        let at = l.at(file, &def.variants[0]);
+        l.diags
+            .push(Diagnostic::new(Code::Rule, "`variants:` needs a single `backend:`").at(at));
+    }
+    mask
+}
 
+/// A rule's `kind:` (`decline` when absent or unknown; an unknown one is reported).
+fn rule_kind(l: &mut Loader, file: u16, def: &RuleDef) -> RuleKind {
+    match def.kind.as_ref().map(|k| k.value.as_str()) {
+        None | Some("decline") => RuleKind::Decline,
+        Some("switch") => RuleKind::Switch,
+        Some(other) => {
+            let at = l.at(file, def.kind.as_ref().expect("kind present"));
+            l.diags.push(
+                Diagnostic::new(
+                    Code::Rule,
+                    format!("unknown rule kind `{other}`; expected `decline` or `switch`"),
+                )
+                .at(at),
+            );
+            RuleKind::Decline
+        }
+    }
+}
+
+/// `min_versions:`: (fact, version) for each entry that names a fact and a version.
+fn link_min_versions(
+    l: &mut Loader,
+    pack: &PackFile,
+    pack_file: u16,
+    schema: &'static Schema,
+) -> Vec<(String, Version)> {
     let mut min_versions = Vec::new();
     for (fact, v) in &pack.min_versions {
         let at = l.at(pack_file, v);
@@ -758,7 +844,11 @@ fn link_pack(
             ),
         }
     }
+    min_versions
+}
 
+/// `allow:`: the warning codes the pack allows (an error code or an unknown name is reported).
+fn link_allow(l: &mut Loader, pack: &PackFile, pack_file: u16) -> Vec<Code> {
     let mut allow = Vec::new();
     for name in &pack.allow {
         let at = l.at(pack_file, name);
@@ -788,29 +878,7 @@ fn link_pack(
             }
         }
     }
-
-    let hot =
-        crate::policy::HotPath::build(&compiler.program, schema, &rules, &backends, &preference);
-    Policy {
-        name: pack.name.value.clone(),
-        description: pack.description.clone(),
-        schema,
-        sources: SourceMap::default(),
-        program: compiler.program,
-        backends,
-        rules,
-        preference,
-        layers,
-        defs,
-        definitions,
-        min_versions,
-        executor_chains,
-        executor_admits: admits,
-        warnings: Diagnostics::default(),
-        allow,
-        disabled_layers: 0,
-        hot,
-    }
+    allow
 }
 
 /// The definitions' sources by name, and the names of the public ones (`public_defs:`); each

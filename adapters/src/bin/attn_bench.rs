@@ -171,45 +171,7 @@ fn run(a: &Args) -> Result<(), ExecError> {
         "cuBLAS {} GEMM 8192^3 on random data: {gemm:.0} TFLOP/s",
         a.dtype
     );
-    // One fused executor per backward chunking asked for (the default chunking when none).
-    let mut fused_exs: Vec<(String, Fused)> = Vec::new();
-    if a.fused {
-        let default = ChunkedConfig::default();
-        let chunks: Vec<Option<usize>> = if a.fused_chunks.is_empty() {
-            vec![None]
-        } else {
-            a.fused_chunks.iter().map(|&c| Some(c)).collect()
-        };
-        let lanes: Vec<Option<usize>> = if a.fused_lanes.is_empty() {
-            vec![None]
-        } else {
-            a.fused_lanes.iter().map(|&l| Some(l)).collect()
-        };
-        let variants = chunks
-            .iter()
-            .flat_map(|&c| lanes.iter().map(move |&l| (c, l)));
-        for (rows, lanes) in variants {
-            let mut cfg = default;
-            let mut label = "fused (this crate".to_string();
-            if let Some(r) = rows {
-                cfg.max_chunk_rows = r;
-                cfg.target_rows_per_gemm = r * (a.hq / a.hkv.max(1)).max(1);
-                label += &format!(", bwd chunks of {r} rows");
-            }
-            if let Some(l) = lanes {
-                cfg.fused_score_lanes = l.max(1);
-                label += &format!(", {l} lanes");
-            }
-            label += ")";
-            match Fused::with_chunking(0, cfg) {
-                Ok(f) => fused_exs.push((label, f)),
-                Err(e) => {
-                    println!("fused executor skipped: {e}");
-                    break;
-                }
-            }
-        }
-    }
+    let fused_exs = fused_executors(a);
     if a.profile_fused_backward {
         let Some((label, fx)) = fused_exs.first() else {
             return Err(ExecError::invalid(
@@ -238,51 +200,9 @@ fn run(a: &Args) -> Result<(), ExecError> {
             dv,
         } = t;
         // SAFETY: all buffers are live allocations of the spans the problem needs.
-        let (fwd, fb, ws_f, ws_b) = unsafe {
-            ex.forward_device(&p, &fa)?;
-            ex.backward_device(&p, &ba)?;
-            let mut tf = Vec::new();
-            for _ in 0..a.iters * 2 {
-                tf.push(ex.forward_device(&p, &fa)?.compute_ms);
-            }
-            let mut tfb = Vec::new();
-            let (mut wf, mut wb) = (0, 0);
-            for _ in 0..a.iters {
-                let f = ex.forward_device(&p, &fa)?;
-                let b = ex.backward_device(&p, &ba)?;
-                wf = f.workspace_bytes;
-                wb = b.workspace_bytes;
-                tfb.push(f.compute_ms + b.compute_ms);
-            }
-            (median(tf), median(tfb), wf, wb)
-        };
-        // Determinism: a second backward must reproduce dQ, dK, dV bit for bit.
-        let grads = |ex: &Chunked| -> Result<[Vec<u16>; 3], ExecError> {
-            Ok([
-                ex.download_u16(&dq, p.q_span())?,
-                ex.download_u16(&dk, p.k_span())?,
-                ex.download_u16(&dv, p.v_span())?,
-            ])
-        };
-        let g1 = grads(&ex)?;
-        for b in [&dq, &dk, &dv] {
-            ex.poison(b, 0xFF)?;
-        }
+        let (fwd, fb, ws_f, ws_b) = unsafe { time_chunked(&ex, &p, &fa, &ba, a.iters)? };
         // SAFETY: as above.
-        unsafe { ex.backward_device(&p, &ba)? };
-        let g2 = grads(&ex)?;
-        let identical = g1 == g2;
-        let nonzero = g1[0].iter().any(|&x| x != 0);
-        let hashes: Vec<String> = g2.iter().map(|g| format!("{:016x}", fnv(g))).collect();
-        println!(
-            "s={s}: backward run twice: {} (hashes dq/dk/dv {})",
-            if identical {
-                "bitwise identical"
-            } else {
-                "DIFFERENT"
-            },
-            hashes.join("/")
-        );
+        let (identical, nonzero) = unsafe { backward_twice(&ex, &p, &ba, [&dq, &dk, &dv], s)? };
         let out_bytes =
             2 * (p.o_span() + p.q_span() + p.k_span() + p.v_span()) as u64 + 4 * p.lse_len() as u64;
         let peak = (out_bytes + ws_f.max(ws_b)) as f64 / 1048576.0;
@@ -351,6 +271,127 @@ fn run(a: &Args) -> Result<(), ExecError> {
         .map_err(|e| ExecError::invalid(format!("{path}: {e}")))?;
     }
     Ok(())
+}
+
+/// One fused executor per backward chunking and lane count asked for (the default when none),
+/// with its row label; none without `--fused` (or once one cannot be made).
+fn fused_executors(a: &Args) -> Vec<(String, Fused)> {
+    let mut fused_exs: Vec<(String, Fused)> = Vec::new();
+    if a.fused {
+        let default = ChunkedConfig::default();
+        let chunks: Vec<Option<usize>> = if a.fused_chunks.is_empty() {
+            vec![None]
+        } else {
+            a.fused_chunks.iter().map(|&c| Some(c)).collect()
+        };
+        let lanes: Vec<Option<usize>> = if a.fused_lanes.is_empty() {
+            vec![None]
+        } else {
+            a.fused_lanes.iter().map(|&l| Some(l)).collect()
+        };
+        let variants = chunks
+            .iter()
+            .flat_map(|&c| lanes.iter().map(move |&l| (c, l)));
+        for (rows, lanes) in variants {
+            let mut cfg = default;
+            let mut label = "fused (this crate".to_string();
+            if let Some(r) = rows {
+                cfg.max_chunk_rows = r;
+                cfg.target_rows_per_gemm = r * (a.hq / a.hkv.max(1)).max(1);
+                label += &format!(", bwd chunks of {r} rows");
+            }
+            if let Some(l) = lanes {
+                cfg.fused_score_lanes = l.max(1);
+                label += &format!(", {l} lanes");
+            }
+            label += ")";
+            match Fused::with_chunking(0, cfg) {
+                Ok(f) => fused_exs.push((label, f)),
+                Err(e) => {
+                    println!("fused executor skipped: {e}");
+                    break;
+                }
+            }
+        }
+    }
+    fused_exs
+}
+
+/// The chunked executor's median forward and forward+backward times (ms) over `iters` runs
+/// after a warm-up, and its forward and backward workspace bytes.
+///
+/// # Safety
+///
+/// `fa` and `ba` point at live device allocations of the spans `p` needs.
+unsafe fn time_chunked(
+    ex: &Chunked,
+    p: &AttentionProblem,
+    fa: &DeviceForwardArgs,
+    ba: &DeviceBackwardArgs,
+    iters: usize,
+) -> Result<(f64, f64, u64, u64), ExecError> {
+    // SAFETY: the caller's contract: all buffers are live allocations of the spans `p` needs.
+    Ok(unsafe {
+        ex.forward_device(p, fa)?;
+        ex.backward_device(p, ba)?;
+        let mut tf = Vec::new();
+        for _ in 0..iters * 2 {
+            tf.push(ex.forward_device(p, fa)?.compute_ms);
+        }
+        let mut tfb = Vec::new();
+        let (mut wf, mut wb) = (0, 0);
+        for _ in 0..iters {
+            let f = ex.forward_device(p, fa)?;
+            let b = ex.backward_device(p, ba)?;
+            wf = f.workspace_bytes;
+            wb = b.workspace_bytes;
+            tfb.push(f.compute_ms + b.compute_ms);
+        }
+        (median(tf), median(tfb), wf, wb)
+    })
+}
+
+/// Determinism: a second backward (into poisoned dQ, dK, dV) must reproduce them bit for bit.
+/// Prints the outcome with the gradients' hashes; returns (identical, dQ not all zero).
+///
+/// # Safety
+///
+/// `ba` points at live device allocations of the spans `p` needs; `[dq, dk, dv]` are its
+/// gradient buffers.
+unsafe fn backward_twice(
+    ex: &Chunked,
+    p: &AttentionProblem,
+    ba: &DeviceBackwardArgs,
+    [dq, dk, dv]: [&DeviceBuffer; 3],
+    s: usize,
+) -> Result<(bool, bool), ExecError> {
+    let grads = |ex: &Chunked| -> Result<[Vec<u16>; 3], ExecError> {
+        Ok([
+            ex.download_u16(dq, p.q_span())?,
+            ex.download_u16(dk, p.k_span())?,
+            ex.download_u16(dv, p.v_span())?,
+        ])
+    };
+    let g1 = grads(ex)?;
+    for b in [dq, dk, dv] {
+        ex.poison(b, 0xFF)?;
+    }
+    // SAFETY: the caller's contract: `ba`'s buffers are live allocations of the spans `p` needs.
+    unsafe { ex.backward_device(p, ba)? };
+    let g2 = grads(ex)?;
+    let identical = g1 == g2;
+    let nonzero = g1[0].iter().any(|&x| x != 0);
+    let hashes: Vec<String> = g2.iter().map(|g| format!("{:016x}", fnv(g))).collect();
+    println!(
+        "s={s}: backward run twice: {} (hashes dq/dk/dv {})",
+        if identical {
+            "bitwise identical"
+        } else {
+            "DIFFERENT"
+        },
+        hashes.join("/")
+    );
+    Ok((identical, nonzero))
 }
 
 /// The fused executor on the chunked run's inputs: forward and forward+backward times, memory,

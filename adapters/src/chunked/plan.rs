@@ -545,15 +545,9 @@ pub(crate) fn backward(
     io: &DeviceBackwardArgs,
     ws: u64,
 ) -> Result<(), ExecError> {
-    let (hq, sq, skv, dqk, dv) = (
-        p.heads_q,
-        p.seqlen_q,
-        p.seqlen_kv,
-        p.head_dim_qk,
-        p.head_dim_v,
-    );
+    let (hq, sq, dv) = (p.heads_q, p.seqlen_q, p.head_dim_v);
     let ratio = p.group_size();
-    let (lq, lk, lv, lo_) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
+    let lo_ = p.layout.o;
     let m = p.effective_mask();
     let scale = p.softmax_scale as f32;
     let d_buf = ws + plan.off_d;
@@ -569,6 +563,15 @@ pub(crate) fn backward(
         stride_h: lo_.head,
         stride_s: lo_.seq,
     })?;
+    let c = Bwd {
+        p,
+        plan,
+        io,
+        ratio,
+        m,
+        scale,
+        d_buf,
+    };
     // Groups go round-robin to the lanes; within a lane everything is in order, so every sum
     // keeps its order (deterministic) whatever the lanes' relative timing.
     ops.fork(plan.lanes)?;
@@ -577,240 +580,349 @@ pub(crate) fn backward(
             let lane = (b * p.heads_kv + g) % plan.lanes;
             ops.lane(lane)?;
             let base = ws + lane as u64 * plan.lane_bytes;
-            let (s_buf, p_buf, dp_buf, ds_buf) = (
-                base + plan.off_s,
-                base + plan.off_p,
-                base + plan.off_dp,
-                base + plan.off_ds,
-            );
-            let (acc_dk, acc_dv) = (base + plan.off_acc_dk, base + plan.off_acc_dv);
-            let h0 = g * ratio;
-            ops.fill_f32(&FillF32Args {
-                dst: acc_dk,
-                ld: skv * dqk,
-                rows: 1,
-                cols: skv * dqk,
-                value: 0.0,
-            })?;
-            ops.fill_f32(&FillF32Args {
-                dst: acc_dv,
-                ld: skv * dv,
-                rows: 1,
-                cols: skv * dv,
-                value: 0.0,
-            })?;
-            for i0 in (0..sq).step_by(plan.chunk_rows) {
-                let rows = plan.chunk_rows.min(sq - i0);
-                let Some((klo, khi)) = chunk_range(&m, i0, rows, skv) else {
-                    ops.zero_rows(&ZeroRowsArgs {
-                        dst: at(io.dq, &lq, b, h0, i0),
-                        row_stride: lq.seq,
-                        head_stride: lq.head,
-                        rows,
-                        heads: ratio,
-                        cols: dqk,
-                    })?;
-                    continue;
-                };
-                let n = khi - klo;
-                let lds = lds_for(n);
-                let blk = rows * lds;
-                let row_off = 4 * ((b * hq + h0) * sq + i0) as u64;
-                if plan.kind == PlanKind::BackwardFusedScores {
-                    ops.bwd_scores(&BwdScoresArgs {
-                        batch: b,
-                        kv_head: g,
-                        h0,
-                        heads: ratio,
-                        i0,
-                        rows,
-                        kv_lo: klo,
-                        n,
-                        p: p_buf,
-                        ds: ds_buf,
-                        lds,
-                        lse: io.lse + row_off,
-                        dvec: d_buf + row_off,
-                        head_stride: sq,
-                    })?;
-                } else {
-                    let q_c = RowMajor {
-                        ptr: at(io.q, &lq, b, h0, i0),
-                        ld: ld(lq.seq, dqk),
-                        stride: lq.head,
-                    };
-                    let do_c = RowMajor {
-                        ptr: at(io.d_o, &lo_, b, h0, i0),
-                        ld: ld(lo_.seq, dv),
-                        stride: lo_.head,
-                    };
-                    let k_r = RowMajor {
-                        ptr: at(io.k, &lk, b, g, klo),
-                        ld: ld(lk.seq, dqk),
-                        stride: 0,
-                    };
-                    let v_r = RowMajor {
-                        ptr: at(io.v, &lv, b, g, klo),
-                        ld: ld(lv.seq, dv),
-                        stride: 0,
-                    };
-                    // S = Q_c K^T, dP = dO_c V^T.
-                    ops.gemm(&gemm_rm(
-                        false,
-                        true,
-                        rows,
-                        n,
-                        dqk,
-                        q_c,
-                        k_r,
-                        RowMajor {
-                            ptr: s_buf,
-                            ld: lds,
-                            stride: blk,
-                        },
-                        Elem::F32,
-                        1.0,
-                        0.0,
-                        ratio,
-                    ))?;
-                    ops.gemm(&gemm_rm(
-                        false,
-                        true,
-                        rows,
-                        n,
-                        dv,
-                        do_c,
-                        v_r,
-                        RowMajor {
-                            ptr: dp_buf,
-                            ld: lds,
-                            stride: blk,
-                        },
-                        Elem::F32,
-                        1.0,
-                        0.0,
-                        ratio,
-                    ))?;
-                    ops.bwd_elementwise(&BwdArgs {
-                        s: s_buf,
-                        dp: dp_buf,
-                        p: p_buf,
-                        ds: ds_buf,
-                        lds,
-                        rows,
-                        heads: ratio,
-                        n,
-                        i0,
-                        kv_lo: klo,
-                        lse: io.lse + row_off,
-                        dvec: d_buf + row_off,
-                        head_stride: sq,
-                        mask: m,
-                        scale,
-                    })?;
-                }
-                // dQ_c = scale dS K (written directly, every head of the group at once).
-                ops.gemm(&gemm_rm(
-                    false,
-                    false,
-                    rows,
-                    dqk,
-                    n,
-                    RowMajor {
-                        ptr: ds_buf,
-                        ld: lds,
-                        stride: blk,
-                    },
-                    RowMajor {
-                        ptr: at(io.k, &lk, b, g, klo),
-                        ld: ld(lk.seq, dqk),
-                        stride: 0,
-                    },
-                    RowMajor {
-                        ptr: at(io.dq, &lq, b, h0, i0),
-                        ld: ld(lq.seq, dqk),
-                        stride: lq.head,
-                    },
-                    Elem::Low,
-                    scale,
-                    0.0,
-                    ratio,
-                ))?;
-                // dV += P^T dO_c, dK += scale dS^T Q_c: heads of the group in a fixed order,
-                // accumulated in fp32 by GEMM beta = 1 (deterministic).
-                for r in 0..ratio {
-                    let h = h0 + r;
-                    let roff = (r * blk) as u64;
-                    ops.gemm(&gemm_rm(
-                        true,
-                        false,
-                        n,
-                        dv,
-                        rows,
-                        RowMajor {
-                            ptr: p_buf + 2 * roff,
-                            ld: lds,
-                            stride: 0,
-                        },
-                        RowMajor {
-                            ptr: at(io.d_o, &lo_, b, h, i0),
-                            ld: ld(lo_.seq, dv),
-                            stride: 0,
-                        },
-                        RowMajor {
-                            ptr: acc_dv + 4 * (klo * dv) as u64,
-                            ld: dv,
-                            stride: 0,
-                        },
-                        Elem::F32,
-                        1.0,
-                        1.0,
-                        1,
-                    ))?;
-                    ops.gemm(&gemm_rm(
-                        true,
-                        false,
-                        n,
-                        dqk,
-                        rows,
-                        RowMajor {
-                            ptr: ds_buf + 2 * roff,
-                            ld: lds,
-                            stride: 0,
-                        },
-                        RowMajor {
-                            ptr: at(io.q, &lq, b, h, i0),
-                            ld: ld(lq.seq, dqk),
-                            stride: 0,
-                        },
-                        RowMajor {
-                            ptr: acc_dk + 4 * (klo * dqk) as u64,
-                            ld: dqk,
-                            stride: 0,
-                        },
-                        Elem::F32,
-                        scale,
-                        1.0,
-                        1,
-                    ))?;
-                }
-            }
-            ops.cast_rows(&CastArgs {
-                src: acc_dk,
-                dst: at(io.dk, &lk, b, g, 0),
-                dst_ld: lk.seq,
-                rows: skv,
-                cols: dqk,
-            })?;
-            ops.cast_rows(&CastArgs {
-                src: acc_dv,
-                dst: at(io.dv, &lv, b, g, 0),
-                dst_ld: lv.seq,
-                rows: skv,
-                cols: dv,
-            })?;
+            let grp = BwdGroup {
+                b,
+                g,
+                h0: g * ratio,
+                s_buf: base + plan.off_s,
+                p_buf: base + plan.off_p,
+                dp_buf: base + plan.off_dp,
+                ds_buf: base + plan.off_ds,
+                acc_dk: base + plan.off_acc_dk,
+                acc_dv: base + plan.off_acc_dv,
+            };
+            backward_group(ops, &c, &grp)?;
         }
     }
     ops.join()?;
+    Ok(())
+}
+
+/// What every step of the backward pass reads, computed once by [`backward`].
+struct Bwd<'a> {
+    p: &'a AttentionProblem,
+    plan: &'a Plan,
+    io: &'a DeviceBackwardArgs,
+    /// Query heads per KV head.
+    ratio: usize,
+    m: EffectiveMask,
+    scale: f32,
+    /// `D = rowsum(dO * O)`, fp32 per query row.
+    d_buf: u64,
+}
+
+/// One (batch, KV head) group of the backward pass: its first query head and its lane's
+/// buffers.
+struct BwdGroup {
+    b: usize,
+    g: usize,
+    h0: usize,
+    s_buf: u64,
+    p_buf: u64,
+    dp_buf: u64,
+    ds_buf: u64,
+    acc_dk: u64,
+    acc_dv: u64,
+}
+
+/// One chunk of query rows from `i0` and the key range `klo..klo + n` its mask admits, with
+/// the score block's row length `lds`, batch stride `blk` and the rows' offset into LSE / D.
+struct BwdChunk {
+    i0: usize,
+    rows: usize,
+    klo: usize,
+    n: usize,
+    lds: usize,
+    blk: usize,
+    row_off: u64,
+}
+
+/// One group: zero the fp32 dK / dV accumulators, every chunk in order, cast dK and dV once.
+fn backward_group(ops: &mut impl Ops, c: &Bwd<'_>, grp: &BwdGroup) -> Result<(), ExecError> {
+    let (p, plan, io) = (c.p, c.plan, c.io);
+    let (sq, skv, dqk, dv) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let (lk, lv) = (p.layout.k, p.layout.v);
+    let (b, g) = (grp.b, grp.g);
+    let (acc_dk, acc_dv) = (grp.acc_dk, grp.acc_dv);
+    ops.fill_f32(&FillF32Args {
+        dst: acc_dk,
+        ld: skv * dqk,
+        rows: 1,
+        cols: skv * dqk,
+        value: 0.0,
+    })?;
+    ops.fill_f32(&FillF32Args {
+        dst: acc_dv,
+        ld: skv * dv,
+        rows: 1,
+        cols: skv * dv,
+        value: 0.0,
+    })?;
+    for i0 in (0..sq).step_by(plan.chunk_rows) {
+        backward_chunk(ops, c, grp, i0)?;
+    }
+    ops.cast_rows(&CastArgs {
+        src: acc_dk,
+        dst: at(io.dk, &lk, b, g, 0),
+        dst_ld: lk.seq,
+        rows: skv,
+        cols: dqk,
+    })?;
+    ops.cast_rows(&CastArgs {
+        src: acc_dv,
+        dst: at(io.dv, &lv, b, g, 0),
+        dst_ld: lv.seq,
+        rows: skv,
+        cols: dv,
+    })?;
+    Ok(())
+}
+
+/// The chunk of query rows from `i0`: its rows of dQ zeroed when the mask admits no key, else
+/// P and dS, then dQ_c, then its share of dK and dV.
+fn backward_chunk(
+    ops: &mut impl Ops,
+    c: &Bwd<'_>,
+    grp: &BwdGroup,
+    i0: usize,
+) -> Result<(), ExecError> {
+    let (p, plan, io, ratio, scale) = (c.p, c.plan, c.io, c.ratio, c.scale);
+    let (hq, sq, skv, dqk) = (p.heads_q, p.seqlen_q, p.seqlen_kv, p.head_dim_qk);
+    let (lq, lk) = (p.layout.q, p.layout.k);
+    let (b, g, h0) = (grp.b, grp.g, grp.h0);
+    let rows = plan.chunk_rows.min(sq - i0);
+    let Some((klo, khi)) = chunk_range(&c.m, i0, rows, skv) else {
+        ops.zero_rows(&ZeroRowsArgs {
+            dst: at(io.dq, &lq, b, h0, i0),
+            row_stride: lq.seq,
+            head_stride: lq.head,
+            rows,
+            heads: ratio,
+            cols: dqk,
+        })?;
+        return Ok(());
+    };
+    let n = khi - klo;
+    let lds = lds_for(n);
+    let blk = rows * lds;
+    let row_off = 4 * ((b * hq + h0) * sq + i0) as u64;
+    let ch = BwdChunk {
+        i0,
+        rows,
+        klo,
+        n,
+        lds,
+        blk,
+        row_off,
+    };
+    if plan.kind == PlanKind::BackwardFusedScores {
+        ops.bwd_scores(&BwdScoresArgs {
+            batch: b,
+            kv_head: g,
+            h0,
+            heads: ratio,
+            i0,
+            rows,
+            kv_lo: klo,
+            n,
+            p: grp.p_buf,
+            ds: grp.ds_buf,
+            lds,
+            lse: io.lse + row_off,
+            dvec: c.d_buf + row_off,
+            head_stride: sq,
+        })?;
+    } else {
+        backward_scores(ops, c, grp, &ch)?;
+    }
+    // dQ_c = scale dS K (written directly, every head of the group at once).
+    ops.gemm(&gemm_rm(
+        false,
+        false,
+        rows,
+        dqk,
+        n,
+        RowMajor {
+            ptr: grp.ds_buf,
+            ld: lds,
+            stride: blk,
+        },
+        RowMajor {
+            ptr: at(io.k, &lk, b, g, klo),
+            ld: ld(lk.seq, dqk),
+            stride: 0,
+        },
+        RowMajor {
+            ptr: at(io.dq, &lq, b, h0, i0),
+            ld: ld(lq.seq, dqk),
+            stride: lq.head,
+        },
+        Elem::Low,
+        scale,
+        0.0,
+        ratio,
+    ))?;
+    backward_accumulate(ops, c, grp, &ch)
+}
+
+/// P and dS of a chunk through GEMMs: `S = Q_c K^T`, `dP = dO_c V^T` (fp32), then the
+/// elementwise kernel.
+fn backward_scores(
+    ops: &mut impl Ops,
+    c: &Bwd<'_>,
+    grp: &BwdGroup,
+    ch: &BwdChunk,
+) -> Result<(), ExecError> {
+    let (p, io, ratio) = (c.p, c.io, c.ratio);
+    let (sq, dqk, dv) = (p.seqlen_q, p.head_dim_qk, p.head_dim_v);
+    let (lq, lk, lv, lo_) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
+    let (b, g, h0) = (grp.b, grp.g, grp.h0);
+    let (i0, rows, klo, n, lds, blk) = (ch.i0, ch.rows, ch.klo, ch.n, ch.lds, ch.blk);
+    let q_c = RowMajor {
+        ptr: at(io.q, &lq, b, h0, i0),
+        ld: ld(lq.seq, dqk),
+        stride: lq.head,
+    };
+    let do_c = RowMajor {
+        ptr: at(io.d_o, &lo_, b, h0, i0),
+        ld: ld(lo_.seq, dv),
+        stride: lo_.head,
+    };
+    let k_r = RowMajor {
+        ptr: at(io.k, &lk, b, g, klo),
+        ld: ld(lk.seq, dqk),
+        stride: 0,
+    };
+    let v_r = RowMajor {
+        ptr: at(io.v, &lv, b, g, klo),
+        ld: ld(lv.seq, dv),
+        stride: 0,
+    };
+    // S = Q_c K^T, dP = dO_c V^T.
+    ops.gemm(&gemm_rm(
+        false,
+        true,
+        rows,
+        n,
+        dqk,
+        q_c,
+        k_r,
+        RowMajor {
+            ptr: grp.s_buf,
+            ld: lds,
+            stride: blk,
+        },
+        Elem::F32,
+        1.0,
+        0.0,
+        ratio,
+    ))?;
+    ops.gemm(&gemm_rm(
+        false,
+        true,
+        rows,
+        n,
+        dv,
+        do_c,
+        v_r,
+        RowMajor {
+            ptr: grp.dp_buf,
+            ld: lds,
+            stride: blk,
+        },
+        Elem::F32,
+        1.0,
+        0.0,
+        ratio,
+    ))?;
+    ops.bwd_elementwise(&BwdArgs {
+        s: grp.s_buf,
+        dp: grp.dp_buf,
+        p: grp.p_buf,
+        ds: grp.ds_buf,
+        lds,
+        rows,
+        heads: ratio,
+        n,
+        i0,
+        kv_lo: klo,
+        lse: io.lse + ch.row_off,
+        dvec: c.d_buf + ch.row_off,
+        head_stride: sq,
+        mask: c.m,
+        scale: c.scale,
+    })?;
+    Ok(())
+}
+
+/// dV += P^T dO_c, dK += scale dS^T Q_c: heads of the group in a fixed order, accumulated in
+/// fp32 by GEMM beta = 1 (deterministic).
+fn backward_accumulate(
+    ops: &mut impl Ops,
+    c: &Bwd<'_>,
+    grp: &BwdGroup,
+    ch: &BwdChunk,
+) -> Result<(), ExecError> {
+    let (p, io, ratio, scale) = (c.p, c.io, c.ratio, c.scale);
+    let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
+    let (lq, lo_) = (p.layout.q, p.layout.o);
+    let (b, h0) = (grp.b, grp.h0);
+    let (i0, rows, klo, n, lds, blk) = (ch.i0, ch.rows, ch.klo, ch.n, ch.lds, ch.blk);
+    for r in 0..ratio {
+        let h = h0 + r;
+        let roff = (r * blk) as u64;
+        ops.gemm(&gemm_rm(
+            true,
+            false,
+            n,
+            dv,
+            rows,
+            RowMajor {
+                ptr: grp.p_buf + 2 * roff,
+                ld: lds,
+                stride: 0,
+            },
+            RowMajor {
+                ptr: at(io.d_o, &lo_, b, h, i0),
+                ld: ld(lo_.seq, dv),
+                stride: 0,
+            },
+            RowMajor {
+                ptr: grp.acc_dv + 4 * (klo * dv) as u64,
+                ld: dv,
+                stride: 0,
+            },
+            Elem::F32,
+            1.0,
+            1.0,
+            1,
+        ))?;
+        ops.gemm(&gemm_rm(
+            true,
+            false,
+            n,
+            dqk,
+            rows,
+            RowMajor {
+                ptr: grp.ds_buf + 2 * roff,
+                ld: lds,
+                stride: 0,
+            },
+            RowMajor {
+                ptr: at(io.q, &lq, b, h, i0),
+                ld: ld(lq.seq, dqk),
+                stride: 0,
+            },
+            RowMajor {
+                ptr: grp.acc_dk + 4 * (klo * dqk) as u64,
+                ld: dqk,
+                stride: 0,
+            },
+            Elem::F32,
+            scale,
+            1.0,
+            1,
+        ))?;
+    }
     Ok(())
 }

@@ -1127,14 +1127,44 @@ fn te_read(
 ) -> PyResult<Option<ReadInput>> {
     let py = params.py();
     let names = Names::get(py)?;
+    key.word(K_TE);
+    let mut prov: Provenance = Vec::new();
+    let found = te_attributes(params, names, key)?;
+    let (present, mut cfg) = te_attribute_config(&found, key, build)?;
+    let (env, probe) = (input_slot("env"), input_slot("probe"));
+    let items = te_environment_items(environment, arguments)?;
+    let has_env = present[env];
+    let given = te_environment_facts(items, names, key, build, &present, &mut cfg, &mut prov)?;
+    te_switches(has_env, given, key, build, &mut cfg, &mut prov);
+    // Probes given by the object or as a call argument are taken as they are.
+    Ok(build.then(|| {
+        let lacks_probes = !present[probe] && !cfg.contains_key("probe");
+        (Json::Object(cfg), prov, lacks_probes)
+    }))
+}
+
+/// The position of a top-level input key in [`input_keys`].
+fn input_slot(name: &str) -> usize {
+    input_keys()
+        .iter()
+        .position(|k| *k == name)
+        .expect("an input key")
+}
+
+/// The attributes of a TE params object that are present, (name index, value), with which way
+/// they were read in `key`. A plain dict (a corpus record's `config`) reads like an object's
+/// attributes; a dataclass or SimpleNamespace is read through its instance `__dict__`;
+/// anything else through getattr. An exact dict whose keys are all exact strs is read in one
+/// pass (in its order), else each name is looked up.
+fn te_attributes<'py>(
+    params: &Bound<'py, PyAny>,
+    names: &Names,
+    key: &mut InputKey,
+) -> PyResult<Vec<(usize, Bound<'py, PyAny>)>> {
+    let py = params.py();
     let keys = input_keys();
     let n = keys.len();
     let (fp8_meta, inference_params, dunder_dict) = (n, n + 1, n + 2);
-    key.word(K_TE);
-    let mut prov: Provenance = Vec::new();
-    // A plain dict (a corpus record's `config`) reads like an object's attributes; a
-    // dataclass or SimpleNamespace is read through its instance `__dict__`; anything else
-    // through getattr.
     let as_dict: Option<Bound<'_, PyDict>> = match params.cast::<PyDict>() {
         Ok(d) => Some(d.clone()),
         Err(_) => match get_opt(params, names.strs[dunder_dict].bind(py))? {
@@ -1142,8 +1172,6 @@ fn te_read(
             None => None,
         },
     };
-    // The attributes present, (name index, value): from one pass over an exact dict whose
-    // keys are all exact strs (in its order), else by looking each name up.
     let mut found: Vec<(usize, Bound<'_, PyAny>)> = Vec::with_capacity(48);
     let start = key.words.len();
     let mut iterated = false;
@@ -1206,10 +1234,23 @@ fn te_read(
         }
     }
     key.word(if iterated { K_DICT } else { K_ATTR });
-    // The config's top-level keys, tracked whether or not the config is built.
+    Ok(found)
+}
+
+/// The config's top-level keys read from the attributes `found` (tracked in the first value,
+/// by input key, whether or not the config is built): input keys in schema order, then what
+/// `fp8_meta` / `inference_params` give.
+fn te_attribute_config(
+    found: &[(usize, Bound<'_, PyAny>)],
+    key: &mut InputKey,
+    build: bool,
+) -> PyResult<(Vec<bool>, Map<String, Json>)> {
+    let keys = input_keys();
+    let n = keys.len();
+    let (fp8_meta, inference_params) = (n, n + 1);
     let mut present = vec![false; n];
     let mut cfg: Vec<(usize, Json)> = Vec::new();
-    for (i, v) in &found {
+    for (i, v) in found {
         let (i, v) = (*i, v);
         if i >= n {
             continue;
@@ -1242,13 +1283,7 @@ fn te_read(
         .into_iter()
         .map(|(i, j)| (keys[i].to_owned(), j))
         .collect();
-    let slot = |name: &str| keys.iter().position(|k| *k == name).expect("an input key");
-    let (recipe, inference, env, probe) = (
-        slot("fp8_recipe"),
-        slot("inference"),
-        slot("env"),
-        slot("probe"),
-    );
+    let (recipe, inference) = (input_slot("fp8_recipe"), input_slot("inference"));
     let attr = |i: usize| found.iter().find(|(j, _)| *j == i).map(|(_, v)| v);
     if !present[recipe]
         && let Some(meta) = attr(fp8_meta)
@@ -1278,16 +1313,23 @@ fn te_read(
             cfg.insert("inference".into(), j);
         }
     }
-    // Environment facts: the object's own, else what the caller resolved: `environment`
-    // with `arguments` over it (as `dict(environment) | {k: (v, "argument")}` would order
-    // them). All of it goes into the key (names, sources and the values that are read).
-    // (name, value, source; None: a call argument)
-    type Item<'py> = (
-        Bound<'py, PyAny>,
-        Bound<'py, PyAny>,
-        Option<Bound<'py, PyAny>>,
-    );
-    let mut items: Vec<Item<'_>> =
+    Ok((present, cfg))
+}
+
+/// An environment fact for the TE drop-in: (name, value, source; None: a call argument).
+type EnvItem<'py> = (
+    Bound<'py, PyAny>,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+);
+
+/// Environment facts: what the caller resolved, `environment` with `arguments` over it (as
+/// `dict(environment) | {k: (v, "argument")}` would order them).
+fn te_environment_items<'py>(
+    environment: &Bound<'py, PyDict>,
+    arguments: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Vec<EnvItem<'py>>> {
+    let mut items: Vec<EnvItem<'_>> =
         Vec::with_capacity(environment.len() + arguments.map_or(0, |a| a.len()));
     for (k, v) in environment.iter() {
         if let Some(x) = arguments.map(|a| a.get_item(&k)).transpose()?.flatten() {
@@ -1304,8 +1346,25 @@ fn te_read(
             }
         }
     }
+    Ok(items)
+}
+
+/// Reads the environment facts `items` into `key` (names, sources and the values that are
+/// read) and the config: an object's own facts (`present`) win. Returns the `env` switches
+/// given, with their source, unless the object has its own.
+fn te_environment_facts(
+    items: Vec<EnvItem<'_>>,
+    names: &Names,
+    key: &mut InputKey,
+    build: bool,
+    present: &[bool],
+    cfg: &mut Map<String, Json>,
+    prov: &mut Provenance,
+) -> PyResult<Option<(Json, &'static str)>> {
+    let keys = input_keys();
+    let n = keys.len();
     key.words.extend([K_DICT, items.len() as u64]);
-    let has_env = present[env];
+    let has_env = present[input_slot("env")];
     let mut given: Option<(Json, &'static str)> = None;
     for (k, value, source) in items {
         let ks = k.cast_exact::<PyString>().ok();
@@ -1368,7 +1427,20 @@ fn te_read(
             prov.push((name.to_owned(), src));
         }
     }
-    // Switches: object > caller (argument / set_environment) > process environment.
+    Ok(given)
+}
+
+/// Switches: object > caller (argument / set_environment, `given`) > process environment. The
+/// process environment's are read into `key` (and the config, when `build`) unless the object
+/// has its own `env` or the caller gave the switch.
+fn te_switches(
+    has_env: bool,
+    given: Option<(Json, &'static str)>,
+    key: &mut InputKey,
+    build: bool,
+    cfg: &mut Map<String, Json>,
+    prov: &mut Provenance,
+) {
     if has_env {
         prov.push(("env".into(), "object"));
     } else {
@@ -1398,11 +1470,6 @@ fn te_read(
         }
         cfg.insert("env".into(), Json::Object(env));
     }
-    // Probes given by the object or as a call argument are taken as they are.
-    Ok(build.then(|| {
-        let lacks_probes = !present[probe] && !cfg.contains_key("probe");
-        (Json::Object(cfg), prov, lacks_probes)
-    }))
 }
 
 /// Top-level keys a config may hold (for did-you-mean in Python and for the TE translation).

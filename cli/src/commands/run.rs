@@ -11,13 +11,15 @@
 use clap::Args;
 use serde_json::{Value as Json, json};
 
-use super::args::{ConfigArgs, Format, Input, OutputArgs};
+use super::args::{ConfigArgs, Format, Input, OutputArgs, Sources};
 use attn_policy::Explanation;
 use attn_policy::facts::te::TE;
 use attn_policy::facts::{Facts, InputError, Value};
 use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
 use attn_policy_adapters::trial::{RunOptions, RunReport, VerifyMode, run_on};
-use attn_policy_adapters::{LiveDevice, Registry, live_device, problem_from_facts};
+use attn_policy_adapters::{
+    AttentionProblem, LiveDevice, NotExpressible, Registry, live_device, problem_from_facts,
+};
 
 /// Exit codes of `run` (the table of every command: docs/cli.md, `--help`).
 const EXIT_NO_BACKEND: i32 = super::EXIT_FOUND;
@@ -176,45 +178,16 @@ pub fn run(a: RunArgs) -> i32 {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };
-    let mut device = DeviceFacts {
-        live: live_device(0),
-        used: false,
-        differences: Vec::new(),
+    let device = match live_device_facts(
+        &mut config,
+        &mut sources,
+        &input,
+        &configured,
+        a.as_configured,
+    ) {
+        Ok(d) => d,
+        Err(e) => return super::fail(e),
     };
-    if let Ok(d) = &device.live {
-        let live_config = d.te_config();
-        let mut with_live = config.clone();
-        merge_into(&mut with_live, &live_config);
-        let live_facts = match facts_of(&with_live, &input) {
-            Ok(f) => f,
-            Err(e) => return super::fail(e),
-        };
-        for fact in ["sm", "cudnn_version"] {
-            if let (Some(c), Some(l)) = (configured.get(fact), live_facts.get(fact))
-                && c != l
-                && live_config
-                    .get(if fact == "sm" {
-                        "device_compute_capability"
-                    } else {
-                        fact
-                    })
-                    .is_some()
-            {
-                device.differences.push(Difference {
-                    fact,
-                    configured: c,
-                    live: l,
-                });
-            }
-        }
-        if !a.as_configured {
-            config = with_live;
-            for key in live_config.as_object().into_iter().flat_map(|o| o.keys()) {
-                sources.push((key.clone(), "live"));
-            }
-            device.used = true;
-        }
-    }
     let mut facts = match facts_of(&config, &input) {
         Ok(f) => f,
         Err(e) => return super::fail(e),
@@ -222,20 +195,7 @@ pub fn run(a: RunArgs) -> i32 {
     let problem = problem_from_facts(&facts);
     // Live probes: is there a GPU executor, and can cuDNN build this graph here?
     let registry = Registry::builtin();
-    let gpu = registry.get("chunked").is_ok();
-    if facts.get("probe.cuda_device") == Some(Value::Unknown) {
-        let _ = facts.set_probe("cuda_device", Some(gpu));
-        sources.push(("probe.cuda_device".into(), "live"));
-    }
-    if facts.get("probe.fused_attn_graph") == Some(Value::Unknown) {
-        let cudnn_ok = gpu
-            && registry.names().contains(&"cudnn")
-            && problem
-                .as_ref()
-                .is_ok_and(|p| registry.get("cudnn").is_ok_and(|e| e.check(p).is_ok()));
-        let _ = facts.set_probe("fused_attn_graph", Some(cudnn_ok));
-        sources.push(("probe.fused_attn_graph".into(), "live"));
-    }
+    answer_live_probes(&mut facts, &mut sources, &registry, &problem);
     let decision = policy.decide(&facts);
     let ex = Explanation::new(&policy, &facts, &decision).with_provenance(sources);
     let Some(selected) = decision.selected else {
@@ -253,23 +213,8 @@ pub fn run(a: RunArgs) -> i32 {
         .iter()
         .map(|e| e.executor.as_str())
         .collect();
-    let opts = RunOptions {
-        backward: !a.forward_only,
-        verify: match a.verify.as_str() {
-            "always" => VerifyMode::Always,
-            "never" => VerifyMode::Never,
-            _ => VerifyMode::Auto,
-        },
-        ..RunOptions::default()
-    };
-    let chain_opts = ChainOptions {
-        ordinal: 0,
-        no_substitute: a.no_substitute,
-        decided_cudnn_version: match facts.get("cudnn_version") {
-            Some(Value::Version(v)) => Some((v.parts[0], v.parts[1], v.parts[2])),
-            _ => None,
-        },
-    };
+    let opts = run_options(&a);
+    let chain_opts = chain_options(&a, &facts);
     let walked = chain::walk(
         &registry,
         &backend,
@@ -315,6 +260,104 @@ pub fn run(a: RunArgs) -> i32 {
             );
             EXIT_NOTHING_RAN
         }
+    }
+}
+
+/// The live device's facts, where a CUDA device answers: the decision is for the device the
+/// executors run on, so they replace the config's in `config` (their `sources` say "live")
+/// unless `as_configured`; those that differ from the `configured` facts are listed.
+fn live_device_facts(
+    config: &mut Json,
+    sources: &mut Sources,
+    input: &Input,
+    configured: &Facts,
+    as_configured: bool,
+) -> Result<DeviceFacts, InputError> {
+    let mut device = DeviceFacts {
+        live: live_device(0),
+        used: false,
+        differences: Vec::new(),
+    };
+    if let Ok(d) = &device.live {
+        let live_config = d.te_config();
+        let mut with_live = config.clone();
+        merge_into(&mut with_live, &live_config);
+        let live_facts = facts_of(&with_live, input)?;
+        for fact in ["sm", "cudnn_version"] {
+            if let (Some(c), Some(l)) = (configured.get(fact), live_facts.get(fact))
+                && c != l
+                && live_config
+                    .get(if fact == "sm" {
+                        "device_compute_capability"
+                    } else {
+                        fact
+                    })
+                    .is_some()
+            {
+                device.differences.push(Difference {
+                    fact,
+                    configured: c,
+                    live: l,
+                });
+            }
+        }
+        if !as_configured {
+            *config = with_live;
+            for key in live_config.as_object().into_iter().flat_map(|o| o.keys()) {
+                sources.push((key.clone(), "live"));
+            }
+            device.used = true;
+        }
+    }
+    Ok(device)
+}
+
+/// Live probes: is there a GPU executor, and can cuDNN build this graph here? Answers the
+/// probes the config left unknown (their `sources` say "live").
+fn answer_live_probes(
+    facts: &mut Facts,
+    sources: &mut Sources,
+    registry: &Registry,
+    problem: &Result<AttentionProblem, NotExpressible>,
+) {
+    let gpu = registry.get("chunked").is_ok();
+    if facts.get("probe.cuda_device") == Some(Value::Unknown) {
+        let _ = facts.set_probe("cuda_device", Some(gpu));
+        sources.push(("probe.cuda_device".into(), "live"));
+    }
+    if facts.get("probe.fused_attn_graph") == Some(Value::Unknown) {
+        let cudnn_ok = gpu
+            && registry.names().contains(&"cudnn")
+            && problem
+                .as_ref()
+                .is_ok_and(|p| registry.get("cudnn").is_ok_and(|e| e.check(p).is_ok()));
+        let _ = facts.set_probe("fused_attn_graph", Some(cudnn_ok));
+        sources.push(("probe.fused_attn_graph".into(), "live"));
+    }
+}
+
+/// How the executor runs: backward unless `--forward-only`, verification as `--verify` says.
+fn run_options(a: &RunArgs) -> RunOptions {
+    RunOptions {
+        backward: !a.forward_only,
+        verify: match a.verify.as_str() {
+            "always" => VerifyMode::Always,
+            "never" => VerifyMode::Never,
+            _ => VerifyMode::Auto,
+        },
+        ..RunOptions::default()
+    }
+}
+
+/// How the chain is walked: on device 0, `--no-substitute`, with the decided cuDNN version.
+fn chain_options(a: &RunArgs, facts: &Facts) -> ChainOptions {
+    ChainOptions {
+        ordinal: 0,
+        no_substitute: a.no_substitute,
+        decided_cudnn_version: match facts.get("cudnn_version") {
+            Some(Value::Version(v)) => Some((v.parts[0], v.parts[1], v.parts[2])),
+            _ => None,
+        },
     }
 }
 
