@@ -41,39 +41,9 @@ fixture!(
     unguarded_version,
 );
 
-/// Executor chains are checked against the catalogue the loader is given: an unknown executor
-/// (with a did-you-mean) and an unknown variant are errors with their location.
-#[test]
-fn unknown_executor() {
-    use attn_policy::{CatalogueEntry, ExecutorCatalogue, PackError, PackSpec, Provider};
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid/unknown_executor");
-    let mut catalogue = ExecutorCatalogue::new();
-    for name in ["cudnn", "chunked", "reference"] {
-        catalogue.add(CatalogueEntry {
-            name: name.into(),
-            description: String::new(),
-            provider: Provider::Builtin,
-            admits: Vec::new(),
-        });
-    }
-    let err = PackSpec::dir(&dir)
-        .with_catalogue(std::sync::Arc::new(catalogue))
-        .load()
-        .expect_err("unknown executor");
-    let PackError::Load(err) = err else {
-        panic!("expected load diagnostics, got {err}")
-    };
-    let text = err
-        .render(false)
-        .replace(&format!("{}/", dir.display()), "");
-    insta::assert_snapshot!(text);
-    // Without a catalogue the names are not checked, but the unknown variant still is.
-    let err = Policy::from_dir(&dir).expect_err("unknown variant");
-    assert_eq!(err.diagnostics.0.len(), 1, "{}", err.render(false));
-    assert_eq!(err.diagnostics.0[0].code, "E-EXECUTOR");
-}
-
-fn catalogue_with_cudnn_admitting(cond: &str) -> attn_policy::ExecutorCatalogue {
+/// The executor catalogue the chain tests load with: `cudnn`, `chunked` and `reference`; `cudnn`
+/// states `cudnn_admits` as its te-family `admits` condition when given.
+fn catalogue(cudnn_admits: Option<&str>) -> attn_policy::ExecutorCatalogue {
     use attn_policy::{CatalogueEntry, ExecutorCatalogue, Provider};
     let mut catalogue = ExecutorCatalogue::new();
     for name in ["cudnn", "chunked", "reference"] {
@@ -81,34 +51,51 @@ fn catalogue_with_cudnn_admitting(cond: &str) -> attn_policy::ExecutorCatalogue 
             name: name.into(),
             description: String::new(),
             provider: Provider::Builtin,
-            admits: if name == "cudnn" {
-                vec![("te".into(), cond.into())]
-            } else {
-                Vec::new()
+            admits: match cudnn_admits {
+                Some(c) if name == "cudnn" => vec![("te".into(), c.into())],
+                _ => Vec::new(),
             },
         });
     }
     catalogue
 }
 
+/// Loads the fixture `name` with `catalogue`, expecting load errors; their rendering with
+/// the fixture folder's paths made relative.
+fn render_with_catalogue(name: &str, catalogue: attn_policy::ExecutorCatalogue) -> String {
+    use attn_policy::{PackError, PackSpec};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/invalid")
+        .join(name);
+    let err = PackSpec::dir(&dir)
+        .with_catalogue(std::sync::Arc::new(catalogue))
+        .load()
+        .expect_err("the fixture must fail to load");
+    let PackError::Load(err) = err else {
+        panic!("expected load diagnostics, got {err}")
+    };
+    err.render(false)
+        .replace(&format!("{}/", dir.display()), "")
+}
+
+/// Executor chains are checked against the catalogue the loader is given: an unknown executor
+/// (with a did-you-mean) and an unknown variant are errors with their location.
+#[test]
+fn unknown_executor() {
+    let text = render_with_catalogue("unknown_executor", catalogue(None));
+    insta::assert_snapshot!(text);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid/unknown_executor");
+    // Without a catalogue the names are not checked, but the unknown variant still is.
+    let err = Policy::from_dir(&dir).expect_err("unknown variant");
+    assert_eq!(err.diagnostics.0.len(), 1, "{}", err.render(false));
+    assert_eq!(err.diagnostics.0[0].code, "E-EXECUTOR");
+}
+
 /// `if_admitted:` names entries of the chain whose executor states an `admits` condition: a
 /// name outside the chain (with a did-you-mean) and an executor without a condition are errors.
 #[test]
 fn if_admitted_errors() {
-    use attn_policy::{PackError, PackSpec};
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid/if_admitted");
-    let err = PackSpec::dir(&dir)
-        .with_catalogue(std::sync::Arc::new(catalogue_with_cudnn_admitting(
-            "head_dim_qk <= 256",
-        )))
-        .load()
-        .expect_err("bad if_admitted");
-    let PackError::Load(err) = err else {
-        panic!("expected load diagnostics, got {err}")
-    };
-    let text = err
-        .render(false)
-        .replace(&format!("{}/", dir.display()), "");
+    let text = render_with_catalogue("if_admitted", catalogue(Some("head_dim_qk <= 256")));
     insta::assert_snapshot!(text);
 }
 
@@ -126,9 +113,7 @@ fn if_admitted_entries_leave_the_chain_where_not_admitted() {
         .replace("[chunkd, reference]", "[cudnn]");
     std::fs::write(dir.join("pack.yaml"), pack).unwrap();
     let policy = PackSpec::dir(&dir)
-        .with_catalogue(std::sync::Arc::new(catalogue_with_cudnn_admitting(
-            "head_dim_qk <= 256",
-        )))
+        .with_catalogue(std::sync::Arc::new(catalogue(Some("head_dim_qk <= 256"))))
         .load()
         .expect("valid pack");
     std::fs::remove_dir_all(&dir).ok();
