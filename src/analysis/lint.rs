@@ -330,8 +330,6 @@ fn incomplete(what: String) -> Diagnostic {
 pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     let p = &policy.program;
-    let eval = |node: NodeId, vals: &[Value]| Truth::of(p.eval(node, vals));
-    let n = policy.rules.len();
     // Every search question is answered on the decision diagrams of the whole pack's space
     // (src/analysis/mdd/queries.rs): a rule never fires iff its diagram is false, and so on.
     let mut sb = SpaceBuilder::for_schema(policy.schema);
@@ -344,8 +342,6 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
     let mut m = Mdd::for_policies(&space, &[policy]);
     m.budget = PACK_BUDGET;
     let d = PolicyDiagrams::build(&mut m, policy);
-    let mut never = vec![false; n];
-    let mut always = vec![false; n];
     let reads_probe: Vec<bool> = policy
         .rules
         .iter()
@@ -355,6 +351,34 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             })
         })
         .collect();
+    let verdicts = fire_lints(policy, &m, &d, reads_probe, &mut out);
+    subsumption_lints(policy, &mut m, &d, &verdicts, &mut out);
+    selectability_lints(policy, &mut m, &d, &mut out);
+    executor_lints(policy, &mut m, &d, &mut out);
+    capability_lints(policy, &mut out);
+    obsolete_workaround_lints(policy, &mut out);
+    out
+}
+
+/// What the never-fires and always-fires lints found per rule, and which rules read probes:
+/// the subsumption lint skips those.
+struct RuleVerdicts {
+    reads_probe: Vec<bool>,
+    never: Vec<bool>,
+    always: Vec<bool>,
+}
+
+/// Rules that never fire (`W-NEVER-FIRES`) or always fire (`W-ALWAYS-FIRES`).
+fn fire_lints(
+    policy: &Policy,
+    m: &Mdd,
+    d: &PolicyDiagrams,
+    reads_probe: Vec<bool>,
+    out: &mut Vec<Diagnostic>,
+) -> RuleVerdicts {
+    let n = policy.rules.len();
+    let mut never = vec![false; n];
+    let mut always = vec![false; n];
     for (i, r) in policy.rules.iter().enumerate() {
         // A rule reading probes rests on the "supported" answer: not claimed.
         let exact = !reads_probe[i];
@@ -403,6 +427,26 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             }
         }
     }
+    RuleVerdicts {
+        reads_probe,
+        never,
+        always,
+    }
+}
+
+/// Rules subsumed by another rule of the same backend, layer and kind.
+fn subsumption_lints(
+    policy: &Policy,
+    m: &mut Mdd,
+    d: &PolicyDiagrams,
+    v: &RuleVerdicts,
+    out: &mut Vec<Diagnostic>,
+) {
+    let RuleVerdicts {
+        reads_probe,
+        never,
+        always,
+    } = v;
     // Subsumption: A fires => B fires, B declines at least A's variants, same layer and kind.
     for (i, a) in policy.rules.iter().enumerate() {
         if never[i] || always[i] || !policy.layer_enabled(a.layer) || m.exhausted {
@@ -467,6 +511,15 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             break;
         }
     }
+}
+
+/// Backends that can never be selected over the whole pack.
+fn selectability_lints(
+    policy: &Policy,
+    m: &mut Mdd,
+    d: &PolicyDiagrams,
+    out: &mut Vec<Diagnostic>,
+) {
     // Selectability over the whole pack.
     for (bi, bk) in policy.backends.iter().enumerate() {
         let unselectable = |why: &str| {
@@ -477,7 +530,7 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             .at(bk.loc)
         };
         let eligible = d.ever_eligible(bi);
-        let selectable = eligible && d.selectable(&mut m, policy, bi, TRUE);
+        let selectable = eligible && d.selectable(m, policy, bi, TRUE);
         if m.exhausted {
             out.push(incomplete(format!("backend `{}`", bk.name)));
         } else if !eligible {
@@ -488,7 +541,10 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             ));
         }
     }
-    executor_lints(policy, &mut m, &d, &mut out);
+}
+
+/// Capabilities a backend claims that are unknown, and required ones it has no disposition for.
+fn capability_lints(policy: &Policy, out: &mut Vec<Diagnostic>) {
     // Capability disposition: the capabilities are the te family's (TE's features).
     let te_family = policy.schema.family == "te";
     for (bi, bk) in policy.backends.iter().enumerate().filter(|_| te_family) {
@@ -548,6 +604,12 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             }
         }
     }
+}
+
+/// Workarounds whose `until` holds for every input the minimum versions allow.
+fn obsolete_workaround_lints(policy: &Policy, out: &mut Vec<Diagnostic>) {
+    let p = &policy.program;
+    let eval = |node: NodeId, vals: &[Value]| Truth::of(p.eval(node, vals));
     // Obsolete workarounds: `until` holds for every input the minimum versions allow.
     for r in &policy.rules {
         let Some(until) = &r.until else { continue };
@@ -613,7 +675,6 @@ pub fn lint(policy: &Policy) -> Vec<Diagnostic> {
             Ok(Some(_)) => {}
         }
     }
-    out
 }
 
 /// The executor-chain lints: an entry whose executor admits nothing its backend admits

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Value as Json, json};
 
+use crate::decision::Decision;
 use crate::eval::program::Truth;
 use crate::facts::schema::Origin;
 use crate::facts::{Facts, Value};
@@ -345,12 +346,6 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
     let config = with_probes(policy, config);
     let facts = policy.read_facts(&config)?;
     let decision = policy.decide(&facts);
-    let eligible_at = |c: &Json| -> bool {
-        policy
-            .read_facts(c)
-            .map(|f| policy.decide(&f).backends[b].status.eligible())
-            .unwrap_or(false)
-    };
     let mut out = WhyNot {
         backend: policy.backends[b].name.clone(),
         eligible: decision.backends[b].status.eligible(),
@@ -373,23 +368,60 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
     let mut sb = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut sb, policy);
     let space = sb.build();
+    let candidates = candidate_changes(policy, &space, &facts, &config);
+    let search = Search {
+        policy,
+        b,
+        space: &space,
+        facts: &facts,
+        config: &config,
+        candidates: &candidates,
+    };
+    let (combos, fixed_notes) = fix_combos(&search, &decision);
+    out.unchangeable = fixed_notes;
+    out.unchangeable.dedup();
+    let verified = verify(&search, &combos);
+    push_hints(&search, &verified, &mut out);
+    Ok(out)
+}
+
+/// A candidate change: the fact (index into the space's vars), its class, the new value, and
+/// the config with the change applied.
+type Candidate = (usize, usize, Value, Json);
+
+/// What the steps of [`why_not`] share: the backend, the config and its facts, and the
+/// candidate changes.
+struct Search<'a> {
+    policy: &'a Policy,
+    b: usize,
+    space: &'a Space,
+    facts: &'a Facts,
+    config: &'a Json,
+    candidates: &'a [Candidate],
+}
+
+/// Single-fact changes to try: each other class of each fact, and each fact compared with
+/// another set to that one's value.
+fn candidate_changes(
+    policy: &Policy,
+    space: &Space,
+    facts: &Facts,
+    config: &Json,
+) -> Vec<Candidate> {
     let vals = facts.values();
-    // Obstacles per variant: `None` = not applicable, `Some(rule)` = a rule that fires.
-    let bk = &policy.backends[b];
-    let nvar = bk.variants.len().max(1);
-    let mut candidates: Vec<(usize, usize, Value, Json)> = Vec::new();
+    let mut candidates: Vec<Candidate> = Vec::new();
     for (i, var) in space.vars.iter().enumerate() {
         let cur = vals[var.slot];
-        let here = class_of(&space, i, cur);
+        let here = class_of(space, i, cur);
         for c in 0..var.classes.len() {
             // Never propose an unparseable version as a change.
             if Some(c) == here || var.classes[c].desc == ClassDesc::Unparseable {
                 continue;
             }
-            let to = nearest(&space, i, c, cur);
+            let to = nearest(space, i, c, cur);
             let mut cfg = config.clone();
-            apply(&space, &facts, &mut cfg, i, to);
-            couple(var.path, &facts, &mut cfg);
+            apply(space, facts, &mut cfg, i, to);
+            couple(var.path, facts, &mut cfg);
             if policy.read_facts(&cfg).is_ok() {
                 candidates.push((i, c, to, cfg));
             }
@@ -404,7 +436,7 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
         let cur = vals[si];
         for &sj in space.relational.iter().filter(|&&sj| sj != si) {
             let to = vals[sj];
-            let Some(c) = class_of(&space, i, to) else {
+            let Some(c) = class_of(space, i, to) else {
                 continue;
             };
             if to == cur || !matches!(to, Value::Int(_)) {
@@ -417,13 +449,30 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
                 continue;
             }
             let mut cfg = config.clone();
-            apply(&space, &facts, &mut cfg, i, to);
-            couple(space.vars[i].path, &facts, &mut cfg);
+            apply(space, facts, &mut cfg, i, to);
+            couple(space.vars[i].path, facts, &mut cfg);
             if policy.read_facts(&cfg).is_ok() {
                 candidates.push((i, c, to, cfg));
             }
         }
     }
+    candidates
+}
+
+/// Per variant, the combinations of candidate changes that remove every obstacle (smallest
+/// first), and notes on obstacles only an unchangeable fact could remove.
+fn fix_combos(s: &Search, decision: &Decision) -> (Vec<Vec<usize>>, Vec<String>) {
+    let Search {
+        policy,
+        b,
+        space,
+        facts,
+        candidates,
+        ..
+    } = *s;
+    // Obstacles per variant: `None` = not applicable, `Some(rule)` = a rule that fires.
+    let bk = &policy.backends[b];
+    let nvar = bk.variants.len().max(1);
     let obstacle_holds = |f: &Facts, v: usize, ob: Option<usize>| -> bool {
         match ob {
             None => bk
@@ -440,7 +489,7 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
     let mut fixed_notes: Vec<String> = Vec::new();
     for v in 0..nvar {
         let mut obstacles: Vec<Option<usize>> = Vec::new();
-        if obstacle_holds(&facts, v, None) {
+        if obstacle_holds(facts, v, None) {
             obstacles.push(None);
         }
         for &r in &decision.fired {
@@ -528,16 +577,35 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
     }
     combos.sort_by_key(|c| c.len());
     combos.dedup();
-    out.unchangeable = fixed_notes;
-    out.unchangeable.dedup();
+    (combos, fixed_notes)
+}
+
+/// The combinations that make the backend eligible, verified by deciding, sorted: fewest
+/// changes, then smallest numeric moves.
+fn verify(s: &Search, combos: &[Vec<usize>]) -> Vec<(usize, i64, Vec<usize>)> {
+    let Search {
+        policy,
+        b,
+        space,
+        facts,
+        config,
+        candidates,
+    } = *s;
+    let vals = facts.values();
+    let eligible_at = |c: &Json| -> bool {
+        policy
+            .read_facts(c)
+            .map(|f| policy.decide(&f).backends[b].status.eligible())
+            .unwrap_or(false)
+    };
     // Verify, then keep the smallest: fewest changes, then smallest numeric moves.
     let mut verified: Vec<(usize, i64, Vec<usize>)> = Vec::new();
     for c in combos.iter().take(5000) {
         let mut cfg = config.clone();
         for &k in c {
             let (i, _, to, _) = &candidates[k];
-            apply(&space, &facts, &mut cfg, *i, *to);
-            couple(space.vars[*i].path, &facts, &mut cfg);
+            apply(space, facts, &mut cfg, *i, *to);
+            couple(space.vars[*i].path, facts, &mut cfg);
         }
         if eligible_at(&cfg) {
             let dist: i64 = c
@@ -554,6 +622,19 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
         }
     }
     verified.sort();
+    verified
+}
+
+/// Turns the smallest verified combinations into hints, one per set of facts.
+fn push_hints(s: &Search, verified: &[(usize, i64, Vec<usize>)], out: &mut WhyNot) {
+    let Search {
+        space,
+        facts,
+        config,
+        candidates,
+        ..
+    } = *s;
+    let vals = facts.values();
     let min_len = verified.first().map_or(0, |v| v.0);
     // Group single-var alternatives of the same enum var ("use cp_comm_type all_gather or a2a").
     let mut seen_vars: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
@@ -575,7 +656,7 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
             .iter()
             .map(|&k| {
                 let (i, cl, to, cfg) = &candidates[k];
-                let text = describe(&space, *i, *cl, vals[space.vars[*i].slot], *to);
+                let text = describe(space, *i, *cl, vals[space.vars[*i].slot], *to);
                 let moved_v = space.vars[*i].path == "head_dim_qk"
                     && cfg.get("head_dim_v") != config.get("head_dim_v");
                 if moved_v {
@@ -597,7 +678,7 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
         seen_vars.insert(vars.clone(), out.hints.len());
         let text = match (
             *len,
-            package_hint(&space, &candidates, &verified, vars[0], vals),
+            package_hint(space, candidates, verified, vars[0], vals),
         ) {
             (1, Some(t)) => t,
             _ => texts.join(" and "),
@@ -611,5 +692,4 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
             break;
         }
     }
-    Ok(out)
 }

@@ -1134,6 +1134,78 @@ impl Classes {
     }
 }
 
+/// In how many rules each residual conjunct occurs (looking through one `not`).
+fn shared_residuals(program: &Program, flat: &[Vec<NodeId>]) -> HashMap<String, usize> {
+    let mut shared: HashMap<String, usize> = HashMap::new();
+    for cs in flat {
+        let mut keys: Vec<String> = cs
+            .iter()
+            .filter(|&&c| is_formula(program, c).is_none())
+            .map(|&c| match program.nodes[c as usize] {
+                Node::Not(inner) => key(program, inner),
+                _ => key(program, c),
+            })
+            .collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            *shared.entry(k).or_default() += 1;
+        }
+    }
+    shared
+}
+
+/// Groups the slot formulas for [`RulePlan::build`] and tabulates each group's classes:
+/// returns each formula's (word, bit) and the groups.
+fn group_formulas(
+    program: &Program,
+    schema: &Schema,
+    formulas: &[(NodeId, (u16, Kind))],
+    literal_of: &[Vec<u64>],
+    words: usize,
+) -> (Vec<(u16, u8)>, Vec<SlotGroup>) {
+    // Group the formulas by fact (slot order, so a decision reads the facts in order), at
+    // most 64 to a word, and tabulate each group's classes.
+    let mut order: Vec<usize> = (0..formulas.len()).collect();
+    order.sort_by_key(|&f| (formulas[f].1, f));
+    let mut bits = vec![(0u16, 0u8); formulas.len()];
+    let mut groups: Vec<SlotGroup> = Vec::new();
+    let mut scratch_facts = vec![Value::Null; schema.fields.len()];
+    let mut i = 0;
+    while i < order.len() {
+        let slot = formulas[order[i]].1;
+        let mut j = i;
+        while j < order.len() && formulas[order[j]].1 == slot {
+            j += 1;
+        }
+        let mut bounds = Boundaries {
+            null_only: true,
+            ..Boundaries::default()
+        };
+        for &f in &order[i..j] {
+            formula_boundaries(program, formulas[f].0, &mut bounds);
+        }
+        for chunk in order[i..j].chunks(64) {
+            let word = groups.len() as u16;
+            for (bit, &f) in chunk.iter().enumerate() {
+                bits[f] = (word, bit as u8);
+            }
+            let classes = classes_for(schema, slot.0, slot.1, &bounds);
+            groups.push(tabulate(
+                program,
+                slot.0,
+                word,
+                classes,
+                chunk.iter().map(|&f| (formulas[f].0, &literal_of[f])),
+                words,
+                &mut scratch_facts,
+            ));
+        }
+        i = j;
+    }
+    (bits, groups)
+}
+
 impl RulePlan {
     /// Plans the conditions `roots` (one per rule) of `program` over `schema`'s facts, and
     /// `extras`, conditions evaluated one by one with [`RulePlan::eval_extra`].
@@ -1151,23 +1223,7 @@ impl RulePlan {
                 out
             })
             .collect();
-        // In how many rules each residual conjunct occurs (looking through one `not`).
-        let mut shared: HashMap<String, usize> = HashMap::new();
-        for cs in &flat {
-            let mut keys: Vec<String> = cs
-                .iter()
-                .filter(|&&c| is_formula(program, c).is_none())
-                .map(|&c| match program.nodes[c as usize] {
-                    Node::Not(inner) => key(program, inner),
-                    _ => key(program, c),
-                })
-                .collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                *shared.entry(k).or_default() += 1;
-            }
-        }
+        let shared = shared_residuals(program, &flat);
         let mut b = Builder {
             p: program,
             atoms: Vec::new(),
@@ -1228,45 +1284,7 @@ impl RulePlan {
             .collect();
         literal_of.resize(b.formulas.len(), vec![0; words]);
 
-        // Group the formulas by fact (slot order, so a decision reads the facts in order), at
-        // most 64 to a word, and tabulate each group's classes.
-        let mut order: Vec<usize> = (0..b.formulas.len()).collect();
-        order.sort_by_key(|&f| (b.formulas[f].1, f));
-        let mut bits = vec![(0u16, 0u8); b.formulas.len()];
-        let mut groups: Vec<SlotGroup> = Vec::new();
-        let mut scratch_facts = vec![Value::Null; schema.fields.len()];
-        let mut i = 0;
-        while i < order.len() {
-            let slot = b.formulas[order[i]].1;
-            let mut j = i;
-            while j < order.len() && b.formulas[order[j]].1 == slot {
-                j += 1;
-            }
-            let mut bounds = Boundaries {
-                null_only: true,
-                ..Boundaries::default()
-            };
-            for &f in &order[i..j] {
-                formula_boundaries(program, b.formulas[f].0, &mut bounds);
-            }
-            for chunk in order[i..j].chunks(64) {
-                let word = groups.len() as u16;
-                for (bit, &f) in chunk.iter().enumerate() {
-                    bits[f] = (word, bit as u8);
-                }
-                let classes = classes_for(schema, slot.0, slot.1, &bounds);
-                groups.push(tabulate(
-                    program,
-                    slot.0,
-                    word,
-                    classes,
-                    chunk.iter().map(|&f| (b.formulas[f].0, &literal_of[f])),
-                    words,
-                    &mut scratch_facts,
-                ));
-            }
-            i = j;
-        }
+        let (bits, groups) = group_formulas(program, schema, &b.formulas, &literal_of, words);
         for c in rules.iter_mut().flat_map(|r| r.iter_mut()) {
             patch_cond(c, &bits);
         }
