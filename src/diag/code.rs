@@ -214,7 +214,10 @@ impl Code {
                          or variant the pack does not have, lists an executor twice, gives the \
                          same backend (and variant) two chains, or names an executor the \
                          executor catalogue does not know (the catalogue lists the executors \
-                         this build and its host provide: `attn-policy executors`)."
+                         this build and its host provide: `attn-policy executors`); or its \
+                         `if_admitted:` list names an executor that is not in the chain, or \
+                         one whose catalogue entry states no `admits` condition for the pack's \
+                         family (then where it is admitted cannot be known; docs/executors.md)."
             }
             Reason => {
                 "A rule's `reason:` is empty. The reason is what a user reads when the \
