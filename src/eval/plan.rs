@@ -255,10 +255,12 @@ struct SlotGroup {
     classes: Classes,
     /// Index of this group's word among the formula words.
     word: u16,
-    /// Per class: the formulas that are true and unknown, and the rule words it changes.
+    /// Per class: the formulas that are true and unknown.
     rows: Box<[Row]>,
-    /// The rows' rule words: only the words a class changes are stored.
-    changes: Box<[RuleWord]>,
+    /// Per class, `2 * words` words: the rules it rules out, then the rules it leaves unknown.
+    /// Dense (every word, changed or not), so classification folds them into rule sets held
+    /// in registers: sparse per-word updates went through memory, one store after another.
+    rule_words: Box<[u64]>,
     /// The group's formulas (their nodes), for the slow path, and the rules they are literals of.
     formulas: Box<[NodeId]>,
     literal_of: Box<[Box<[u64]>]>,
@@ -268,17 +270,6 @@ struct SlotGroup {
 struct Row {
     true_bits: u64,
     unknown_bits: u64,
-    /// `changes[start..start + len]`.
-    start: u32,
-    len: u32,
-}
-
-/// One word of the rule sets a class changes: rules it rules out, and rules it leaves unknown.
-#[derive(Clone, Copy, Debug)]
-struct RuleWord {
-    word: u32,
-    kill: u64,
-    unknown: u64,
 }
 
 /// All rules of a pack, ready for [`RulePlan::eval_all`].
@@ -306,6 +297,8 @@ pub struct AtomScratch {
     leaf: Vec<Leaf>,
     live: Vec<u64>,
     unknown: Vec<u64>,
+    /// The rule words of a value no class covers (`2 * words`, as a class's row).
+    slow_row: Vec<u64>,
     /// Evaluation steps of the last decision (counted only by the counting entry points).
     steps: u64,
 }
@@ -1350,82 +1343,120 @@ impl RulePlan {
         facts: &[Value],
         scratch: &mut AtomScratch,
     ) {
-        let n = self.rules.len();
+        // A width known at compile time keeps the rule sets in registers.
+        match self.words {
+            1 => self.classify_in::<COUNT, 1>(program, facts, scratch),
+            2 => self.classify_in::<COUNT, 2>(program, facts, scratch),
+            3 => self.classify_in::<COUNT, 3>(program, facts, scratch),
+            4 => self.classify_in::<COUNT, 4>(program, facts, scratch),
+            _ => self.classify_in::<COUNT, 0>(program, facts, scratch),
+        }
+    }
+
+    /// [`RulePlan::classify`] for plans of `W` rule words (`W == 0`: any width, the sets
+    /// updated in the scratch).
+    #[inline(always)]
+    fn classify_in<const COUNT: bool, const W: usize>(
+        &self,
+        program: &Program,
+        facts: &[Value],
+        scratch: &mut AtomScratch,
+    ) {
+        let (n, words) = (self.rules.len(), self.words);
         let s = scratch;
         // Every word is rewritten below: size the buffers once, never clear them.
-        if s.live.len() != self.words {
-            s.live.resize(self.words, 0);
-            s.unknown.resize(self.words, 0);
+        if s.live.len() != words {
+            s.live.resize(words, 0);
+            s.unknown.resize(words, 0);
+            s.slow_row.resize(2 * words, 0);
         }
         s.live.fill(u64::MAX);
         if !n.is_multiple_of(64) {
-            s.live[self.words - 1] = (1u64 << (n % 64)) - 1;
+            s.live[words - 1] = (1u64 << (n % 64)) - 1;
         }
         s.unknown.fill(0);
         if s.leaf.len() != self.groups.len() {
             s.leaf.resize(self.groups.len(), Leaf::default());
+        }
+        let (mut live, mut unknown) = ([u64::MAX; W], [0u64; W]);
+        if W > 0 {
+            live.copy_from_slice(&s.live);
         }
         for (g, leaf) in self.groups.iter().zip(s.leaf.iter_mut()) {
             if COUNT {
                 s.steps += 1;
             }
             let v = facts[g.slot as usize];
-            let Some(k) = g.classes.of(v) else {
-                let (t, u) = self.classify_slow::<COUNT>(
-                    g,
-                    program,
-                    facts,
-                    &mut s.live,
-                    &mut s.unknown,
-                    &mut s.steps,
-                );
-                *leaf = Leaf { t, u };
-                continue;
+            let (row, rule_words) = match g.classes.of(v) {
+                Some(k) => (g.rows[k], &g.rule_words[2 * words * k..2 * words * (k + 1)]),
+                None => {
+                    let row = self.classify_slow::<COUNT>(
+                        g,
+                        program,
+                        facts,
+                        &mut s.slow_row,
+                        &mut s.steps,
+                    );
+                    (row, &s.slow_row[..])
+                }
             };
-            let row = g.rows[k];
             *leaf = Leaf {
                 t: row.true_bits,
                 u: row.unknown_bits,
             };
-            for c in &g.changes[row.start as usize..(row.start + row.len) as usize] {
-                s.live[c.word as usize] &= !c.kill;
-                s.unknown[c.word as usize] |= c.unknown;
+            let (kill, unk) = rule_words.split_at(words);
+            if W > 0 {
+                for j in 0..W {
+                    live[j] &= !kill[j];
+                    unknown[j] |= unk[j];
+                }
+            } else {
+                for j in 0..words {
+                    s.live[j] &= !kill[j];
+                    s.unknown[j] |= unk[j];
+                }
             }
+        }
+        if W > 0 {
+            s.live.copy_from_slice(&live);
+            s.unknown.copy_from_slice(&unknown);
         }
     }
 
-    /// A value no class covers: the group's formulas through the interpreter.
+    /// A value no class covers: the group's formulas through the interpreter, tabulated into
+    /// `rule_words` as a class's row would be.
     #[inline(never)]
     fn classify_slow<const COUNT: bool>(
         &self,
         g: &SlotGroup,
         program: &Program,
         facts: &[Value],
-        live: &mut [u64],
-        unknown: &mut [u64],
+        rule_words: &mut [u64],
         steps: &mut u64,
-    ) -> (u64, u64) {
-        let (mut t, mut u) = (0u64, 0u64);
+    ) -> Row {
+        rule_words.fill(0);
+        let (kill, unknown) = rule_words.split_at_mut(self.words);
+        let mut row = Row::default();
         for (bit, (&f, rules)) in g.formulas.iter().zip(g.literal_of.iter()).enumerate() {
             if COUNT {
                 *steps += 1;
             }
-            match truth_of(program.eval(f, facts)) {
-                TRUE => t |= 1 << bit,
+            let target = match truth_of(program.eval(f, facts)) {
+                TRUE => {
+                    row.true_bits |= 1 << bit;
+                    continue;
+                }
                 UNKNOWN => {
-                    u |= 1 << bit;
-                    for (x, r) in unknown.iter_mut().zip(rules.iter()) {
-                        *x |= r;
-                    }
+                    row.unknown_bits |= 1 << bit;
+                    &mut *unknown
                 }
-                _ => {
-                    for (x, r) in live.iter_mut().zip(rules.iter()) {
-                        *x &= !r;
-                    }
-                }
+                _ => &mut *kill,
+            };
+            for (x, r) in target.iter_mut().zip(rules.iter()) {
+                *x |= r;
             }
         }
-        (t, u)
+        row
     }
 
     /// Evaluates every rule and calls `visit(rule, truth)`, in rule order, for each rule whose
@@ -1593,15 +1624,12 @@ fn tabulate<'a>(
     let (nodes, literal_of): (Vec<NodeId>, Vec<&Vec<u64>>) = formulas.unzip();
     let cs = classes.constants();
     let mut rows = Vec::with_capacity(classes.count());
-    let mut changes = Vec::new();
+    let mut rule_words = Vec::with_capacity(classes.count() * 2 * words);
     for k in 0..classes.count() {
-        let mut row = Row {
-            start: changes.len() as u32,
-            ..Row::default()
-        };
+        let mut row = Row::default();
+        let (mut kill, mut unknown) = (vec![0u64; words], vec![0u64; words]);
         // `None`: no value falls in this class; its row is never read.
         if let Some(cv) = classes.value(k) {
-            let (mut kill, mut unknown) = (vec![0u64; words], vec![0u64; words]);
             for (bit, (&f, rules)) in nodes.iter().zip(&literal_of).enumerate() {
                 let target = match formula_truth(program, f, slot, &cs, cv, facts) {
                     TRUE => {
@@ -1618,17 +1646,9 @@ fn tabulate<'a>(
                     *x |= r;
                 }
             }
-            for w in 0..words {
-                if kill[w] | unknown[w] != 0 {
-                    changes.push(RuleWord {
-                        word: w as u32,
-                        kill: kill[w],
-                        unknown: unknown[w],
-                    });
-                }
-            }
         }
-        row.len = changes.len() as u32 - row.start;
+        rule_words.extend_from_slice(&kill);
+        rule_words.extend_from_slice(&unknown);
         rows.push(row);
     }
     facts[slot as usize] = Value::Null;
@@ -1637,7 +1657,7 @@ fn tabulate<'a>(
         classes,
         word,
         rows: rows.into(),
-        changes: changes.into(),
+        rule_words: rule_words.into(),
         formulas: nodes.into(),
         literal_of: literal_of.into_iter().map(|l| l.clone().into()).collect(),
     }
