@@ -12,16 +12,24 @@
 //! 4. for `cudnn`, the libcudnn it loads must be the version the decision was made for, when the
 //!    caller says which ([`ChainOptions::decided_cudnn_version`]; `refused`, naming both);
 //! 5. its exact gate ([`crate::Executor::check`]) must accept the problem (`refused`);
-//! 6. the caller's action runs: `ran`, or `refused` on [`ExecError::Unsupported`] (a refusal found
-//!    while running, e.g. a plan cuDNN will not build), or `unavailable` on a missing device.
+//! 6. the caller's *plan step* runs (for a stream executor, building its plans:
+//!    [`Executor::plan`]): `ran` when it succeeds.
 //!
-//! Any other error is a failure (`failed`): the walk stops, because a substitute must never hide
-//! a broken executor. Entries after the one that ran (or after a stop) are `not_tried`. Any entry
-//! but the first that runs is a *substitute*: reported, never silent; with
-//! [`ChainOptions::no_substitute`] it is an error instead ([`ChainError::SubstitutionRefused`]).
+//! The one rule for what does not run: a refusal (`refused`), an unavailable executor
+//! (`unavailable`) or an error from the check or the plan step (`failed`, with the error) moves
+//! on to the next entry, which then runs as a *substitute*: recorded, never silent; with
+//! [`ChainOptions::no_substitute`] any substitute is an error instead
+//! ([`ChainError::SubstitutionRefused`]). Entries after the one that ran (or after a refused
+//! substitution) are `not_tried`. The walk ends with the plan: running it (enqueue and after) is
+//! the caller's, and an error there is the caller's typed error, never a retry on another entry
+//! (the work may have half run). The Python package walks with the same rule through
+//! [`walk_entries`] (`_native.walk_chain`), with the same cases in
+//! `tests/fixtures/chain_cases.json` tested on both sides.
 
 use attn_policy::explain::{ExecutorAttempt, ExecutorOutcome};
 use thiserror::Error;
+
+use std::sync::Arc;
 
 use crate::executor::{ExecError, Executor};
 use crate::from_facts::NotExpressible;
@@ -84,16 +92,6 @@ pub enum ChainError {
         /// The first entry's outcome; the others are `not_tried`.
         attempts: Vec<ExecutorAttempt>,
     },
-    /// An executor failed with an error that is not a refusal; no substitute was tried.
-    #[error("executor `{executor}` failed: {error} (a failure is not replaced by a substitute)")]
-    Failed {
-        /// The executor that failed.
-        executor: String,
-        /// Its error.
-        error: ExecError,
-        /// Every entry's outcome (the failed one is `failed`).
-        attempts: Vec<ExecutorAttempt>,
-    },
 }
 
 impl ChainError {
@@ -101,9 +99,9 @@ impl ChainError {
     pub fn attempts(&self) -> &[ExecutorAttempt] {
         match self {
             ChainError::Empty { .. } => &[],
-            ChainError::NoneRan { attempts }
-            | ChainError::SubstitutionRefused { attempts }
-            | ChainError::Failed { attempts, .. } => attempts,
+            ChainError::NoneRan { attempts } | ChainError::SubstitutionRefused { attempts } => {
+                attempts
+            }
         }
     }
 }
@@ -156,15 +154,17 @@ pub fn run_summary(backend: &str, attempts: &[ExecutorAttempt]) -> String {
     }
 }
 
-enum Step<T> {
+/// What trying one chain entry came to.
+#[derive(Debug)]
+pub enum Step<T> {
+    /// Its plan step succeeded: it runs.
     Ran(T),
+    /// It does not run here: `refused`, `unavailable` or `failed`, with the reason.
     Skip(ExecutorOutcome, String),
-    Failed(ExecError),
 }
 
-/// A run-time error as a chain outcome: refusals and missing devices move on, anything else
-/// stops the walk.
-fn classify<T>(e: ExecError) -> Step<T> {
+/// An error of the check or plan step as a chain outcome.
+pub fn classify<T>(e: ExecError) -> Step<T> {
     match e {
         ExecError::Unsupported { reason } => Step::Skip(ExecutorOutcome::Refused, reason),
         ExecError::NoDevice { reason } | ExecError::Unavailable { reason, .. } => {
@@ -173,7 +173,7 @@ fn classify<T>(e: ExecError) -> Step<T> {
         e @ ExecError::UnknownExecutor { .. } => {
             Step::Skip(ExecutorOutcome::Unavailable, e.to_string())
         }
-        other => Step::Failed(other),
+        other => Step::Skip(ExecutorOutcome::Failed, other.to_string()),
     }
 }
 
@@ -182,7 +182,7 @@ fn try_entry<T>(
     name: &str,
     problem: Result<&AttentionProblem, &NotExpressible>,
     opts: &ChainOptions,
-    run: &mut impl FnMut(&dyn Executor, &AttentionProblem) -> Result<T, ExecError>,
+    plan: &mut impl FnMut(&Arc<dyn Executor>, &AttentionProblem) -> Result<T, ExecError>,
 ) -> Step<T> {
     let p = match problem {
         Ok(p) => p,
@@ -231,7 +231,7 @@ fn try_entry<T>(
     if let Err(u) = ex.check(p) {
         return Step::Skip(ExecutorOutcome::Refused, u.reason);
     }
-    match run(ex.as_ref(), p) {
+    match plan(&ex, p) {
         Ok(t) => Step::Ran(t),
         Err(e) => classify(e),
     }
@@ -246,22 +246,39 @@ fn attempt(name: &str, outcome: ExecutorOutcome, reason: Option<String>) -> Exec
 }
 
 /// Walks `chain` (executor names, in the pack's order) for `problem` (or the conversion's
-/// refusal), running `run` on the first entry that can run; see the module docs for the order
-/// of the checks and the outcomes. `backend` names the selected backend in errors.
+/// refusal): `plan` runs on the first entry that passes every check, and the walk ends there;
+/// see the module docs for the checks and the rule. `backend` names the selected backend in
+/// errors. The caller runs what `plan` returned (the executor is passed as an `Arc`, so the
+/// plan can keep it).
 pub fn walk<T, S: AsRef<str>>(
     registry: &Registry,
     backend: &str,
     chain: &[S],
     problem: Result<&AttentionProblem, &NotExpressible>,
     opts: &ChainOptions,
-    mut run: impl FnMut(&dyn Executor, &AttentionProblem) -> Result<T, ExecError>,
+    mut plan: impl FnMut(&Arc<dyn Executor>, &AttentionProblem) -> Result<T, ExecError>,
 ) -> Result<Walked<T>, ChainError> {
-    if chain.is_empty() {
+    let names: Vec<&str> = chain.iter().map(AsRef::as_ref).collect();
+    walk_entries(backend, &names, opts.no_substitute, |name| {
+        try_entry(registry, name, problem, opts, &mut plan)
+    })
+}
+
+/// The walk's rule over any way of trying an entry (`try_entry`: the registry's checks and a
+/// plan step for [`walk`]; the Python host's executors for the Python package): the first
+/// entry that comes to [`Step::Ran`] runs, every other outcome moves on, `no_substitute` makes
+/// anything but the first entry an error.
+pub fn walk_entries<T>(
+    backend: &str,
+    names: &[&str],
+    no_substitute: bool,
+    mut try_entry: impl FnMut(&str) -> Step<T>,
+) -> Result<Walked<T>, ChainError> {
+    if names.is_empty() {
         return Err(ChainError::Empty {
             backend: backend.to_string(),
         });
     }
-    let names: Vec<&str> = chain.iter().map(AsRef::as_ref).collect();
     let not_tried = |attempts: &mut Vec<ExecutorAttempt>, from: usize| {
         for n in &names[from..] {
             attempts.push(attempt(n, ExecutorOutcome::NotTried, None));
@@ -269,7 +286,7 @@ pub fn walk<T, S: AsRef<str>>(
     };
     let mut attempts = Vec::with_capacity(names.len());
     for (i, name) in names.iter().enumerate() {
-        match try_entry(registry, name, problem, opts, &mut run) {
+        match try_entry(name) {
             Step::Ran(output) => {
                 attempts.push(attempt(name, ExecutorOutcome::Ran, None));
                 not_tried(&mut attempts, i + 1);
@@ -282,23 +299,10 @@ pub fn walk<T, S: AsRef<str>>(
             }
             Step::Skip(outcome, reason) => {
                 attempts.push(attempt(name, outcome, Some(reason)));
-                if opts.no_substitute {
+                if no_substitute {
                     not_tried(&mut attempts, i + 1);
                     return Err(ChainError::SubstitutionRefused { attempts });
                 }
-            }
-            Step::Failed(error) => {
-                attempts.push(attempt(
-                    name,
-                    ExecutorOutcome::Failed,
-                    Some(error.to_string()),
-                ));
-                not_tried(&mut attempts, i + 1);
-                return Err(ChainError::Failed {
-                    executor: name.to_string(),
-                    error,
-                    attempts,
-                });
             }
         }
     }
@@ -409,7 +413,7 @@ mod tests {
         r: &Registry,
         chain: &[&str],
         problem: Result<&AttentionProblem, &NotExpressible>,
-        run: impl FnMut(&dyn Executor, &AttentionProblem) -> Result<T, ExecError>,
+        run: impl FnMut(&Arc<dyn Executor>, &AttentionProblem) -> Result<T, ExecError>,
     ) -> Result<Walked<T>, ChainError> {
         walk(r, "B", chain, problem, &ChainOptions::default(), run)
     }
@@ -421,7 +425,7 @@ mod tests {
         let r = registry(true);
         let p = problem(64, 32);
         let w = walk_b(&r, &["fake_gpu", "reference"], Ok(&p), |ex, p| {
-            run_on(ex, p, 7, &opts())
+            run_on(ex.as_ref(), p, 7, &opts())
         })
         .expect("fake_gpu runs");
         assert_eq!(
@@ -443,7 +447,7 @@ mod tests {
             &r,
             &["torch_flash", "fake_gpu", "reference"],
             Ok(&p),
-            |ex, p| run_on(ex, p, 1, &opts()),
+            |ex, p| run_on(ex.as_ref(), p, 1, &opts()),
         )
         .expect("reference runs");
         assert_eq!(
@@ -472,7 +476,7 @@ mod tests {
             (problem(64, 96), "seqlen_q above 64"),
         ] {
             let w = walk_b(&r, &["fake_gpu", "reference"], Ok(&p), |ex, p| {
-                run_on(ex, p, 1, &opts())
+                run_on(ex.as_ref(), p, 1, &opts())
             })
             .expect("reference runs");
             assert_eq!(
@@ -486,7 +490,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_found_while_running_moves_on_and_a_failure_stops() {
+    fn a_refusal_or_a_failure_of_the_plan_step_moves_on() {
         let r = registry(true);
         let p = problem(64, 32);
         let w = walk_b(&r, &["fake_gpu", "reference"], Ok(&p), |ex, p| {
@@ -495,7 +499,7 @@ mod tests {
                     reason: "no plan for this graph".into(),
                 })
             } else {
-                run_on(ex, p, 1, &opts())
+                run_on(ex.as_ref(), p, 1, &opts())
             }
         })
         .expect("reference runs");
@@ -503,24 +507,104 @@ mod tests {
             outcomes(&w.attempts),
             [("fake_gpu", Refused), ("reference", Ran)]
         );
-        let err = walk_b(
-            &r,
-            &["fake_gpu", "reference"],
-            Ok(&p),
-            |_, _| -> Result<(), ExecError> {
+        let w = walk_b(&r, &["fake_gpu", "reference"], Ok(&p), |ex, _| {
+            if ex.name() == "fake_gpu" {
                 Err(ExecError::Backend {
                     library: "cuda",
-                    message: "illegal address".into(),
+                    message: "out of memory".into(),
                 })
-            },
-        )
-        .expect_err("a failure is not replaced");
+            } else {
+                Ok(ex.name().to_string())
+            }
+        })
+        .expect("a failed plan is replaced by the next entry");
         assert_eq!(
-            outcomes(err.attempts()),
-            [("fake_gpu", Failed), ("reference", NotTried)]
+            outcomes(&w.attempts),
+            [("fake_gpu", Failed), ("reference", Ran)]
         );
-        assert!(matches!(&err, ChainError::Failed { executor, .. } if executor == "fake_gpu"));
-        assert!(err.to_string().contains("illegal address"), "{err}");
+        assert!(w.is_substitute());
+        let reason = w.attempts[0].reason.as_deref().unwrap_or_default();
+        assert!(reason.contains("out of memory"), "{reason}");
+        assert!(
+            run_summary("B", &w.attempts).contains("fake_gpu failed: "),
+            "{}",
+            run_summary("B", &w.attempts)
+        );
+    }
+
+    /// The rule's cases shared with the Python package's test (tests/fixtures/chain_cases.json):
+    /// each entry's behaviour becomes the error its check or plan step would return.
+    #[test]
+    fn the_shared_cases_hold() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/chain_cases.json"
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("the case table"))
+                .expect("json");
+        let cases = doc["cases"].as_array().expect("cases");
+        assert!(cases.len() >= 8, "the table holds the rule's cases");
+        for c in cases {
+            let name = c["name"].as_str().expect("name");
+            let chain: Vec<(&str, &str)> = c["chain"]
+                .as_array()
+                .expect("chain")
+                .iter()
+                .map(|e| (e[0].as_str().expect("name"), e[1].as_str().expect("what")))
+                .collect();
+            let names: Vec<&str> = chain.iter().map(|e| e.0).collect();
+            let no_substitute = c["no_substitute"].as_bool().expect("no_substitute");
+            let walked = walk_entries("B", &names, no_substitute, |n| {
+                let what = chain.iter().find(|e| e.0 == n).expect("entry").1;
+                match what {
+                    "runs" => Step::Ran(n.to_string()),
+                    "refuses" => classify(ExecError::Unsupported {
+                        reason: format!("{n} does not do this"),
+                    }),
+                    "unavailable" => classify(ExecError::NoDevice {
+                        reason: format!("{n} has no device"),
+                    }),
+                    "fails" => classify(ExecError::Backend {
+                        library: "cuda",
+                        message: format!("{n}'s plan failed"),
+                    }),
+                    other => panic!("case {name}: unknown behaviour {other}"),
+                }
+            });
+            let (attempts, runs, error) = match &walked {
+                Ok(w) => {
+                    assert_eq!(w.output, names[w.index], "case {name}");
+                    assert_eq!(w.is_substitute(), w.index > 0, "case {name}");
+                    (w.attempts.clone(), Some(w.index), None)
+                }
+                Err(e) => {
+                    let why = match e {
+                        ChainError::Empty { .. } => "empty",
+                        ChainError::NoneRan { .. } => "none_ran",
+                        ChainError::SubstitutionRefused { .. } => "substitution_refused",
+                    };
+                    (e.attempts().to_vec(), None, Some(why))
+                }
+            };
+            let got: Vec<&str> = attempts.iter().map(|a| a.outcome.word()).collect();
+            let want: Vec<&str> = c["outcomes"]
+                .as_array()
+                .expect("outcomes")
+                .iter()
+                .map(|o| o.as_str().expect("word"))
+                .collect();
+            assert_eq!(got, want, "case {name}");
+            assert_eq!(runs, c["runs"].as_u64().map(|i| i as usize), "case {name}");
+            assert_eq!(error, c["error"].as_str(), "case {name}");
+            for a in &attempts {
+                // Every entry that was tried and did not run says why, naming itself.
+                if !matches!(a.outcome, Ran | NotTried) {
+                    let reason = a.reason.as_deref().unwrap_or_default();
+                    assert!(reason.contains(&a.executor), "case {name}: {reason}");
+                }
+            }
+        }
     }
 
     #[test]

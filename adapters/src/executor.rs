@@ -487,6 +487,15 @@ pub trait Executor: Send + Sync {
         None
     }
 
+    /// The plan step of a chain walk ([`crate::chain`]): builds what running `problem` in
+    /// `direction` needs, so an error found here (a graph cuDNN will not build) lets the walk
+    /// move on, and running starts no work it cannot finish. Executors with plans (the stream
+    /// executors) build and cache them ([`Executor::workspace_bytes`]); others need none.
+    fn plan(&self, problem: &AttentionProblem, direction: Direction) -> Result<(), ExecError> {
+        let _ = (problem, direction);
+        Ok(())
+    }
+
     /// Bytes of workspace [`Executor::enqueue_forward`] (`Direction::Forward`) or
     /// [`Executor::enqueue_backward`] needs for `problem`. Builds and caches the plan for this
     /// shape (the warm-up), so the enqueue that follows does no host-side setup.

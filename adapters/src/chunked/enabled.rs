@@ -1126,6 +1126,10 @@ impl Executor for Chunked {
         Some(self.ordinal)
     }
 
+    fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<(), ExecError> {
+        self.workspace_bytes(p, dir).map(drop)
+    }
+
     fn workspace_bytes(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
         super::check_problem(p)?;
         let pl = plan::make_plan(p, &self.config, PlanKind::of(dir == Direction::Backward))?;

@@ -788,6 +788,10 @@ impl Executor for Fused {
         Some(self.ordinal)
     }
 
+    fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<(), ExecError> {
+        self.workspace_bytes(p, dir).map(drop)
+    }
+
     fn workspace_bytes(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
         super::check_problem(p)?;
         // The warm-up: compile and load the variant now, not inside a graph capture.

@@ -25,6 +25,7 @@ use serde_json::{Map, Value as Json};
 mod eager_abi;
 mod inputs;
 mod torch_ops;
+mod walk;
 
 create_exception!(
     _native,
@@ -1494,5 +1495,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     torch_ops::register(m)?;
     eager_abi::register(m)?;
     inputs::register(m)?;
+    walk::register(m)?;
     Ok(())
 }

@@ -13,9 +13,11 @@ use serde_json::{Value as Json, json};
 
 use super::args::{ConfigArgs, Format, Input, OutputArgs, Sources};
 use attn_policy::Explanation;
+use attn_policy::explain::ExecutorOutcome;
 use attn_policy::facts::te::TE;
 use attn_policy::facts::{Facts, InputError, Value};
 use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
+use attn_policy_adapters::executor::Direction;
 use attn_policy_adapters::trial::{RunOptions, RunReport, VerifyMode, run_on};
 use attn_policy_adapters::{
     AttentionProblem, LiveDevice, NotExpressible, Registry, live_device, problem_from_facts,
@@ -36,8 +38,8 @@ Examples:
   attn-policy run --pack te --preset gemma4-global --as-configured  # SM100 decision, run here
 
 Exit codes: 0 ran (and verified where verification applies), 1 no backend selected,
-2 bad input or rules, 4 no chain entry could run (or a substitution was refused, or an
-executor failed), 5 verification failed.")]
+2 bad input or rules, 4 no chain entry could run (or a substitution was refused, or the
+executor that ran failed while running), 5 verification failed.")]
 pub struct RunArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -215,23 +217,49 @@ pub fn run(a: RunArgs) -> i32 {
         .collect();
     let opts = run_options(&a);
     let chain_opts = chain_options(&a, &facts);
+    // The walk ends with the plan step; running is after it, and a failure while running is
+    // an error, never a retry on the next entry (docs/executors.md).
     let walked = chain::walk(
         &registry,
         &backend,
         &names,
         problem.as_ref(),
         &chain_opts,
-        |ex, p| run_on(ex, p, a.seed, &opts),
+        |ex, p| {
+            ex.plan(p, Direction::Forward)?;
+            if opts.backward {
+                ex.plan(p, Direction::Backward)?;
+            }
+            Ok(ex.clone())
+        },
     );
     match walked {
-        Ok(w) => {
+        Ok(mut w) => {
+            let p = problem
+                .as_ref()
+                .expect("an entry ran, so the problem is expressible");
+            let report = match run_on(w.output.as_ref(), p, a.seed, &opts) {
+                Ok(report) => report,
+                Err(e) => {
+                    let ran = &mut w.attempts[w.index];
+                    ran.outcome = ExecutorOutcome::Failed;
+                    ran.reason = Some(e.to_string());
+                    let message = format!(
+                        "executor `{}` failed while running: {e} (a failure while running is not retried on another executor)",
+                        w.executor
+                    );
+                    let ex = ex.with_executor_chain(w.attempts);
+                    print_outcome(&a, color, &ex, &device, &note, None, Some(&message));
+                    eprintln!(
+                        "error: pack `{}` selected {backend}, but {message}",
+                        policy.name
+                    );
+                    return EXIT_NOTHING_RAN;
+                }
+            };
             let ex = ex.with_executor_chain(w.attempts);
-            let report = w.output;
-            let problem = problem.as_ref().ok();
             print_outcome(&a, color, &ex, &device, &note, Some(&report), None);
-            if a.output.format() == Format::Human
-                && let Some(p) = problem
-            {
+            if a.output.format() == Format::Human {
                 print_report(&report, p);
             }
             match report.verification.as_ref().map(|v| v.passed) {

@@ -894,6 +894,10 @@ impl Executor for CudnnExecutor {
         Some(self.ordinal)
     }
 
+    fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<(), ExecError> {
+        self.workspace_bytes(p, dir).map(drop)
+    }
+
     fn workspace_bytes(
         &self,
         problem: &AttentionProblem,

@@ -150,22 +150,14 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
     backend = decision.selected
     # The pack's chain for the selected backend (and variant).
     chain = tuple(nd.executor_chain)
-    outcomes: List[ChainEntry] = []
-    runner: Optional[_Runner] = None
-    for name in chain:
-        if runner is not None:
-            outcomes.append(ChainEntry(name, "not_tried", ""))
-            continue
-        try:
-            runner = _runner_for(name, call, device, cudnn, env)
-            outcomes.append(ChainEntry(name, "ran", ""))
-        except _native.ExecutorRefused as e:
-            outcomes.append(ChainEntry(name, "refused", str(e)))
-        except _native.ExecutorUnavailable as e:
-            outcomes.append(ChainEntry(name, "unavailable", str(e)))
-        except _native.ExecutorFailed as e:
-            outcomes.append(ChainEntry(name, "unavailable", f"failed: {e}"))
-    ran = next((e.executor for e in outcomes if e.outcome == "ran"), None)
+    # The one chain walk (Rust's, as `attn-policy run` walks it): the first entry whose checks
+    # and plan step pass runs; a refusal, an unavailable executor or a failed check or plan
+    # moves on to the next entry, a substitute. The walk stops early with no_substitute.
+    index, walked, ended, runner = _native.walk_chain(
+        backend or "", list(chain), bool(no_substitute),
+        lambda name: _runner_for(name, call, device, cudnn, env))
+    outcomes: List[ChainEntry] = [ChainEntry(n, o, r) for n, o, r in walked]
+    ran = chain[index] if index is not None else None
     provenance = {k: s for k, (_, s) in env.items()}
     provenance.update({f"probe.{k}": ("probe" if a is not None else "default") for k, a in probe.items()})
     if q.dtype == torch.float64:
@@ -180,6 +172,10 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
         provenance=provenance,
         problem=repr(call.problem),
     )
+    if ended == "substitution_refused":
+        # no_substitute: the backend's own executor cannot run (raised, never a fallback).
+        cd.substitution_refused = True
+        return _Entry(None, cd)
     if ran is None:
         if backend is None:
             reasons = "; ".join(
@@ -200,9 +196,8 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
             return _Entry(_SdpaFallback(call), cd)
         return _Entry(None, cd)
     if cd.substitute:
-        if no_substitute:
-            return _Entry(None, cd)
-        logger.info("attn_policy: %s", cd.summary())
+        # Once per call signature: the decision is cached per signature.
+        logger.warning("attn_policy: %s", cd.summary())
     return _Entry(runner, cd)
 
 
@@ -235,8 +230,10 @@ def _runner_for(name, call: _Call, device, cudnn, env) -> _Runner:
 
 def _raise_for(e: _Entry, no_substitute: bool) -> None:
     d = e.decision
-    if d.executor is not None and d.substitute and no_substitute:
-        raise SubstitutionRefused(f"substitution refused (no_substitute=True): {d.summary()}", d)
+    if no_substitute and d.substitution_refused:
+        raise SubstitutionRefused(f"substitution refused (no_substitute=True): {d.summary()}\n" + "\n".join(
+            f"  {c.executor}: {c.outcome}: {c.reason}" for c in d.chain
+        ), d)
     if d.executor is None and d.fallback is None:
         raise AttentionDeclined(d.summary() + "\n" + "\n".join(
             f"  {c.executor}: {c.outcome}: {c.reason}" for c in d.chain

@@ -73,10 +73,10 @@ class _Run:
         e = _entry(q, k, v, args)
         d = e.decision
         self.decisions[_key(q, k, v, args)] = d
+        if d.substitution_refused:
+            return f"substitution refused (no_substitute=True): {d.summary()}"
         if e.runner is None:
             return f"a per-step call has no executor: {d.summary()}"
-        if d.substitute and self.no_sub:
-            return f"substitution refused (no_substitute=True): {d.summary()}"
         if d.executor == "torch_sdpa_fallback":
             return "a fallback returns no log-sum-exp to merge"
         if self.training and d.executor not in _STATS_BACKWARD:

@@ -46,8 +46,9 @@ ShapeMismatch = _native.ShapeMismatch
 @dataclass(frozen=True)
 class ChainEntry:
     """One executor of the chain and what happened to it: ``ran``, ``refused`` (the executor
-    does not do this problem), ``unavailable`` (it cannot run in this process) or
-    ``not_tried`` (an earlier entry ran)."""
+    does not do this problem), ``unavailable`` (it cannot run in this process), ``failed`` (its
+    check or plan step raised an error: the next entry runs as a substitute) or ``not_tried``
+    (an earlier entry ran, or ``no_substitute`` ended the walk)."""
 
     executor: str
     outcome: str
@@ -67,6 +68,8 @@ class CallDecision:
     fallback: Optional[str] = None
     provenance: Dict[str, str] = field(default_factory=dict)
     problem: str = ""
+    # no_substitute=True and the chain's first entry could not run: nothing was tried after it.
+    substitution_refused: bool = False
 
     def summary(self) -> str:
         """``selected FlashAttention; ran on chunked (substitute: torch_flash: ...)``."""
@@ -76,12 +79,14 @@ class CallDecision:
             head = f"pack {self.pack} selected {self.backend}"
         if self.executor is None:
             tail = "no executor ran"
+            if self.substitution_refused:
+                tail += " (no_substitute=True: only the chain's first entry may run)"
             if self.fallback:
                 tail += f"; fell back to torch SDPA ({self.fallback})"
             return f"{head}; {tail}"
         if not self.substitute:
             return f"{head}; ran on {self.executor}"
-        why = "; ".join(f"{e.executor}: {e.reason}" for e in self.chain if e.outcome in ("refused", "unavailable"))
+        why = "; ".join(f"{e.executor}: {e.reason}" for e in self.chain if e.outcome in ("refused", "unavailable", "failed"))
         return f"{head}; ran on {self.executor} (substitute: {why})"
 
     def to_dict(self) -> Dict[str, Any]:

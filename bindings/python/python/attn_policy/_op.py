@@ -33,7 +33,7 @@ def _fwd_impl(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid
     q, k, v = _usable(q), _usable(k), _usable(v)
     args = (layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute)
     e = _entry(q, k, v, args)
-    if e.runner is None or (no_substitute and e.decision.substitute):
+    if e.runner is None:
         _raise_for(e, no_substitute)
     return e.runner.forward(q, k, v)
 
@@ -44,7 +44,7 @@ def _bwd_impl(g, q, k, v, o, lse, layout, mask, wl, wr, br, scale, dropout_p, tr
     q, k, v = _usable(q), _usable(k), _usable(v)
     args = (layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute)
     e = _entry(q, k, v, args)
-    if e.runner is None or (no_substitute and e.decision.substitute):
+    if e.runner is None:
         _raise_for(e, no_substitute)
     # The executors read O contiguous in the layout and the LSE contiguous (the forward's); a
     # caller of the op may pass views (the context-parallel steps narrow them).

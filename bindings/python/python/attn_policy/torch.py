@@ -238,7 +238,7 @@ def _attention_first(q, k, v, key, grad, layout, is_causal, diagonal, window, sc
                     no_substitute, grad)
     qu, ku, vu = _usable(q), _usable(k), _usable(v)
     e = _entry(qu, ku, vu, args)
-    if e.runner is None or (no_substitute and e.decision.substitute):
+    if e.runner is None:
         _raise_for(e, no_substitute)
     if key is not None:
         with _cache_lock:
