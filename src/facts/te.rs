@@ -7,11 +7,11 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value as Json};
 
-use super::constraint::{Bound, Check, Constraint};
 use super::domains::Domain;
-use super::input::{Facts, InputError, InputErrorKind};
+use super::error::{InputError, InputErrorKind};
 use super::schema::{
-    DefaultValue as D, FieldDef, Schema, Ty, bounded, derived, f, fixed, opt, probe, raw_text,
+    Bound, Check, Constraint, DefaultValue as D, Facts, FieldDef, Schema, Ty, bounded, derived, f,
+    fixed, opt, probe, raw_text,
 };
 use super::value::Value;
 use Domain as Dom;
@@ -28,6 +28,21 @@ pub static TE: LazyLock<Schema> = LazyLock::new(|| {
     )
     .with_constraints(CONSTRAINTS)
 });
+
+/// The te family is the default one (packs without `family:`, TE's conformance records): its
+/// constructors are here, with the family, so that the reader (`input.rs`) names no family.
+impl Facts {
+    /// Every fact of the `te` family at its default (probes unknown).
+    pub fn defaults() -> Facts {
+        Facts::defaults_of(&TE)
+    }
+
+    /// Reads a `te`-family config object (the `config` of TE conformance records). Other
+    /// families: [`Schema::read`]. See `docs/facts.md` for the fields and their defaults.
+    pub fn from_json(config: &Json) -> Result<Facts, InputError> {
+        Facts::read(&TE, config)
+    }
+}
 
 /// Every fact. Order is the slot order (and the order of `docs/facts.md`).
 pub static FIELDS: &[FieldDef] = &[
