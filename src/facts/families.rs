@@ -15,3 +15,18 @@ pub fn families() -> [&'static Schema; 2] {
 pub fn family(name: &str) -> Option<&'static Schema> {
     families().into_iter().find(|s| s.family == name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_family_default_is_valid() {
+        for schema in families() {
+            schema
+                .read(&json!({}))
+                .unwrap_or_else(|e| panic!("{}: {e}", schema.family));
+        }
+    }
+}
