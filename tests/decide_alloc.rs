@@ -5,8 +5,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use attn_policy::facts;
 use attn_policy::facts::presets;
-use attn_policy::facts::schema;
 use attn_policy::{Decision, Policy};
 
 /// Counts allocations (and reallocations) while `ARMED`; frees are not counted.
@@ -52,7 +52,7 @@ fn deciding_a_preset_allocates_nothing_after_warm_up() {
     let mut checked = 0;
     for name in attn_policy::pack::embedded::pack_names() {
         let policy = Policy::embedded(name).expect("embedded pack loads");
-        let family = schema::family(policy.schema.family).expect("a known family");
+        let family = facts::family(policy.schema.family).expect("a known family");
         let inputs: Vec<_> = presets::of_family(family.family)
             .map(|p| (p.name, family.read(&(p.config)()).expect("preset is valid")))
             .collect();

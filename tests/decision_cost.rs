@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use attn_policy::facts::{presets, schema};
+use attn_policy::facts::{self, presets};
 use attn_policy::{Decision, Policy};
 
 const BASELINE: &str = "tests/baselines/decision-steps.txt";
@@ -29,7 +29,7 @@ fn measure() -> BTreeMap<(String, String), u64> {
     let mut rows = BTreeMap::new();
     for name in attn_policy::pack::embedded::pack_names() {
         let policy = Policy::embedded(name).expect("embedded pack loads");
-        let family = schema::family(policy.schema.family).expect("a known family");
+        let family = facts::family(policy.schema.family).expect("a known family");
         let mut d = Decision::default();
         for p in presets::of_family(family.family) {
             let facts = family.read(&(p.config)()).expect("preset is valid");

@@ -5,6 +5,9 @@
 //! (files, flags, presets, corpus records, the bindings), so an input that cannot exist is an
 //! [`InputError`] with a location instead of a decision.
 //!
+//! The types are declared in `schema.rs`, next to the [`Schema`] that holds them (a check
+//! reads [`Facts`], which belong to a schema); this file says what they admit and checks them.
+//!
 //! A family declares only what its selector never sees: inputs its framework refuses before
 //! the selector runs (TE's `DotProductAttention` asserts on KV heads in its constructor). Inputs
 //! the selector judges itself stay inputs, and the family says so with
@@ -12,23 +15,12 @@
 //! a backend or an error): such a constraint is documented, and the pack's rules decline
 //! those inputs with a reason.
 
-use super::input::{Facts, InputError, InputErrorKind};
-use super::schema::Schema;
+use super::error::{InputError, InputErrorKind};
+use super::schema::{Facts, Schema};
 use super::value::Value;
 
-/// The domain of one numeric fact beyond its type. `None` accepts every value of the type.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Bound {
-    None,
-    /// `> 0`: a size, a count, a scale (for integers: `>= 1`).
-    Positive,
-    /// `>= 0`: a count where 0 means "absent" (documented per fact), a soft-cap.
-    NonNegative,
-    /// An integer `>= n` (`AtLeast(-1)`: -1 means unbounded).
-    AtLeast(i64),
-    /// A float in `[0, 1]` (a dropout probability).
-    Probability,
-}
+// The old paths (`facts::constraint::Bound`) still name the types.
+pub use super::schema::{Bound, Check, Constraint};
 
 impl Bound {
     /// Whether `v` lies in the bound (null and non-numeric values are not the bound's concern).
@@ -56,40 +48,6 @@ impl Bound {
             Bound::AtLeast(n) => format!(">= {n}"),
             Bound::Probability => "in [0, 1]".into(),
         }
-    }
-}
-
-/// How a [`Constraint`] is enforced.
-#[derive(Clone, Copy)]
-pub enum Check {
-    /// Refused before any rule runs: `Some(message)` when the facts break the constraint.
-    Refuse(fn(&Facts) -> Option<String>),
-    /// Structurally odd, but the family's selector decides such inputs itself (with a backend
-    /// or an error of its own); they reach the rules, which must decline them with a reason.
-    DecidedBySelector,
-}
-
-/// A constraint across facts, declared by a family (docs/facts.md lists each family's).
-#[derive(Clone, Copy)]
-pub struct Constraint {
-    /// Stable name (`kv_heads_divide_heads`).
-    pub name: &'static str,
-    /// What it requires and whose rule it is, for docs.
-    pub doc: &'static str,
-    /// The facts it reads. An error points at the first of them the input gave (or the first).
-    pub facts: &'static [&'static str],
-    pub check: Check,
-    /// The same constraint in the rule language (true for a valid input); a test checks that
-    /// it agrees with `check`. `gaps` and `diff` search only where it holds when `searched`.
-    pub expr: &'static str,
-    /// Whether `gaps` and `diff` tie it (false where the decision diagrams would grow too
-    /// large; a listed region may then hold inputs that break it, but its example does not).
-    pub searched: bool,
-}
-
-impl std::fmt::Debug for Constraint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Constraint({})", self.name)
     }
 }
 

@@ -1,93 +1,18 @@
-//! Reading a config object (the `config` of conformance records; JSON or YAML) into [`Facts`].
+//! Reading a config object (the `config` of conformance records; JSON or YAML) into [`Facts`]
+//! ([`Schema::read`]), and the accessors of `Facts` (the type is declared in `schema.rs`).
 //! Unknown keys and out-of-domain values are errors with a did-you-mean; absent keys take the
-//! defaults documented in the schema.
+//! defaults documented in the schema. No family is named here: the te family's shorthands
+//! (`Facts::from_json`, `Facts::defaults`) are in `te.rs`.
 
 use serde_json::{Map, Value as Json};
 
-use super::schema::{DefaultValue as Default, Origin, Schema, Ty};
+use std::sync::Arc;
+
+use super::error::{InputError, InputErrorKind, did_you_mean};
+use super::key::{FactsKey, KeyMemo, encode};
+use super::schema::{DefaultValue as Default, Facts, Origin, Schema, Ty};
 use super::value::Value;
 use crate::lang::Version;
-
-/// What is wrong with an input (the `kind` of an [`InputError`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum InputErrorKind {
-    /// The text is neither JSON nor YAML, or not an object of facts.
-    Syntax,
-    /// A key appears twice in one object (JSON and YAML readers would keep one silently).
-    DuplicateKey,
-    /// A key the family does not have.
-    UnknownKey,
-    /// A value of the wrong type or shape (a string for a count, a list of the wrong length,
-    /// a number that does not fit its type).
-    Type,
-    /// A value outside its fact's domain: a bound (`docs/facts.md`), an enum value, a version
-    /// that does not parse, a compute capability no GPU has.
-    Domain,
-    /// Facts that cannot hold together (a constraint of the family, `docs/facts.md`).
-    Constraint,
-}
-
-/// A problem with an input: one error type for every entry point (files, flags, presets,
-/// corpus records, bindings). Nothing is decided for an input that has one.
-#[derive(Clone, Debug, PartialEq, thiserror::Error, serde::Serialize)]
-pub struct InputError {
-    pub kind: InputErrorKind,
-    /// Dotted path of the offending key (`flash_attn_versions.v5`, `window_size[1]`).
-    pub path: String,
-    pub message: String,
-    pub suggestion: Option<String>,
-    /// Where the offending value was given, when the reader knows: `file:line:col` in a JSON
-    /// or YAML file, a flag (`--kv-heads`), `preset NAME`, `$NVTE_FLASH_ATTN` (the shell).
-    pub location: Option<String>,
-}
-
-impl std::fmt::Display for InputError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(at) = &self.location {
-            write!(f, "{at}: ")?;
-        }
-        if !self.path.is_empty() {
-            write!(f, "{}: ", self.path)?;
-        }
-        f.write_str(&self.message)?;
-        if let Some(s) = &self.suggestion {
-            write!(f, " (did you mean `{s}`?)")?;
-        }
-        Ok(())
-    }
-}
-
-impl InputError {
-    /// A [`InputErrorKind::Type`] error at `path` (change the kind with [`InputError::kind`]).
-    pub fn new(path: &str, message: impl Into<String>) -> InputError {
-        InputError {
-            kind: InputErrorKind::Type,
-            path: path.to_string(),
-            message: message.into(),
-            suggestion: None,
-            location: None,
-        }
-    }
-
-    pub fn kind(mut self, kind: InputErrorKind) -> InputError {
-        self.kind = kind;
-        self
-    }
-
-    pub fn suggest(mut self, suggestion: Option<String>) -> InputError {
-        self.suggestion = suggestion;
-        self
-    }
-
-    /// Sets where the value was given (see [`InputError::location`]), unless already known.
-    pub fn at(mut self, location: Option<String>) -> InputError {
-        if self.location.is_none() {
-            self.location = location;
-        }
-        self
-    }
-}
 
 fn err(path: &str, message: impl Into<String>) -> InputError {
     InputError::new(path, message)
@@ -115,36 +40,43 @@ pub(crate) fn kind_of(v: &Json) -> &'static str {
     }
 }
 
-/// The closest candidate within a small edit distance, for did-you-mean hints.
-pub fn did_you_mean<'a>(
-    word: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<String> {
-    candidates
-        .into_iter()
-        .map(|c| (strsim::damerau_levenshtein(word, c), c))
-        .filter(|(d, c)| *d <= 2.max(word.len().min(c.len()) / 3))
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, c)| c.to_string())
+/// Reading a config of a family (the family's file adds a shorthand for its own, as `te.rs`
+/// does with `Facts::from_json`).
+impl Schema {
+    /// Every fact at its default (probes unknown), derived facts computed.
+    pub fn defaults(&'static self) -> Facts {
+        Facts::defaults_of(self)
+    }
+
+    /// Reads a config object of this family. See `docs/facts.md` for the fields and defaults.
+    pub fn read(&'static self, config: &Json) -> Result<Facts, InputError> {
+        Facts::read(self, config)
+    }
+
+    /// Reads a config object without checking bounds and constraints: for tests that compare
+    /// the constraints' checks with their expressions, never for deciding.
+    #[doc(hidden)]
+    pub fn read_unvalidated(&'static self, config: &Json) -> Result<Facts, InputError> {
+        Facts::read_with(self, config, false)
+    }
 }
 
-/// The facts of one attention call, one [`Value`] per slot of its family's [`Schema`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Facts {
-    pub(crate) schema: &'static Schema,
-    pub(crate) values: Vec<Value>,
-    /// Raw text of version facts that did not parse, for explanations.
-    pub(crate) raw_versions: Vec<(usize, String)>,
-    /// The decision cache's key of these facts, taken on first use (`crate::cache`); every
-    /// method that changes the facts clears it, and a clone starts without it. Code in this
-    /// crate that writes `values` directly must do so before the facts meet a cache.
-    pub(crate) key: super::key::KeyMemo,
+impl FactsKey {
+    /// The exact cache key of a fact set (see [`FactsKey`]).
+    pub fn of(facts: &Facts) -> FactsKey {
+        FactsKey::of_parts(&facts.values, &facts.raw_versions)
+    }
 }
 
 impl Facts {
-    /// Every fact of the `te` family at its default (probes unknown).
-    pub fn defaults() -> Facts {
-        Facts::defaults_of(&super::te::TE)
+    /// The exact cache key of these facts, computed once per `Facts` value (see [`FactsKey`]).
+    pub fn cache_key(&self) -> &Arc<FactsKey> {
+        let key = self.key.get_or_init(|| FactsKey::of(self));
+        debug_assert!(
+            *key.words == *encode(&self.values, &self.raw_versions),
+            "stale FactsKey: Facts changed after its key was taken (clear the memo on every write)"
+        );
+        key
     }
 
     /// Every fact of `schema` at its default (probes unknown), derived facts computed.
@@ -182,14 +114,8 @@ impl Facts {
             schema,
             values,
             raw_versions: Vec::new(),
-            key: super::key::KeyMemo::default(),
+            key: KeyMemo::default(),
         }
-    }
-
-    /// Reads a `te`-family config object (the `config` of TE conformance records). Other
-    /// families: [`Schema::read`]. See `docs/facts.md` for the fields and their defaults.
-    pub fn from_json(config: &Json) -> Result<Facts, InputError> {
-        Facts::read(&super::te::TE, config)
     }
 
     /// Reads a config object of `schema`'s family: its structured keys through the family's
@@ -734,73 +660,6 @@ mod tests {
         assert!(Facts::from_json(&json!({"env": {"NVTE_FLASH_ATTN": "yes"}})).is_err());
     }
 
-    /// A version fact whose probe reports the raw string has three states: absent (null),
-    /// parsed, and present but unparseable (raw text kept). Other version facts have two.
-    #[test]
-    fn raw_text_versions_have_three_states() {
-        let slot = crate::facts::te::slot("cudnn_frontend_version").unwrap();
-        let read = |v: Json| Facts::from_json(&json!({ "cudnn_frontend_version": v }));
-        let absent = Facts::from_json(&json!({})).unwrap();
-        assert_eq!(absent.values()[slot], Value::Null);
-        assert_eq!(read(Json::Null).unwrap().values()[slot], Value::Null);
-        let parsed = read(json!("1.29.0rc1")).unwrap();
-        assert_eq!(
-            parsed.values()[slot],
-            Value::Version(Version::parse("1.29.0rc1").unwrap())
-        );
-        assert_eq!(parsed.raw_version(slot), None);
-        for raw in ["not-a-version", "1.29.x-custom", ""] {
-            let f = read(json!(raw)).unwrap_or_else(|e| panic!("{raw:?}: {e}"));
-            assert_eq!(f.values()[slot], Value::BadVersion, "{raw:?}");
-            assert_eq!(f.raw_version(slot), Some(raw));
-        }
-        let dsl = crate::facts::te::slot("cutlass_dsl_version").unwrap();
-        let f = Facts::from_json(&json!({"cutlass_dsl_version": "4.7-git"})).unwrap();
-        assert_eq!(
-            (f.values()[dsl], f.raw_version(dsl)),
-            (Value::BadVersion, Some("4.7-git"))
-        );
-        // The three states are three fact sets: the cache tells them apart.
-        let bad = read(json!("x")).unwrap();
-        let other_bad = read(json!("y")).unwrap();
-        assert_ne!(bad, absent);
-        assert_ne!(bad, other_bad);
-        // Setting the fact again drops the raw text of the old value.
-        let mut f = bad.clone();
-        f.set_scalar("cudnn_frontend_version", &json!("1.30.0"))
-            .unwrap();
-        assert_eq!(f.raw_version(slot), None);
-        assert_eq!(f.values()[slot], Value::Version(Version::new(1, 30, 0)));
-        let mut f = bad;
-        f.set_scalar("cudnn_frontend_version", &Json::Null).unwrap();
-        assert_eq!((f.values()[slot], f.raw_version(slot)), (Value::Null, None));
-        // Wrong JSON types stay refused.
-        for v in [
-            json!(129),
-            json!([1, 29, 0]),
-            json!({"v": "1.29.0"}),
-            json!(true),
-        ] {
-            let e = read(v.clone()).expect_err(&v.to_string());
-            assert_eq!(
-                (e.kind, e.path.as_str()),
-                (InputErrorKind::Type, "cudnn_frontend_version"),
-                "{v}"
-            );
-        }
-        // Facts whose selector parses (or reads as numbers) keep refusing words.
-        for (config, path) in [
-            (json!({"cudnn_version": "9.x"}), "cudnn_version"),
-            (
-                json!({"flash_attn_versions": {"v4": "4.0.0-custom"}}),
-                "flash_attn_versions.v4",
-            ),
-        ] {
-            let e = Facts::from_json(&config).expect_err(&config.to_string());
-            assert_eq!((e.kind, e.path.as_str()), (InputErrorKind::Domain, path));
-        }
-    }
-
     #[test]
     fn deterministic_follows_env_when_absent() {
         let f =
@@ -939,15 +798,6 @@ mod tests {
             json!({"device_compute_capability": "sm_120"}),
         ] {
             Facts::from_json(&ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
-        }
-    }
-
-    #[test]
-    fn every_family_default_is_valid() {
-        for schema in crate::facts::families() {
-            schema
-                .read(&json!({}))
-                .unwrap_or_else(|e| panic!("{}: {e}", schema.family));
         }
     }
 }

@@ -1,10 +1,12 @@
-//! The exact key of a fact set ([`FactsKey`]), memoised per [`Facts`] value ([`KeyMemo`]): what
+//! The exact key of a fact set ([`FactsKey`]), memoised per `Facts` value ([`KeyMemo`]): what
 //! the decision cache (`crate::cache`) looks decisions up by. It lives with the facts so that
-//! `Facts` need not know the cache.
+//! `Facts` need not know the cache. It is computed from a fact set's parts (slot values and
+//! unparseable version texts), so `Facts`, which holds a [`KeyMemo`], can be declared on top
+//! of this file: `FactsKey::of` and `Facts::cache_key` are in `input.rs`.
 
 use std::sync::{Arc, OnceLock};
 
-use super::{Facts, Value};
+use super::value::Value;
 
 pub(crate) const SEED: u64 = 0x9E37_79B9_7F4A_7C15;
 pub(crate) const MUL: u64 = 0xF135_7AEA_2E62_A9C5;
@@ -39,8 +41,10 @@ pub struct FactsKey {
 }
 
 impl FactsKey {
-    pub fn of(facts: &Facts) -> FactsKey {
-        let words = encode(facts);
+    /// The key of a fact set given as its slot values and its unparseable versions' raw texts
+    /// (`(slot, text)`); [`FactsKey::of`] for a `Facts`.
+    pub(crate) fn of_parts(values: &[Value], raw_versions: &[(usize, String)]) -> FactsKey {
+        let words = encode(values, raw_versions);
         FactsKey {
             hash: hash_words(&words),
             words: words.into_boxed_slice(),
@@ -48,8 +52,7 @@ impl FactsKey {
     }
 }
 
-fn encode(facts: &Facts) -> Vec<u64> {
-    let values = facts.values();
+pub(crate) fn encode(values: &[Value], raw_versions: &[(usize, String)]) -> Vec<u64> {
     let mut w = Vec::with_capacity(values.len() * 2 + 1);
     w.push(values.len() as u64);
     for v in values {
@@ -72,7 +75,7 @@ fn encode(facts: &Facts) -> Vec<u64> {
             Value::BadVersion => w.push(7),
         }
     }
-    for (slot, raw) in &facts.raw_versions {
+    for (slot, raw) in raw_versions {
         w.extend([*slot as u64, raw.len() as u64]);
         w.extend(raw.as_bytes().chunks(8).map(|c| {
             let mut b = [0u8; 8];
@@ -109,6 +112,12 @@ fn hash_words(words: &[u64]) -> u64 {
 pub struct KeyMemo(OnceLock<Arc<FactsKey>>);
 
 impl KeyMemo {
+    /// The memoised key, computed by `key` on first use.
+    #[inline]
+    pub(crate) fn get_or_init(&self, key: impl FnOnce() -> FactsKey) -> &Arc<FactsKey> {
+        self.0.get_or_init(|| Arc::new(key()))
+    }
+
     /// Forgets the key (call on every change of the facts).
     #[inline]
     pub(crate) fn clear(&mut self) {
@@ -135,17 +144,5 @@ impl std::fmt::Debug for KeyMemo {
         } else {
             "KeyMemo"
         })
-    }
-}
-
-impl Facts {
-    /// The exact cache key of these facts, computed once per `Facts` value (see [`FactsKey`]).
-    pub fn cache_key(&self) -> &Arc<FactsKey> {
-        let key = self.key.0.get_or_init(|| Arc::new(FactsKey::of(self)));
-        debug_assert!(
-            *key.words == *encode(self),
-            "stale FactsKey: Facts changed after its key was taken (clear the memo on every write)"
-        );
-        key
     }
 }

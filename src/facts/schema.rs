@@ -1,19 +1,26 @@
 //! Typed fact schemas. A [`Schema`] belongs to a *pack family*: the `te` family (TE's
 //! `AttentionParams`, its environment and probes; packs `te` and `native`) has its table in
-//! [`super::te`]; the `torch` family (PyTorch SDPA's `sdp_params`, the process's SDPA flags and
-//! the device; pack `torch`) in [`super::torch`].
+//! `te.rs`; the `torch` family (PyTorch SDPA's `sdp_params`, the process's SDPA flags and
+//! the device; pack `torch`) in `torch.rs`. The families are registered in `families.rs`
+//! ([`super::family`]): this file names none of them, so a family's file can build on it.
 //! A pack names its family in `pack.yaml` (`family:`, default `te`), and the checker, the
 //! decision and the analysis read fact names, types and domains from that pack's schema.
 //! A fact's slot is its index in [`Schema::fields`]; `docs/facts.md` is generated from the
 //! tables (a test keeps it current).
+//!
+//! The types a schema is made of live here, [`Facts`] (the values it types) and
+//! [`Constraint`] (which reads facts) among them, because they name each other: reading a
+//! config into facts is in `input.rs`, checking bounds and constraints in `constraint.rs`,
+//! and both build on this file without it naming them back.
 
 use std::collections::HashMap;
 
 use serde_json::{Map, Value as Json};
 
-use super::constraint::{Bound, Check, Constraint};
 use super::domains::Domain;
-use super::input::{Facts, InputError};
+use super::error::InputError;
+use super::key::KeyMemo;
+use super::value::Value;
 
 /// The type of a fact or expression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -65,6 +72,21 @@ pub enum DefaultValue {
     Computed,
 }
 
+/// The domain of one numeric fact beyond its type. `None` accepts every value of the type.
+/// What it admits: [`Bound::admits`] (`constraint.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bound {
+    None,
+    /// `> 0`: a size, a count, a scale (for integers: `>= 1`).
+    Positive,
+    /// `>= 0`: a count where 0 means "absent" (documented per fact), a soft-cap.
+    NonNegative,
+    /// An integer `>= n` (`AtLeast(-1)`: -1 means unbounded).
+    AtLeast(i64),
+    /// A float in `[0, 1]` (a dropout probability).
+    Probability,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct FieldDef {
     pub path: &'static str,
@@ -78,7 +100,7 @@ pub struct FieldDef {
     pub bound: Bound,
     /// A version fact whose upstream probe reports the raw string (package metadata): text
     /// that does not parse is kept as the third state, present but unparseable
-    /// ([`super::Value::BadVersion`], raw text kept), instead of being refused. Rules must test
+    /// ([`Value::BadVersion`], raw text kept), instead of being refused. Rules must test
     /// `parsed(x)` before comparing such a fact (docs/rule-language.md).
     pub raw_text: bool,
     pub doc: &'static str,
@@ -182,7 +204,7 @@ pub struct Schema {
     pub constraints: &'static [Constraint],
     pub(crate) check: CheckConfig,
     /// Default of a member of a structured fact once the object is present (`inference.page_size`).
-    pub(crate) member_default: fn(object: &str, member: &str) -> super::Value,
+    pub(crate) member_default: fn(object: &str, member: &str) -> Value,
 }
 
 impl std::fmt::Debug for Schema {
@@ -198,6 +220,54 @@ impl PartialEq for Schema {
     }
 }
 
+/// How a [`Constraint`] is enforced.
+#[derive(Clone, Copy)]
+pub enum Check {
+    /// Refused before any rule runs: `Some(message)` when the facts break the constraint.
+    Refuse(fn(&Facts) -> Option<String>),
+    /// Structurally odd, but the family's selector decides such inputs itself (with a backend
+    /// or an error of its own); they reach the rules, which must decline them with a reason.
+    DecidedBySelector,
+}
+
+/// A constraint across facts, declared by a family (docs/facts.md lists each family's).
+#[derive(Clone, Copy)]
+pub struct Constraint {
+    /// Stable name (`kv_heads_divide_heads`).
+    pub name: &'static str,
+    /// What it requires and whose rule it is, for docs.
+    pub doc: &'static str,
+    /// The facts it reads. An error points at the first of them the input gave (or the first).
+    pub facts: &'static [&'static str],
+    pub check: Check,
+    /// The same constraint in the rule language (true for a valid input); a test checks that
+    /// it agrees with `check`. `gaps` and `diff` search only where it holds when `searched`.
+    pub expr: &'static str,
+    /// Whether `gaps` and `diff` tie it (false where the decision diagrams would grow too
+    /// large; a listed region may then hold inputs that break it, but its example does not).
+    pub searched: bool,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Constraint({})", self.name)
+    }
+}
+
+/// The facts of one attention call, one [`Value`] per slot of its family's [`Schema`]. Read by
+/// [`Schema::read`] (`input.rs`), which also has its accessors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Facts {
+    pub(crate) schema: &'static Schema,
+    pub(crate) values: Vec<Value>,
+    /// Raw text of version facts that did not parse, for explanations.
+    pub(crate) raw_versions: Vec<(usize, String)>,
+    /// The decision cache's key of these facts, taken on first use (`crate::cache`); every
+    /// method that changes the facts clears it, and a clone starts without it. Code in this
+    /// crate that writes `values` directly must do so before the facts meet a cache.
+    pub(crate) key: KeyMemo,
+}
+
 impl Schema {
     pub(crate) fn new(
         family: &'static str,
@@ -205,7 +275,7 @@ impl Schema {
         fields: &'static [FieldDef],
         read_key: ReadKey,
         derive: Derive,
-        member_default: fn(&str, &str) -> super::Value,
+        member_default: fn(&str, &str) -> Value,
     ) -> Schema {
         Schema {
             family,
@@ -379,31 +449,4 @@ impl Schema {
         }
         out
     }
-
-    /// Every fact at its default (probes unknown), derived facts computed.
-    pub fn defaults(&'static self) -> Facts {
-        Facts::defaults_of(self)
-    }
-
-    /// Reads a config object of this family. See `docs/facts.md` for the fields and defaults.
-    pub fn read(&'static self, config: &Json) -> Result<Facts, InputError> {
-        Facts::read(self, config)
-    }
-
-    /// Reads a config object without checking bounds and constraints: for tests that compare
-    /// the constraints' checks with their expressions, never for deciding.
-    #[doc(hidden)]
-    pub fn read_unvalidated(&'static self, config: &Json) -> Result<Facts, InputError> {
-        Facts::read_with(self, config, false)
-    }
-}
-
-/// Every compiled-in family, by name.
-pub fn families() -> [&'static Schema; 2] {
-    [&*super::te::TE, &*super::torch::TORCH]
-}
-
-/// The family a pack names (`family: te`).
-pub fn family(name: &str) -> Option<&'static Schema> {
-    families().into_iter().find(|s| s.family == name)
 }

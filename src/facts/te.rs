@@ -7,11 +7,11 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value as Json};
 
-use super::constraint::{Bound, Check, Constraint};
 use super::domains::Domain;
-use super::input::{Facts, InputError, InputErrorKind};
+use super::error::{InputError, InputErrorKind};
 use super::schema::{
-    DefaultValue as D, FieldDef, Schema, Ty, bounded, derived, f, fixed, opt, probe, raw_text,
+    Bound, Check, Constraint, DefaultValue as D, Facts, FieldDef, Schema, Ty, bounded, derived, f,
+    fixed, opt, probe, raw_text,
 };
 use super::value::Value;
 use Domain as Dom;
@@ -28,6 +28,21 @@ pub static TE: LazyLock<Schema> = LazyLock::new(|| {
     )
     .with_constraints(CONSTRAINTS)
 });
+
+/// The te family is the default one (packs without `family:`, TE's conformance records): its
+/// constructors are here, with the family, so that the reader (`input.rs`) names no family.
+impl Facts {
+    /// Every fact of the `te` family at its default (probes unknown).
+    pub fn defaults() -> Facts {
+        Facts::defaults_of(&TE)
+    }
+
+    /// Reads a `te`-family config object (the `config` of TE conformance records). Other
+    /// families: [`Schema::read`]. See `docs/facts.md` for the fields and their defaults.
+    pub fn from_json(config: &Json) -> Result<Facts, InputError> {
+        Facts::read(&TE, config)
+    }
+}
 
 /// Every fact. Order is the slot order (and the order of `docs/facts.md`).
 pub static FIELDS: &[FieldDef] = &[
@@ -845,6 +860,75 @@ fn derive(facts: &mut Facts, given: &Map<String, Json>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lang::Version;
+    use serde_json::json;
+
+    /// A version fact whose probe reports the raw string has three states: absent (null),
+    /// parsed, and present but unparseable (raw text kept). Other version facts have two.
+    #[test]
+    fn raw_text_versions_have_three_states() {
+        let slot = super::slot("cudnn_frontend_version").unwrap();
+        let read = |v: Json| Facts::from_json(&json!({ "cudnn_frontend_version": v }));
+        let absent = Facts::from_json(&json!({})).unwrap();
+        assert_eq!(absent.values()[slot], Value::Null);
+        assert_eq!(read(Json::Null).unwrap().values()[slot], Value::Null);
+        let parsed = read(json!("1.29.0rc1")).unwrap();
+        assert_eq!(
+            parsed.values()[slot],
+            Value::Version(Version::parse("1.29.0rc1").unwrap())
+        );
+        assert_eq!(parsed.raw_version(slot), None);
+        for raw in ["not-a-version", "1.29.x-custom", ""] {
+            let f = read(json!(raw)).unwrap_or_else(|e| panic!("{raw:?}: {e}"));
+            assert_eq!(f.values()[slot], Value::BadVersion, "{raw:?}");
+            assert_eq!(f.raw_version(slot), Some(raw));
+        }
+        let dsl = super::slot("cutlass_dsl_version").unwrap();
+        let f = Facts::from_json(&json!({"cutlass_dsl_version": "4.7-git"})).unwrap();
+        assert_eq!(
+            (f.values()[dsl], f.raw_version(dsl)),
+            (Value::BadVersion, Some("4.7-git"))
+        );
+        // The three states are three fact sets: the cache tells them apart.
+        let bad = read(json!("x")).unwrap();
+        let other_bad = read(json!("y")).unwrap();
+        assert_ne!(bad, absent);
+        assert_ne!(bad, other_bad);
+        // Setting the fact again drops the raw text of the old value.
+        let mut f = bad.clone();
+        f.set_scalar("cudnn_frontend_version", &json!("1.30.0"))
+            .unwrap();
+        assert_eq!(f.raw_version(slot), None);
+        assert_eq!(f.values()[slot], Value::Version(Version::new(1, 30, 0)));
+        let mut f = bad;
+        f.set_scalar("cudnn_frontend_version", &Json::Null).unwrap();
+        assert_eq!((f.values()[slot], f.raw_version(slot)), (Value::Null, None));
+        // Wrong JSON types stay refused.
+        for v in [
+            json!(129),
+            json!([1, 29, 0]),
+            json!({"v": "1.29.0"}),
+            json!(true),
+        ] {
+            let e = read(v.clone()).expect_err(&v.to_string());
+            assert_eq!(
+                (e.kind, e.path.as_str()),
+                (InputErrorKind::Type, "cudnn_frontend_version"),
+                "{v}"
+            );
+        }
+        // Facts whose selector parses (or reads as numbers) keep refusing words.
+        for (config, path) in [
+            (json!({"cudnn_version": "9.x"}), "cudnn_version"),
+            (
+                json!({"flash_attn_versions": {"v4": "4.0.0-custom"}}),
+                "flash_attn_versions.v4",
+            ),
+        ] {
+            let e = Facts::from_json(&config).expect_err(&config.to_string());
+            assert_eq!((e.kind, e.path.as_str()), (InputErrorKind::Domain, path));
+        }
+    }
 
     #[test]
     fn the_compute_capability_doc_lists_the_table() {

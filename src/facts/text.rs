@@ -7,8 +7,8 @@ use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value as Json};
 use serde_saphyr::Spanned;
 
-use super::input::{Facts, InputError, InputErrorKind};
-use super::schema::Schema;
+use super::error::{InputError, InputErrorKind};
+use super::schema::{Facts, Schema};
 use crate::diag::SourceFile;
 
 /// A config object (or a whole conformance record) read from text, with where its keys are.

@@ -16,10 +16,12 @@ use std::sync::LazyLock;
 
 use serde_json::{Map, Value as Json};
 
-use super::constraint::{Bound, Check, Constraint};
 use super::domains::Domain;
-use super::input::{Facts, InputError};
-use super::schema::{DefaultValue as D, FieldDef, Schema, Ty, bounded, f, fixed, opt};
+use super::error::{InputError, did_you_mean};
+use super::schema::{
+    Bound, Check, Constraint, DefaultValue as D, Facts, FieldDef, Schema, Ty, bounded, f, fixed,
+    opt,
+};
 use super::value::Value;
 use crate::lang::Version;
 use Domain as Dom;
@@ -417,7 +419,7 @@ const MASK_MEMBERS: &[&str] = &[
 ];
 
 fn suggest(mut e: InputError, word: &str, candidates: &[&str]) -> InputError {
-    e.suggestion = super::input::did_you_mean(word, candidates.iter().copied());
+    e.suggestion = did_you_mean(word, candidates.iter().copied());
     e
 }
 

@@ -54,7 +54,7 @@ pub fn presets(a: PresetsArgs) -> i32 {
         ));
     };
     let config = (p.config)();
-    let schema = attn_policy::facts::schema::family(p.family).expect("presets name a family");
+    let schema = attn_policy::facts::family(p.family).expect("presets name a family");
     let facts = match schema.read(&config) {
         Ok(f) => f,
         Err(e) => return super::fail(e.at(Some(format!("preset `{name}`")))),
