@@ -2150,7 +2150,7 @@ mod tests {
         for name in ["te", "native", "torch"] {
             let policy = Policy::embedded(name).expect("embedded pack");
             let p = &policy.program;
-            let roots: Vec<super::NodeId> = policy.rules.iter().map(|r| r.when.node).collect();
+            let roots: Vec<NodeId> = policy.rules.iter().map(|r| r.when.node).collect();
             let extras = extras_of(&policy);
             let plan = RulePlan::build(p, policy.schema, &roots, &extras);
             assert!(
