@@ -245,10 +245,12 @@ pub enum ExecutorOutcome {
     Refused,
     /// Not usable here: no GPU, feature off, library missing, provided by the Python host.
     Unavailable,
-    /// It started and failed with an error that is not a refusal (a library call failed): the
-    /// walk stops there, no substitute replaces a failure.
+    /// Its check or plan step returned an error that is not a refusal (a library call failed):
+    /// the next entry runs as a substitute. Or the entry that ran failed while running: an
+    /// error of the call, never retried on another entry.
     Failed,
-    /// An earlier entry ran, or the walk stopped before this entry.
+    /// An earlier entry ran, `no_substitute` ended the walk before this entry, or the caller
+    /// selects without running (the C ABI).
     NotTried,
 }
 

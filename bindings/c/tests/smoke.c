@@ -58,6 +58,10 @@ int main(void) {
   CHECK(rc == ATTN_POLICY_OK && json && strstr(json, "\"schema\":\"attn-policy/explain/v1\""),
         "decision json");
   CHECK(json && sel && strstr(json, sel), "json names the selected backend");
+  /* The chain the decision would walk (the ABI runs nothing: every entry not_tried). */
+  CHECK(json && strstr(json, "\"executor_chain\":[{\"executor\":") &&
+            strstr(json, "\"outcome\":\"not_tried\""),
+        "json reports the executor chain");
   attn_policy_string_free(json);
 
   char *text = NULL;
