@@ -20,8 +20,11 @@ use common::words;
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 fn validator() -> jsonschema::Validator {
-    let text = std::fs::read_to_string(Path::new(ROOT).join("docs/schema/explain-v1.json"))
-        .expect("docs/schema/explain-v1.json");
+    validator_of("docs/schema/explain-v1.json")
+}
+
+fn validator_of(file: &str) -> jsonschema::Validator {
+    let text = std::fs::read_to_string(Path::new(ROOT).join(file)).expect(file);
     let schema: Json = serde_json::from_str(&text).expect("the schema is JSON");
     jsonschema::meta::validate(&schema).expect("the schema is a valid JSON Schema");
     jsonschema::validator_for(&schema).expect("the schema compiles")
@@ -221,6 +224,47 @@ fn real_explanations_match_the_schema() {
             "{name}"
         );
     }
+}
+
+/// `run --json` prints the call document (docs/schema/call-v1.json), the shape Python's
+/// `CallDecision.to_dict()` returns: valid, and its top-level fields agree with its decision.
+#[test]
+fn run_documents_match_the_call_schema() {
+    let call = validator_of("docs/schema/call-v1.json");
+    let explain = validator();
+    let small = "--head-dim 64 --seqlen 32 --heads 2 --kv-heads 1 --forward-only --json";
+    for args in [
+        format!("run --pack native {small} --verify never --probe cuda_device=false"),
+        format!("run --pack te {small}"),
+        format!("run --pack te {small} --no-substitute"),
+        format!("run --pack te {small} --set attention_dropout=0.1"),
+    ] {
+        let doc = bin(&words(&args));
+        assert_valid(&call, &args, &doc);
+        assert_valid(&explain, &args, &doc["decision"]);
+        assert_eq!(doc["schema"], "attn-policy/call/v1", "{args}");
+        assert_eq!(doc["backend"], doc["decision"]["selected"], "{args}");
+        assert_eq!(doc["executor"], doc["decision"]["executor"], "{args}");
+        assert_eq!(
+            doc["executor_chain"], doc["decision"]["executor_chain"],
+            "{args}"
+        );
+        // Ran: the run report names the executor and there is no error; else the error says why.
+        match doc["executor"].as_str() {
+            Some(e) => {
+                assert_eq!(doc["run"]["executor"], e, "{args}");
+                assert!(doc["error"].is_null(), "{args}");
+            }
+            None => assert!(doc["error"].is_string() && doc["run"].is_null(), "{args}"),
+        }
+    }
+    // The schema is not vacuous: a document missing a field, or with a wrong outcome, fails.
+    let mut doc = bin(&words(&format!("run --pack te {small}")));
+    doc.as_object_mut().expect("object").remove("substitute");
+    assert!(!call.is_valid(&doc));
+    let mut doc = bin(&words(&format!("run --pack te {small}")));
+    doc["executor_chain"][0]["outcome"] = json!("skipped");
+    assert!(!call.is_valid(&doc));
 }
 
 #[test]

@@ -21,6 +21,7 @@ mod model;
 mod te;
 mod text;
 
+pub use json::{CALL_SCHEMA, CallExtras};
 pub use model::{
     BackendExplanation, BackendStatus, ExecutorAttempt, ExecutorOutcome, Explanation, FactValue,
     OrderedMap, PreferenceApplied, RuleExplanation, SCHEMA, UnavailableVariant, VariantChoice,

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use attn_policy::cache::CachedPolicy;
 use attn_policy::decision::Decision;
-use attn_policy::explain::Explanation;
+use attn_policy::explain::{CallExtras, ExecutorAttempt, ExecutorOutcome, Explanation};
 use attn_policy::facts::schema::Origin;
 use attn_policy::facts::te::FIELDS;
 use attn_policy::{Facts, PackSpec, Policy};
@@ -92,6 +92,8 @@ type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
 
 struct Memo {
     key: InputKey,
+    /// The config the facts were read from (after live probes), for `NativeDecision.config`.
+    config: Arc<Json>,
     facts: Arc<Facts>,
     decision: Arc<Decision>,
     provenance: Arc<Provenance>,
@@ -625,6 +627,7 @@ impl NativePolicy {
             let memo = self.memo.read().unwrap_or_else(|p| p.into_inner());
             match memo.get(&h) {
                 Some(m) if m.key.same(py, &key)? => Some((
+                    m.config.clone(),
                     m.facts.clone(),
                     m.decision.clone(),
                     m.provenance.clone(),
@@ -633,11 +636,12 @@ impl NativePolicy {
                 _ => None,
             }
         };
-        if let Some((facts, decision, provenance, explained)) = hit {
+        if let Some((config, facts, decision, provenance, explained)) = hit {
             // Count it as the cache hit it is (the decision cache was not asked).
             self.inner.cache().count_hit();
             return Ok(NativeDecision {
                 policy: self.inner.clone(),
+                config,
                 facts,
                 decision,
                 provenance,
@@ -655,6 +659,7 @@ impl NativePolicy {
                 facts_from(self.inner.policy(), &input).map_err(|m| policy_error(py, m, None))?;
         }
         let facts = Arc::new(facts);
+        let config = Arc::new(input);
         let decision = self.inner.decide(&facts);
         let provenance = Arc::new(provenance);
         let explained = Explained::default();
@@ -667,6 +672,7 @@ impl NativePolicy {
             h,
             Memo {
                 key,
+                config: config.clone(),
                 facts: facts.clone(),
                 decision: decision.clone(),
                 provenance: provenance.clone(),
@@ -675,6 +681,7 @@ impl NativePolicy {
         );
         Ok(NativeDecision {
             policy: self.inner.clone(),
+            config,
             facts,
             decision,
             provenance,
@@ -688,6 +695,8 @@ impl NativePolicy {
 #[pyclass(frozen, module = "attn_policy._native")]
 struct NativeDecision {
     policy: Arc<CachedPolicy>,
+    /// The config the facts were read from (null where the caller gave facts, not a config).
+    config: Arc<Json>,
     facts: Arc<Facts>,
     decision: Arc<Decision>,
     provenance: Arc<Provenance>,
@@ -705,6 +714,13 @@ impl NativeDecision {
 
 #[pymethods]
 impl NativeDecision {
+    /// The config object the decision's facts were read from (the environment's and the live
+    /// probes' answers merged in): what `attn-policy explain CONFIG` reads to decide the same.
+    #[getter]
+    fn config(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        to_py(py, &self.config)
+    }
+
     #[getter]
     fn selected(&self) -> Option<String> {
         self.decision
@@ -756,6 +772,64 @@ impl NativeDecision {
 
     fn to_json(&self) -> String {
         self.explanation().to_json_string(false)
+    }
+
+    /// The call document (`attn-policy/call/v1`, docs/schema/call-v1.json: what `attn-policy
+    /// run --json` prints) of a call decided by this decision: `chain` is the walk's
+    /// `(executor, outcome, reason)` entries, `provenance` where the call's facts came from
+    /// (replacing the decision's), `fallback` why another path ran instead.
+    #[pyo3(signature = (chain, provenance, fallback=None))]
+    fn call_dict(
+        &self,
+        py: Python<'_>,
+        chain: Vec<(String, String, String)>,
+        provenance: Vec<(String, String)>,
+        fallback: Option<String>,
+    ) -> PyResult<Py<PyAny>> {
+        let attempts = chain
+            .into_iter()
+            .map(|(executor, outcome, reason)| {
+                let outcome = match outcome.as_str() {
+                    "ran" => ExecutorOutcome::Ran,
+                    "refused" => ExecutorOutcome::Refused,
+                    "unavailable" => ExecutorOutcome::Unavailable,
+                    "failed" => ExecutorOutcome::Failed,
+                    "not_tried" => ExecutorOutcome::NotTried,
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "unknown chain outcome `{other}` (ran, refused, unavailable, failed, not_tried)"
+                        )));
+                    }
+                };
+                Ok(ExecutorAttempt {
+                    executor,
+                    outcome,
+                    reason: (!reason.is_empty()).then_some(reason),
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let error = match (
+            &self.decision.selected,
+            attempts.iter().any(|a| a.outcome == ExecutorOutcome::Ran),
+        ) {
+            (_, true) => None,
+            (None, false) => Some("no backend selected".to_string()),
+            (Some(_), false) if attempts.is_empty() => {
+                Some("the selected backend has no executor chain".to_string())
+            }
+            (Some(_), false) => Some(attn_policy_adapters::chain::summarize(&attempts)),
+        };
+        let ex = Explanation::new(self.policy.policy(), &self.facts, &self.decision)
+            .with_provenance(provenance)
+            .with_executor_chain(attempts);
+        to_py(
+            py,
+            &ex.to_call_json(CallExtras {
+                fallback,
+                error,
+                ..CallExtras::default()
+            }),
+        )
     }
 
     /// TransformerEngine's return tuple: (use_flash_attention, flash_attention_backend,

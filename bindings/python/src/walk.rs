@@ -19,7 +19,12 @@ type Outcome = (String, &'static str, String);
 /// How a walk ended: the index of the entry that runs (None: nothing runs), every entry's
 /// outcome, why nothing runs (`"empty"`, `"none_ran"`, `"substitution_refused"`; None when an
 /// entry runs) and what the callable returned for the entry that runs.
-type Walk = (Option<usize>, Vec<Outcome>, Option<&'static str>, Option<Py<PyAny>>);
+type Walk = (
+    Option<usize>,
+    Vec<Outcome>,
+    Option<&'static str>,
+    Option<Py<PyAny>>,
+);
 
 /// Walks `chain` for `backend`: `try_entry(name)` is called on each entry in order until one
 /// returns; see the module docs.

@@ -182,7 +182,7 @@ def test_decision_names_the_pack_backend_executor_and_substitutes():
     assert d.backend is not None
     assert d.executor == "reference"
     chain = d.to_dict()["executor_chain"]
-    assert chain[-1] == {"executor": "reference", "outcome": "ran", "reason": ""}
+    assert chain[-1] == {"executor": "reference", "outcome": "ran", "reason": None}
     # On the CPU every GPU entry before the reference is unavailable, with its reason.
     for e in chain[:-1]:
         assert e["outcome"] in ("unavailable", "refused") and e["reason"], e

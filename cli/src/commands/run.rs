@@ -13,7 +13,7 @@ use serde_json::{Value as Json, json};
 
 use super::args::{ConfigArgs, Format, Input, OutputArgs, Sources};
 use attn_policy::Explanation;
-use attn_policy::explain::ExecutorOutcome;
+use attn_policy::explain::{CallExtras, ExecutorOutcome};
 use attn_policy::facts::te::TE;
 use attn_policy::facts::{Facts, InputError, Value};
 use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
@@ -402,15 +402,13 @@ fn print_outcome(
 ) {
     match a.output.format() {
         Format::Json | Format::Te => {
-            let doc = json!({
-                "decision": ex.to_json(),
-                "run": report,
-                "backend": ex.selected,
-                "executor": ex.executor,
-                "substitute": ex.substitute(),
-                "executor_chain": ex.executor_chain,
-                "device": device.to_json(),
-                "error": error,
+            // The call document (docs/schema/call-v1.json), the shape the Python package's
+            // `CallDecision.to_dict()` returns too.
+            let doc = ex.to_call_json(CallExtras {
+                run: report.map(|r| serde_json::to_value(r).unwrap_or(Json::Null)),
+                device: Some(device.to_json()),
+                fallback: None,
+                error: error.map(str::to_string),
             });
             println!("{}", serde_json::to_string_pretty(&doc).expect("json"));
         }

@@ -90,19 +90,16 @@ class CallDecision:
         return f"{head}; ran on {self.executor} (substitute: {why})"
 
     def to_dict(self) -> Dict[str, Any]:
-        d: Dict[str, Any] = {
-            "pack": self.pack,
-            "backend": self.backend,
-            "executor": self.executor,
-            "substitute": self.substitute,
-            "executor_chain": [{"executor": e.executor, "outcome": e.outcome, "reason": e.reason} for e in self.chain],
-            "provenance": dict(self.provenance),
-        }
-        if self.fallback:
-            d["fallback"] = self.fallback
-        if self.decision is not None:
-            d["decision"] = self.decision.to_dict()
-        return d
+        """The call document (``attn-policy/call/v1``, docs/schema/call-v1.json), built by the
+        Rust explanation model: the shape ``attn-policy run --json`` prints. ``decision`` is the
+        ``explain/v1`` document with this call's ``executor_chain`` and ``provenance``."""
+        if self.decision is None:
+            raise ValueError("this CallDecision has no decision to describe")
+        return self.decision._d.call_dict(
+            [(e.executor, e.outcome, e.reason) for e in self.chain],
+            list(self.provenance.items()),
+            self.fallback,
+        )
 
     def __str__(self) -> str:
         return self.summary()
