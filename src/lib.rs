@@ -1,11 +1,21 @@
 //! attn-policy: declarative, explainable attention-backend selection.
 //!
-//! ```no_run
-//! use attn_policy::{Facts, Policy};
-//! let policy = Policy::embedded("te").expect("the te pack loads");
-//! let facts = Facts::from_json(&serde_json::json!({"head_dim_qk": 512, "head_dim_v": 512})).unwrap();
+//! Load a pack, decide one attention call, and say why (a compiled and run doctest):
+//!
+//! ```
+//! use attn_policy::{Explanation, Facts, Policy};
+//!
+//! let policy = Policy::embedded("te")?; // TransformerEngine 2.20.2's selector, as data
+//! let facts = Facts::from_json(&serde_json::json!({
+//!     "head_dim_qk": 512, "head_dim_v": 512, "device_compute_capability": [9, 0],
+//! }))?;
 //! let decision = policy.decide(&facts);
-//! println!("{}", attn_policy::Explanation::new(&policy, &facts, &decision).to_text(false));
+//! let why = Explanation::new(&policy, &facts, &decision);
+//! assert_eq!(why.selected.as_deref(), Some("UnfusedDotProductAttention"));
+//! // Every other backend with every rule that declined it, `file:line:col` included.
+//! assert!(why.backend("FusedAttention").is_some_and(|b| !b.declined_by.is_empty()));
+//! println!("{}", why.to_text(false));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! Layout: [`lang`] (syntax) -> [`typecheck`] (types, lowering) -> [`eval`] (conditions) ->
