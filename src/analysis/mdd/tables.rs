@@ -671,6 +671,33 @@ impl<'s> Mdd<'s> {
         xs.into_iter().fold(FALSE, |acc, x| self.or(acc, x))
     }
 
+    /// [`Mdd::any`], the smallest diagrams first (same function): a large operand joined
+    /// early is copied again by every later `or` (FusedAttention's decliners: 930k nodes
+    /// built in pack order, 470k smallest first). The order depends only on the functions.
+    pub fn any_smallest_first(&mut self, xs: &[Id]) -> Id {
+        let mut by_size: Vec<(usize, Id)> = xs.iter().map(|&x| (self.nodes_in(x), x)).collect();
+        by_size.sort_by_key(|e| e.0);
+        self.any(by_size.into_iter().map(|e| e.1))
+    }
+
+    /// The number of inner nodes of `x`.
+    pub fn nodes_in(&self, x: Id) -> usize {
+        let mut seen = self.scratch.take();
+        seen.clear(self.size());
+        let mut stack = vec![x];
+        let mut n = 0;
+        while let Some(y) = stack.pop() {
+            if y <= TRUE || seen.get(y).is_some() {
+                continue;
+            }
+            seen.set(y, true);
+            n += 1;
+            stack.extend(self.edges(y).map(|e| e.0));
+        }
+        self.scratch.set(seen);
+        n
+    }
+
     /// Whether the conjunction of the literals (a diagram, and whether it holds or its
     /// negation) is true for some combination of classes. Same answer as building the
     /// conjunction and comparing it with [`FALSE`], but builds no node and stops at the first
