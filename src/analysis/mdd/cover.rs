@@ -136,9 +136,10 @@ impl<'s> Mdd<'s> {
             if out.len() >= limit {
                 return (out, false);
             }
-            let outside = self.not(ties);
-            let care = self.or(if disjoint { rest } else { f }, outside);
-            self.expand(care, &mut cube);
+            // Widened inside `care or not ties`, walked on the pair: building that `or` cost
+            // more than the rest of the cover (check's W-NO-EXECUTOR example).
+            let care = if disjoint { rest } else { f };
+            self.expand(care, ties, &mut cube);
             let c = self.cube(&cube);
             rest = self.minus(rest, c);
             out.push(cube);
@@ -170,10 +171,10 @@ impl<'s> Mdd<'s> {
         cube
     }
 
-    /// Widens `cube` inside `f`: first frees every var that can take any class (largest
-    /// domains first: they read worst), then widens the rest to every class that keeps the
-    /// cube inside `f`.
-    fn expand(&self, f: Id, cube: &mut Cube) {
+    /// Widens `cube` inside `f or not valid`: first frees every var that can take any class
+    /// (largest domains first: they read worst), then widens the rest to every class that
+    /// keeps the cube inside it.
+    fn expand(&self, f: Id, valid: Id, cube: &mut Cube) {
         let mut levels: Vec<usize> = self
             .used
             .iter()
@@ -209,16 +210,25 @@ impl<'s> Mdd<'s> {
                         continue;
                     }
                     let set = cube[v].take();
-                    inside.clear(self.size());
-                    if !self.everywhere(f, cube, true, &mut inside) {
+                    let holds = if valid == TRUE {
+                        inside.clear(self.size());
+                        self.everywhere(f, cube, true, &mut inside)
+                    } else {
+                        self.holds_unless(f, valid, cube)
+                    };
+                    if !holds {
                         cube[v] = set;
                     }
                     continue;
                 }
-                memo.0.clear(self.size());
-                memo.1.clear();
-                inside.clear(self.size());
-                let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
+                let mut good = if valid == TRUE {
+                    memo.0.clear(self.size());
+                    memo.1.clear();
+                    inside.clear(self.size());
+                    self.allowed(f, l as u32, cube, &mut memo, &mut inside)
+                } else {
+                    self.allowed_unless(f, valid, l as u32, cube)
+                };
                 if keep_present {
                     for (c, class) in self.space.vars[v].classes.iter().enumerate() {
                         if class.value == Value::Null {
@@ -350,6 +360,91 @@ impl<'s> Mdd<'s> {
         let r = self.unless(f, valid, cube, &mut memo, &mut single);
         self.scratch.set(single);
         self.pair_memos.set(memo);
+        r
+    }
+
+    /// [`Mdd::allowed`] of `f or not valid`, walked on the pair.
+    fn allowed_unless(&self, f: Id, valid: Id, level: u32, cube: &Cube) -> Bits {
+        let mut memo = self.pair_memos.take();
+        let mut single = self.scratch.take();
+        memo.first.clear(self.size());
+        memo.more.clear();
+        single.clear(self.size());
+        let mut classes = super::HashMap::default();
+        let r = self.allowed_pair(f, valid, level, cube, &mut classes, &mut memo, &mut single);
+        self.scratch.set(single);
+        self.pair_memos.set(memo);
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn allowed_pair(
+        &self,
+        f: Id,
+        valid: Id,
+        level: u32,
+        cube: &Cube,
+        classes: &mut super::HashMap<(Id, Id), Bits>,
+        memo: &mut PairMemos,
+        single: &mut NodeMemo<bool>,
+    ) -> Bits {
+        let full = &self.full[level as usize];
+        let nl = self.node_level(f).min(self.node_level(valid));
+        if f == TRUE || valid == FALSE || nl > level {
+            return if self.unless(f, valid, cube, memo, single) {
+                full.clone()
+            } else {
+                Bits::empty(self.ncls[self.order[level as usize]])
+            };
+        }
+        if let Some(r) = classes.get(&(f, valid)) {
+            return r.clone();
+        }
+        // The edges of `x` at level `nl` (one edge over every class when it tests a deeper var).
+        let at = |x: Id| -> Vec<(Id, &[u64])> {
+            if self.node_level(x) == nl {
+                self.edges(x).collect()
+            } else {
+                vec![(x, self.full[nl as usize].words())]
+            }
+        };
+        let (ef, ev) = (at(f), at(valid));
+        let r = if nl == level {
+            let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
+            for &(kf, sf) in &ef {
+                for &(kv, sv) in &ev {
+                    if words_meet(sf, sv) && self.unless(kf, kv, cube, memo, single) {
+                        let both: Vec<u64> = sf.iter().zip(sv).map(|(a, b)| a & b).collect();
+                        r.or_words(&both);
+                    }
+                }
+            }
+            r
+        } else {
+            let c = cube[self.order[nl as usize]].as_ref().map(Bits::words);
+            let mut r = full.clone();
+            'pairs: for &(kf, sf) in &ef {
+                for &(kv, sv) in &ev {
+                    let meet = match c {
+                        Some(c) => c.iter().zip(sf).zip(sv).any(|((c, x), y)| c & x & y != 0),
+                        None => words_meet(sf, sv),
+                    };
+                    if !meet {
+                        continue;
+                    }
+                    let a = self.allowed_pair(kf, kv, level, cube, classes, memo, single);
+                    match r.and(&a) {
+                        Some(both) => r = both,
+                        None => {
+                            r = Bits::empty(full.capacity());
+                            break 'pairs;
+                        }
+                    }
+                }
+            }
+            r
+        };
+        classes.insert((f, valid), r.clone());
         r
     }
 
