@@ -65,12 +65,13 @@ impl<'s> Mdd<'s> {
         if let Some(r) = memo.get(x) {
             return r;
         }
-        let v = self.order[self.node_level(x) as usize];
+        let level = self.node_level(x);
+        let v = self.order[level as usize];
         let c = cube.get(v).and_then(Option::as_ref);
         let r = self.edges(x).all(|(k, set)| {
             c.is_some_and(|c| !words_meet(c.words(), set)) || self.everywhere(k, cube, want, memo)
         });
-        memo.set(x, r);
+        memo.set_at(x, level, r);
         r
     }
 
@@ -184,6 +185,9 @@ impl<'s> Mdd<'s> {
         levels.sort_by_key(|&l| std::cmp::Reverse(self.full[l].len()));
         // Reused (cleared) between vars and calls: allocating fresh tables dominated.
         let ExpandMemos(mut memo, mut inside) = self.expand_memos.take();
+        // `inside` (walks of `f` under the cube) is kept across vars: changing the var at
+        // level `l` forgets only the answers of nodes at or above `l`.
+        inside.clear(self.size());
         for free_only in [true, false] {
             for &l in &levels {
                 let v = self.order[l];
@@ -210,21 +214,21 @@ impl<'s> Mdd<'s> {
                         continue;
                     }
                     let set = cube[v].take();
+                    inside.touch(l as u32);
                     let holds = if valid == TRUE {
-                        inside.clear(self.size());
                         self.everywhere(f, cube, true, &mut inside)
                     } else {
                         self.holds_unless(f, valid, cube)
                     };
                     if !holds {
                         cube[v] = set;
+                        inside.touch(l as u32);
                     }
                     continue;
                 }
                 let mut good = if valid == TRUE {
                     memo.0.clear(self.size());
                     memo.1.clear();
-                    inside.clear(self.size());
                     self.allowed(f, l as u32, cube, &mut memo, &mut inside)
                 } else {
                     self.allowed_unless(f, valid, l as u32, cube)
@@ -241,6 +245,7 @@ impl<'s> Mdd<'s> {
                 } else if !free_only {
                     cube[v] = Some(good);
                 }
+                inside.touch(l as u32);
             }
         }
         self.expand_memos.set(ExpandMemos(memo, inside));
@@ -335,16 +340,34 @@ impl<'s> Mdd<'s> {
             .chain(members)
             .chain(objects_and_plain)
             .collect();
+        // One walk per var, its memos kept across vars: freeing the var at level `l` forgets
+        // only the answers of nodes at or above `l`.
+        let mut memo = self.pair_memos.take();
+        let mut single = self.scratch.take();
+        memo.first.clear(self.size());
+        memo.more.clear();
+        single.clear(self.size());
         for v in order {
             let Some(set) = out[v].take() else { continue };
             let held = v < nv
                 && ((0..self.rels.len())
                     .any(|k| out[nv + k].is_some() && self.rel_vars(k).contains(&v))
                     || (0..nv).any(|u| self.space.vars[u].parent == Some(v) && out[u].is_some()));
-            if held || !self.holds_unless(f, valid, &out) {
+            if held {
                 out[v] = Some(set);
+                continue;
+            }
+            let l = self.level[v];
+            memo.first.touch(l);
+            single.touch(l);
+            if !self.unless(f, valid, &out, &mut memo, &mut single) {
+                out[v] = Some(set);
+                memo.first.touch(l);
+                single.touch(l);
             }
         }
+        self.scratch.set(single);
+        self.pair_memos.set(memo);
         out
     }
 
@@ -467,16 +490,18 @@ impl<'s> Mdd<'s> {
         match memo.first.get(f) {
             Some(e) if e >> 1 == valid => return e & 1 == 1,
             Some(_) => {
-                if let Some(&r) = memo.more.get(&(f, valid)) {
+                if let Some(&(r, g, l)) = memo.more.get(&(f, valid))
+                    && memo.first.live_at(g, l)
+                {
                     return r;
                 }
             }
             None => {}
         }
+        let (lf, lv) = (self.node_level(f), self.node_level(valid));
+        let level = lf.min(lv);
         // `f` false is walked as a terminal: down `valid` to where it is false everywhere.
         let r = {
-            let (lf, lv) = (self.node_level(f), self.node_level(valid));
-            let level = lf.min(lv);
             let c = cube
                 .get(self.order[level as usize])
                 .and_then(Option::as_ref)
@@ -503,9 +528,10 @@ impl<'s> Mdd<'s> {
             }
         };
         if memo.first.get(f).is_none() {
-            memo.first.set(f, valid << 1 | r as u32);
+            memo.first.set_at(f, level, valid << 1 | r as u32);
         } else {
-            memo.more.insert((f, valid), r);
+            let g = memo.first.now();
+            memo.more.insert((f, valid), (r, g, level));
         }
         r
     }
@@ -515,7 +541,8 @@ impl<'s> Mdd<'s> {
 #[derive(Default)]
 pub(super) struct PairMemos {
     first: NodeMemo<u32>,
-    more: super::HashMap<(Id, Id), bool>,
+    /// (answer, generation, level): checked against `first`'s forgetting.
+    more: super::HashMap<(Id, Id), (bool, u32, u32)>,
 }
 
 /// Whether every class of `inner` is a class of `outer`, var by var (`None`: every class).
