@@ -27,7 +27,7 @@ use super::{Bits, Cube, FALSE, Id, Mdd, NodeMemo, TRUE};
 
 /// The memos of `expand`: `allowed` per node (an index into the sets) and `everywhere`.
 #[derive(Default)]
-pub(super) struct ExpandMemos((NodeMemo<u32>, Vec<Bits>), NodeMemo<bool>);
+pub(super) struct ExpandMemos((NodeMemo<u32>, Vec<u64>), NodeMemo<bool>);
 
 impl<'s> Mdd<'s> {
     /// Whether `x` holds in every class of the cube.
@@ -258,20 +258,37 @@ impl<'s> Mdd<'s> {
         x: Id,
         level: u32,
         cube: &Cube,
-        memo: &mut (NodeMemo<u32>, Vec<Bits>),
+        memo: &mut (NodeMemo<u32>, Vec<u64>),
         inside: &mut NodeMemo<bool>,
     ) -> Bits {
-        let full = &self.full[level as usize];
+        let mut acc = self.full[level as usize].clone();
+        self.narrow_allowed(x, level, cube, memo, inside, &mut acc);
+        acc
+    }
+
+    /// Narrows `acc` to [`Mdd::allowed`] of `x`. The memo holds per node an index into one
+    /// flat arena of sets: a wide var's sets were allocated and cloned per visit.
+    fn narrow_allowed(
+        &self,
+        x: Id,
+        level: u32,
+        cube: &Cube,
+        memo: &mut (NodeMemo<u32>, Vec<u64>),
+        inside: &mut NodeMemo<bool>,
+        acc: &mut Bits,
+    ) {
         let nl = self.node_level(x);
         if nl > level {
-            return if self.everywhere(x, cube, true, inside) {
-                full.clone()
-            } else {
-                Bits::empty(self.ncls[self.order[level as usize]])
-            };
+            if !self.everywhere(x, cube, true, inside) {
+                acc.clear();
+            }
+            return;
         }
+        let w = acc.words().len();
         if let Some(i) = memo.0.get(x) {
-            return memo.1[i as usize].clone();
+            let i = i as usize;
+            acc.and_words(&memo.1[i * w..(i + 1) * w]);
+            return;
         }
         let r = if nl == level {
             let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
@@ -283,24 +300,20 @@ impl<'s> Mdd<'s> {
             r
         } else {
             let v = self.order[nl as usize];
-            let mut r = full.clone();
+            let mut r = self.full[level as usize].clone();
             for (k, set) in self.edges(x) {
                 if cube[v].as_ref().is_none_or(|c| words_meet(c.words(), set)) {
-                    let a = self.allowed(k, level, cube, memo, inside);
-                    match r.and(&a) {
-                        Some(both) => r = both,
-                        None => {
-                            r = Bits::empty(full.capacity());
-                            break;
-                        }
+                    self.narrow_allowed(k, level, cube, memo, inside, &mut r);
+                    if r.is_empty() {
+                        break;
                     }
                 }
             }
             r
         };
-        memo.0.set(x, memo.1.len() as u32);
-        memo.1.push(r.clone());
-        r
+        acc.and_words(r.words());
+        memo.0.set(x, (memo.1.len() / w) as u32);
+        memo.1.extend_from_slice(r.words());
     }
 
     /// The diagram of a cube.
