@@ -132,13 +132,31 @@ impl<'s> Mdd<'s> {
     ) -> Id {
         let mut assign: Assign = vec![None; self.space.vars.len()];
         let mut cell = vec![usize::MAX; vars.len()];
-        self.enumerate_from(vars, blocks, 0, &mut assign, &mut cell, leaf)
+        // Each block's class set, made once (not once per node of the var).
+        let sets: Vec<Vec<Bits>> = vars
+            .iter()
+            .zip(blocks)
+            .map(|(&v, bs)| {
+                bs.iter()
+                    .map(|block| {
+                        let mut set = Bits::empty(self.ncls[v]);
+                        for &c in block {
+                            set.insert(c);
+                        }
+                        set
+                    })
+                    .collect()
+            })
+            .collect();
+        self.enumerate_from(vars, blocks, &sets, 0, &mut assign, &mut cell, leaf)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn enumerate_from(
         &mut self,
         vars: &[usize],
         blocks: &[Vec<Vec<u32>>],
+        sets: &[Vec<Bits>],
         i: usize,
         assign: &mut Assign,
         cell: &mut Vec<usize>,
@@ -150,23 +168,20 @@ impl<'s> Mdd<'s> {
         let v = vars[i];
         if !self.space.available(assign, v) {
             // A member of an absent object: it has no value (null) and no classes.
-            return self.enumerate_from(vars, blocks, i + 1, assign, cell, leaf);
+            return self.enumerate_from(vars, blocks, sets, i + 1, assign, cell, leaf);
         }
-        let n = self.ncls[v];
-        let mut edges = Vec::with_capacity(blocks[i].len());
+        // Edges go on the edge stack (as `apply`'s): nested calls push and pop above them.
+        let (ks, ws) = (self.ek.len(), self.ew.len());
         for (k, block) in blocks[i].iter().enumerate() {
             assign[v] = Some(block[0]);
             cell[i] = k;
-            let r = self.enumerate_from(vars, blocks, i + 1, assign, cell, leaf);
-            let mut set = Bits::empty(n);
-            for &c in block {
-                set.insert(c);
-            }
-            edges.push((r, set));
+            let r = self.enumerate_from(vars, blocks, sets, i + 1, assign, cell, leaf);
+            self.ek.push(r);
+            self.ew.extend_from_slice(sets[i][k].words());
         }
         assign[v] = None;
         cell[i] = usize::MAX;
-        self.mk(self.level[v], edges)
+        self.mk_top(self.level[v], ks, ws)
     }
 
     /// Per var of `vars`, per block, the abstract value of the var over the block's classes

@@ -87,6 +87,18 @@ impl Bits {
         (!r.is_empty()).then_some(r)
     }
 
+    /// Keeps only the classes also in `o` (its words).
+    pub(super) fn and_words(&mut self, o: &[u64]) {
+        for (a, b) in self.words_mut().iter_mut().zip(o) {
+            *a &= b;
+        }
+    }
+
+    /// Removes every class.
+    pub(super) fn clear(&mut self) {
+        self.words_mut().fill(0);
+    }
+
     /// `self` without the classes of `o`.
     pub(super) fn minus(&self, o: &Bits) -> Bits {
         let mut r = self.clone();

@@ -27,7 +27,7 @@ use super::{Bits, Cube, FALSE, Id, Mdd, NodeMemo, TRUE};
 
 /// The memos of `expand`: `allowed` per node (an index into the sets) and `everywhere`.
 #[derive(Default)]
-pub(super) struct ExpandMemos((NodeMemo<u32>, Vec<Bits>), NodeMemo<bool>);
+pub(super) struct ExpandMemos((NodeMemo<u32>, Vec<u64>), NodeMemo<bool>);
 
 impl<'s> Mdd<'s> {
     /// Whether `x` holds in every class of the cube.
@@ -65,12 +65,13 @@ impl<'s> Mdd<'s> {
         if let Some(r) = memo.get(x) {
             return r;
         }
-        let v = self.order[self.node_level(x) as usize];
+        let level = self.node_level(x);
+        let v = self.order[level as usize];
         let c = cube.get(v).and_then(Option::as_ref);
         let r = self.edges(x).all(|(k, set)| {
             c.is_some_and(|c| !words_meet(c.words(), set)) || self.everywhere(k, cube, want, memo)
         });
-        memo.set(x, r);
+        memo.set_at(x, level, r);
         r
     }
 
@@ -136,9 +137,10 @@ impl<'s> Mdd<'s> {
             if out.len() >= limit {
                 return (out, false);
             }
-            let outside = self.not(ties);
-            let care = self.or(if disjoint { rest } else { f }, outside);
-            self.expand(care, &mut cube);
+            // Widened inside `care or not ties`, walked on the pair: building that `or` cost
+            // more than the rest of the cover (check's W-NO-EXECUTOR example).
+            let care = if disjoint { rest } else { f };
+            self.expand(care, ties, &mut cube);
             let c = self.cube(&cube);
             rest = self.minus(rest, c);
             out.push(cube);
@@ -170,10 +172,10 @@ impl<'s> Mdd<'s> {
         cube
     }
 
-    /// Widens `cube` inside `f`: first frees every var that can take any class (largest
-    /// domains first: they read worst), then widens the rest to every class that keeps the
-    /// cube inside `f`.
-    fn expand(&self, f: Id, cube: &mut Cube) {
+    /// Widens `cube` inside `f or not valid`: first frees every var that can take any class
+    /// (largest domains first: they read worst), then widens the rest to every class that
+    /// keeps the cube inside it.
+    fn expand(&self, f: Id, valid: Id, cube: &mut Cube) {
         let mut levels: Vec<usize> = self
             .used
             .iter()
@@ -183,6 +185,9 @@ impl<'s> Mdd<'s> {
         levels.sort_by_key(|&l| std::cmp::Reverse(self.full[l].len()));
         // Reused (cleared) between vars and calls: allocating fresh tables dominated.
         let ExpandMemos(mut memo, mut inside) = self.expand_memos.take();
+        // `inside` (walks of `f` under the cube) is kept across vars: changing the var at
+        // level `l` forgets only the answers of nodes at or above `l`.
+        inside.clear(self.size());
         for free_only in [true, false] {
             for &l in &levels {
                 let v = self.order[l];
@@ -209,16 +214,25 @@ impl<'s> Mdd<'s> {
                         continue;
                     }
                     let set = cube[v].take();
-                    inside.clear(self.size());
-                    if !self.everywhere(f, cube, true, &mut inside) {
+                    inside.touch(l as u32);
+                    let holds = if valid == TRUE {
+                        self.everywhere(f, cube, true, &mut inside)
+                    } else {
+                        self.holds_unless(f, valid, cube)
+                    };
+                    if !holds {
                         cube[v] = set;
+                        inside.touch(l as u32);
                     }
                     continue;
                 }
-                memo.0.clear(self.size());
-                memo.1.clear();
-                inside.clear(self.size());
-                let mut good = self.allowed(f, l as u32, cube, &mut memo, &mut inside);
+                let mut good = if valid == TRUE {
+                    memo.0.clear(self.size());
+                    memo.1.clear();
+                    self.allowed(f, l as u32, cube, &mut memo, &mut inside)
+                } else {
+                    self.allowed_unless(f, valid, l as u32, cube)
+                };
                 if keep_present {
                     for (c, class) in self.space.vars[v].classes.iter().enumerate() {
                         if class.value == Value::Null {
@@ -231,6 +245,7 @@ impl<'s> Mdd<'s> {
                 } else if !free_only {
                     cube[v] = Some(good);
                 }
+                inside.touch(l as u32);
             }
         }
         self.expand_memos.set(ExpandMemos(memo, inside));
@@ -243,20 +258,37 @@ impl<'s> Mdd<'s> {
         x: Id,
         level: u32,
         cube: &Cube,
-        memo: &mut (NodeMemo<u32>, Vec<Bits>),
+        memo: &mut (NodeMemo<u32>, Vec<u64>),
         inside: &mut NodeMemo<bool>,
     ) -> Bits {
-        let full = &self.full[level as usize];
+        let mut acc = self.full[level as usize].clone();
+        self.narrow_allowed(x, level, cube, memo, inside, &mut acc);
+        acc
+    }
+
+    /// Narrows `acc` to [`Mdd::allowed`] of `x`. The memo holds per node an index into one
+    /// flat arena of sets: a wide var's sets were allocated and cloned per visit.
+    fn narrow_allowed(
+        &self,
+        x: Id,
+        level: u32,
+        cube: &Cube,
+        memo: &mut (NodeMemo<u32>, Vec<u64>),
+        inside: &mut NodeMemo<bool>,
+        acc: &mut Bits,
+    ) {
         let nl = self.node_level(x);
         if nl > level {
-            return if self.everywhere(x, cube, true, inside) {
-                full.clone()
-            } else {
-                Bits::empty(self.ncls[self.order[level as usize]])
-            };
+            if !self.everywhere(x, cube, true, inside) {
+                acc.clear();
+            }
+            return;
         }
+        let w = acc.words().len();
         if let Some(i) = memo.0.get(x) {
-            return memo.1[i as usize].clone();
+            let i = i as usize;
+            acc.and_words(&memo.1[i * w..(i + 1) * w]);
+            return;
         }
         let r = if nl == level {
             let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
@@ -268,24 +300,20 @@ impl<'s> Mdd<'s> {
             r
         } else {
             let v = self.order[nl as usize];
-            let mut r = full.clone();
+            let mut r = self.full[level as usize].clone();
             for (k, set) in self.edges(x) {
                 if cube[v].as_ref().is_none_or(|c| words_meet(c.words(), set)) {
-                    let a = self.allowed(k, level, cube, memo, inside);
-                    match r.and(&a) {
-                        Some(both) => r = both,
-                        None => {
-                            r = Bits::empty(full.capacity());
-                            break;
-                        }
+                    self.narrow_allowed(k, level, cube, memo, inside, &mut r);
+                    if r.is_empty() {
+                        break;
                     }
                 }
             }
             r
         };
-        memo.0.set(x, memo.1.len() as u32);
-        memo.1.push(r.clone());
-        r
+        acc.and_words(r.words());
+        memo.0.set(x, (memo.1.len() / w) as u32);
+        memo.1.extend_from_slice(r.words());
     }
 
     /// The diagram of a cube.
@@ -325,16 +353,34 @@ impl<'s> Mdd<'s> {
             .chain(members)
             .chain(objects_and_plain)
             .collect();
+        // One walk per var, its memos kept across vars: freeing the var at level `l` forgets
+        // only the answers of nodes at or above `l`.
+        let mut memo = self.pair_memos.take();
+        let mut single = self.scratch.take();
+        memo.first.clear(self.size());
+        memo.more.clear();
+        single.clear(self.size());
         for v in order {
             let Some(set) = out[v].take() else { continue };
             let held = v < nv
                 && ((0..self.rels.len())
                     .any(|k| out[nv + k].is_some() && self.rel_vars(k).contains(&v))
                     || (0..nv).any(|u| self.space.vars[u].parent == Some(v) && out[u].is_some()));
-            if held || !self.holds_unless(f, valid, &out) {
+            if held {
                 out[v] = Some(set);
+                continue;
+            }
+            let l = self.level[v];
+            memo.first.touch(l);
+            single.touch(l);
+            if !self.unless(f, valid, &out, &mut memo, &mut single) {
+                out[v] = Some(set);
+                memo.first.touch(l);
+                single.touch(l);
             }
         }
+        self.scratch.set(single);
+        self.pair_memos.set(memo);
         out
     }
 
@@ -350,6 +396,91 @@ impl<'s> Mdd<'s> {
         let r = self.unless(f, valid, cube, &mut memo, &mut single);
         self.scratch.set(single);
         self.pair_memos.set(memo);
+        r
+    }
+
+    /// [`Mdd::allowed`] of `f or not valid`, walked on the pair.
+    fn allowed_unless(&self, f: Id, valid: Id, level: u32, cube: &Cube) -> Bits {
+        let mut memo = self.pair_memos.take();
+        let mut single = self.scratch.take();
+        memo.first.clear(self.size());
+        memo.more.clear();
+        single.clear(self.size());
+        let mut classes = super::HashMap::default();
+        let r = self.allowed_pair(f, valid, level, cube, &mut classes, &mut memo, &mut single);
+        self.scratch.set(single);
+        self.pair_memos.set(memo);
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn allowed_pair(
+        &self,
+        f: Id,
+        valid: Id,
+        level: u32,
+        cube: &Cube,
+        classes: &mut super::HashMap<(Id, Id), Bits>,
+        memo: &mut PairMemos,
+        single: &mut NodeMemo<bool>,
+    ) -> Bits {
+        let full = &self.full[level as usize];
+        let nl = self.node_level(f).min(self.node_level(valid));
+        if f == TRUE || valid == FALSE || nl > level {
+            return if self.unless(f, valid, cube, memo, single) {
+                full.clone()
+            } else {
+                Bits::empty(self.ncls[self.order[level as usize]])
+            };
+        }
+        if let Some(r) = classes.get(&(f, valid)) {
+            return r.clone();
+        }
+        // The edges of `x` at level `nl` (one edge over every class when it tests a deeper var).
+        let at = |x: Id| -> Vec<(Id, &[u64])> {
+            if self.node_level(x) == nl {
+                self.edges(x).collect()
+            } else {
+                vec![(x, self.full[nl as usize].words())]
+            }
+        };
+        let (ef, ev) = (at(f), at(valid));
+        let r = if nl == level {
+            let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
+            for &(kf, sf) in &ef {
+                for &(kv, sv) in &ev {
+                    if words_meet(sf, sv) && self.unless(kf, kv, cube, memo, single) {
+                        let both: Vec<u64> = sf.iter().zip(sv).map(|(a, b)| a & b).collect();
+                        r.or_words(&both);
+                    }
+                }
+            }
+            r
+        } else {
+            let c = cube[self.order[nl as usize]].as_ref().map(Bits::words);
+            let mut r = full.clone();
+            'pairs: for &(kf, sf) in &ef {
+                for &(kv, sv) in &ev {
+                    let meet = match c {
+                        Some(c) => c.iter().zip(sf).zip(sv).any(|((c, x), y)| c & x & y != 0),
+                        None => words_meet(sf, sv),
+                    };
+                    if !meet {
+                        continue;
+                    }
+                    let a = self.allowed_pair(kf, kv, level, cube, classes, memo, single);
+                    match r.and(&a) {
+                        Some(both) => r = both,
+                        None => {
+                            r = Bits::empty(full.capacity());
+                            break 'pairs;
+                        }
+                    }
+                }
+            }
+            r
+        };
+        classes.insert((f, valid), r.clone());
         r
     }
 
@@ -372,16 +503,18 @@ impl<'s> Mdd<'s> {
         match memo.first.get(f) {
             Some(e) if e >> 1 == valid => return e & 1 == 1,
             Some(_) => {
-                if let Some(&r) = memo.more.get(&(f, valid)) {
+                if let Some(&(r, g, l)) = memo.more.get(&(f, valid))
+                    && memo.first.live_at(g, l)
+                {
                     return r;
                 }
             }
             None => {}
         }
+        let (lf, lv) = (self.node_level(f), self.node_level(valid));
+        let level = lf.min(lv);
         // `f` false is walked as a terminal: down `valid` to where it is false everywhere.
         let r = {
-            let (lf, lv) = (self.node_level(f), self.node_level(valid));
-            let level = lf.min(lv);
             let c = cube
                 .get(self.order[level as usize])
                 .and_then(Option::as_ref)
@@ -408,9 +541,10 @@ impl<'s> Mdd<'s> {
             }
         };
         if memo.first.get(f).is_none() {
-            memo.first.set(f, valid << 1 | r as u32);
+            memo.first.set_at(f, level, valid << 1 | r as u32);
         } else {
-            memo.more.insert((f, valid), r);
+            let g = memo.first.now();
+            memo.more.insert((f, valid), (r, g, level));
         }
         r
     }
@@ -420,7 +554,8 @@ impl<'s> Mdd<'s> {
 #[derive(Default)]
 pub(super) struct PairMemos {
     first: NodeMemo<u32>,
-    more: super::HashMap<(Id, Id), bool>,
+    /// (answer, generation, level): checked against `first`'s forgetting.
+    more: super::HashMap<(Id, Id), (bool, u32, u32)>,
 }
 
 /// Whether every class of `inner` is a class of `outer`, var by var (`None`: every class).

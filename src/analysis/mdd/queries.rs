@@ -90,7 +90,9 @@ impl PolicyDiagrams {
                     .zip(decl)
                     .map(|(&a, rules)| {
                         let na = m.not(a);
-                        let any = m.any(rules.iter().map(|&r| rule[r]).collect::<Vec<_>>());
+                        let any = m.any_smallest_first(
+                            &rules.iter().map(|&r| rule[r]).collect::<Vec<_>>(),
+                        );
                         m.or(na, any)
                     })
                     .collect()
