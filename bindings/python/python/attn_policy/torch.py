@@ -23,11 +23,13 @@ dtype, device and options reuse the result, see :func:`cache_info`):
    installed flash-attn / TE / cuDNN-frontend versions, the deterministic flag, ``NVTE_*``).
    A probe that cannot be answered stays unknown.
 2. The selected backend's executor chain, as the pack declares it (``executors:`` in
-   pack.yaml, :func:`executor_chain`), is walked: the first entry that is available and
-   accepts the problem runs; every entry's outcome (``ran``, ``refused`` with the executor's
-   reason, ``unavailable`` with why) is recorded in the decision. Running any entry but the
-   first is a substitution, logged and reported, never silent; ``no_substitute=True`` makes
-   it an error.
+   pack.yaml, :func:`executor_chain`), is walked by the CLI's own walk
+   (``_native.walk_chain``): the first entry whose checks and plan pass runs; a refusal, an
+   unavailable executor or a failed check or plan moves on, and every entry's outcome
+   (``ran``, ``refused``, ``unavailable``, ``failed``, ``not_tried``, with the reason) is
+   recorded in the decision. Running any entry but the first is a substitution, logged once
+   per call signature at WARNING and reported, never silent; ``no_substitute=True`` makes it
+   an error (docs/executors.md, "the rule for what does not run").
 3. CPU tensors run the float64 reference on their memory (fp16, bf16, fp32, fp64). CUDA
    tensors run the GPU executors on ``torch.cuda.current_stream()`` with outputs and
    workspace from torch's allocator: no synchronisation, no host round trip, so a warmed-up
