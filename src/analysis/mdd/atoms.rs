@@ -27,7 +27,9 @@ use crate::analysis::space::{Assign, ClassDesc, Space, SpaceBuilder, slots_under
 use crate::eval::program::{NodeId, Truth};
 use crate::facts::Value;
 
-use super::{Bits, FALSE, Id, Mdd, TRUE};
+use super::bits::Bits;
+use super::manager::Mdd;
+use super::store::{FALSE, Id, TRUE};
 
 /// A cell whose concrete members number at most this is decided by evaluating each of them.
 const BRUTE_FORCE_MEMBERS: u128 = 64;

@@ -12,7 +12,8 @@
 
 use crate::eval::program::{Func, Node as PNode, NodeId, Program, Truth};
 
-use super::{FALSE, HashMap, Id, Mdd, Op, TRUE};
+use super::manager::Mdd;
+use super::store::{FALSE, HashMap, Id, Op, TRUE};
 
 impl<'s> Mdd<'s> {
     /// Registers a program (copied: splitting atoms at their `if`s adds nodes to it).

@@ -21,8 +21,11 @@ use crate::analysis::space::Assign;
 use crate::eval::program::{Node as PNode, NodeId, Truth};
 use crate::facts::Value;
 
+use super::bits::Bits;
+use super::manager::{Cube, Mdd, TIE_CELL_LIMIT};
+use super::rel::Rel;
 use super::relations::flip;
-use super::{Bits, Cube, FALSE, Id, Mdd, Rel, TIE_CELL_LIMIT, TRUE};
+use super::store::{FALSE, Id, TRUE};
 
 /// Members enumerated per cell when looking for a member two predicates agree on.
 const JOINT_MEMBERS: u128 = 4096;

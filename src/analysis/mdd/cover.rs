@@ -22,12 +22,11 @@
 
 use crate::facts::Value;
 
+use super::bits::Bits;
 use super::bits::{words_first, words_len, words_meet};
-use super::{Bits, Cube, FALSE, Id, Mdd, NodeMemo, TRUE};
-
-/// The memos of `expand`: `allowed` per node (an index into the sets) and `everywhere`.
-#[derive(Default)]
-pub(super) struct ExpandMemos((NodeMemo<u32>, Vec<u64>), NodeMemo<bool>);
+use super::manager::{Cube, Mdd};
+use super::memos::{ExpandMemos, PairMemos};
+use super::store::{FALSE, HashMap, Id, NodeMemo, TRUE};
 
 impl<'s> Mdd<'s> {
     /// Whether `x` holds in every class of the cube.
@@ -406,7 +405,7 @@ impl<'s> Mdd<'s> {
         memo.first.clear(self.size());
         memo.more.clear();
         single.clear(self.size());
-        let mut classes = super::HashMap::default();
+        let mut classes = HashMap::default();
         let r = self.allowed_pair(f, valid, level, cube, &mut classes, &mut memo, &mut single);
         self.scratch.set(single);
         self.pair_memos.set(memo);
@@ -420,7 +419,7 @@ impl<'s> Mdd<'s> {
         valid: Id,
         level: u32,
         cube: &Cube,
-        classes: &mut super::HashMap<(Id, Id), Bits>,
+        classes: &mut HashMap<(Id, Id), Bits>,
         memo: &mut PairMemos,
         single: &mut NodeMemo<bool>,
     ) -> Bits {
@@ -548,14 +547,6 @@ impl<'s> Mdd<'s> {
         }
         r
     }
-}
-
-/// The memos of [`Mdd::holds_unless`]: per node of `f` the first pair's answer, other pairs.
-#[derive(Default)]
-pub(super) struct PairMemos {
-    first: NodeMemo<u32>,
-    /// (answer, generation, level): checked against `first`'s forgetting.
-    more: super::HashMap<(Id, Id), (bool, u32, u32)>,
 }
 
 /// Whether every class of `inner` is a class of `outer`, var by var (`None`: every class).

@@ -20,9 +20,21 @@
 //!
 //! # Modules (one [`Mdd`] manager, its methods grouped by concern)
 //!
+//! - `manager`: the [`Mdd`] struct itself (its state, grouped by the module that maintains
+//!   it), [`Cube`] and the constants the modules share; it names only the data modules below;
+//! - `store`: [`Id`], [`FALSE`], [`TRUE`], the hash maps, the node store (headers, edge arena,
+//!   hash-consing tables), the operation memos and the per-traversal node memo: data, no
+//!   `Mdd` method;
+//! - `memos`: the reusable memos of `cover`'s traversals;
+//! - `rel`: [`Rel`], what a relation variable stands for;
 //! - `bits`: [`Bits`], a set of classes of one variable (an edge label);
-//! - `tables`: the node store, the hash-consing (unique) table, the operation memos and the
-//!   boolean operations (`and`, `or`, `not`, ...);
+//!
+//! No module names an item of this file (which only declares and re-exports), and the data
+//! modules (`store`, `memos`, `rel`, `bits`) name no `Mdd`, so the files import one way.
+//! The methods of [`Mdd`], by concern:
+//!
+//! - `tables`: node creation over the store (`mk`, hash-consing) and the boolean operations
+//!   (`and`, `or`, `not`, ...);
 //! - `order`: the variable order (facts by a walk of the rules, relation variables below);
 //! - `compile`: conditions of a program -> diagrams (structure, `if` splitting, atom memo);
 //! - `atoms`: one atom -> a diagram, by evaluation per block of classes; whether an atom is
@@ -64,118 +76,29 @@
 //!   evaluations is behaviour, not an implementation detail.
 //!
 //! Not `Sync`: one manager per analysis, used from one thread.
+//!
+//! [`Space`]: crate::analysis::space::Space
 
 mod atoms;
 mod bits;
 mod compile;
 mod contrary;
 mod cover;
+mod manager;
+mod memos;
 mod order;
 mod queries;
+mod rel;
 mod relations;
 mod restrict;
+mod store;
 mod tables;
 mod witness;
 
-use std::collections::HashMap as StdHashMap;
-
-use crate::analysis::space::Space;
-use crate::eval::program::{NodeId, Program};
-use crate::facts::Value;
-
 pub use bits::Bits;
 pub use cover::cube_within;
-use cover::{ExpandMemos, PairMemos};
+pub use manager::{Cube, Mdd};
 pub use queries::PolicyDiagrams;
-pub use relations::Rel;
+pub use rel::Rel;
 pub use restrict::Pins;
-use tables::{NodeMemo, Op, OpMemo, Store};
-
-/// The node and operation tables are hashed millions of times: foldhash, not SipHash.
-type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::FixedState>;
-type HashSet<K> = std::collections::HashSet<K, foldhash::fast::FixedState>;
-
-/// A diagram node (an index into the manager's node table).
-pub type Id = u32;
-
-/// The constant false function.
-pub const FALSE: Id = 0;
-
-/// The constant true function.
-pub const TRUE: Id = 1;
-
-/// Levels per fact: a fact at level `k * SPREAD`, its relation variables just below.
-const SPREAD: u32 = 64;
-
-/// A predicate's tie is decided per class of its facts when they have at most this many
-/// combinations of classes (else per block of the atom's own abstraction).
-const TIE_CELL_LIMIT: usize = 20_000;
-
-/// Per variable, a set of classes (`None`: any class). A cube of the space.
-pub type Cube = Vec<Option<Bits>>;
-
-/// The diagram manager of one space. Its state is grouped by the module that maintains it.
-pub struct Mdd<'s> {
-    pub space: &'s Space,
-    // --- order (`order`, extended by `relations::add_rel`)
-    /// Level -> var (`usize::MAX`: an unused level).
-    order: Vec<usize>,
-    /// The levels in use, ascending.
-    used: Vec<u32>,
-    /// Var -> level.
-    level: Vec<u32>,
-    /// Per level: every class of its var.
-    full: Vec<Bits>,
-    /// Per diagram var: its number of classes.
-    ncls: Vec<usize>,
-    // --- node store and memos (`tables`)
-    /// Nodes, their edges, the hash-consing tables.
-    store: Store,
-    /// The edge stack: nodes under construction (children, their sets' words).
-    ek: Vec<Id>,
-    ew: Vec<u64>,
-    and_memo: OpMemo,
-    or_memo: OpMemo,
-    not_memo: OpMemo,
-    diff_memo: OpMemo,
-    /// Literal combinations [`Mdd::satisfiable`] found unsatisfiable (valid for the
-    /// manager's life).
-    sat_dead: HashSet<Vec<u32>>,
-    /// A reusable memo for `holds_on` / `meets` (they are called per rule per region).
-    scratch: std::cell::Cell<NodeMemo<bool>>,
-    /// Reusable memos of `expand` (it runs per listed cube: fresh tables of the diagram's
-    /// size, zeroed each time, cost more than the traversals).
-    expand_memos: std::cell::Cell<ExpandMemos>,
-    /// Reusable memos of `widen_inside` (it runs per var of every listed cube).
-    pair_memos: std::cell::Cell<PairMemos>,
-    /// The most nodes the manager may create.
-    pub budget: usize,
-    /// The budget ran out: every result is meaningless (report INCOMPLETE).
-    pub exhausted: bool,
-    // --- compiled conditions (`compile`, `atoms`)
-    /// Compiled conditions per (program, node).
-    compiled: HashMap<(usize, NodeId), Id>,
-    /// Atoms by structural fingerprint (the same atom in two programs, or rebuilt by a split).
-    atoms: HashMap<String, Id>,
-    progs: Vec<Program>,
-    /// Atom evaluations at class representatives.
-    pub evaluations: u64,
-    /// Atom evaluations that stayed unknown with every fact they read assigned (read as
-    /// false; a result built from them is not exact).
-    pub unknown: u64,
-    /// Operation steps: `and` / `or` / `minus` / `not` calls not answered by a terminal case
-    /// or a memo (each visits a pair of nodes). With `size`, the deterministic measure of
-    /// the diagram work that `tests/analysis_counts.rs` guards: a memo that stops hitting
-    /// shows here, not in the node count.
-    pub steps: u64,
-    /// Scratch fact values for evaluations (reused: evaluations run millions of times).
-    vals: Vec<Value>,
-    // --- relation variables (`relations`)
-    /// Relation variables (diagram var `space.vars.len() + k` is `rels[k]`).
-    pub rels: Vec<Rel>,
-    rel_index: HashMap<String, usize>,
-    /// Per relation variable, where its value agrees with the facts: the orderings a pair of
-    /// intervals allows; a predicate's value on the cells that decide it. Results are
-    /// intersected with the ties of the variables they read before they are listed.
-    ties: Vec<Option<Id>>,
-}
+pub use store::{FALSE, Id, TRUE};

@@ -14,8 +14,9 @@
 use crate::analysis::space::Space;
 use crate::eval::program::{Func, Node as PNode, NodeId, Program};
 
-use super::tables::{OpMemo, Store};
-use super::{Bits, HashMap, HashSet, Mdd, NodeMemo, SPREAD};
+use super::bits::Bits;
+use super::manager::{Mdd, SPREAD};
+use super::store::{HashMap, HashSet, NodeMemo, OpMemo, Store};
 
 impl<'s> Mdd<'s> {
     /// A manager ordered for these packs: facts in the order a depth-first walk of the rules

@@ -11,7 +11,8 @@
 //! "declined" diagrams first (backends with the fewest rules first), which keeps the
 //! intermediate diagrams small.
 
-use super::{FALSE, Id, Mdd, TRUE};
+use super::manager::Mdd;
+use super::store::{FALSE, Id, TRUE};
 
 /// The diagrams of one pack's rules, applicability and preference, and per backend variant
 /// where it is out (not applicable or declined). What the pack selects is computed on demand

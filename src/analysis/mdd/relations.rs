@@ -25,23 +25,10 @@ use crate::eval::program::{Node as PNode, NodeId};
 use crate::facts::Value;
 
 use super::atoms::gcd;
-use super::{Bits, FALSE, Id, Mdd, SPREAD, TIE_CELL_LIMIT, TRUE};
-
-/// A relation variable: a diagram variable that is not a fact but the truth of a condition
-/// the facts' classes do not decide. It sits just below the deepest fact it reads.
-#[derive(Clone, Debug)]
-pub enum Rel {
-    /// The ordering of two integer facts (vars `x` < `y`); classes: less, equal, greater.
-    Ord { x: usize, y: usize },
-    /// An atom (non-linear arithmetic, a comparison of expressions of several facts) on the
-    /// cells where it is not provably constant; classes: false, true. `vars`: what it reads.
-    Pred {
-        prog: usize,
-        node: NodeId,
-        vars: Vec<usize>,
-        text: String,
-    },
-}
+use super::bits::Bits;
+use super::manager::{Mdd, SPREAD, TIE_CELL_LIMIT};
+use super::rel::Rel;
+use super::store::{FALSE, Id, TRUE};
 
 /// What `Mdd::per_interval_pair` builds a leaf from: the blocks' representatives and the
 /// orderings the pair of intervals allows (None: a side is null or absent).

@@ -15,7 +15,10 @@ use crate::analysis::space::ClassDesc;
 use crate::eval::program::Truth;
 use crate::facts::Value;
 
-use super::{Bits, FALSE, HashMap, Id, Mdd, Rel, TRUE};
+use super::bits::Bits;
+use super::manager::Mdd;
+use super::rel::Rel;
+use super::store::{FALSE, HashMap, Id, TRUE};
 
 /// Cubes of an outcome's cover tried for an example before it is reported unverified.
 const EXAMPLE_CUBES: usize = 16;
@@ -161,10 +164,10 @@ impl<'s> Mdd<'s> {
 impl<'s> Mdd<'s> {
     /// The diagram of the cube the pins describe (pinned vars at their class, others free).
     pub fn pins_cube(&mut self, pins: &Pins) -> Id {
-        let cube: super::Cube = (0..self.nvars())
+        let cube: super::manager::Cube = (0..self.nvars())
             .map(|v| {
                 pins.get(v).copied().flatten().map(|c| {
-                    let mut b = super::Bits::empty(self.ncls[v]);
+                    let mut b = super::bits::Bits::empty(self.ncls[v]);
                     b.insert(c);
                     b
                 })
@@ -200,7 +203,7 @@ impl<'s> Mdd<'s> {
                     continue;
                 };
                 if set.classes().contains(&c) && set.len() > 1 && !literal_reads.contains(&v) {
-                    let mut b = super::Bits::empty(self.ncls[v]);
+                    let mut b = super::bits::Bits::empty(self.ncls[v]);
                     b.insert(c);
                     narrowed[v] = Some(b);
                 }

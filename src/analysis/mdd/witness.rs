@@ -17,7 +17,9 @@ use crate::analysis::space::Assign;
 use crate::eval::program::Truth;
 use crate::facts::Value;
 
-use super::{Bits, Mdd, Rel};
+use super::bits::Bits;
+use super::manager::Mdd;
+use super::rel::Rel;
 
 /// Candidate assignments tried when looking for a region's example.
 const WITNESS_TRIES: usize = 200_000;

@@ -17,7 +17,7 @@ use crate::facts::schema::{Origin, Schema, Ty};
 
 use super::classes::{float_classes, int_classes, version_classes};
 use super::collect::{Collect, slots_under};
-use super::{Class, ClassDesc, Space, Var, WindowVars};
+use super::model::{Class, ClassDesc, Space, Var, WindowVars};
 
 /// Builds a [`Space`] from the conditions of one or more programs.
 #[derive(Default)]

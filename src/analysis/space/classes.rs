@@ -14,7 +14,7 @@ use crate::facts::Value;
 use crate::lang::Version;
 use crate::lang::version::PreKind;
 
-use super::{Class, ClassDesc};
+use super::model::{Class, ClassDesc};
 
 pub(super) fn int_classes(bounds: (i64, i64), starts: &BTreeSet<i64>, m: i64) -> Vec<Class> {
     let (dlo, dhi) = bounds;

@@ -13,7 +13,7 @@ use serde_json::{Map, Value as Json, json};
 use crate::facts::Value;
 use crate::facts::schema::{Origin, Ty};
 
-use super::Space;
+use super::model::Space;
 
 impl Space {
     /// A config object (conformance `config` format) for a partial assignment: assigned

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::facts::{Domain, Value};
 
-use super::{Class, ClassDesc, Space, Var};
+use super::model::{Class, ClassDesc, Space, Var};
 
 impl Space {
     /// Renders the classes `set` of var `i` as an expression (None: no constraint).

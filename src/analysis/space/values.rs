@@ -8,7 +8,7 @@
 
 use crate::facts::{Domain, Value};
 
-use super::{ClassDesc, Space};
+use super::model::{ClassDesc, Space};
 
 impl Space {
     /// Slot of a fact of the space's family that the family's own handling relies on.

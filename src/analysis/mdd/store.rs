@@ -1,0 +1,429 @@
+//! The data of the node store, shared by every module of the manager and naming none of
+//! them: node ids and the terminals, the hash maps the manager uses, node headers, the store
+//! of nodes and their edges (hash-consed), the operation memos and the per-traversal
+//! [`NodeMemo`]. The operations that build nodes are `Mdd`'s (in `tables`, whose docs give
+//! the invariants).
+
+use std::collections::HashMap as StdHashMap;
+
+/// The node and operation tables are hashed millions of times: foldhash, not SipHash.
+pub(super) type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::FixedState>;
+pub(super) type HashSet<K> = std::collections::HashSet<K, foldhash::fast::FixedState>;
+
+/// A diagram node (an index into the manager's node table).
+pub type Id = u32;
+
+/// The constant false function.
+pub const FALSE: Id = 0;
+
+/// The constant true function.
+pub const TRUE: Id = 1;
+
+/// The level of the terminals: below every variable.
+pub(super) const TERMINAL: u32 = u32::MAX;
+
+/// A free slot of the hash-consing tables and of the operation memos.
+pub(super) const EMPTY: u64 = u64::MAX;
+
+/// Most node edges are sorted by insertion; longer lists by an index sort.
+pub(super) const INSERTION_SORT_EDGES: usize = 16;
+
+/// A node: its level, its number of edges and where they start in the arena.
+#[derive(Clone, Copy)]
+pub(super) struct Hdr {
+    off: u64,
+    pub(super) level: u32,
+    pub(super) len: u32,
+}
+
+impl Hdr {
+    const TERMINAL: Hdr = Hdr {
+        off: 0,
+        level: TERMINAL,
+        len: 0,
+    };
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Op {
+    And,
+    Or,
+    /// `a and not b`.
+    Diff,
+}
+
+/// An exact memo `(u32, u32) -> u32` by open addressing, 12 bytes an entry (a std `HashMap`
+/// of the same entries took 17, in a third more slots). Key and value share an entry: a
+/// lookup is one cache miss, not two (the memo lookups were most of `apply`'s time).
+pub(super) struct OpMemo {
+    /// `[a, b, result]`; `a == u32::MAX` marks a free slot (ids stay below it).
+    slots: Vec<[u32; 3]>,
+    len: usize,
+}
+
+const FREE: u32 = u32::MAX;
+
+impl Default for OpMemo {
+    fn default() -> Self {
+        OpMemo {
+            slots: vec![[FREE, 0, 0]; 1 << 12],
+            len: 0,
+        }
+    }
+}
+
+impl OpMemo {
+    fn slot(a: Id, b: Id, mask: usize) -> usize {
+        let key = (a as u64) << 32 | b as u64;
+        // Fibonacci hashing: the high bits of the product depend on every bit of the key.
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask
+    }
+
+    pub(super) fn get(&self, a: Id, b: Id) -> Option<Id> {
+        let mask = self.slots.len() - 1;
+        let mut i = Self::slot(a, b, mask);
+        loop {
+            match self.slots[i] {
+                [FREE, _, _] => return None,
+                [x, y, r] if x == a && y == b => return Some(r),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    pub(super) fn insert(&mut self, a: Id, b: Id, r: Id) {
+        if (self.len + 1) * 10 > self.slots.len() * 7 {
+            self.grow();
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = Self::slot(a, b, mask);
+        loop {
+            match self.slots[i] {
+                [FREE, _, _] => {
+                    self.slots[i] = [a, b, r];
+                    self.len += 1;
+                    return;
+                }
+                [x, y, _] if x == a && y == b => {
+                    self.slots[i][2] = r;
+                    return;
+                }
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    fn grow(&mut self) {
+        let size = self.slots.len() * 2;
+        let old = std::mem::replace(&mut self.slots, vec![[FREE, 0, 0]; size]);
+        let mask = size - 1;
+        for e in old.into_iter().filter(|e| e[0] != FREE) {
+            let mut i = Self::slot(e[0], e[1], mask);
+            while self.slots[i][0] != FREE {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = e;
+        }
+    }
+}
+
+const K: u64 = 0x9E37_79B9_7F4A_7C15;
+
+fn mix(h: u64, x: u64) -> u64 {
+    (h ^ x).wrapping_mul(K).rotate_left(23)
+}
+
+/// Final avalanche (the high half is the tag, which picks the slot).
+fn finish(mut h: u64) -> u64 {
+    h ^= h >> 31;
+    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^ (h >> 29)
+}
+
+/// The hash of a node (its level, children and sets' words).
+pub(super) fn node_hash(level: u32, kids: &[Id], words: &[u64]) -> u64 {
+    let mut h = (level as u64 ^ 0x5851_F42D_4C95_7F2D).wrapping_mul(K);
+    for &k in kids {
+        h = mix(h, k as u64);
+    }
+    for &w in words {
+        h = mix(h, w);
+    }
+    finish(h)
+}
+
+/// The slot of `tag` in a table of `size` (a power of two): multiply-shift, so a larger
+/// table needs no rehash.
+pub(super) fn tag_slot(tag: u32, size: usize) -> usize {
+    ((tag as u64 * size as u64) >> 32) as usize
+}
+
+/// Inserts `tag << 32 | id` into a tag-addressed table (no equal entry is in it).
+fn tag_insert(table: &mut [u64], tag: u32, id: u32) {
+    let mask = table.len() - 1;
+    let mut i = tag_slot(tag, table.len());
+    while table[i] != EMPTY {
+        i = (i + 1) & mask;
+    }
+    table[i] = (tag as u64) << 32 | id as u64;
+}
+
+/// Doubles a tag-addressed table (tags pick the slots: nothing is hashed again).
+pub(super) fn tag_grow(table: &mut Vec<u64>) {
+    let old = std::mem::replace(table, vec![EMPTY; table.len() * 2]);
+    for e in old.into_iter().filter(|&e| e != EMPTY) {
+        tag_insert(table, (e >> 32) as u32, e as u32);
+    }
+}
+
+/// Class sets of vars wider than one word, each stored once (edges of wide nodes hold ids).
+struct SetTable {
+    /// Set `i`'s words start at `off[i]` (its var's word count long).
+    off: Vec<u64>,
+    words: Vec<u64>,
+    /// `tag << 32 | set id`, as the node table.
+    unique: Vec<u64>,
+}
+
+impl SetTable {
+    fn get(&self, id: u32, w: usize) -> &[u64] {
+        let at = self.off[id as usize] as usize;
+        &self.words[at..at + w]
+    }
+
+    /// The id of a set (added when new).
+    fn intern(&mut self, set: &[u64]) -> u32 {
+        let h = finish(set.iter().fold(K, |h, &w| mix(h, w)));
+        let tag = (h >> 32) as u32;
+        let mask = self.unique.len() - 1;
+        let mut i = tag_slot(tag, self.unique.len());
+        loop {
+            let e = self.unique[i];
+            if e == EMPTY {
+                break;
+            }
+            if (e >> 32) as u32 == tag && self.get(e as u32, set.len()) == set {
+                return e as u32;
+            }
+            i = (i + 1) & mask;
+        }
+        let id = self.off.len() as u32;
+        self.off.push(self.words.len() as u64);
+        self.words.extend_from_slice(set);
+        self.unique[i] = (tag as u64) << 32 | id as u64;
+        if self.off.len() * 10 > self.unique.len() * 7 {
+            tag_grow(&mut self.unique);
+        }
+        id
+    }
+}
+
+/// The node store: headers, the arena of their edges, the hash-consing table, the set table.
+pub(super) struct Store {
+    pub(super) hdr: Vec<Hdr>,
+    arena: Vec<u64>,
+    pub(super) unique: Vec<u64>,
+    sets: SetTable,
+    /// Per level: the words of one class set of its var.
+    wpl: Vec<u32>,
+}
+
+impl Store {
+    /// The two terminals, for levels whose vars have these words per class set.
+    pub(super) fn new(wpl: Vec<u32>) -> Store {
+        Store {
+            hdr: vec![Hdr::TERMINAL; 2],
+            arena: Vec::new(),
+            unique: vec![EMPTY; 1 << 16],
+            sets: SetTable {
+                off: Vec::new(),
+                words: Vec::new(),
+                unique: vec![EMPTY; 1 << 10],
+            },
+            wpl,
+        }
+    }
+
+    /// Sets the words per class set of `level` (a new relation variable's level). No node
+    /// tests it yet.
+    pub(super) fn set_level_words(&mut self, level: usize, words: u32) {
+        if self.wpl.len() <= level {
+            self.wpl.resize(level + 1, 0);
+        }
+        self.wpl[level] = words;
+    }
+
+    pub(super) fn w(&self, level: u32) -> usize {
+        self.wpl[level as usize] as usize
+    }
+
+    /// Child `i` of node `h`.
+    pub(super) fn kid(&self, h: Hdr, i: usize) -> Id {
+        (self.arena[h.off as usize + i / 2] >> ((i & 1) * 32)) as Id
+    }
+
+    /// The class set of edge `i` of node `h` (`w` words a set).
+    pub(super) fn set(&self, h: Hdr, i: usize, w: usize) -> &[u64] {
+        let sets = h.off as usize + (h.len as usize).div_ceil(2);
+        if w <= 1 {
+            &self.arena[sets + i..sets + i + w]
+        } else {
+            let id = (self.arena[sets + i / 2] >> ((i & 1) * 32)) as u32;
+            self.sets.get(id, w)
+        }
+    }
+
+    /// Whether node `id` is the node with these edges (`n` children, `n * w` set words).
+    pub(super) fn same(&self, id: Id, level: u32, kids: &[Id], words: &[u64], w: usize) -> bool {
+        let h = self.hdr[id as usize];
+        h.level == level
+            && h.len as usize == kids.len()
+            && kids.chunks(2).enumerate().all(|(j, pair)| {
+                let hi = pair.get(1).map_or(0, |&k| k as u64);
+                self.arena[h.off as usize + j] == pair[0] as u64 | hi << 32
+            })
+            && (0..kids.len()).all(|i| self.set(h, i, w) == &words[i * w..(i + 1) * w])
+    }
+
+    /// Appends a node (not in the store) with these edges; returns its id.
+    pub(super) fn push(&mut self, level: u32, kids: &[Id], words: &[u64], w: usize) -> Id {
+        let id = self.hdr.len() as Id;
+        let off = self.arena.len() as u64;
+        let pack = |pair: &[u32]| pair[0] as u64 | pair.get(1).map_or(0, |&k| k as u64) << 32;
+        self.arena.extend(kids.chunks(2).map(pack));
+        if w <= 1 {
+            self.arena.extend_from_slice(words);
+        } else {
+            let ids: Vec<u32> = words.chunks(w).map(|s| self.sets.intern(s)).collect();
+            self.arena.extend(ids.chunks(2).map(pack));
+        }
+        self.hdr.push(Hdr {
+            off,
+            level,
+            len: kids.len() as u32,
+        });
+        id
+    }
+}
+
+/// A memo over node ids, cleared in O(1): a generation stamp per node (the traversals of
+/// `cover` visit most of a large diagram once per var; hashing dominated them).
+///
+/// An entry also records the level it was computed at (`set_at`): [`NodeMemo::touch`]
+/// forgets only the entries at or above a level, so a walk of a cube whose var at that level
+/// changed keeps the answers of the nodes below it (they never read that var).
+pub(super) struct NodeMemo<T: Copy + Default> {
+    /// Per node: `generation << 32 | level` when set.
+    stamp: Vec<u64>,
+    val: Vec<T>,
+    generation: u32,
+    /// Entries of older generations are forgotten (`clear`).
+    floor: u32,
+    /// Per level: entries of this generation or older are forgotten (`touch`).
+    inval: Vec<u32>,
+}
+
+impl<T: Copy + Default> Default for NodeMemo<T> {
+    fn default() -> Self {
+        NodeMemo {
+            stamp: Vec::new(),
+            val: Vec::new(),
+            generation: 0,
+            floor: 1,
+            inval: Vec::new(),
+        }
+    }
+}
+
+impl<T: Copy + Default> NodeMemo<T> {
+    /// Forgets every entry; sized for `nodes` nodes.
+    pub(super) fn clear(&mut self, nodes: usize) {
+        self.next_generation();
+        self.floor = self.generation;
+        if self.stamp.len() < nodes {
+            self.stamp.resize(nodes, 0);
+            self.val.resize(nodes, T::default());
+        }
+    }
+
+    fn next_generation(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            self.stamp.fill(0);
+            self.inval.fill(0);
+            self.generation = 1;
+            self.floor = 1;
+        }
+    }
+
+    /// Forgets the entries at levels `0..=level` (the cube's var at `level` changed).
+    pub(super) fn touch(&mut self, level: u32) {
+        let l = level as usize;
+        if self.inval.len() <= l {
+            self.inval.resize(l + 1, 0);
+        }
+        let g = self.generation;
+        self.inval[..=l].fill(g);
+        self.next_generation();
+    }
+
+    /// Whether an entry of generation `g` at `level` is remembered.
+    fn live(&self, g: u32, level: u32) -> bool {
+        g >= self.floor && self.inval.get(level as usize).is_none_or(|&i| g > i)
+    }
+
+    /// The current generation (for entries kept elsewhere, checked by `live_at`).
+    pub(super) fn now(&self) -> u32 {
+        self.generation
+    }
+
+    /// Whether an entry kept elsewhere, of generation `g` at `level`, is remembered.
+    pub(super) fn live_at(&self, g: u32, level: u32) -> bool {
+        self.live(g, level)
+    }
+
+    pub(super) fn get(&self, x: Id) -> Option<T> {
+        let e = self.stamp[x as usize];
+        self.live((e >> 32) as u32, e as u32)
+            .then(|| self.val[x as usize])
+    }
+
+    /// Sets an entry that `touch` of any level forgets.
+    pub(super) fn set(&mut self, x: Id, v: T) {
+        self.set_at(x, 0, v);
+    }
+
+    /// Sets the entry of node `x`, computed from the cube's vars at levels `level..`.
+    pub(super) fn set_at(&mut self, x: Id, level: u32, v: T) {
+        self.stamp[x as usize] = (self.generation as u64) << 32 | level as u64;
+        self.val[x as usize] = v;
+    }
+}
+
+/// The edges of a node: (child, class set as words), in the node's order (by child).
+pub(super) struct Edges<'a> {
+    pub(super) store: &'a Store,
+    pub(super) h: Hdr,
+    pub(super) w: usize,
+    pub(super) i: usize,
+}
+
+impl<'a> Iterator for Edges<'a> {
+    type Item = (Id, &'a [u64]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.i == self.h.len as usize {
+            return None;
+        }
+        let i = self.i;
+        self.i += 1;
+        Some((self.store.kid(self.h, i), self.store.set(self.h, i, self.w)))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.h.len as usize - self.i;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for Edges<'_> {}
