@@ -378,3 +378,34 @@ fn te_unfused_chain_has_fused_only_where_it_is_admitted() {
     assert_eq!(chain("--sm 120"), ["chunked", "reference"]);
     assert_eq!(chain("--sm 90 --head-dim 520"), ["chunked", "reference"]);
 }
+
+/// `explain --executors` lists the chain `run` would walk (the `if_admitted:` entries the facts
+/// do not admit left out), every entry `not_tried`; without the flag the chain stays empty.
+#[test]
+fn explain_executors_lists_the_chain_run_would_walk() {
+    let chain = |extra: &str| {
+        let line = format!("explain --pack te --preset gemma4-global --sm 90 {extra}");
+        let (code, doc) = run_json(&words(&line));
+        assert_eq!(code, 0, "{line}");
+        doc
+    };
+    let doc = chain("--executors");
+    assert_eq!(doc["selected"], "UnfusedDotProductAttention");
+    assert_eq!(
+        outcomes(&doc),
+        pairs(&[
+            ("fused", "not_tried"),
+            ("chunked", "not_tried"),
+            ("reference", "not_tried")
+        ])
+    );
+    assert!(doc["executor"].is_null(), "nothing ran");
+    // d520 is outside `fused`'s manifest: its if_admitted entry is left out.
+    let doc = chain("--executors --head-dim 520");
+    assert_eq!(doc["selected"], "UnfusedDotProductAttention");
+    assert_eq!(
+        outcomes(&doc),
+        pairs(&[("chunked", "not_tried"), ("reference", "not_tried")])
+    );
+    assert_eq!(chain("")["executor_chain"], serde_json::json!([]));
+}

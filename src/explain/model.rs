@@ -476,6 +476,31 @@ impl Explanation {
         self
     }
 
+    /// Records the chain that would run `decision` (the selected backend's, `if_admitted:`
+    /// entries these facts are not admitted by left out), every entry `not_tried` with `why`:
+    /// for callers that select but do not run (`explain --executors`, the C ABI).
+    pub fn with_unwalked_chain(
+        self,
+        policy: &Policy,
+        facts: &Facts,
+        decision: &Decision,
+        why: &str,
+    ) -> Self {
+        let chain = match decision.selected {
+            Some(b) => policy
+                .executor_chain_for(b, decision.backends[b as usize].variant, facts)
+                .into_iter()
+                .map(|e| ExecutorAttempt {
+                    executor: e.executor.clone(),
+                    outcome: ExecutorOutcome::NotTried,
+                    reason: Some(why.to_string()),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        self.with_executor_chain(chain)
+    }
+
     /// A backend by name.
     pub fn backend(&self, name: &str) -> Option<&BackendExplanation> {
         self.backends.iter().find(|b| b.name == name)

@@ -20,7 +20,6 @@ use std::sync::Arc;
 
 use attn_policy::cache::CachedPolicy;
 use attn_policy::decision::Decision;
-use attn_policy::explain::{ExecutorAttempt, ExecutorOutcome};
 use attn_policy::facts::ConfigText;
 use attn_policy::{Explanation, Facts, PackSpec};
 
@@ -277,11 +276,12 @@ pub unsafe extern "C" fn attn_policy_decision_render(
             let policy = (*d.policy).inner.policy();
             // The C caller hands over JSON only: no provenance is known here. The ABI selects
             // but runs nothing: the chain the decision would walk, every entry `not_tried`.
-            let ex = Explanation::new(policy, &d.facts, &d.decision).with_executor_chain(chain_of(
+            let ex = Explanation::new(policy, &d.facts, &d.decision).with_unwalked_chain(
                 policy,
                 &d.facts,
                 &d.decision,
-            ));
+                "the C ABI selects; it runs no executor",
+            );
             let s = match format {
                 AttnPolicyFormat::Json => ex.to_json_string(false),
                 AttnPolicyFormat::Text => ex.to_text(false),
@@ -291,28 +291,6 @@ pub unsafe extern "C" fn attn_policy_decision_render(
             Ok(())
         })
     }
-}
-
-/// The executor chain of the selected backend for these facts (`executors:` in the pack, the
-/// `if_admitted:` entries the facts do not admit left out), each entry `not_tried` with why.
-fn chain_of(
-    policy: &attn_policy::Policy,
-    facts: &Facts,
-    decision: &Decision,
-) -> Vec<ExecutorAttempt> {
-    let Some(b) = decision.selected else {
-        return Vec::new();
-    };
-    let variant = decision.backends[b as usize].variant;
-    policy
-        .executor_chain_for(b, variant, facts)
-        .into_iter()
-        .map(|e| ExecutorAttempt {
-            executor: e.executor.clone(),
-            outcome: ExecutorOutcome::NotTried,
-            reason: Some("the C ABI selects; it runs no executor".into()),
-        })
-        .collect()
 }
 
 /// The selected backend's name (owned by the policy, valid until `attn_policy_free`; do not free),

@@ -14,6 +14,7 @@ key came from (shell, preset, config, flag) and `input` echoes every fact decide
 Examples:
   attn-policy explain --preset gemma4-global-cp-p2p
   attn-policy explain --preset gemma4-global --sm 90 --format te
+  attn-policy explain --preset gemma4-global --sm 90 --executors   # the chain `run` would walk
   attn-policy explain examples/gemma4-global.json --json --parity
   attn-policy explain --head-dim 260 --sm 100 --mask causal --probe fused_attn_graph=true
   attn-policy explain --pack torch --head-dim 512 --heads 32 --kv-heads 8 --enable-gqa
@@ -23,6 +24,11 @@ Exit codes: 0 selected, 1 no backend can serve the input, 2 bad input or bad rul
 pub struct ExplainArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
+    /// Also list the executor chain that would run the decision (the pack's `executors:` for
+    /// the selected backend, as `run` would walk it; nothing runs here: every entry is
+    /// `not_tried`).
+    #[arg(long)]
+    pub executors: bool,
     #[command(flatten)]
     pub pack: PackArgs,
     #[command(flatten)]
@@ -39,7 +45,15 @@ pub fn run(a: ExplainArgs) -> i32 {
         Err(e) => return super::fail(e),
     };
     let decision = policy.decide(&facts);
-    let ex = Explanation::new(&policy, &facts, &decision).with_provenance(input.provenance());
+    let mut ex = Explanation::new(&policy, &facts, &decision).with_provenance(input.provenance());
+    if a.executors {
+        ex = ex.with_unwalked_chain(
+            &policy,
+            &facts,
+            &decision,
+            "explain runs nothing; `attn-policy run` walks this chain",
+        );
+    }
     match a.output.format() {
         Format::Human => {
             print!("{}", ex.to_text(a.output.stdout_color()));
