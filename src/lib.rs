@@ -21,9 +21,10 @@
 //! Layout: [`lang`] (syntax) -> [`typecheck`] (types, lowering) -> [`eval`] (conditions) ->
 //! [`policy`] (rules, decide) -> [`decision`] (indices, fast) -> [`explain`] (the owned
 //! explanation model and its text, JSON and TE renderings); [`pack`] loads YAML; [`facts`] is
-//! the typed input.
+//! the typed input. The rule-set analysis (`check`'s lints, `gaps`, `diff`, why-not,
+//! coverage) and the support matrix live in the `attn-policy-analysis` crate, which uses this
+//! one.
 
-pub mod analysis;
 pub mod cache;
 pub mod catalogue;
 pub mod conformance;
@@ -34,7 +35,6 @@ pub mod eval;
 pub mod explain;
 pub mod facts;
 pub mod lang;
-pub mod matrix;
 pub mod pack;
 pub mod policy;
 pub mod typecheck;

@@ -26,7 +26,7 @@ fn docs_commands_reproduce_the_docs() {
         "/../docs/support-matrix.md"
     ))
     .expect("docs/support-matrix.md");
-    for q in attn_policy::matrix::docs::QUESTIONS {
+    for q in attn_policy_analysis::matrix::docs::QUESTIONS {
         let mut args = vec!["matrix"];
         args.extend(q.words());
         let o = run(&args);

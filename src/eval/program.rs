@@ -545,7 +545,10 @@ pub(crate) fn kleene(decisive: bool, operands: impl Iterator<Item = Value>) -> V
 }
 
 /// A comparison that propagates unknown operands.
-pub(crate) fn compare3(op: CmpOp, x: Value, y: Value) -> Value {
+///
+/// Public for the analysis crate (`attn_policy_analysis::cell`), which folds exact operands
+/// with the evaluator's own operations.
+pub fn compare3(op: CmpOp, x: Value, y: Value) -> Value {
     if x == Value::Unknown || y == Value::Unknown {
         Value::Unknown
     } else {
@@ -554,7 +557,10 @@ pub(crate) fn compare3(op: CmpOp, x: Value, y: Value) -> Value {
 }
 
 /// `x in list` / `x not in list`; `mask` is the list as an enum bit set when it is one.
-pub(crate) fn member(x: Value, mask: Option<u64>, list: &[Value], negate: bool) -> Value {
+///
+/// Public for the analysis crate (`attn_policy_analysis::cell`), which folds exact operands
+/// with the evaluator's own operations.
+pub fn member(x: Value, mask: Option<u64>, list: &[Value], negate: bool) -> Value {
     match (x, mask) {
         (Value::Unknown, _) => Value::Unknown,
         (Value::Null | Value::BadVersion, _) => Value::Bool(false),
@@ -567,7 +573,10 @@ pub(crate) fn member(x: Value, mask: Option<u64>, list: &[Value], negate: bool) 
 }
 
 /// `x == null` (`want_null`) or `x != null`.
-pub(crate) fn null_test(v: Value, want_null: bool) -> Value {
+///
+/// Public for the analysis crate (`attn_policy_analysis::cell`), which folds exact operands
+/// with the evaluator's own operations.
+pub fn null_test(v: Value, want_null: bool) -> Value {
     match v {
         Value::Unknown => Value::Unknown,
         v => Value::Bool((v == Value::Null) == want_null),
@@ -575,7 +584,10 @@ pub(crate) fn null_test(v: Value, want_null: bool) -> Value {
 }
 
 /// `parsed(x)`: true for a parsed version, false for null and an unparseable version.
-pub(crate) fn parsed_test(v: Value) -> Value {
+///
+/// Public for the analysis crate (`attn_policy_analysis::cell`), which folds exact operands
+/// with the evaluator's own operations.
+pub fn parsed_test(v: Value) -> Value {
     match v {
         Value::Unknown => Value::Unknown,
         v => Value::Bool(matches!(v, Value::Version(_))),
@@ -583,7 +595,10 @@ pub(crate) fn parsed_test(v: Value) -> Value {
 }
 
 /// Unary minus; overflow gives null.
-pub(crate) fn neg(v: Value) -> Value {
+///
+/// Public for the analysis crate (`attn_policy_analysis::cell`), which folds exact operands
+/// with the evaluator's own operations.
+pub fn neg(v: Value) -> Value {
     match v {
         Value::Int(i) => i.checked_neg().map_or(Value::Null, Value::Int),
         Value::Float(x) => Value::Float(-x),
@@ -614,7 +629,11 @@ pub(crate) fn holds(op: CmpOp, ord: Ordering) -> bool {
     }
 }
 
-pub(crate) fn arith(op: ArithOp, x: Value, y: Value) -> Value {
+/// A binary arithmetic operation on values (unknown and null operands propagate).
+///
+/// Public for the analysis crate (`attn_policy_analysis::cell`), which folds exact operands
+/// with the evaluator's own operations.
+pub fn arith(op: ArithOp, x: Value, y: Value) -> Value {
     match (x, y) {
         (Value::Unknown, _) | (_, Value::Unknown) => Value::Unknown,
         (Value::Int(a), Value::Int(b)) => {
@@ -669,7 +688,11 @@ fn gcd(mut a: i64, mut b: i64) -> i64 {
     a
 }
 
-pub(crate) fn call(func: Func, mut args: impl Iterator<Item = Value>) -> Value {
+/// A built-in function applied to its arguments' values.
+///
+/// Public for the analysis crate (`attn_policy_analysis::cell`), which folds exact operands
+/// with the evaluator's own operations.
+pub fn call(func: Func, mut args: impl Iterator<Item = Value>) -> Value {
     let first = args.next().unwrap_or(Value::Null);
     match func {
         Func::If => {

@@ -10,7 +10,7 @@
 //! 4. [`link_pack`]: names resolved (backends, variants, layers, preference orders, executor
 //!    chains) and the [`Policy`] built (`E-NAME`, `E-DUP-*`, `E-RULE`, `E-PREF`, `E-EXECUTOR`).
 //! 5. [`lint_pack`]: load-time warnings (`W-REASON`). The exact lints over all inputs are
-//!    `attn-policy check` (`crate::analysis::lint`).
+//!    `attn-policy check` (`attn_policy_analysis::lint`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};

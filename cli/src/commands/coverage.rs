@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::args::PackArgs;
-use attn_policy::analysis::coverage::coverage;
 use attn_policy::corpus::read_corpus;
+use attn_policy_analysis::coverage::coverage;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\

@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use attn_policy::analysis::regions::{DEFAULT_BUDGET, Restriction, diff};
+use attn_policy_analysis::regions::{DEFAULT_BUDGET, Restriction, diff};
 
 /// How many regions `diff` lists by default.
 pub const DEFAULT_DIFF_REGIONS: usize = 50;
@@ -70,13 +70,13 @@ fn run_matrix(a: &DiffArgs, old: &Policy, new: &Policy) -> i32 {
         Err(e) => return super::fail(e),
     };
     let (mo, mn) = match (
-        attn_policy::matrix::build(old, &query, a.budget),
-        attn_policy::matrix::build(new, &query, a.budget),
+        attn_policy_analysis::matrix::build(old, &query, a.budget),
+        attn_policy_analysis::matrix::build(new, &query, a.budget),
     ) {
         (Ok(o), Ok(n)) => (o, n),
         (Err(e), _) | (_, Err(e)) => return super::fail(e),
     };
-    let d = attn_policy::matrix::MatrixDiff {
+    let d = attn_policy_analysis::matrix::MatrixDiff {
         old: &mo,
         new: &mn,
         old_name: a.old.clone(),

@@ -5,7 +5,7 @@ use std::time::Instant;
 use clap::Args;
 
 use super::args::PackArgs;
-use attn_policy::analysis::regions::{
+use attn_policy_analysis::regions::{
     DEFAULT_BUDGET, DEFAULT_MAX_REGIONS, GapReport, Restriction, gaps_only,
 };
 

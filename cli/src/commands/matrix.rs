@@ -3,7 +3,7 @@
 use clap::{Args, ValueEnum};
 
 use super::args::PackArgs;
-use attn_policy::matrix::{AxisQuery, DEFAULT_BUDGET, Free, Matrix, Query, build};
+use attn_policy_analysis::matrix::{AxisQuery, DEFAULT_BUDGET, Free, Matrix, Query, build};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
 pub enum MatrixFormat {

@@ -3,7 +3,7 @@
 use clap::Args;
 
 use super::args::{ConfigArgs, PackArgs};
-use attn_policy::analysis::why_not::why_not;
+use attn_policy_analysis::why_not::why_not;
 
 #[derive(Args, Debug)]
 #[command(after_help = "\

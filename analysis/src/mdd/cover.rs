@@ -1,0 +1,559 @@
+//! Cube queries and diagrams as covers by cubes (the regions of `gaps` and `diff`).
+//!
+//! A [`Cube`] has one entry per diagram var (facts, then relation variables): the classes it
+//! allows, `None` for any class.
+//!
+//! [`Mdd::cover`] / [`Mdd::cover_disjoint`] list cubes whose union, *in inputs*, is exactly
+//! `f`: every input in `f` lies in some cube and every input in a cube lies in `f`. Loop
+//! invariants of `cover_within`: `rest` is the part of `f` not yet covered, intersected with
+//! the ties applied so far and with the complements of the contrary combinations removed
+//! (neither removes an input); a cube starts as the widest path of `rest` and is widened only
+//! inside `care` = (`rest` for a disjoint cover, else `f`) or not `ties`, so it never adds an
+//! input outside `f` (it may widen over combinations no input has). A path is listed only
+//! after every relation variable it tests has its tie applied and no contrary combination is
+//! found on it, so each listed path holds an input (up to the limits of `contrary`). Disjoint
+//! covers widen inside `rest`, so their cubes do not overlap on inputs.
+//!
+//! Determinism: paths pick the edge with the most classes, ties broken by the lowest class,
+//! never by node ids, so the cover depends only on the function and the order.
+//!
+//! Complexity: `holds_on` / `meets` are O(nodes of `x`) with a reusable memo; `expand` runs
+//! `allowed` once per constrained var, each a traversal memoised per node.
+
+use attn_policy::facts::Value;
+
+use super::bits::Bits;
+use super::bits::{words_first, words_len, words_meet};
+use super::manager::{Cube, Mdd};
+use super::memos::{ExpandMemos, PairMemos};
+use super::store::{FALSE, HashMap, Id, NodeMemo, TRUE};
+
+impl<'s> Mdd<'s> {
+    /// Whether `x` holds in every class of the cube.
+    pub fn holds_on(&self, x: Id, cube: &[Option<Bits>]) -> bool {
+        self.everywhere_reusing(x, cube, true)
+    }
+
+    /// Whether `x` holds in some class of the cube.
+    pub fn meets(&self, x: Id, cube: &[Option<Bits>]) -> bool {
+        !self.everywhere_reusing(x, cube, false)
+    }
+
+    /// [`Mdd::everywhere`] with the reusable memo.
+    fn everywhere_reusing(&self, x: Id, cube: &[Option<Bits>], want: bool) -> bool {
+        let mut memo = self.scratch.take();
+        memo.clear(self.size());
+        let r = self.everywhere(x, cube, want, &mut memo);
+        self.scratch.set(memo);
+        r
+    }
+
+    /// Whether `x` is `want` in every class of the cube.
+    fn everywhere(
+        &self,
+        x: Id,
+        cube: &[Option<Bits>],
+        want: bool,
+        memo: &mut NodeMemo<bool>,
+    ) -> bool {
+        match x {
+            TRUE => return want,
+            FALSE => return !want,
+            _ => {}
+        }
+        if let Some(r) = memo.get(x) {
+            return r;
+        }
+        let level = self.node_level(x);
+        let v = self.order[level as usize];
+        let c = cube.get(v).and_then(Option::as_ref);
+        let r = self.edges(x).all(|(k, set)| {
+            c.is_some_and(|c| !words_meet(c.words(), set)) || self.everywhere(k, cube, want, memo)
+        });
+        memo.set_at(x, level, r);
+        r
+    }
+
+    /// A cover of `f` by cubes: their union is exactly `f` (they may overlap). Each cube is
+    /// a path of what is still uncovered, widened per var as far as it stays inside `f`, so
+    /// cubes come out large (the largest regions first). At most `limit` cubes; the flag says
+    /// whether the cover is complete.
+    pub fn cover(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
+        self.cover_within(f, limit, false)
+    }
+
+    /// A cover of `f` by disjoint cubes (each widened only inside what is still uncovered).
+    pub fn cover_disjoint(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
+        self.cover_within(f, limit, true)
+    }
+
+    fn cover_within(&mut self, f: Id, limit: usize, disjoint: bool) -> (Vec<Cube>, bool) {
+        let nv = self.space.vars.len();
+        // Paths must hold an input: a relation variable on a path is first tied to the facts
+        // (its tie is intersected with what is left), lazily, as paths meet it; intersecting
+        // every tie up front made the gaps of the te pack too large. Cubes may still widen over
+        // combinations no input has (outside the ties applied): they add no input.
+        let mut applied: Vec<usize> = Vec::new();
+        let mut ties = TRUE;
+        let mut rest = f;
+        let mut out = Vec::new();
+        loop {
+            if rest == FALSE || self.exhausted {
+                return (out, true);
+            }
+            let mut cube = self.widest_path(rest);
+            let untied: Vec<usize> = (nv..self.nvars())
+                .filter(|&v| cube[v].is_some() && !applied.contains(&(v - nv)))
+                .map(|v| v - nv)
+                .collect();
+            if !untied.is_empty() {
+                for k in untied {
+                    let t = self.tie(nv + k);
+                    ties = self.and(ties, t);
+                    rest = self.and(rest, t);
+                    applied.push(k);
+                }
+                continue;
+            }
+            // A predicate the path constrains may be decided, class by class, against it on
+            // the path's own classes (its tie is per block when the classes are many): those
+            // combinations hold no input; remove them and take another path.
+            let mut refined = false;
+            for v in nv..self.nvars() {
+                let Some(set) = cube[v].clone() else { continue };
+                if let Some(bad) = self.contrary_on_path(v, &set, &cube) {
+                    self.exclude(bad, &mut ties, &mut rest);
+                    refined = true;
+                }
+            }
+            if !refined && let Some(bad) = self.jointly_contrary(&cube) {
+                self.exclude(bad, &mut ties, &mut rest);
+                refined = true;
+            }
+            if refined {
+                continue;
+            }
+            if out.len() >= limit {
+                return (out, false);
+            }
+            // Widened inside `care or not ties`, walked on the pair: building that `or` cost
+            // more than the rest of the cover (check's W-NO-EXECUTOR example).
+            let care = if disjoint { rest } else { f };
+            self.expand(care, ties, &mut cube);
+            let c = self.cube(&cube);
+            rest = self.minus(rest, c);
+            out.push(cube);
+        }
+    }
+
+    /// Removes `bad` (combinations that hold no input) from the applied ties and from what
+    /// is left to cover.
+    fn exclude(&mut self, bad: Id, ties: &mut Id, rest: &mut Id) {
+        let nb = self.not(bad);
+        *ties = self.and(*ties, nb);
+        *rest = self.and(*rest, nb);
+    }
+
+    /// A path of `x` to true, taking at each node the edge with the most classes.
+    fn widest_path(&self, mut x: Id) -> Cube {
+        let mut cube = vec![None; self.nvars()];
+        while x > TRUE {
+            let (k, set) = self
+                .edges(x)
+                .filter(|e| e.0 != FALSE)
+                // Ties go to the lowest class, not the child's id: the cover then depends
+                // only on the function, not on the order its nodes were built in.
+                .max_by_key(|e| (words_len(e.1), std::cmp::Reverse(words_first(e.1))))
+                .expect("a non-false node has a non-false edge");
+            cube[self.order[self.node_level(x) as usize]] = Some(Bits::from_words(set));
+            x = k;
+        }
+        cube
+    }
+
+    /// Widens `cube` inside `f or not valid`: first frees every var that can take any class
+    /// (largest domains first: they read worst), then widens the rest to every class that
+    /// keeps the cube inside it.
+    fn expand(&self, f: Id, valid: Id, cube: &mut Cube) {
+        let mut levels: Vec<usize> = self
+            .used
+            .iter()
+            .map(|&l| l as usize)
+            .filter(|&l| cube[self.order[l]].is_some())
+            .collect();
+        levels.sort_by_key(|&l| std::cmp::Reverse(self.full[l].len()));
+        // Reused (cleared) between vars and calls: allocating fresh tables dominated.
+        let ExpandMemos(mut memo, mut inside) = self.expand_memos.take();
+        // `inside` (walks of `f` under the cube) is kept across vars: changing the var at
+        // level `l` forgets only the answers of nodes at or above `l`.
+        inside.clear(self.size());
+        for free_only in [true, false] {
+            for &l in &levels {
+                let v = self.order[l];
+                if cube[v].is_none() {
+                    continue;
+                }
+                // An object whose members are constrained stays present: a member's
+                // constraint cannot be written for an absent object.
+                let keep_present = v < self.space.vars.len()
+                    && self
+                        .space
+                        .vars
+                        .iter()
+                        .enumerate()
+                        .any(|(u, x)| x.parent == Some(v) && cube[u].is_some());
+                if free_only {
+                    // Only "every class" frees the var: one walk that stops at the first
+                    // path leaving `f`, not the allowed classes (the same answer).
+                    let nullable =
+                        self.space.vars.get(v).is_some_and(|x| {
+                            x.classes.iter().any(|class| class.value == Value::Null)
+                        });
+                    if keep_present && nullable {
+                        continue;
+                    }
+                    let set = cube[v].take();
+                    inside.touch(l as u32);
+                    let holds = if valid == TRUE {
+                        self.everywhere(f, cube, true, &mut inside)
+                    } else {
+                        self.holds_unless(f, valid, cube)
+                    };
+                    if !holds {
+                        cube[v] = set;
+                        inside.touch(l as u32);
+                    }
+                    continue;
+                }
+                let mut good = if valid == TRUE {
+                    memo.0.clear(self.size());
+                    memo.1.clear();
+                    self.allowed(f, l as u32, cube, &mut memo, &mut inside)
+                } else {
+                    self.allowed_unless(f, valid, l as u32, cube)
+                };
+                if keep_present {
+                    for (c, class) in self.space.vars[v].classes.iter().enumerate() {
+                        if class.value == Value::Null {
+                            good.remove(c as u32);
+                        }
+                    }
+                }
+                if good.len() == self.full[l].len() {
+                    cube[v] = None;
+                } else if !free_only {
+                    cube[v] = Some(good);
+                }
+                inside.touch(l as u32);
+            }
+        }
+        self.expand_memos.set(ExpandMemos(memo, inside));
+    }
+
+    /// The classes of the var at `level` for which `cube` (with that var replaced by the
+    /// class) lies inside `x`.
+    fn allowed(
+        &self,
+        x: Id,
+        level: u32,
+        cube: &Cube,
+        memo: &mut (NodeMemo<u32>, Vec<u64>),
+        inside: &mut NodeMemo<bool>,
+    ) -> Bits {
+        let mut acc = self.full[level as usize].clone();
+        self.narrow_allowed(x, level, cube, memo, inside, &mut acc);
+        acc
+    }
+
+    /// Narrows `acc` to [`Mdd::allowed`] of `x`. The memo holds per node an index into one
+    /// flat arena of sets: a wide var's sets were allocated and cloned per visit.
+    fn narrow_allowed(
+        &self,
+        x: Id,
+        level: u32,
+        cube: &Cube,
+        memo: &mut (NodeMemo<u32>, Vec<u64>),
+        inside: &mut NodeMemo<bool>,
+        acc: &mut Bits,
+    ) {
+        let nl = self.node_level(x);
+        if nl > level {
+            if !self.everywhere(x, cube, true, inside) {
+                acc.clear();
+            }
+            return;
+        }
+        let w = acc.words().len();
+        if let Some(i) = memo.0.get(x) {
+            let i = i as usize;
+            acc.and_words(&memo.1[i * w..(i + 1) * w]);
+            return;
+        }
+        let r = if nl == level {
+            let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
+            for (k, set) in self.edges(x) {
+                if self.everywhere(k, cube, true, inside) {
+                    r.or_words(set);
+                }
+            }
+            r
+        } else {
+            let v = self.order[nl as usize];
+            let mut r = self.full[level as usize].clone();
+            for (k, set) in self.edges(x) {
+                if cube[v].as_ref().is_none_or(|c| words_meet(c.words(), set)) {
+                    self.narrow_allowed(k, level, cube, memo, inside, &mut r);
+                    if r.is_empty() {
+                        break;
+                    }
+                }
+            }
+            r
+        };
+        acc.and_words(r.words());
+        memo.0.set(x, (memo.1.len() / w) as u32);
+        memo.1.extend_from_slice(r.words());
+    }
+
+    /// The diagram of a cube.
+    pub fn cube(&mut self, cube: &Cube) -> Id {
+        let mut x = TRUE;
+        for &l in self.used.clone().iter().rev() {
+            let l = l as usize;
+            if let Some(set) = &cube[self.order[l]] {
+                let other = self.full[l].minus(set);
+                x = self.mk(l as u32, vec![(x, set.clone()), (FALSE, other)]);
+            }
+        }
+        x
+    }
+}
+
+impl<'s> Mdd<'s> {
+    /// The EXPAND step of two-level minimisation on a listed cube, exact (a diagram check,
+    /// never sampled): each var the cube constrains is widened to its whole domain when the
+    /// widened cube still lies inside `f or not valid` (`cube(widened) and valid and not f`
+    /// is false; asked of the pair, never built), else restored: the widened cube then holds
+    /// no valid input outside `f`.
+    ///
+    /// Order (fixed, so the result depends only on the diagrams): relation variables first
+    /// (in their index order), then members of objects, then the other facts, each group in
+    /// the space's var order. A fact some still-constrained relation variable of the cube
+    /// reads is kept (the relation is stated over it), and so is an object whose members are
+    /// still constrained (a member's constraint cannot be written for an absent object).
+    /// Widening a relation variable also admits its values that no input has with the cube's
+    /// facts, so the check is, if anything, stricter than needed: sound, possibly not minimal.
+    pub fn widen_inside(&self, f: Id, valid: Id, cube: &Cube) -> Cube {
+        let nv = self.space.vars.len();
+        let mut out = cube.clone();
+        let members = (0..nv).filter(|&v| self.space.vars[v].parent.is_some());
+        let objects_and_plain = (0..nv).filter(|&v| self.space.vars[v].parent.is_none());
+        let order: Vec<usize> = (nv..self.nvars())
+            .chain(members)
+            .chain(objects_and_plain)
+            .collect();
+        // One walk per var, its memos kept across vars: freeing the var at level `l` forgets
+        // only the answers of nodes at or above `l`.
+        let mut memo = self.pair_memos.take();
+        let mut single = self.scratch.take();
+        memo.first.clear(self.size());
+        memo.more.clear();
+        single.clear(self.size());
+        for v in order {
+            let Some(set) = out[v].take() else { continue };
+            let held = v < nv
+                && ((0..self.rels.len())
+                    .any(|k| out[nv + k].is_some() && self.rel_vars(k).contains(&v))
+                    || (0..nv).any(|u| self.space.vars[u].parent == Some(v) && out[u].is_some()));
+            if held {
+                out[v] = Some(set);
+                continue;
+            }
+            let l = self.level[v];
+            memo.first.touch(l);
+            single.touch(l);
+            if !self.unless(f, valid, &out, &mut memo, &mut single) {
+                out[v] = Some(set);
+                memo.first.touch(l);
+                single.touch(l);
+            }
+        }
+        self.scratch.set(single);
+        self.pair_memos.set(memo);
+        out
+    }
+
+    /// Whether `f or not valid` holds in every class of the cube. Walked on the pair of
+    /// diagrams: building `f or not valid` cost as much as building `f` (the te pack's gaps).
+    fn holds_unless(&self, f: Id, valid: Id, cube: &[Option<Bits>]) -> bool {
+        let mut memo = self.pair_memos.take();
+        // The walk of `f` alone (once `valid` is true) shares `holds_on`'s memo.
+        let mut single = self.scratch.take();
+        memo.first.clear(self.size());
+        memo.more.clear();
+        single.clear(self.size());
+        let r = self.unless(f, valid, cube, &mut memo, &mut single);
+        self.scratch.set(single);
+        self.pair_memos.set(memo);
+        r
+    }
+
+    /// [`Mdd::allowed`] of `f or not valid`, walked on the pair.
+    fn allowed_unless(&self, f: Id, valid: Id, level: u32, cube: &Cube) -> Bits {
+        let mut memo = self.pair_memos.take();
+        let mut single = self.scratch.take();
+        memo.first.clear(self.size());
+        memo.more.clear();
+        single.clear(self.size());
+        let mut classes = HashMap::default();
+        let r = self.allowed_pair(f, valid, level, cube, &mut classes, &mut memo, &mut single);
+        self.scratch.set(single);
+        self.pair_memos.set(memo);
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn allowed_pair(
+        &self,
+        f: Id,
+        valid: Id,
+        level: u32,
+        cube: &Cube,
+        classes: &mut HashMap<(Id, Id), Bits>,
+        memo: &mut PairMemos,
+        single: &mut NodeMemo<bool>,
+    ) -> Bits {
+        let full = &self.full[level as usize];
+        let nl = self.node_level(f).min(self.node_level(valid));
+        if f == TRUE || valid == FALSE || nl > level {
+            return if self.unless(f, valid, cube, memo, single) {
+                full.clone()
+            } else {
+                Bits::empty(self.ncls[self.order[level as usize]])
+            };
+        }
+        if let Some(r) = classes.get(&(f, valid)) {
+            return r.clone();
+        }
+        // The edges of `x` at level `nl` (one edge over every class when it tests a deeper var).
+        let at = |x: Id| -> Vec<(Id, &[u64])> {
+            if self.node_level(x) == nl {
+                self.edges(x).collect()
+            } else {
+                vec![(x, self.full[nl as usize].words())]
+            }
+        };
+        let (ef, ev) = (at(f), at(valid));
+        let r = if nl == level {
+            let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
+            for &(kf, sf) in &ef {
+                for &(kv, sv) in &ev {
+                    if words_meet(sf, sv) && self.unless(kf, kv, cube, memo, single) {
+                        let both: Vec<u64> = sf.iter().zip(sv).map(|(a, b)| a & b).collect();
+                        r.or_words(&both);
+                    }
+                }
+            }
+            r
+        } else {
+            let c = cube[self.order[nl as usize]].as_ref().map(Bits::words);
+            let mut r = full.clone();
+            'pairs: for &(kf, sf) in &ef {
+                for &(kv, sv) in &ev {
+                    let meet = match c {
+                        Some(c) => c.iter().zip(sf).zip(sv).any(|((c, x), y)| c & x & y != 0),
+                        None => words_meet(sf, sv),
+                    };
+                    if !meet {
+                        continue;
+                    }
+                    let a = self.allowed_pair(kf, kv, level, cube, classes, memo, single);
+                    match r.and(&a) {
+                        Some(both) => r = both,
+                        None => {
+                            r = Bits::empty(full.capacity());
+                            break 'pairs;
+                        }
+                    }
+                }
+            }
+            r
+        };
+        classes.insert((f, valid), r.clone());
+        r
+    }
+
+    fn unless(
+        &self,
+        f: Id,
+        valid: Id,
+        cube: &[Option<Bits>],
+        memo: &mut PairMemos,
+        single: &mut NodeMemo<bool>,
+    ) -> bool {
+        if f == TRUE || valid == FALSE {
+            return true;
+        }
+        if valid == TRUE {
+            return self.everywhere(f, cube, true, single);
+        }
+        // Most nodes of `f` meet one node of `valid` (a small diagram): a dense memo per node
+        // of `f` (`valid << 1 | answer`), other pairs hashed.
+        match memo.first.get(f) {
+            Some(e) if e >> 1 == valid => return e & 1 == 1,
+            Some(_) => {
+                if let Some(&(r, g, l)) = memo.more.get(&(f, valid))
+                    && memo.first.live_at(g, l)
+                {
+                    return r;
+                }
+            }
+            None => {}
+        }
+        let (lf, lv) = (self.node_level(f), self.node_level(valid));
+        let level = lf.min(lv);
+        // `f` false is walked as a terminal: down `valid` to where it is false everywhere.
+        let r = {
+            let c = cube
+                .get(self.order[level as usize])
+                .and_then(Option::as_ref)
+                .map(Bits::words);
+            if lf == lv {
+                self.edges(f).all(|(kf, sf)| {
+                    self.edges(valid).all(|(kv, sv)| {
+                        let meet = match c {
+                            Some(c) => c.iter().zip(sf).zip(sv).any(|((c, x), y)| c & x & y != 0),
+                            None => words_meet(sf, sv),
+                        };
+                        !meet || self.unless(kf, kv, cube, memo, single)
+                    })
+                })
+            } else if lf < lv {
+                self.edges(f).all(|(kf, sf)| {
+                    c.is_some_and(|c| !words_meet(c, sf))
+                        || self.unless(kf, valid, cube, memo, single)
+                })
+            } else {
+                self.edges(valid).all(|(kv, sv)| {
+                    c.is_some_and(|c| !words_meet(c, sv)) || self.unless(f, kv, cube, memo, single)
+                })
+            }
+        };
+        if memo.first.get(f).is_none() {
+            memo.first.set_at(f, level, valid << 1 | r as u32);
+        } else {
+            let g = memo.first.now();
+            memo.more.insert((f, valid), (r, g, level));
+        }
+        r
+    }
+}
+
+/// Whether every class of `inner` is a class of `outer`, var by var (`None`: every class).
+pub fn cube_within(inner: &Cube, outer: &Cube) -> bool {
+    inner.iter().zip(outer).all(|(i, o)| match (i, o) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some(i), Some(o)) => i.minus(o).is_empty(),
+    })
+}
