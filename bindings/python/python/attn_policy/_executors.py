@@ -20,16 +20,37 @@ def _aten(name: str) -> Optional[Any]:
 
 
 class _TorchExecutor:
-    """An executor torch provides. ``check`` returns the reason it refuses a call, or None."""
+    """An executor torch provides. ``check`` returns the reason it refuses a call, or None.
+    The gates every one shares are here (a CUDA device and its aten op, the manifest, no
+    dropout); each executor adds its own in ``_available`` / ``_check``."""
 
     name = ""
     description = ""
+    # The aten op it calls: without it (or without CUDA tensors) it cannot run. None: torch
+    # tensor ops on any device.
+    aten_op: Optional[str] = None
 
     def available(self, device: torch.device) -> Tuple[bool, str]:
+        if self.aten_op is not None:
+            if device.type != "cuda":
+                return False, "runs on a CUDA device; the tensors are on the CPU"
+            if _aten(self.aten_op) is None:
+                return False, f"this torch has no aten::{self.aten_op}"
+        return self._available(device)
+
+    def _available(self, device: torch.device) -> Tuple[bool, str]:
         raise NotImplementedError
 
     def check(self, call: "_Call") -> Optional[str]:
-        return call.problem.refusal_by_manifest(self.name)
+        r = call.problem.refusal_by_manifest(self.name)
+        if r:
+            return r
+        if call.dropout_p > 0.0:
+            return "dropout is not wired into this executor"
+        return self._check(call)
+
+    def _check(self, call: "_Call") -> Optional[str]:
+        return None
 
     def runner(self, call: "_Call") -> "_Runner":
         raise NotImplementedError
@@ -42,12 +63,9 @@ class _TorchFlash(_TorchExecutor):
 
     name = "torch_flash"
     description = "PyTorch's FlashAttention-2 kernel"
+    aten_op = "_flash_attention_forward"
 
-    def available(self, device: torch.device) -> Tuple[bool, str]:
-        if device.type != "cuda":
-            return False, "runs on a CUDA device; the tensors are on the CPU"
-        if _aten("_flash_attention_forward") is None:
-            return False, "this torch has no aten::_flash_attention_forward"
+    def _available(self, device: torch.device) -> Tuple[bool, str]:
         if not torch.backends.cuda.is_flash_attention_available():
             return False, "this torch build has no FlashAttention kernels"
         cc = torch.cuda.get_device_capability(device)
@@ -55,12 +73,7 @@ class _TorchFlash(_TorchExecutor):
             return False, f"compute capability {cc[0]}.{cc[1]} < 8.0"
         return True, f"torch {torch.__version__}, sm_{cc[0]}{cc[1]}"
 
-    def check(self, call: "_Call") -> Optional[str]:
-        r = super().check(call)
-        if r:
-            return r
-        if call.dropout_p > 0.0:
-            return "dropout is not wired into this executor"
+    def _check(self, call: "_Call") -> Optional[str]:
         # FlashAttention's diagonal is bottom-right: top-left only coincides when s_q == s_kv.
         if not call.bottom_right and call.sq != call.skv and (call.mask != 0 or call.window_left >= 0 or call.window_right >= 0):
             return "FlashAttention aligns masks bottom-right; a top-left mask with s_q != s_kv differs"
@@ -81,16 +94,8 @@ class _TorchMath(_TorchExecutor):
     name = "torch_math"
     description = "attention from torch tensor ops"
 
-    def available(self, device: torch.device) -> Tuple[bool, str]:
+    def _available(self, device: torch.device) -> Tuple[bool, str]:
         return True, f"torch {torch.__version__}"
-
-    def check(self, call: "_Call") -> Optional[str]:
-        r = super().check(call)
-        if r:
-            return r
-        if call.dropout_p > 0.0:
-            return "dropout is not wired into this executor"
-        return None
 
     def runner(self, call: "_Call") -> "_Runner":
         return _MathRunner(call)
@@ -103,24 +108,16 @@ class _TorchEfficient(_TorchExecutor):
 
     name = "torch_efficient"
     description = "PyTorch's memory-efficient attention kernel"
+    aten_op = "_efficient_attention_forward"
 
-    def available(self, device: torch.device) -> Tuple[bool, str]:
-        if device.type != "cuda":
-            return False, "runs on a CUDA device; the tensors are on the CPU"
-        if _aten("_efficient_attention_forward") is None:
-            return False, "this torch has no aten::_efficient_attention_forward"
+    def _available(self, device: torch.device) -> Tuple[bool, str]:
         if not torch.backends.cuda.is_flash_attention_available():
             # Built together with the flash kernels (USE_MEM_EFF_ATTENTION in PyPI's wheels).
             return False, "this torch build has no fused attention kernels"
         cc = torch.cuda.get_device_capability(device)
         return True, f"torch {torch.__version__}, sm_{cc[0]}{cc[1]}"
 
-    def check(self, call: "_Call") -> Optional[str]:
-        r = super().check(call)
-        if r:
-            return r
-        if call.dropout_p > 0.0:
-            return "dropout is not wired into this executor"
+    def _check(self, call: "_Call") -> Optional[str]:
         if call.window_left >= 0 or (call.mask == 0 and call.window_right >= 0):
             return "sliding windows are not wired into this executor"
         return None
@@ -135,24 +132,13 @@ class _TorchCudnn(_TorchExecutor):
 
     name = "torch_cudnn"
     description = "PyTorch's cuDNN attention"
+    aten_op = "_scaled_dot_product_cudnn_attention"
 
-    def available(self, device: torch.device) -> Tuple[bool, str]:
-        if device.type != "cuda":
-            return False, "runs on a CUDA device; the tensors are on the CPU"
-        if _aten("_scaled_dot_product_cudnn_attention") is None:
-            return False, "this torch has no aten::_scaled_dot_product_cudnn_attention"
+    def _available(self, device: torch.device) -> Tuple[bool, str]:
         if not torch.backends.cudnn.is_available():
             return False, "torch has no cuDNN here"
         cc = torch.cuda.get_device_capability(device)
         return True, f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, sm_{cc[0]}{cc[1]}"
-
-    def check(self, call: "_Call") -> Optional[str]:
-        r = super().check(call)
-        if r:
-            return r
-        if call.dropout_p > 0.0:
-            return "dropout is not wired into this executor"
-        return None
 
     def runner(self, call: "_Call") -> "_Runner":
         return _CudnnSdpaRunner(call)
