@@ -9,7 +9,9 @@ use attn_policy::Policy;
 use attn_policy::decision::Status;
 use attn_policy::facts::Facts;
 use attn_policy_analysis::lint::lint;
-use attn_policy_analysis::regions::{DEFAULT_BUDGET, Restriction, decide_example, diff, gaps};
+use attn_policy_analysis::regions::{
+    DEFAULT_BUDGET, DiffReport, Restriction, decide_example, diff, gaps,
+};
 use attn_policy_analysis::why_not::why_not;
 use serde_json::{Value as Json, json};
 
@@ -548,20 +550,29 @@ fn te_slice_any_cp() -> String {
         .replace(" and window_size == null", "")
 }
 
+/// `diff` of `old` and `new` within `slice`: complete, with `rule` the only changed rule and
+/// some region where the decisions differ. Returns the report and the slice as a restriction.
+fn diff_changing_one_rule(
+    old: &Policy,
+    new: &Policy,
+    slice: &str,
+    rule: &str,
+) -> (DiffReport, Restriction) {
+    let w = Restriction::parse(slice).unwrap();
+    let (report, _) = diff(old, new, Some(&w), DEFAULT_BUDGET, usize::MAX);
+    assert!(report.complete);
+    assert_eq!(report.changed_rules, vec![rule.to_string()]);
+    assert!(!report.regions.is_empty());
+    (report, w)
+}
+
 #[test]
 fn te_diff_deleting_frost_window_p2p_rule_shows_exactly_the_windowed_p2p_regions() {
     let old = Policy::embedded("te").unwrap();
     let (dir, new) = common::te_without_fr22("te-nowin");
     let slice = te_slice_any_cp();
     assert!(!slice.contains("context_parallel") && !slice.contains("window_size"));
-    let w = Restriction::parse(&slice).unwrap();
-    let (report, _) = diff(&old, &new, Some(&w), DEFAULT_BUDGET, usize::MAX);
-    assert!(report.complete);
-    assert_eq!(
-        report.changed_rules,
-        vec!["FR.22@FrostAttention".to_string()]
-    );
-    assert!(!report.regions.is_empty());
+    let (report, w) = diff_changing_one_rule(&old, &new, &slice, "FR.22@FrostAttention");
     let regions: Vec<Restriction> = report
         .regions
         .iter()
@@ -825,14 +836,7 @@ fn te_diff_sees_the_unparseable_frontend_version() {
             "head_dim_qk == 512 and head_dim_v == 512",
         );
     assert!(!slice.contains("cudnn_frontend_version") && !slice.contains("256 <"));
-    let w = Restriction::parse(&slice).unwrap();
-    let (report, _) = diff(&old, &new, Some(&w), DEFAULT_BUDGET, usize::MAX);
-    assert!(report.complete);
-    assert_eq!(
-        report.changed_rules,
-        vec!["FR.27@FrostAttention".to_string()]
-    );
-    assert!(!report.regions.is_empty());
+    let (report, w) = diff_changing_one_rule(&old, &new, &slice, "FR.27@FrostAttention");
     for r in &report.regions {
         assert_eq!(
             r.old.as_deref(),
