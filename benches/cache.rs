@@ -11,8 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use attn_policy::cache::{CachedPolicy, FactsKey};
-use attn_policy::decision::Decision;
+use attn_policy::Decision;
+use attn_policy::{CachedPolicy, FactsKey};
 use attn_policy::{Explanation, Facts, Policy};
 use criterion::{Criterion, criterion_group};
 
@@ -22,7 +22,7 @@ const TE_PYTHON_US: f64 = 153.0;
 fn configs() -> Vec<serde_json::Value> {
     let corpus =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
-    match attn_policy::corpus::read_corpus(&corpus) {
+    match attn_policy::read_corpus(&corpus) {
         Ok(recs) => recs
             .iter()
             .filter(|r| Facts::from_json(&r.config).is_ok())
@@ -39,7 +39,7 @@ fn configs() -> Vec<serde_json::Value> {
 fn inputs() -> Vec<Facts> {
     let corpus =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpora/te-2.20.2-corpus-a.jsonl.gz");
-    if let Ok(recs) = attn_policy::corpus::read_corpus(&corpus) {
+    if let Ok(recs) = attn_policy::read_corpus(&corpus) {
         let facts: Vec<Facts> = recs
             .iter()
             .filter_map(|r| Facts::from_json(&r.config).ok())

@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use attn_policy::decision::Decision;
+use attn_policy::Decision;
 use attn_policy::facts::presets::PRESETS;
 use attn_policy::{Explanation, Facts, Policy};
 use criterion::{Criterion, criterion_group, criterion_main};

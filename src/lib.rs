@@ -18,31 +18,50 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Layout: [`lang`] (syntax) -> [`typecheck`] (types, lowering) -> [`eval`] (conditions) ->
-//! [`policy`] (rules, decide) -> [`decision`] (indices, fast) -> [`explain`] (the owned
-//! explanation model and its text, JSON and TE renderings); [`pack`] loads YAML; [`facts`] is
-//! the typed input. The rule-set analysis (`check`'s lints, `gaps`, `diff`, why-not,
-//! coverage) and the support matrix live in the `attn-policy-analysis` crate, which uses this
-//! one.
+//! The API is what this page lists: [`Policy`] (a loaded pack; `decide`), [`Facts`] (the typed
+//! input; [`facts`] holds its schema, families and presets), [`Decision`] (fast, indices) and
+//! [`Explanation`] (the owned model with text, JSON and TE renderings), [`PackSpec`] and
+//! [`pack`] (which pack to load), [`CachedPolicy`] (a decision cache), [`Diagnostics`]
+//! (load errors with spans) and [`conformance`] (corpora). Inside, a condition goes
+//! `src/lang` (syntax) -> `src/typecheck` (types, lowering) -> `src/eval` (programs) ->
+//! `src/policy.rs` (rules, `decide`) -> `src/decision.rs` -> `src/explain/`; those modules are
+//! private, or public only for this workspace's own crates and hidden from these docs. The
+//! rule-set analysis (`check`'s lints, `gaps`, `diff`, why-not, coverage) and the support
+//! matrix live in the `attn-policy-analysis` crate, which uses this one.
 
-pub mod cache;
-pub mod catalogue;
-pub mod conformance;
-pub mod corpus;
-pub mod decision;
-pub mod diag;
-pub mod eval;
-pub mod explain;
-pub mod facts;
-pub mod lang;
-pub mod pack;
-pub mod policy;
-pub mod typecheck;
-
+// The documented API: everything a user needs is re-exported here.
+pub use cache::{CacheStats, CachedPolicy, FactsKey};
 pub use catalogue::{CatalogueEntry, ExecutorCatalogue, Provider};
-pub use decision::{Decision, Status};
-pub use diag::{Diagnostic, Diagnostics, Severity};
-pub use explain::Explanation;
-pub use facts::{Facts, InputError};
+pub use corpus::{CorpusError, Record, read_corpus};
+pub use decision::{BackendResult, Decision, Status};
+pub use diag::{Code, Diagnostic, Diagnostics, Loc, Severity};
+pub use explain::{
+    BackendExplanation, BackendStatus, CALL_SCHEMA, CallExtras, ExecutorAttempt, ExecutorOutcome,
+    Explanation, FactValue, PreferenceApplied, RuleExplanation, SCHEMA, TeTuple,
+    UnavailableVariant, VariantChoice,
+};
+pub use facts::{Facts, InputError, Value};
 pub use pack::{LoadError, PackError, PackSource, PackSpec, load_pack};
 pub use policy::Policy;
+
+// Documented modules: conformance corpora, the typed input (schema, families, presets), packs.
+pub mod conformance;
+pub mod facts;
+pub mod pack;
+
+// Building blocks the workspace's own crates (analysis, adapters, CLI, bindings) reach into:
+// public so they can, hidden from the documented API, with no stability promise.
+#[doc(hidden)]
+pub mod eval;
+#[doc(hidden)]
+pub mod lang;
+#[doc(hidden)]
+pub mod typecheck;
+
+mod cache;
+mod catalogue;
+mod corpus;
+mod decision;
+mod diag;
+mod explain;
+mod policy;

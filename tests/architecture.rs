@@ -203,6 +203,50 @@ fn the_analysis_depends_on_the_core_and_no_front_end_or_executor_crate() {
     );
 }
 
+/// The modules of the core's `lib.rs` that are public and documented: its curated API is these
+/// plus the root re-exports. Every other `pub mod` there must be `#[doc(hidden)]` (a building
+/// block for this workspace's crates, no stability promise); the rest are private.
+const DOCUMENTED_CORE_MODULES: [&str; 3] = ["conformance", "facts", "pack"];
+
+/// `pub mod` names in `lib_rs` that are neither documented nor `#[doc(hidden)]`.
+fn uncurated_modules(lib_rs: &str) -> Vec<String> {
+    let lines: Vec<&str> = lib_rs.lines().map(str::trim).collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(name) = line
+            .strip_prefix("pub mod ")
+            .and_then(|r| r.strip_suffix(';'))
+        else {
+            continue;
+        };
+        let hidden = i > 0 && lines[i - 1] == "#[doc(hidden)]";
+        if !hidden && !DOCUMENTED_CORE_MODULES.contains(&name) {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_core_api_is_curated() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    assert!(lib.contains("pub use policy::Policy;"), "read src/lib.rs");
+    let loose = uncurated_modules(&lib);
+    assert!(
+        loose.is_empty(),
+        "src/lib.rs makes {loose:?} public: re-export what users need at the root, make the \
+         module private (or `#[doc(hidden)]` if a sibling crate needs its internals), or add it \
+         to DOCUMENTED_CORE_MODULES"
+    );
+}
+
+#[test]
+fn the_curation_check_finds_a_loose_module() {
+    let lib = "pub mod facts;\n#[doc(hidden)]\npub mod eval;\nmod policy;\npub mod decision;\n";
+    assert_eq!(uncurated_modules(lib), vec!["decision".to_string()]);
+}
+
 /// Every Rust file of the repository (all crates, their tests and benches), build outputs aside.
 fn workspace_rust_files() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

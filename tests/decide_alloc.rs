@@ -50,7 +50,7 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn deciding_a_preset_allocates_nothing_after_warm_up() {
     let mut checked = 0;
-    for name in attn_policy::pack::embedded::pack_names() {
+    for name in attn_policy::pack::embedded_pack_names() {
         let policy = Policy::embedded(name).expect("embedded pack loads");
         let family = facts::family(policy.schema.family).expect("a known family");
         let inputs: Vec<_> = presets::of_family(family.family)

@@ -27,7 +27,7 @@ fn corpus_of(family: &str) -> &'static str {
 fn measure() -> BTreeMap<(String, String), u64> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut rows = BTreeMap::new();
-    for name in attn_policy::pack::embedded::pack_names() {
+    for name in attn_policy::pack::embedded_pack_names() {
         let policy = Policy::embedded(name).expect("embedded pack loads");
         let family = facts::family(policy.schema.family).expect("a known family");
         let mut d = Decision::default();
@@ -36,7 +36,7 @@ fn measure() -> BTreeMap<(String, String), u64> {
             let steps = policy.decide_counting(&facts, &mut d);
             rows.insert((name.to_string(), p.name.to_string()), steps);
         }
-        let records = attn_policy::corpus::read_corpus(&root.join(corpus_of(family.family)))
+        let records = attn_policy::read_corpus(&root.join(corpus_of(family.family)))
             .expect("tests/corpora ships the corpus");
         let mut total = 0;
         for r in &records {

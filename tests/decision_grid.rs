@@ -8,7 +8,7 @@
 //! attention), cp_size 2, no bias/dropout/softcap, cuDNN 9.19.0, cudnn-frontend 1.29.0,
 //! cutlass-dsl 4.7.1, flash-attn 2.7.4 (no FA3/FA4), every probe answered "supported".
 
-use attn_policy::decision::Status;
+use attn_policy::Status;
 use attn_policy::{Facts, Policy};
 use serde_json::{Value as Json, json};
 

@@ -17,7 +17,7 @@ fn facts_md_matches_the_schema() {
 #[test]
 fn diagnostics_md_matches_the_codes() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/diagnostics.md");
-    let expected = attn_policy::diag::Code::markdown();
+    let expected = attn_policy::Code::markdown();
     if std::env::var_os("UPDATE_DOCS").is_some() {
         std::fs::write(path, &expected).expect("write docs/diagnostics.md");
     }
@@ -31,7 +31,7 @@ fn diagnostics_md_matches_the_codes() {
 #[test]
 fn definitions_md_matches_the_packs() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/definitions.md");
-    let expected = attn_policy::pack::docs::definitions_page();
+    let expected = attn_policy::pack::definitions_page();
     if std::env::var_os("UPDATE_DOCS").is_some() {
         std::fs::write(path, &expected).expect("write docs/definitions.md");
     }

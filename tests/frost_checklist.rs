@@ -18,7 +18,7 @@
 
 use std::collections::BTreeSet;
 
-use attn_policy::explain::BackendStatus;
+use attn_policy::BackendStatus;
 use attn_policy::{Explanation, Policy};
 use serde_json::{Value as Json, json};
 

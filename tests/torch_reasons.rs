@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use attn_policy::conformance::{TORCH_BACKENDS, torch_record_facts};
-use attn_policy::corpus::read_corpus;
+use attn_policy::read_corpus;
 use attn_policy::{Decision, Policy};
 
 const CORPUS: &str = concat!(

@@ -26,7 +26,7 @@
 //! [`walk_entries`] (`_native.walk_chain`), with the same cases in
 //! `tests/fixtures/chain_cases.json` tested on both sides.
 
-use attn_policy::explain::{ExecutorAttempt, ExecutorOutcome};
+use attn_policy::{ExecutorAttempt, ExecutorOutcome};
 use thiserror::Error;
 
 use std::sync::Arc;

@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use attn_policy::ExecutorOutcome;
 use attn_policy::PackSpec;
-use attn_policy::explain::ExecutorOutcome;
 use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
 use attn_policy_adapters::executor::{validate_backward_inputs, validate_forward_inputs};
 use attn_policy_adapters::reference::{self, Reference};

@@ -3,9 +3,9 @@
 
 use serde::Serialize;
 
-use attn_policy::corpus::Record;
-use attn_policy::decision::Decision;
-use attn_policy::policy::Policy;
+use attn_policy::Decision;
+use attn_policy::Policy;
+use attn_policy::Record;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct RuleCount {

@@ -16,12 +16,12 @@
 
 use std::collections::BTreeSet;
 
-use attn_policy::diag::{Code, Diagnostic};
+use attn_policy::Policy;
 use attn_policy::eval::program::{Node, NodeId, Program, Truth};
 use attn_policy::facts::Value;
 use attn_policy::facts::schema::Ty;
 use attn_policy::facts::te::{FIELDS, slot};
-use attn_policy::policy::Policy;
+use attn_policy::{Code, Diagnostic};
 
 use super::mdd::{FALSE, Id, Mdd, PolicyDiagrams, TRUE};
 use super::regions::{add_policy, example_of};

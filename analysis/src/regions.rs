@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use serde_json::{Map, Value as Json};
 
+use attn_policy::Policy;
 use attn_policy::eval::program::{Program, Truth};
 use attn_policy::facts::{Facts, Schema};
 use attn_policy::lang::parse_expr;
-use attn_policy::policy::Policy;
 use attn_policy::typecheck::Compiler;
 
 use super::mdd::{Bits, Cube, FALSE, Id, Mdd, PolicyDiagrams, TRUE, cube_within};

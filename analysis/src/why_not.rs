@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::{Value as Json, json};
 
-use attn_policy::decision::Decision;
+use attn_policy::Decision;
+use attn_policy::Policy;
 use attn_policy::eval::program::Truth;
 use attn_policy::facts::schema::Origin;
 use attn_policy::facts::{Facts, Value};
-use attn_policy::policy::Policy;
 
 use super::regions::add_policy;
 use super::space::{ClassDesc, Space, SpaceBuilder, insert_path};

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use attn_policy::Policy;
-use attn_policy::decision::Status;
+use attn_policy::Status;
 use attn_policy::facts::Facts;
 use attn_policy_analysis::lint::lint;
 use attn_policy_analysis::regions::{

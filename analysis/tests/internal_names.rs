@@ -20,7 +20,7 @@ use attn_policy::facts::presets::PRESETS;
 use attn_policy::facts::schema::Ty;
 use attn_policy::lang::parse::MAX_EXPR_LEN;
 use attn_policy::lang::{Expr, ExprKind, parse_expr};
-use attn_policy::pack::shown::definitions_table;
+use attn_policy::pack::definitions_table;
 use attn_policy::{Explanation, Policy};
 use attn_policy_analysis::matrix::{DEFAULT_BUDGET, docs};
 use attn_policy_analysis::why_not::why_not;

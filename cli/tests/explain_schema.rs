@@ -8,10 +8,10 @@ mod common;
 
 use std::path::Path;
 
+use attn_policy::FactValue;
 use attn_policy::conformance::{record_facts, te_view};
-use attn_policy::corpus::read_corpus;
-use attn_policy::explain::FactValue;
 use attn_policy::facts::presets::PRESETS;
+use attn_policy::read_corpus;
 use attn_policy::{Explanation, Facts, PackSource, Policy, load_pack};
 use serde_json::{Value as Json, json};
 

@@ -126,7 +126,7 @@ fn without_gpu_small_problems_go_to_the_reference() {
 #[test]
 fn embedded_packs_chain_every_backend_to_catalogued_executors() {
     let catalogue = std::sync::Arc::new(attn_policy_adapters::catalogue::catalogue());
-    for pack in attn_policy::pack::embedded::pack_names() {
+    for pack in attn_policy::pack::embedded_pack_names() {
         let policy = attn_policy::PackSpec::embedded(pack)
             .with_catalogue(catalogue.clone())
             .load()

@@ -14,11 +14,11 @@
 //!    for rules whose top-level conjunct is such a formula (a *literal*), the rules the class
 //!    rules out (a false literal) and the rules it leaves unknown (an unknown literal);
 //! 3. per rule, keeps the other conjuncts (the *residual*: arithmetic, definitions, two facts)
-//!    as small typed condition trees ([`Cond`], [`Num`]), cheapest first; a conjunct shared by
+//!    as small typed condition trees (`Cond`, `Num`), cheapest first; a conjunct shared by
 //!    several rules, and every boolean definition, becomes an *atom* computed at most once per
 //!    decision; numeric definitions are memoised;
 //! 4. rewrites every `and`/`or` over slot formulas inside those trees (and inside atoms) into a
-//!    *leaf set* ([`Cond::Leaves`]): per formula word, a mask of the formulas it reads as they
+//!    *leaf set* (`Cond::Leaves`): per formula word, a mask of the formulas it reads as they
 //!    are and a mask of those it reads negated, answered with a few AND/OR tests per word; an
 //!    atom that is a small leaf set is copied into its users (cheaper than its memo).
 //!
@@ -144,7 +144,7 @@ enum Cond {
     Value(Box<Num>),
 }
 
-/// The formulas of one word a [`Cond::Leaves`] reads: `pos` as they are, `neg` negated.
+/// The formulas of one word a `Cond::Leaves` reads: `pos` as they are, `neg` negated.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct LeafWord {
     word: u16,
@@ -828,7 +828,7 @@ fn patch_cond(c: &mut Cond, bits: &[(u16, u8)]) {
 /// (testing a few words is cheaper than looking up and storing the atom).
 const INLINE_ATOM_WORDS: usize = 4;
 
-/// Rewrites `and`/`or` over slot formulas into [`Cond::Leaves`] (Kleene `and`/`or` are
+/// Rewrites `and`/`or` over slot formulas into `Cond::Leaves` (Kleene `and`/`or` are
 /// associative and commutative and evaluation has no effects, so regrouping changes no
 /// result), and copies atoms that are leaf sets into their users. `atoms` holds the atoms
 /// already folded (an atom's body only refers to atoms built after it, i.e. higher indices).

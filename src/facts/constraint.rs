@@ -1,7 +1,7 @@
 //! Structural validity of an input, as data of its family's [`Schema`]: a [`Bound`] per fact
 //! (a size is positive, a dropout a probability, a window bound at least -1) and
 //! [`Constraint`]s across facts (TE's KV heads divide its query heads). Both are checked by
-//! [`Facts::read`] once a config is read and before any rule can see it, for every entry point
+//! `Facts::read` once a config is read and before any rule can see it, for every entry point
 //! (files, flags, presets, corpus records, the bindings), so an input that cannot exist is an
 //! [`InputError`] with a location instead of a decision.
 //!

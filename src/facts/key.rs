@@ -35,7 +35,7 @@ pub(crate) fn avalanche(mut h: u64) -> u64 {
 /// with one slice compare (or a pointer compare for the same `Facts`).
 #[derive(Debug, PartialEq, Eq)]
 pub struct FactsKey {
-    /// A hash of `words` (not of the policy; the cache mixes the [`PolicyKey`] in).
+    /// A hash of `words` (not of the policy; the cache mixes the `PolicyKey` in).
     pub hash: u64,
     pub words: Box<[u64]>,
 }

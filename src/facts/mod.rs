@@ -1,5 +1,5 @@
 //! Facts: the typed input of a decision. A pack family's [`Schema`] (the `te` family in
-//! [`te`], the `torch` family in [`torch`], registered in [`families`]) names each fact with its
+//! [`te`], the `torch` family in [`torch`], registered in [`families`](mod@families)) names each fact with its
 //! type, domain and default; [`Facts`] holds one value per fact; [`presets`] are named
 //! configurations.
 

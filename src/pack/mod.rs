@@ -1,14 +1,17 @@
 //! Rule packs: YAML files with positions, loaded and type-checked into a
-//! [`Policy`](crate::Policy) in stages (see [`load`]), the packs embedded in the binary, and
+//! [`Policy`](crate::Policy) in stages (see [`load_pack`]), the packs embedded in the binary, and
 //! [`PackSpec`], the one way every front end says which pack to load.
 
-pub mod docs;
-pub mod embedded;
-pub mod load;
-pub mod shown;
-pub mod source;
-pub mod spec;
-pub mod yaml;
+mod docs;
+mod embedded;
+mod load;
+mod shown;
+mod source;
+mod spec;
+mod yaml;
 
+pub use docs::definitions_page;
+pub use embedded::{file as embedded_file, pack_names as embedded_pack_names};
 pub use load::{LoadError, PackSource, load_pack, load_pack_with};
+pub use shown::definitions_table;
 pub use spec::{PackError, PackSpec};

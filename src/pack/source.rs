@@ -4,7 +4,7 @@
 use serde_saphyr::Spanned;
 
 use crate::diag::Loc;
-pub use crate::diag::source::{SourceFile, SourceMap};
+pub use crate::diag::source::SourceMap;
 use crate::lang::Span;
 
 impl SourceMap {

@@ -104,8 +104,9 @@ pub struct VariantDef {
 pub struct LayerFile {
     #[serde(default)]
     pub layer: Option<String>,
-    #[serde(default)]
-    pub description: Option<String>,
+    /// For people reading the file; accepted so `deny_unknown_fields` allows it, not used.
+    #[serde(default, rename = "description")]
+    pub _description: Option<String>,
     pub rules: Vec<Spanned<RuleDef>>,
 }
 

@@ -3,7 +3,7 @@
 //! `analysis/tests/docs.rs` fails when the files differ from what the rules produce
 //! (`UPDATE_DOCS=1` regenerates them); `analysis/benches/matrix.rs` times each one.
 
-use attn_policy::policy::Policy;
+use attn_policy::Policy;
 
 use super::{AxisQuery, Free, Matrix, MatrixError, Query, build, html_page};
 

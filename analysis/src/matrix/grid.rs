@@ -39,9 +39,9 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value as Json};
 
+use attn_policy::Policy;
 use attn_policy::facts::schema::Origin;
 use attn_policy::facts::{Facts, Value};
-use attn_policy::policy::Policy;
 
 use crate::mdd::{FALSE, Id, Mdd, PolicyDiagrams, TRUE};
 use crate::regions::{add_policy, validity};

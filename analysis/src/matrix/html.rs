@@ -151,7 +151,7 @@ fn data(m: &Matrix) -> Json {
                         .map(|v| v.name.as_str())
                         .collect();
                     let by = match &b.status {
-                        attn_policy::explain::BackendStatus::Outranked { by } => by.clone(),
+                        attn_policy::BackendStatus::Outranked { by } => by.clone(),
                         _ => None,
                     };
                     json!({

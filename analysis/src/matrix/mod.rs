@@ -31,8 +31,8 @@ mod svg;
 use serde_json::{Map, Value as Json};
 
 use crate::matrix::grid::{CellAnalysis, GridQuery, Outcome, analyse};
+use attn_policy::Policy;
 use attn_policy::facts::schema::{Origin, Schema, Ty};
-use attn_policy::policy::Policy;
 
 pub use axes::Name;
 pub use diff::{Change, MatrixDiff};

@@ -10,9 +10,9 @@
 //! has (substitution, then evaluation of nodes whose operands are all constants, and `and` /
 //! `or` / `if` simplified by their constant operands, all with the evaluator's own semantics).
 
+use attn_policy::Policy;
 use attn_policy::eval::program::{Func, Node, NodeId, Program, Truth};
 use attn_policy::facts::Value;
-use attn_policy::policy::Policy;
 use attn_policy::typecheck::Compiled;
 
 /// What a slot becomes in the specialised pack.

@@ -23,7 +23,7 @@ impl<'s> Mdd<'s> {
     /// first meets them, rules of the backend with the most rules first. Facts one condition
     /// reads together end up adjacent, which keeps TE's FusedAttention rules (per-step
     /// sequence lengths) at ~35k nodes instead of ~300k with the most-read-first order.
-    pub fn for_policies(space: &'s Space, packs: &[&attn_policy::policy::Policy]) -> Mdd<'s> {
+    pub fn for_policies(space: &'s Space, packs: &[&attn_policy::Policy]) -> Mdd<'s> {
         let mut first = Vec::new();
         for p in packs {
             let mut count = vec![0usize; p.backends.len()];

@@ -34,7 +34,7 @@ pub struct PolicyDiagrams {
 
 impl PolicyDiagrams {
     /// Builds the diagrams of `p` (its program is registered with the manager).
-    pub fn build(m: &mut Mdd, p: &attn_policy::policy::Policy) -> PolicyDiagrams {
+    pub fn build(m: &mut Mdd, p: &attn_policy::Policy) -> PolicyDiagrams {
         let prog = m.program(&p.program);
         let rule: Vec<Id> = p
             .rules
@@ -163,7 +163,7 @@ impl PolicyDiagrams {
     }
 
     /// Where, within `acc`, the pack selects nothing.
-    pub fn none_within(&self, m: &mut Mdd, p: &attn_policy::policy::Policy, acc: Id) -> Id {
+    pub fn none_within(&self, m: &mut Mdd, p: &attn_policy::Policy, acc: Id) -> Id {
         let mut out = m.and(acc, self.no_pref);
         for (i, e) in p.preference.iter().enumerate() {
             let mut part = m.and(acc, self.first_pref[i]);
@@ -185,7 +185,7 @@ impl PolicyDiagrams {
     pub fn outcomes_within(
         &self,
         m: &mut Mdd,
-        p: &attn_policy::policy::Policy,
+        p: &attn_policy::Policy,
         acc: Id,
     ) -> Vec<(Option<(u16, usize)>, Id)> {
         let mut out: Vec<(Option<(u16, usize)>, Id)> = Vec::new();
@@ -222,13 +222,7 @@ impl PolicyDiagrams {
     /// entry listing it, some input where that entry applies, some variant of `b` is eligible
     /// and every variant of every backend before it is out. Asked of the conjunction without
     /// building it ([`Mdd::satisfiable`]: it stops at the first such input).
-    pub fn selectable(
-        &self,
-        m: &mut Mdd,
-        p: &attn_policy::policy::Policy,
-        b: usize,
-        within: Id,
-    ) -> bool {
+    pub fn selectable(&self, m: &mut Mdd, p: &attn_policy::Policy, b: usize, within: Id) -> bool {
         for (i, e) in p.preference.iter().enumerate() {
             let Some(pos) = e.order.iter().position(|&x| x as usize == b) else {
                 continue;

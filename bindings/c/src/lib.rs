@@ -18,8 +18,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::Arc;
 
-use attn_policy::cache::CachedPolicy;
-use attn_policy::decision::Decision;
+use attn_policy::CachedPolicy;
+use attn_policy::Decision;
 use attn_policy::facts::ConfigText;
 use attn_policy::{Explanation, Facts, PackSpec};
 

@@ -8,9 +8,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
-use attn_policy::cache::CachedPolicy;
-use attn_policy::decision::Decision;
-use attn_policy::explain::{CallExtras, ExecutorAttempt, ExecutorOutcome, Explanation};
+use attn_policy::CachedPolicy;
+use attn_policy::Decision;
+use attn_policy::{CallExtras, ExecutorAttempt, ExecutorOutcome, Explanation};
 use attn_policy::facts::schema::Origin;
 use attn_policy::facts::te::FIELDS;
 use attn_policy::{Facts, PackSpec, Policy};
@@ -1556,7 +1556,7 @@ fn config_keys() -> Vec<&'static str> {
 /// Names of the packs compiled into the module.
 #[pyfunction]
 fn embedded_packs() -> Vec<&'static str> {
-    attn_policy::pack::embedded::pack_names()
+    attn_policy::pack::embedded_pack_names()
 }
 
 #[pymodule]

@@ -7,7 +7,7 @@
 //! walk moves on; any other exception is not an executor's answer but an error of the call
 //! (bad tensors, a bug) and ends the walk, raised as it is.
 
-use attn_policy::explain::ExecutorOutcome;
+use attn_policy::ExecutorOutcome;
 use attn_policy_adapters::chain::{ChainError, Step, walk_entries};
 use pyo3::prelude::*;
 
@@ -64,7 +64,7 @@ fn walk_chain(
     if let Some(e) = raised {
         return Err(e);
     }
-    let outcomes = |attempts: &[attn_policy::explain::ExecutorAttempt]| -> Vec<Outcome> {
+    let outcomes = |attempts: &[attn_policy::ExecutorAttempt]| -> Vec<Outcome> {
         attempts
             .iter()
             .map(|a| {

@@ -9,8 +9,8 @@ use std::time::Instant;
 use clap::Args;
 
 use super::args::PackArgs;
+use attn_policy::Decision;
 use attn_policy::Facts;
-use attn_policy::decision::Decision;
 use attn_policy::facts::Value;
 use attn_policy::facts::presets;
 
@@ -40,7 +40,7 @@ pub fn run(a: BenchArgs) -> i32 {
     // Structurally invalid records are input errors: never decided, so not timed.
     let mut input_errors = 0;
     let facts: Vec<Facts> = match &a.corpus {
-        Some(path) => match attn_policy::corpus::read_corpus(path) {
+        Some(path) => match attn_policy::read_corpus(path) {
             Ok(recs) => {
                 let mut out = Vec::with_capacity(recs.len());
                 for r in recs {

@@ -3,8 +3,8 @@
 use clap::Args;
 
 use super::args::{ColorChoice, PackArgs};
+use attn_policy::Code;
 use attn_policy::Severity;
-use attn_policy::diag::Code;
 use attn_policy_analysis::lint::lint;
 
 #[derive(Args, Debug)]

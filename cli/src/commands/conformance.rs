@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::args::PackArgs;
 use attn_policy::conformance;
-use attn_policy::corpus::read_corpus;
+use attn_policy::read_corpus;
 
 #[derive(Args, Debug)]
 #[command(after_help = concat!("\

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::args::PackArgs;
-use attn_policy::corpus::read_corpus;
+use attn_policy::read_corpus;
 use attn_policy_analysis::coverage::coverage;
 
 #[derive(Args, Debug)]

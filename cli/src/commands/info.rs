@@ -4,7 +4,7 @@
 use clap::Args;
 use serde_json::{Value as Json, json};
 
-use attn_policy::diag::Code;
+use attn_policy::Code;
 use attn_policy::facts::presets;
 use attn_policy::facts::schema::Origin;
 
@@ -148,7 +148,7 @@ pub fn facts(a: FactsArgs) -> i32 {
         print!("{}", schema.constraints_table());
         // The definitions explanations name (every other one is shown written out).
         println!("\nPublic definitions of pack `{}`:\n", policy.name);
-        print!("{}", attn_policy::pack::shown::definitions_table(&policy));
+        print!("{}", attn_policy::pack::definitions_table(&policy));
         return super::EXIT_OK;
     }
     let definitions: Vec<Json> = policy
@@ -294,8 +294,8 @@ pub static LONG_VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(
 fn long_version() -> String {
     let mut out = format!("{}\n", env!("CARGO_PKG_VERSION"));
     out.push_str("embedded packs:\n");
-    for name in attn_policy::pack::embedded::pack_names() {
-        let text = attn_policy::pack::embedded::file(name, "pack.yaml").unwrap_or_default();
+    for name in attn_policy::pack::embedded_pack_names() {
+        let text = attn_policy::pack::embedded_file(name, "pack.yaml").unwrap_or_default();
         // The selector a pack mirrors, as its pack.yaml names it ("TransformerEngine 2.20.2",
         // "PyTorch 2.11"); a pack that mirrors none describes this project's executors.
         let upstream = ["TransformerEngine", "PyTorch"]

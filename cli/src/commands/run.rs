@@ -13,9 +13,9 @@ use serde_json::{Value as Json, json};
 
 use super::args::{ConfigArgs, Format, Input, OutputArgs, Sources};
 use attn_policy::Explanation;
-use attn_policy::explain::{CallExtras, ExecutorOutcome};
 use attn_policy::facts::te::TE;
 use attn_policy::facts::{Facts, InputError, Value};
+use attn_policy::{CallExtras, ExecutorOutcome};
 use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
 use attn_policy_adapters::executor::Direction;
 use attn_policy_adapters::trial::{RunOptions, RunReport, VerifyMode, run_on};
