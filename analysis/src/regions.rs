@@ -621,6 +621,81 @@ pub struct DiffRegion {
     pub new_variant: Option<String>,
     /// Rules that fire in one pack and not in the other there (and changed preference entries).
     pub rules: Vec<String>,
+    /// What changed for the inputs of the region: `gained` (a backend serves them that did
+    /// not), `lost` (none serves them now), `switched` (both serve, another backend or variant
+    /// is chosen).
+    pub kind: ChangeKind,
+    /// The rule ids of `rules` responsible on the old side: they fire in the old pack and not
+    /// in the new one there (and the old pack's preference entries of `rules`).
+    pub old_rules: Vec<String>,
+    /// The rule ids of `rules` that fire in the new pack and not in the old one there.
+    pub new_rules: Vec<String>,
+    /// With `--corpus`: how many of the corpus's configurations fall in this region (each
+    /// configuration the packs decide differently falls in exactly one listed region, or in
+    /// none when the listing was cut).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub corpus_count: Option<u64>,
+    /// With `--corpus`: the id of the corpus's first configuration in this region.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub corpus_example_id: Option<String>,
+}
+
+/// How a region's decision changed from the old pack to the new one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    /// The old pack selects no backend, the new one selects one.
+    Gained,
+    /// The old pack selects a backend, the new one none.
+    Lost,
+    /// Both select one, and they differ (backend or variant).
+    Switched,
+}
+
+impl ChangeKind {
+    fn of(old: Option<&str>, new: Option<&str>) -> ChangeKind {
+        match (old, new) {
+            (None, _) => ChangeKind::Gained,
+            (_, None) => ChangeKind::Lost,
+            _ => ChangeKind::Switched,
+        }
+    }
+
+    /// `gained`, `lost` or `switched`, as in the JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Gained => "gained",
+            ChangeKind::Lost => "lost",
+            ChangeKind::Switched => "switched",
+        }
+    }
+}
+
+/// One configuration of a corpus as each pack reads it (`diff --corpus`).
+#[derive(Clone, Debug)]
+pub struct CorpusConfig {
+    /// The record's id.
+    pub id: String,
+    /// The configuration read for the old pack.
+    pub old: Facts,
+    /// The configuration read for the new pack.
+    pub new: Facts,
+    /// The record's configuration as given (a region's example when its search finds none).
+    pub config: Json,
+}
+
+/// What `diff --corpus` found in the corpus as a whole.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CorpusSummary {
+    /// Configurations read (input errors excluded).
+    pub configurations: u64,
+    /// Records that are not a valid configuration (structurally invalid: refused as input
+    /// errors by a pack), excluded from every count (filled by the caller that read them).
+    pub input_errors: u64,
+    /// Of those, how many the two packs decide differently.
+    pub decided_differently: u64,
+    /// Of those, how many fall in no listed region (the listing was cut: raise --max-regions).
+    pub outside_listed_regions: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -644,6 +719,9 @@ pub struct DiffReport {
     /// only: decisions can differ only where one of them fires.
     pub changed_rules: Vec<String>,
     pub assumptions: Vec<String>,
+    /// With `--corpus`: the corpus as a whole (regions are then sorted by `corpus_count`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub corpus: Option<CorpusSummary>,
 }
 
 /// A structural fingerprint of a compiled condition, comparable across packs.
@@ -717,6 +795,19 @@ pub fn diff(
     budget: u64,
     max_regions: usize,
 ) -> (DiffReport, Space) {
+    diff_over_corpus(old, new, restrict, budget, max_regions, None)
+}
+
+/// [`diff`], and with a corpus, each listed region's `corpus_count` and `corpus_example_id`,
+/// regions sorted by count (most first; ties keep their order).
+pub fn diff_over_corpus(
+    old: &Policy,
+    new: &Policy,
+    restrict: Option<&Restriction>,
+    budget: u64,
+    max_regions: usize,
+    corpus: Option<&[CorpusConfig]>,
+) -> (DiffReport, Space) {
     let mut b = SpaceBuilder::for_schema(old.schema);
     add_policy(&mut b, old);
     add_policy(&mut b, new);
@@ -761,6 +852,8 @@ pub fn diff(
     };
     let (fo, fnew) = (fires(&mut m, old, &dold), fires(&mut m, new, &dnew));
     let mut rule_diffs: Vec<(String, Id)> = Vec::new();
+    // Per rule id: where it fires in the old pack only, and in the new pack only.
+    let mut side_diffs: Vec<(String, Id, Id)> = Vec::new();
     for id in fo.keys().chain(fnew.keys()).collect::<BTreeSet<_>>() {
         let (x, y) = (
             fo.get(id).copied().unwrap_or(FALSE),
@@ -770,6 +863,7 @@ pub fn diff(
             let (a, b) = (m.minus(x, y), m.minus(y, x));
             let either = m.or(a, b);
             rule_diffs.push((id.clone(), either));
+            side_diffs.push((id.clone(), a, b));
         }
     }
     let outcomes_old = dold.outcomes_within(&mut m, old, acc);
@@ -781,23 +875,61 @@ pub fn diff(
         })
     };
     let mut regions = Vec::new();
+    let mut cubes_listed: Vec<Cube> = Vec::new();
     let mut listed_all = true;
     let mut unverified = 0;
-    'pairs: for &(a, da) in &outcomes_old {
+    // Every pair of differing outcomes: (old name, new name, where), the intersection built
+    // when first needed (a listing cut short builds no more of them).
+    let mut pairs: Vec<(NamedOutcome, NamedOutcome, Id, Id)> = Vec::new();
+    for &(a, da) in &outcomes_old {
         for &(bn, db) in &outcomes_new {
-            if m.exhausted {
-                break 'pairs;
-            }
             let (na, nb) = (name(old, a), name(new, bn));
-            if na == nb {
-                continue;
+            if na != nb {
+                pairs.push((na, nb, da, db));
             }
-            let both = m.and(da, db);
-            if both == FALSE {
-                continue;
-            }
+        }
+    }
+    let mut meet: Vec<Option<Id>> = vec![None; pairs.len()];
+    // With a corpus: regions grown from it, most-hit first, then the rest. Without one: each
+    // pair covered in turn.
+    let placed = corpus.map(|c| {
+        for (i, p) in pairs.iter().enumerate() {
+            meet[i] = Some(m.and(p.2, p.3));
+        }
+        let with: Vec<(NamedOutcome, NamedOutcome, Id)> = (pairs.iter().zip(&meet))
+            .map(|(p, both)| (p.0.clone(), p.1.clone(), both.unwrap_or(FALSE)))
+            .collect();
+        corpus_cubes(&mut m, (old, new), &with, c, (valid_id, max_regions))
+    });
+    let batches: Vec<(usize, Option<Cube>, Option<Json>)> = match &placed {
+        Some(p) => (p.cubes.iter())
+            .map(|(i, c, _, id)| {
+                let config = id
+                    .as_ref()
+                    .and_then(|id| corpus?.iter().find(|x| &x.id == id));
+                (*i, Some(c.clone()), config.map(|x| x.config.clone()))
+            })
+            .collect(),
+        None => (0..pairs.len()).map(|i| (i, None, None)).collect(),
+    };
+    if let Some(p) = &placed {
+        listed_all = p.listed_all;
+    }
+    for (pair, seed, seed_example) in batches {
+        if m.exhausted {
+            break;
+        }
+        let (na, nb, da, db) = pairs[pair].clone();
+        let both = *meet[pair].get_or_insert_with(|| m.and(da, db));
+        if both == FALSE {
+            continue;
+        }
+        {
             let room = max_regions.saturating_sub(regions.len());
-            let (cubes, all) = m.cover_disjoint(both, room);
+            let (cubes, all) = match seed {
+                Some(cube) => (vec![cube], true),
+                None => m.cover_disjoint(both, room),
+            };
             listed_all &= all;
             for cube in &cubes {
                 // Rules differing everywhere in the region; else those differing in part of it.
@@ -813,6 +945,17 @@ pub fn diff(
                         .map(|(id, _)| id.clone())
                         .collect();
                 }
+                let (mut old_rules, mut new_rules) = (BTreeSet::new(), BTreeSet::new());
+                for (id, a, b) in &side_diffs {
+                    if rules.contains(id) {
+                        if m.meets(*a, cube) {
+                            old_rules.insert(id.clone());
+                        }
+                        if m.meets(*b, cube) {
+                            new_rules.insert(id.clone());
+                        }
+                    }
+                }
                 for (i, eo) in old.preference.iter().enumerate() {
                     for (j, en) in new.preference.iter().enumerate() {
                         if eo.id != en.id {
@@ -820,17 +963,23 @@ pub fn diff(
                             if m.meets(here, cube) {
                                 rules.insert(format!("preference:{}", eo.id));
                                 rules.insert(format!("preference:{}", en.id));
+                                old_rules.insert(format!("preference:{}", eo.id));
+                                new_rules.insert(format!("preference:{}", en.id));
                             }
                         }
                     }
                 }
                 let (o, ov) = na.clone().map_or((None, None), |(n, v)| (Some(n), v));
                 let (n, nv) = nb.clone().map_or((None, None), |(n, v)| (Some(n), v));
-                let Some(example) = example_of(&mut m, cube) else {
+                // A region grown from a corpus configuration has that one as its example when
+                // the search finds none (it is in the region, decided old -> new).
+                let Some(example) = example_of(&mut m, cube).or_else(|| seed_example.clone())
+                else {
                     unverified += 1;
                     continue;
                 };
                 let wide = m.widen_inside(both, valid_id, cube);
+                let kind = ChangeKind::of(o.as_deref(), n.as_deref());
                 regions.push(DiffRegion {
                     constraints: cube_constraints(&m, cube),
                     widened: cube_constraints(&m, &wide),
@@ -840,13 +989,36 @@ pub fn diff(
                     old_variant: ov,
                     new_variant: nv,
                     rules: rules.into_iter().collect(),
+                    kind,
+                    old_rules: old_rules.into_iter().collect(),
+                    new_rules: new_rules.into_iter().collect(),
+                    corpus_count: None,
+                    corpus_example_id: None,
                 });
+                cubes_listed.push(cube.clone());
             }
             if !all {
-                break 'pairs;
+                break;
             }
         }
     }
+    let corpus = placed.map(|p| {
+        // Listed regions in the order of `p.cubes` (a region without an example is skipped).
+        for (r, cube) in regions.iter_mut().zip(&cubes_listed) {
+            let (_, _, n, id) = p
+                .cubes
+                .iter()
+                .find(|(_, c, _, _)| c == cube)
+                .expect("a listed cube is a placed one");
+            r.corpus_count = Some(*n);
+            r.corpus_example_id = id.clone();
+        }
+        let listed: u64 = regions.iter().filter_map(|r| r.corpus_count).sum();
+        CorpusSummary {
+            outside_listed_regions: p.summary.decided_differently - listed,
+            ..p.summary
+        }
+    });
     let report = DiffReport {
         regions,
         regions_truncated: !listed_all,
@@ -857,8 +1029,116 @@ pub fn diff(
         regions_unverified: unverified,
         changed_rules: changed_names,
         assumptions: assumptions_for(old.schema),
+        corpus,
     };
     (report, space)
+}
+
+/// How many regions `diff --corpus` grows from the corpus's configurations before it sorts
+/// them and keeps `--max-regions` (configurations past it count as outside the listing).
+const CORPUS_SEED_REGIONS: usize = 2_000;
+
+/// The cubes `diff --corpus` lists: per cube its pair, count and first configuration's id.
+struct Placed {
+    cubes: Vec<(usize, Cube, u64, Option<String>)>,
+    listed_all: bool,
+    summary: CorpusSummary,
+}
+
+/// Regions grown from the corpus, then the rest. Each configuration the packs decide
+/// differently that no region so far holds seeds one: the path of its pair's not-yet-listed
+/// part that it follows, widened inside that part ([`Mdd::widen_inside`]), so regions stay
+/// disjoint and each holds the configurations counted in it. The `max_regions` most-hit are
+/// kept (most first; ties in corpus order); room left goes to a cover of what remains.
+fn corpus_cubes(
+    m: &mut Mdd,
+    (old, new): (&Policy, &Policy),
+    pairs: &[(NamedOutcome, NamedOutcome, Id)],
+    corpus: &[CorpusConfig],
+    (valid, max_regions): (Id, usize),
+) -> Placed {
+    let mut rest: Vec<Id> = pairs.iter().map(|p| p.2).collect();
+    let mut cubes: Vec<(usize, Cube, u64, Option<String>)> = Vec::new();
+    let mut summary = CorpusSummary {
+        configurations: corpus.len() as u64,
+        ..CorpusSummary::default()
+    };
+    for c in corpus {
+        let (o, n) = (outcome_names(old, &c.old), outcome_names(new, &c.new));
+        if o == n {
+            continue;
+        }
+        summary.decided_differently += 1;
+        let Some(i) = pairs
+            .iter()
+            .position(|(a, b, _)| named_eq(a, &o) && named_eq(b, &n))
+        else {
+            continue;
+        };
+        let vals = c.new.values();
+        if let Some(hit) = cubes
+            .iter_mut()
+            .find(|(j, cube, _, _)| *j == i && m.holds_point(cube, vals))
+        {
+            hit.2 += 1;
+            continue;
+        }
+        if cubes.len() >= CORPUS_SEED_REGIONS || m.exhausted {
+            continue;
+        }
+        let Some(path) = m.point_cube(vals).and_then(|p| m.path_cube(rest[i], &p)) else {
+            continue;
+        };
+        let cube = m.widen_inside(rest[i], valid, &path);
+        let x = m.cube(&cube);
+        rest[i] = m.minus(rest[i], x);
+        cubes.push((i, cube, 1, Some(c.id.clone())));
+    }
+    cubes.sort_by_key(|c| std::cmp::Reverse(c.2));
+    let mut listed_all = cubes.len() <= max_regions;
+    cubes.truncate(max_regions);
+    for (i, r) in rest.into_iter().enumerate() {
+        if r == FALSE || m.exhausted {
+            continue;
+        }
+        let room = max_regions.saturating_sub(cubes.len());
+        let (found, all) = m.cover_disjoint(r, room);
+        listed_all &= all;
+        cubes.extend(found.into_iter().map(|c| (i, c, 0, None)));
+    }
+    Placed {
+        cubes,
+        listed_all,
+        summary,
+    }
+}
+
+/// A selected backend and variant by name (None: none selected).
+type NamedOutcome = Option<(String, Option<String>)>;
+
+/// `(backend, variant)` names as `outcome_names` gives them.
+type Names = (Option<String>, Option<String>);
+
+fn named_eq(a: &NamedOutcome, (b, v): &Names) -> bool {
+    match a {
+        None => b.is_none(),
+        Some((an, av)) => b.as_ref() == Some(an) && av == v,
+    }
+}
+
+/// The selected backend and variant names of `p` for `facts`.
+fn outcome_names(p: &Policy, facts: &Facts) -> Names {
+    let d = p.decide(facts);
+    match d.selected {
+        None => (None, None),
+        Some(b) => {
+            let bk = &p.backends[b as usize];
+            let v = d.backends[b as usize]
+                .variant
+                .and_then(|v| bk.variants.get(v as usize));
+            (Some(bk.name.clone()), v.map(|v| v.name.clone()))
+        }
+    }
 }
 
 /// Decides an example config with probes answered "supported" (verification helper).

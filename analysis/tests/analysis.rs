@@ -10,7 +10,8 @@ use attn_policy::Status;
 use attn_policy::facts::Facts;
 use attn_policy_analysis::lint::lint;
 use attn_policy_analysis::regions::{
-    DEFAULT_BUDGET, DiffReport, Restriction, decide_example, diff, gaps,
+    ChangeKind, CorpusConfig, DEFAULT_BUDGET, DiffReport, Restriction, decide_example, diff,
+    diff_over_corpus, gaps,
 };
 use attn_policy_analysis::why_not::why_not;
 use serde_json::{Value as Json, json};
@@ -280,6 +281,93 @@ fn diff_equals_brute_force_on_reduced_domain() {
             assert!(hits.is_empty(), "{cfg}");
         }
     }
+}
+
+/// `diff --corpus` (issue 32): each region's kind follows from its two outcomes, and its
+/// `corpus_count` is, brute force over a corpus made of the reduced domain, the number of
+/// configurations decided differently whose facts its (disjoint) `constraints` hold; the
+/// counts add up to the corpus's differing configurations, `corpus_example_id` names one of
+/// them, and the regions come most-hit first. A listing cut short counts the rest as outside.
+#[test]
+fn diff_over_a_corpus_counts_each_configuration_in_its_region() {
+    let (old, new) = (fixture("mini"), fixture("mini-nowin"));
+    let corpus: Vec<CorpusConfig> = reduced_domain()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, cfg)| {
+            let f = Facts::from_json(cfg).ok()?;
+            Some(CorpusConfig {
+                id: format!("c{i}"),
+                old: f.clone(),
+                new: f,
+                config: cfg.clone(),
+            })
+        })
+        .collect();
+    let name = |p: &Policy, f: &Facts| {
+        p.decide(f)
+            .selected
+            .map(|b| p.backends[b as usize].name.clone())
+    };
+    let differing: Vec<&CorpusConfig> = corpus
+        .iter()
+        .filter(|c| name(&old, &c.old) != name(&new, &c.new))
+        .collect();
+    assert!(differing.len() > 100, "{}", differing.len());
+    let (report, _) = diff_over_corpus(&old, &new, None, DEFAULT_BUDGET, usize::MAX, Some(&corpus));
+    let summary = report.corpus.clone().expect("a corpus summary");
+    assert_eq!(summary.configurations, corpus.len() as u64);
+    assert_eq!(summary.decided_differently, differing.len() as u64);
+    assert_eq!(
+        summary.outside_listed_regions,
+        0,
+        "{} regions, {} unverified, complete {}",
+        report.regions.len(),
+        report.regions_unverified,
+        report.complete
+    );
+    let counts: Vec<u64> = report
+        .regions
+        .iter()
+        .map(|r| r.corpus_count.unwrap())
+        .collect();
+    assert!(counts.windows(2).all(|w| w[0] >= w[1]), "{counts:?}");
+    assert_eq!(counts.iter().sum::<u64>(), differing.len() as u64);
+    for r in &report.regions {
+        let kind = match (&r.old, &r.new) {
+            (None, _) => ChangeKind::Gained,
+            (_, None) => ChangeKind::Lost,
+            _ => ChangeKind::Switched,
+        };
+        assert_eq!(r.kind, kind);
+        assert!(!r.old_rules.is_empty() || !r.new_rules.is_empty(), "{r:?}");
+        let within = Restriction::of_constraints(&r.constraints).unwrap();
+        let members: Vec<&&CorpusConfig> =
+            differing.iter().filter(|c| within.holds(&c.new)).collect();
+        assert_eq!(
+            r.corpus_count,
+            Some(members.len() as u64),
+            "{:?}",
+            r.constraints
+        );
+        match &r.corpus_example_id {
+            Some(id) => assert!(members.iter().any(|c| &c.id == id)),
+            None => assert!(members.is_empty()),
+        }
+    }
+    // Cut to one region fewer: the most-hit ones stay, the rest is counted outside.
+    assert!(!counts.is_empty());
+    let keep = counts.len() - 1;
+    let (cut, _) = diff_over_corpus(&old, &new, None, DEFAULT_BUDGET, keep, Some(&corpus));
+    assert!(cut.regions_truncated && cut.regions.len() == keep);
+    let listed: Vec<u64> = cut
+        .regions
+        .iter()
+        .map(|r| r.corpus_count.unwrap())
+        .collect();
+    assert_eq!(listed, counts[..keep].to_vec());
+    let outside = cut.corpus.unwrap().outside_listed_regions;
+    assert_eq!(outside, counts[keep]);
 }
 
 /// Regions omit the facts whose value does not change the outcome there (issue 15: the EXPAND

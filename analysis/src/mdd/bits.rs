@@ -63,6 +63,11 @@ impl Bits {
         b
     }
 
+    pub(super) fn has(&self, c: u32) -> bool {
+        let (w, b) = (c as usize / 64, c % 64);
+        self.words().get(w).is_some_and(|x| x >> b & 1 == 1)
+    }
+
     pub(super) fn insert(&mut self, c: u32) {
         self.words_mut()[(c / 64) as usize] |= 1 << (c % 64);
     }

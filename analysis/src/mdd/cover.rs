@@ -29,6 +29,77 @@ use super::memos::{ExpandMemos, PairMemos};
 use super::store::{FALSE, HashMap, Id, NodeMemo, TRUE};
 
 impl<'s> Mdd<'s> {
+    /// Whether the input with slot values `vals` lies in the cube: each fact's class is among
+    /// the cube's, and so is each relation variable's value (an ordering or predicate
+    /// evaluated on `vals`; a relation that reads a null or unknown value constrains nothing).
+    pub fn holds_point(&self, cube: &[Option<Bits>], vals: &[Value]) -> bool {
+        let nv = self.space.vars.len();
+        for (i, allowed) in cube.iter().enumerate() {
+            let Some(allowed) = allowed else { continue };
+            let class = if i < nv {
+                match self.fact_class(i, vals) {
+                    Some(c) => c,
+                    None => return false,
+                }
+            } else {
+                self.relation_on(i - nv, vals)
+            };
+            if class.is_some_and(|c| !allowed.has(c)) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The cube of one input: each fact's class and each relation variable's value on `vals`
+    /// (a relation it cannot evaluate left open). None when a value is in no class.
+    pub fn point_cube(&self, vals: &[Value]) -> Option<Cube> {
+        let nv = self.space.vars.len();
+        let mut cube = Vec::with_capacity(self.nvars());
+        for i in 0..self.nvars() {
+            let class = if i < nv {
+                self.fact_class(i, vals)?
+            } else {
+                self.relation_on(i - nv, vals)
+            };
+            cube.push(class.map(|c| {
+                let mut b = Bits::empty(self.ncls[i]);
+                b.insert(c);
+                b
+            }));
+        }
+        Some(cube)
+    }
+
+    /// The path of `f` that the input of `point` (a [`Mdd::point_cube`]) follows, as a cube:
+    /// per var it tests, the class set of the edge taken (where `point` leaves a var open,
+    /// the first edge that does not lead to false). None when that path ends in false.
+    pub fn path_cube(&self, f: Id, point: &Cube) -> Option<Cube> {
+        let mut cube: Cube = vec![None; self.nvars()];
+        let mut x = f;
+        while x != TRUE && x != FALSE {
+            let v = self.order[self.node_level(x) as usize];
+            let (next, set) = self.edges(x).find(|(k, set)| match &point[v] {
+                Some(p) => words_meet(p.words(), set),
+                None => *k != FALSE,
+            })?;
+            cube[v] = Some(Bits::from_words(set));
+            x = next;
+        }
+        (x == TRUE).then_some(cube)
+    }
+
+    /// The class of fact var `i` on `vals`: Some(None) for a member of an absent object (it
+    /// has no value to constrain), None for a value in no class.
+    fn fact_class(&self, i: usize, vals: &[Value]) -> Option<Option<u32>> {
+        let var = &self.space.vars[i];
+        let v = vals[var.slot];
+        if v == Value::Null && var.parent.is_some() {
+            return Some(None);
+        }
+        self.space.class_of(i, v).map(|c| Some(c as u32))
+    }
+
     /// Whether `x` holds in every class of the cube.
     pub fn holds_on(&self, x: Id, cube: &[Option<Bits>]) -> bool {
         self.everywhere_reusing(x, cube, true)

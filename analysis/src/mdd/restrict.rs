@@ -119,7 +119,13 @@ impl<'s> Mdd<'s> {
         }
         let mut vals = Vec::new();
         self.space.materialize(&assign, &mut vals);
-        match self.rels[r - self.space.vars.len()].clone() {
+        self.relation_on(r - self.space.vars.len(), &vals)
+    }
+
+    /// The class of relation `k` (an index into `rels`) on slot values `vals`; None where it
+    /// reads a null or its predicate is unknown.
+    pub(super) fn relation_on(&self, k: usize, vals: &[Value]) -> Option<u32> {
+        match self.rels[k].clone() {
             Rel::Ord { x, y } => {
                 let (Value::Int(a), Value::Int(b)) =
                     (vals[self.space.vars[x].slot], vals[self.space.vars[y].slot])
@@ -132,7 +138,7 @@ impl<'s> Mdd<'s> {
                     std::cmp::Ordering::Greater => 2,
                 })
             }
-            Rel::Pred { prog, node, .. } => match Truth::of(self.progs[prog].eval(node, &vals)) {
+            Rel::Pred { prog, node, .. } => match Truth::of(self.progs[prog].eval(node, vals)) {
                 Truth::True => Some(1),
                 Truth::False => Some(0),
                 Truth::Unknown => None,

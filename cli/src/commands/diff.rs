@@ -2,7 +2,9 @@
 
 use clap::Args;
 
-use attn_policy_analysis::regions::{DEFAULT_BUDGET, Restriction, diff};
+use attn_policy_analysis::regions::{
+    CorpusConfig, DEFAULT_BUDGET, DiffReport, Restriction, diff_over_corpus,
+};
 
 /// How many regions `diff` lists by default.
 pub const DEFAULT_DIFF_REGIONS: usize = 50;
@@ -21,9 +23,17 @@ With --format matrix, both packs' support matrices of one query (--rows, --cols,
 --free as for `attn-policy matrix`) side by side as Markdown, each row's old cells above its
 new ones, changed cells marked (--json: both matrices and the changed cells).
 
+Each region has a kind: `gained` (a backend serves it that did not), `lost` (none serves it
+now) or `switched` (both serve, another backend or variant is chosen), and the rule ids
+responsible on each side (`old_rules`: fire in the old pack only; `new_rules`: in the new one
+only). With --corpus FILE, each region also counts the corpus's configurations in it
+(`corpus_count`, with the first one's id as `corpus_example_id`) and the regions are listed
+most-hit first: the effect of the change on real traffic.
+
 Examples:
   attn-policy diff te rules/te-edited
   attn-policy diff old-pack/ new-pack/ --json
+  attn-policy diff te@2.19.0 te@2.20.2 --corpus tests/corpora/te-2.20.2-corpus-a.jsonl.gz
   attn-policy diff te rules/te-edited --format matrix --rows head_dim --cols sm
 
 Exit codes: 0 no difference (search complete), 1 differences found, 2 bad rules or a bad
@@ -33,9 +43,15 @@ pub struct DiffArgs {
     pub old: String,
     /// New pack: a folder or an embedded pack name.
     pub new: String,
-    /// Print {"regions": [{"constraints", "widened", "example", "old", "new", "rules"}]} as JSON.
+    /// Print {"regions": [{"constraints", "widened", "example", "old", "new", "rules", "kind",
+    /// "old_rules", "new_rules"}]} as JSON (with --corpus also "corpus_count",
+    /// "corpus_example_id", and a "corpus" summary).
     #[arg(long)]
     pub json: bool,
+    /// A conformance corpus (JSON lines, .gz allowed): count its configurations per region
+    /// and sort the regions by that count.
+    #[arg(long, value_name = "FILE")]
+    pub corpus: Option<std::path::PathBuf>,
     /// Only compare inputs where this condition holds (fact schema names).
     #[arg(long = "where", value_name = "EXPR")]
     pub where_: Option<String>,
@@ -128,7 +144,22 @@ pub fn run(a: DiffArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return super::fail(e),
     };
-    let (report, _) = diff(&old, &new, restrict.as_ref(), a.budget, a.max_regions);
+    let corpus = match a.corpus.as_deref().map(|p| read_corpus(p, &old, &new)) {
+        None => None,
+        Some(Ok(c)) => Some(c),
+        Some(Err(e)) => return super::fail(e),
+    };
+    let (mut report, _) = diff_over_corpus(
+        &old,
+        &new,
+        restrict.as_ref(),
+        a.budget,
+        a.max_regions,
+        corpus.as_ref().map(|c| c.0.as_slice()),
+    );
+    if let (Some(summary), Some((_, errors))) = (report.corpus.as_mut(), &corpus) {
+        summary.input_errors = *errors as u64;
+    }
     if a.json {
         println!(
             "{}",
@@ -198,21 +229,78 @@ pub fn run(a: DiffArgs) -> i32 {
                 println!("  {n:>3} region(s)  {pair}  (rules: {rules})\n               e.g. {rep}");
             }
         }
+        print_corpus_summary(&report);
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
         for (i, r) in report.regions.iter().enumerate() {
+            let count = match (r.corpus_count, &r.corpus_example_id) {
+                (Some(n), Some(id)) => format!("\n   corpus: {n} configuration(s), e.g. {id}"),
+                (Some(n), None) => format!("\n   corpus: {n} configuration(s)"),
+                _ => String::new(),
+            };
             println!(
-                "\n{}. {} -> {}\n   where {}\n   rules: {}\n   example: {}",
+                "\n{}. {}: {} -> {}\n   where {}\n   rules: old {} | new {}{count}\n   example: {}",
                 i + 1,
+                r.kind.as_str(),
                 show(&r.old, &r.old_variant),
                 show(&r.new, &r.new_variant),
                 super::gaps::where_text(&r.widened),
-                if r.rules.is_empty() {
-                    "-".to_string()
-                } else {
-                    r.rules.join(", ")
-                },
+                list(&r.old_rules),
+                list(&r.new_rules),
                 serde_json::to_string(&r.example).expect("json")
             );
         }
     }
     super::analysis_exit(!report.regions.is_empty(), report.complete)
+}
+
+/// The corpus as each pack reads it, and how many records could not be read (input errors:
+/// structurally invalid configurations, excluded from the counts).
+fn read_corpus(
+    path: &std::path::Path,
+    old: &Policy,
+    new: &Policy,
+) -> Result<(Vec<CorpusConfig>, usize), String> {
+    let records = attn_policy::read_corpus(path).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(records.len());
+    let mut errors = 0;
+    for rec in &records {
+        match (
+            attn_policy::conformance::read_record(old, rec),
+            attn_policy::conformance::read_record(new, rec),
+        ) {
+            (Ok(o), Ok(n)) => out.push(CorpusConfig {
+                id: rec.id.clone(),
+                old: o,
+                new: n,
+                config: rec.config.clone(),
+            }),
+            _ => errors += 1,
+        }
+    }
+    Ok((out, errors))
+}
+
+fn print_corpus_summary(report: &DiffReport) {
+    let Some(c) = &report.corpus else { return };
+    println!(
+        "\ncorpus: {} configuration(s) read ({} input error(s) excluded), {} decided \
+         differently{}",
+        c.configurations,
+        c.input_errors,
+        c.decided_differently,
+        if c.outside_listed_regions > 0 {
+            format!(
+                ", {} of them outside the listed regions (raise --max-regions)",
+                c.outside_listed_regions
+            )
+        } else {
+            String::new()
+        }
+    );
 }
