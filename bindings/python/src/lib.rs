@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use attn_policy::CachedPolicy;
 use attn_policy::Decision;
-use attn_policy::{CallExtras, ExecutorAttempt, ExecutorOutcome, Explanation};
+use attn_policy::Explanation;
 use attn_policy::facts::schema::Origin;
 use attn_policy::facts::te::FIELDS;
 use attn_policy::{Facts, PackSpec, Policy};
@@ -22,6 +22,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 use serde_json::{Map, Value as Json};
 
+mod call;
 mod eager_abi;
 mod inputs;
 mod torch_ops;
@@ -774,64 +775,6 @@ impl NativeDecision {
         self.explanation().to_json_string(false)
     }
 
-    /// The call document (`attn-policy/call/v1`, docs/schema/call-v1.json: what `attn-policy
-    /// run --json` prints) of a call decided by this decision: `chain` is the walk's
-    /// `(executor, outcome, reason)` entries, `provenance` where the call's facts came from
-    /// (replacing the decision's), `fallback` why another path ran instead.
-    #[pyo3(signature = (chain, provenance, fallback=None))]
-    fn call_dict(
-        &self,
-        py: Python<'_>,
-        chain: Vec<(String, String, String)>,
-        provenance: Vec<(String, String)>,
-        fallback: Option<String>,
-    ) -> PyResult<Py<PyAny>> {
-        let attempts = chain
-            .into_iter()
-            .map(|(executor, outcome, reason)| {
-                let outcome = match outcome.as_str() {
-                    "ran" => ExecutorOutcome::Ran,
-                    "refused" => ExecutorOutcome::Refused,
-                    "unavailable" => ExecutorOutcome::Unavailable,
-                    "failed" => ExecutorOutcome::Failed,
-                    "not_tried" => ExecutorOutcome::NotTried,
-                    other => {
-                        return Err(PyValueError::new_err(format!(
-                            "unknown chain outcome `{other}` (ran, refused, unavailable, failed, not_tried)"
-                        )));
-                    }
-                };
-                Ok(ExecutorAttempt {
-                    executor,
-                    outcome,
-                    reason: (!reason.is_empty()).then_some(reason),
-                })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        let error = match (
-            &self.decision.selected,
-            attempts.iter().any(|a| a.outcome == ExecutorOutcome::Ran),
-        ) {
-            (_, true) => None,
-            (None, false) => Some("no backend selected".to_string()),
-            (Some(_), false) if attempts.is_empty() => {
-                Some("the selected backend has no executor chain".to_string())
-            }
-            (Some(_), false) => Some(attn_policy_adapters::chain::summarize(&attempts)),
-        };
-        let ex = Explanation::new(self.policy.policy(), &self.facts, &self.decision)
-            .with_provenance(provenance)
-            .with_executor_chain(attempts);
-        to_py(
-            py,
-            &ex.to_call_json(CallExtras {
-                fallback,
-                error,
-                ..CallExtras::default()
-            }),
-        )
-    }
-
     /// TransformerEngine's return tuple: (use_flash_attention, flash_attention_backend,
     /// use_fused_attention, fused_attention_backend, use_unfused_attention,
     /// available_backends[, use_frost_attention]).
@@ -1563,6 +1506,7 @@ fn embedded_packs() -> Vec<&'static str> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativePolicy>()?;
     m.add_class::<NativeDecision>()?;
+    m.add_class::<call::NativeCall>()?;
     m.add("PolicyError", m.py().get_type::<PolicyError>())?;
     m.add_function(wrap_pyfunction!(config_keys, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_packs, m)?)?;
