@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
-from ._model import BackendStatus, Decision, Decline, ExecutorAttempt, Explanation
+from ._model import BackendStatus, Decision, Decline, ExecutorAttempt, Explanation  # noqa: F401 (BackendStatus: re-exported)
 from ._native import PolicyError
 
 __all__ = [
@@ -37,6 +37,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("attn_policy")
+
+# The result model lives in attn_policy._model; its classes are attn_policy's, as they were.
+for _cls in (BackendStatus, Decision, Decline, ExecutorAttempt, Explanation):
+    _cls.__module__ = __name__
+del _cls
 
 
 class PolicyViolation(PolicyError):
