@@ -1,9 +1,9 @@
 """Context parallelism, the plan: sharding (TransformerEngine's ``2 * cp_size`` chunks), the
 call's mask as a band over global positions, the blocks (executor calls) of each rank's steps,
 the whole-call description (:class:`CPSpec`) with the ``native`` pack's pre-flight and this
-implementation's own limits, and a call's :class:`attn_policy.Explanation` (``_CPRecord``). No communication: every function here is
-a pure function of its arguments (the planner is cached). Re-exported by
-:mod:`attn_policy.context_parallel`."""
+implementation's own limits, and what a call decided (``_CPRecord``: its
+:class:`attn_policy.Explanation`). No communication: every function here is a pure function of
+its arguments (the planner is cached). Re-exported by :mod:`attn_policy.context_parallel`."""
 
 from __future__ import annotations
 
