@@ -227,7 +227,7 @@ fn real_explanations_match_the_schema() {
 }
 
 /// `run --json` prints the call document (docs/schema/call-v1.json), the shape Python's
-/// `CallDecision.to_dict()` returns: valid, and its top-level fields agree with its decision.
+/// `Explanation.to_dict()` returns: valid, and its top-level fields agree with its decision.
 #[test]
 fn run_documents_match_the_call_schema() {
     let call = validator_of("docs/schema/call-v1.json");
@@ -243,6 +243,8 @@ fn run_documents_match_the_call_schema() {
         assert_valid(&call, &args, &doc);
         assert_valid(&explain, &args, &doc["decision"]);
         assert_eq!(doc["schema"], "attn-policy/call/v1", "{args}");
+        // Only the Python package's context-parallel and SDPA accounts have an `extra`.
+        assert!(doc["extra"].is_null(), "{args}");
         assert_eq!(doc["backend"], doc["decision"]["selected"], "{args}");
         assert_eq!(doc["executor"], doc["decision"]["executor"], "{args}");
         assert_eq!(

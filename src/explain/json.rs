@@ -1,7 +1,7 @@
 //! The `attn-policy/explain/v1` JSON document: the model serialised (docs/decision-json.md,
 //! schema docs/schema/explain-v1.json); and the `attn-policy/call/v1` document of one call
 //! (schema docs/schema/call-v1.json): the explanation with what ran, one shape for
-//! `attn-policy run --json` and the Python package's `CallDecision.to_dict()`.
+//! `attn-policy run --json` and the Python package's `Explanation.to_dict()`.
 
 use serde_json::{Value as Json, json};
 
@@ -22,6 +22,10 @@ pub struct CallExtras {
     pub fallback: Option<String>,
     /// Why nothing ran, or the error of the executor that ran.
     pub error: Option<String>,
+    /// What a call of another kind adds (an object with its `kind`: the Python package's
+    /// `context_parallel` calls, with their per-step call documents, and `sdpa`
+    /// explanations of PyTorch's own choice); null for one attention call.
+    pub extra: Option<Json>,
 }
 
 impl Explanation {
@@ -44,7 +48,7 @@ impl Explanation {
 
     /// The call document: `schema`, `pack`, `backend`, `executor`, `substitute`,
     /// `executor_chain`, `decision` (this explanation's `explain/v1` document), and the
-    /// `extras` (`run`, `device`, `fallback`, `error`).
+    /// `extras` (`run`, `device`, `fallback`, `error`, `extra`).
     pub fn to_call_json(&self, extras: CallExtras) -> Json {
         json!({
             "schema": CALL_SCHEMA,
@@ -58,6 +62,7 @@ impl Explanation {
             "run": extras.run,
             "device": extras.device,
             "error": extras.error,
+            "extra": extras.extra,
         })
     }
 }

@@ -403,12 +403,13 @@ fn print_outcome(
     match a.output.format() {
         Format::Json | Format::Te => {
             // The call document (docs/schema/call-v1.json), the shape the Python package's
-            // `CallDecision.to_dict()` returns too.
+            // `Explanation.to_dict()` returns too.
             let doc = ex.to_call_json(CallExtras {
                 run: report.map(|r| serde_json::to_value(r).unwrap_or(Json::Null)),
                 device: Some(device.to_json()),
                 fallback: None,
                 error: error.map(str::to_string),
+                extra: None,
             });
             println!("{}", serde_json::to_string_pretty(&doc).expect("json"));
         }

@@ -21,11 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
+from ._model import BackendStatus, Decision, Decline, ExecutorAttempt, Explanation  # noqa: F401 (BackendStatus: re-exported)
 from ._native import PolicyError
 
 __all__ = [
     "Policy",
     "Decision",
+    "Explanation",
+    "ExecutorAttempt",
     "Verdict",
     "PolicyError",
     "PolicyViolation",
@@ -34,6 +37,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("attn_policy")
+
+# The result model lives in attn_policy._model; its classes are attn_policy's, as they were.
+for _cls in (BackendStatus, Decision, Decline, ExecutorAttempt, Explanation):
+    _cls.__module__ = __name__
+del _cls
 
 
 class PolicyViolation(PolicyError):
@@ -58,110 +66,6 @@ class CheckMode:
 def embedded_packs() -> List[str]:
     """Names of the packs compiled into the module (``te``, ...)."""
     return list(_native.embedded_packs())
-
-
-@dataclass(frozen=True)
-class Decline:
-    """One rule that declined a backend."""
-
-    id: str
-    reason: str
-    location: str
-    values: Dict[str, Any]
-    layer: str
-    kind: str = "decline"
-
-    @classmethod
-    def _from(cls, j: Mapping[str, Any]) -> "Decline":
-        return cls(
-            id=j["id"],
-            reason=j["reason"],
-            location=j["location"],
-            values=dict(j.get("values") or {}),
-            layer=j["layer"],
-            kind=j.get("kind", "decline"),
-        )
-
-
-@dataclass(frozen=True)
-class BackendStatus:
-    """A backend's status in a decision, with every rule that declined it."""
-
-    name: str
-    status: str
-    variant: Optional[Dict[str, Any]]
-    declined_by: List[Decline]
-    pending: List[Decline]
-
-    def __getitem__(self, key: str) -> Any:  # dict-style access, as in to_dict()
-        return getattr(self, key)
-
-
-class Decision:
-    """The outcome of ``Policy.select``: ``.selected``, ``.backends``, ``.explain()``,
-    ``.to_dict()`` (the CLI's ``explain --json``), ``.te_tuple()``."""
-
-    __slots__ = ("_d", "_dict")
-
-    def __init__(self, native: "_native.NativeDecision"):
-        self._d = native
-        self._dict: Optional[Dict[str, Any]] = None
-
-    @property
-    def selected(self) -> Optional[str]:
-        """The selected backend, or None when no backend can serve the call."""
-        return self._d.selected
-
-    @property
-    def provisional(self) -> bool:
-        """An earlier backend in the preference order awaits a probe answer."""
-        return self._d.provisional
-
-    @property
-    def backends(self) -> List[BackendStatus]:
-        """Every backend of the pack with its status and declining rules."""
-        return [
-            BackendStatus(
-                name=b["name"],
-                status=b["status"],
-                variant=b.get("variant"),
-                declined_by=[Decline._from(r) for r in b.get("declined_by", [])],
-                pending=[Decline._from(r) for r in b.get("pending", [])],
-            )
-            for b in self.to_dict()["backends"]
-        ]
-
-    @property
-    def provenance(self) -> Dict[str, str]:
-        """For TE drop-in decisions: where each environment fact came from
-        (object, argument, set_environment, probe, os.environ, default)."""
-        return dict(self._d.provenance)
-
-    def status(self, backend: str) -> Optional[str]:
-        return self._d.status_of(backend)
-
-    def explain(self, color: bool = False) -> str:
-        """The CLI's human text (``attn-policy explain``)."""
-        return self._d.explain(color)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The ``attn-policy/explain/v1`` document (``attn-policy explain --json``)."""
-        if self._dict is None:
-            self._dict = self._d.to_dict()
-        return self._dict
-
-    def to_json(self) -> str:
-        return self._d.to_json()
-
-    def te_tuple(self, frost: bool = False) -> tuple:
-        """TransformerEngine's return tuple (6 values; 7 with ``use_frost_attention``)."""
-        return self._d.te_tuple(frost)
-
-    def __repr__(self) -> str:
-        return repr(self._d)
-
-    def __str__(self) -> str:
-        return self.explain()
 
 
 @dataclass(frozen=True)

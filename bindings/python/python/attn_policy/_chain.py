@@ -1,7 +1,7 @@
 """The chain walk and the per-signature cache. A call is decided once per input signature: the
 policy selects a backend with the call's and the process's facts, the pack's executor chain for
 it is walked (the first entry that is available and accepts the problem runs; every entry's
-outcome is recorded), and the runner and :class:`CallDecision` are cached. Also the pack chains
+outcome is recorded), and the runner and the call's :class:`Explanation` are cached. Also the pack chains
 (:func:`executor_chain`), policies by id (the op takes an int) and the cache's counters."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import torch
 
 from . import Decision, Policy, _environment, _native, eager_node
 from ._call import _Call
-from ._decision import AttentionDeclined, CallDecision, ChainEntry, SubstitutionRefused
+from ._decision import AttentionDeclined, SubstitutionRefused
 from ._executors import _TORCH_EXECUTORS, _frost_unavailable
 from ._facts import _cudnn_fact, _device_facts, _live_probes, live_facts
+from ._model import Explanation
 from ._runners import _NativeRunner, _Runner, _SdpaFallback
 
 # The decisions' log records keep the name of the public module.
@@ -79,7 +80,7 @@ def _policy_of(pid: int) -> Policy:
 class _Entry:
     __slots__ = ("runner", "decision")
 
-    def __init__(self, runner: Optional[_Runner], decision: CallDecision):
+    def __init__(self, runner: Optional[_Runner], decision: Explanation):
         self.runner, self.decision = runner, decision
 
 
@@ -91,7 +92,7 @@ _stats = {"hits": 0, "misses": 0}
 
 # Eager calls by everything that decides them (tensor signatures, the grad and deterministic
 # flags, the options) -> (runner, decision, whether Q/K/V need a contiguous copy first).
-_fast: Dict[tuple, Tuple[_Runner, CallDecision, bool]] = {}
+_fast: Dict[tuple, Tuple[_Runner, Explanation, bool]] = {}
 
 
 def cache_info() -> Dict[str, int]:
@@ -156,26 +157,22 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
     index, walked, ended, runner = _native.walk_chain(
         backend or "", list(chain), bool(no_substitute),
         lambda name: _runner_for(name, call, device, cudnn, env))
-    outcomes: List[ChainEntry] = [ChainEntry(n, o, r) for n, o, r in walked]
     ran = chain[index] if index is not None else None
     provenance = {k: s for k, (_, s) in env.items()}
     provenance.update({f"probe.{k}": ("probe" if a is not None else "default") for k, a in probe.items()})
     if q.dtype == torch.float64:
         provenance["qkv_dtype"] = "call (float64 decided as fp32: the schema has no fp64)"
-    cd = CallDecision(
-        pack=policy.name,
-        backend=backend,
-        executor=ran,
-        chain=outcomes,
-        decision=decision,
-        substitute=ran is not None and bool(chain) and ran != chain[0],
-        provenance=provenance,
-        problem=repr(call.problem),
-    )
+
+    def account(fallback: Optional[str] = None) -> Explanation:
+        # The walk's entries as Rust returned them, into the native call object.
+        return Explanation(_native.NativeCall(
+            nd, walked, list(provenance.items()), fallback=fallback,
+            substitution_refused=ended == "substitution_refused", problem=repr(call.problem),
+        ), decision)
+
     if ended == "substitution_refused":
         # no_substitute: the backend's own executor cannot run (raised, never a fallback).
-        cd.substitution_refused = True
-        return _Entry(None, cd)
+        return _Entry(None, account())
     if ran is None:
         if backend is None:
             reasons = "; ".join(
@@ -188,13 +185,13 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
             why = f"pack {policy.name} selected {backend}, which has no executor chain"
         else:
             why = f"pack {policy.name} selected {backend}; no executor of its chain could run: " + "; ".join(
-                f"{e.executor} {e.outcome}: {e.reason}" for e in outcomes
+                f"{n} {o}: {r}" for n, o, r in walked
             )
         if on_decline == 1:
-            cd.fallback = why
             logger.warning("attn_policy: %s; falling back to torch SDPA", why)
-            return _Entry(_SdpaFallback(call), cd)
-        return _Entry(None, cd)
+            return _Entry(_SdpaFallback(call), account(why))
+        return _Entry(None, account())
+    cd = account()
     if cd.substitute:
         # Once per call signature: the decision is cached per signature.
         logger.warning("attn_policy: %s", cd.summary())

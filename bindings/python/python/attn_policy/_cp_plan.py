@@ -1,23 +1,24 @@
 """Context parallelism, the plan: sharding (TransformerEngine's ``2 * cp_size`` chunks), the
 call's mask as a band over global positions, the blocks (executor calls) of each rank's steps,
 the whole-call description (:class:`CPSpec`) with the ``native`` pack's pre-flight and this
-implementation's own limits, and :class:`CPDecision`. No communication: every function here is
-a pure function of its arguments (the planner is cached). Re-exported by
-:mod:`attn_policy.context_parallel`."""
+implementation's own limits, and what a call decided (``_CPRecord``: its
+:class:`attn_policy.Explanation`). No communication: every function here is a pure function of
+its arguments (the planner is cached). Re-exported by :mod:`attn_policy.context_parallel`."""
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import Decision, Policy, PolicyError
 from ._call import _LAYOUT_TE, LAYOUTS, te_window_fact
-from ._decision import CallDecision
 from ._facts import live_facts
+from ._model import Explanation
+from ._native import NativeCall
 
 
 COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
@@ -32,7 +33,7 @@ class ContextParallelDeclined(PolicyError):
     """The call cannot run context-parallel: the ``native`` pack declined it (``.decision``), a
     per-step call has no executor, or another rank declined. Raised on every rank."""
 
-    def __init__(self, message: str, decision: Optional["CPDecision"] = None):
+    def __init__(self, message: str, decision: Optional[Explanation] = None):
         super().__init__(message)
         self.decision = decision
         self.diagnostics: list = []
@@ -416,28 +417,31 @@ def _whole_blocks(band: _Band, spec: CPSpec) -> Tuple[Block, ...]:
 # What cp_attention returns with return_decision=True.
 
 
-@dataclass
-class CPDecision:
-    """The decisions of one context-parallel call on this rank: the ``native`` pack's pre-flight
-    on the whole call, and ``policy``'s decision for each distinct per-step call."""
+class _CPRecord:
+    """What one context-parallel call on this rank has decided so far (filled in as
+    ``cp_attention`` goes): the ``native`` pack's pre-flight on the whole call, and
+    ``policy``'s decision for each distinct per-step call; :meth:`explanation` is the call's
+    :class:`Explanation` (kind ``context_parallel``)."""
 
-    comm_type: str
-    cp_size: int
-    cp_rank: int
-    preflight: Optional[Decision]
-    steps: List["CallDecision"] = field(default_factory=list)
-    work: List[StepWork] = field(default_factory=list)
-    declined: str = ""
+    __slots__ = ("comm_type", "cp_size", "cp_rank", "preflight", "steps", "work", "declined")
 
-    def summary(self) -> str:
-        calls = sum(len(s.blocks) for s in self.work)
-        skipped = sum(s.pairs_skipped for s in self.work)
-        ex = sorted({d.executor or "none" for d in self.steps})
-        head = f"context parallel {self.comm_type}, cp_size {self.cp_size}, rank {self.cp_rank}"
-        if self.declined:
-            return f"{head}: declined: {self.declined}"
-        return (f"{head}: native pre-flight admitted ({self.preflight.selected if self.preflight else '-'}); "
-                f"{len(self.work)} step(s), {calls} call(s), {skipped} chunk pair(s) skipped; executors {', '.join(ex)}")
+    def __init__(self, comm_type: str):
+        self.comm_type, self.cp_size, self.cp_rank = comm_type, 0, 0
+        self.preflight: Optional[Decision] = None
+        self.steps: List[Explanation] = []
+        self.work: List[StepWork] = []
+        self.declined = ""
 
-    def __str__(self) -> str:
-        return self.summary()
+    def explanation(self) -> Explanation:
+        work = [{"step": w.step, "kv_from": w.kv_from, "pairs_skipped": w.pairs_skipped,
+                 "blocks": [{"q0": b.q0, "q1": b.q1, "k0": b.k0, "k1": b.k1, "left": b.left, "right": b.right}
+                            for b in w.blocks]} for w in self.work]
+        extra = {"comm_type": self.comm_type, "cp_size": self.cp_size, "cp_rank": self.cp_rank,
+                 "declined": self.declined or None, "work": work}
+        pre = self.preflight
+        native = NativeCall(
+            pre._d if pre is not None else None, [], None, pack=None if pre is not None else "native",
+            kind="context_parallel", error=self.declined or None, extra=extra,
+            steps=[s._n for s in self.steps],
+        )
+        return Explanation(native, pre, self.steps, self.work)

@@ -14,7 +14,7 @@ import torch
 from . import _op  # noqa: F401
 from ._chain import _entry, _key
 from ._cp_plan import _SEQ_DIM, _STATS_BACKWARD, Block, CPSpec, StepWork
-from ._decision import CallDecision
+from ._model import Explanation
 from ._tensors import _bhsd, _from_bhsd
 
 
@@ -34,7 +34,7 @@ class _Run:
         self.sd = _SEQ_DIM[spec.layout]
         self.acc = lse_dtype  # merge precision = the op's LSE dtype (fp64 for fp64, else fp32)
         self.user_mask = (spec.mask, spec.window_left, spec.window_right, spec.bottom_right)
-        self.decisions: Dict[tuple, "CallDecision"] = {}
+        self.decisions: Dict[tuple, Explanation] = {}
 
     # -- the op, per block ----------------------------------------------------------------
 

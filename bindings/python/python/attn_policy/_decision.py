@@ -1,21 +1,21 @@
-"""What :func:`attn_policy.torch.attention` decided for one call, and its errors: the chain's
-entries (:class:`ChainEntry`), the decision (:class:`CallDecision`), and the exceptions a call
-raises (:class:`AttentionDeclined`, :class:`SubstitutionRefused`, :class:`InvalidInput`,
-:class:`ShapeMismatch`). No torch: plain data. Re-exported by :mod:`attn_policy.torch`."""
+"""The exceptions a call of :func:`attn_policy.torch.attention` raises
+(:class:`AttentionDeclined`, :class:`SubstitutionRefused`, :class:`InvalidInput`,
+:class:`ShapeMismatch`); the first two hold the call's :class:`attn_policy.Explanation`. No
+torch. Re-exported by :mod:`attn_policy.torch`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
-from . import Decision, PolicyError, _native
+from . import PolicyError, _native
+from ._model import Explanation, deprecated_alias
 
 
 class AttentionDeclined(PolicyError):
     """No executor can run this call (the policy selected no backend, or every entry of the
-    chain refused or is unavailable). ``.decision`` holds the :class:`CallDecision`."""
+    chain refused or is unavailable). ``.decision`` holds the call's :class:`Explanation`."""
 
-    def __init__(self, message: str, decision: "CallDecision"):
+    def __init__(self, message: str, decision: Explanation):
         super().__init__(message)
         self.decision = decision
         self.diagnostics: list = []
@@ -24,7 +24,7 @@ class AttentionDeclined(PolicyError):
 class SubstitutionRefused(PolicyError):
     """``no_substitute=True`` and the backend's first executor could not run."""
 
-    def __init__(self, message: str, decision: "CallDecision"):
+    def __init__(self, message: str, decision: Explanation):
         super().__init__(message)
         self.decision = decision
         self.diagnostics: list = []
@@ -39,67 +39,6 @@ InvalidInput = _native.InvalidInput
 ShapeMismatch = _native.ShapeMismatch
 
 
-# ---------------------------------------------------------------------------------------------
-# The decision of one call.
-
-
-@dataclass(frozen=True)
-class ChainEntry:
-    """One executor of the chain and what happened to it: ``ran``, ``refused`` (the executor
-    does not do this problem), ``unavailable`` (it cannot run in this process), ``failed`` (its
-    check or plan step raised an error: the next entry runs as a substitute) or ``not_tried``
-    (an earlier entry ran, or ``no_substitute`` ended the walk)."""
-
-    executor: str
-    outcome: str
-    reason: str = ""
-
-
-@dataclass
-class CallDecision:
-    """What :func:`attention` decided for one input signature."""
-
-    pack: str
-    backend: Optional[str]
-    executor: Optional[str]
-    chain: List[ChainEntry]
-    decision: Optional[Decision]
-    substitute: bool = False
-    fallback: Optional[str] = None
-    provenance: Dict[str, str] = field(default_factory=dict)
-    problem: str = ""
-    # no_substitute=True and the chain's first entry could not run: nothing was tried after it.
-    substitution_refused: bool = False
-
-    def summary(self) -> str:
-        """``selected FlashAttention; ran on chunked (substitute: torch_flash: ...)``."""
-        if self.backend is None:
-            head = f"pack {self.pack} selected no backend"
-        else:
-            head = f"pack {self.pack} selected {self.backend}"
-        if self.executor is None:
-            tail = "no executor ran"
-            if self.substitution_refused:
-                tail += " (no_substitute=True: only the chain's first entry may run)"
-            if self.fallback:
-                tail += f"; fell back to torch SDPA ({self.fallback})"
-            return f"{head}; {tail}"
-        if not self.substitute:
-            return f"{head}; ran on {self.executor}"
-        why = "; ".join(f"{e.executor}: {e.reason}" for e in self.chain if e.outcome in ("refused", "unavailable", "failed"))
-        return f"{head}; ran on {self.executor} (substitute: {why})"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The call document (``attn-policy/call/v1``, docs/schema/call-v1.json), built by the
-        Rust explanation model: the shape ``attn-policy run --json`` prints. ``decision`` is the
-        ``explain/v1`` document with this call's ``executor_chain`` and ``provenance``."""
-        if self.decision is None:
-            raise ValueError("this CallDecision has no decision to describe")
-        return self.decision._d.call_dict(
-            [(e.executor, e.outcome, e.reason) for e in self.chain],
-            list(self.provenance.items()),
-            self.fallback,
-        )
-
-    def __str__(self) -> str:
-        return self.summary()
+def __getattr__(name: str) -> Any:
+    # CallDecision and ChainEntry, deprecated: attn_policy.Explanation, attn_policy.ExecutorAttempt.
+    return deprecated_alias(__name__, name, ("CallDecision", "ChainEntry"))

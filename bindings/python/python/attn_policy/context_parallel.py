@@ -55,6 +55,7 @@ from ._call import DIAGONALS, _check_inputs, _window_args
 from ._chain import _policy_id
 from ._decision import InvalidInput
 from ._facts import live_facts
+from ._model import deprecated_alias
 from ._tensors import _bhsd, _usable, lse_dtype
 # Everything below was defined in this module before it was split, and stays importable from it.
 from ._cp_comm import (  # noqa: F401
@@ -65,7 +66,7 @@ from ._cp_comm import (  # noqa: F401
 )
 from ._cp_plan import (  # noqa: F401
     _DTYPE_CODES, _FACT_DTYPES, _HEAD_DIM, _SEQ_DIM, _STATS_BACKWARD, COMM_TYPES, LAYOUTS, Block,
-    ContextParallelDeclined, CPDecision, CPSpec, ShardMismatch, StepWork, _Band, _band, _block, _chunk,
+    ContextParallelDeclined, _CPRecord, CPSpec, ShardMismatch, StepWork, _Band, _band, _block, _chunk,
     _decline_text, _full_pair, _gather_step, _native, _plan_all, _plan_work, _ring_step, _seq_dim,
     _split_heads, _sum_max0, _sum_min, _Unplannable, _whole_blocks, admitted, implementation_refusal,
     plan_work, preflight, shard_sequence, unshard_sequence,
@@ -79,7 +80,6 @@ __all__ = [
     "ContextParallelDeclined",
     "ShardMismatch",
     "CPSpec",
-    "CPDecision",
     "Block",
     "StepWork",
     "shard_sequence",
@@ -130,13 +130,14 @@ def cp_attention(
     per-step call has no executor, on any rank) and :class:`ShardMismatch` (the ranks' shards or
     options differ), on every rank, before any K/V is exchanged. ``on_decline="fallback"`` is
     not available (a fallback has no log-sum-exp to merge) and is refused like a decline.
-    ``return_decision``: also return the :class:`CPDecision` of this rank."""
+    ``return_decision``: also return this rank's :class:`attn_policy.Explanation` (kind
+    ``context_parallel``)."""
     local_msg = ""
     verdict = _OK
     li = 0
     a2a_group = ring_group = None
     ring_rank = a2a_rank = 0
-    decision = CPDecision(cp_comm_type, 0, 0, None)
+    decision = _CPRecord(cp_comm_type)
     # Without a valid comm type and group there is no one to tell: this rank alone raises.
     if cp_comm_type not in COMM_TYPES:
         raise PolicyError(f"cp_comm_type must be one of {', '.join(COMM_TYPES)}, found {cp_comm_type!r}")
@@ -221,12 +222,12 @@ def cp_attention(
         _agree(desc, groups, q if isinstance(q, torch.Tensor) else torch.empty(0), local_msg)
     except ContextParallelDeclined as e:
         decision.declined = str(e)
-        e.decision = decision
+        e.decision = decision.explanation()
         raise
     assert run is not None and spec is not None
     o = _CP.apply(q, k, v, run, bufs)
     if return_decision:
-        return o, decision
+        return o, decision.explanation()
     return o
 
 
@@ -339,3 +340,8 @@ def simulate_ring(
     res["dk"] = unshard_sequence(dks, layout)
     res["dv"] = unshard_sequence(dvs, layout)
     return res
+
+
+def __getattr__(name: str) -> Any:
+    # CPDecision, deprecated: attn_policy.Explanation (kind "context_parallel").
+    return deprecated_alias(__name__, name, ("CPDecision",))

@@ -27,7 +27,7 @@ explanation), then runs unchanged::
     logging.basicConfig(level=logging.INFO)
     with log_sdpa_decisions() as calls:          # logger "attn_policy.sdpa", level INFO
         model(inputs)
-    for call in calls:                           # SdpaDecision per call, in call order
+    for call in calls:                           # an Explanation per call, in call order
         print(call.selected, call.first_reasons())
 
 Modules that bound the function before the block (``from torch.nn.functional import
@@ -41,15 +41,15 @@ import contextlib
 import functools
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from . import Decision, Policy, PolicyError
+from ._model import SDPA_BACKENDS, Explanation, SdpaError, deprecated_alias
+from ._native import NativeCall
 
 __all__ = [
     "explain_sdpa",
     "sdpa_facts",
-    "SdpaDecision",
     "SdpaError",
     "log_sdpa_decisions",
     "BACKENDS",
@@ -58,12 +58,7 @@ __all__ = [
 logger = logging.getLogger("attn_policy.sdpa")
 
 #: The pack's backends in torch.nn.attention.SDPBackend terms.
-BACKENDS = {
-    "flash": "FLASH_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-    "cudnn": "CUDNN_ATTENTION",
-    "math": "MATH",
-}
+BACKENDS = SDPA_BACKENDS
 
 # torch._fused_sdp_choice's integers (at::SDPBackend).
 _CHOICE = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
@@ -79,11 +74,6 @@ _DTYPES = {
 }
 
 _ENV = ("TORCH_CUDNN_SDPA_DEPRIORITIZED", "TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED")
-
-
-class SdpaError(PolicyError):
-    """The call cannot be explained by the ``torch`` pack (an input PyTorch's CUDA choice
-    does not model, or facts that cannot be read); the message says which and why."""
 
 
 _POLICY: Optional[Policy] = None
@@ -111,64 +101,6 @@ def _dtype(t: Any) -> str:
 
 def _size(t: Any, dim: int) -> int:
     return int(t.size(dim))
-
-
-@dataclass
-class SdpaDecision:
-    """``explain_sdpa``'s answer: the backend PyTorch selects and every backend's reasons."""
-
-    decision: Decision
-    facts: Dict[str, Any]
-    #: Facts that could not be read from this PyTorch and were assumed (name -> how).
-    assumptions: Dict[str, str] = field(default_factory=dict)
-
-    @property
-    def selected(self) -> Optional[str]:
-        """``flash``, ``efficient``, ``cudnn``, ``math``, or None (PyTorch raises
-        "No available kernel")."""
-        return self.decision.selected
-
-    @property
-    def sdp_backend(self) -> Optional[str]:
-        """The selection as a ``torch.nn.attention.SDPBackend`` member name."""
-        return BACKENDS.get(self.selected) if self.selected else None
-
-    def eligible(self, backend: str) -> bool:
-        """Whether ``backend`` would run if it were the only one enabled."""
-        return self.decision.status(backend) in ("selected", "outranked")
-
-    def reasons(self, backend: str) -> List[Dict[str, Any]]:
-        """Every rule that declined ``backend``, in PyTorch's check order (the first is the
-        warning PyTorch prints when the backend is forced): id, reason, values, refs."""
-        for b in self.decision.to_dict()["backends"]:
-            if b["name"] == backend:
-                return list(b["declined_by"])
-        raise SdpaError(f"unknown backend `{backend}`; backends: {', '.join(BACKENDS)}")
-
-    def first_reasons(self) -> Dict[str, str]:
-        """Per declined backend, the id of the first declining rule (PyTorch's reason)."""
-        out = {}
-        for b in BACKENDS:
-            r = self.reasons(b)
-            if r:
-                out[b] = r[0]["id"]
-        return out
-
-    def explain(self, color: bool = False) -> str:
-        text = self.decision.explain(color)
-        if self.assumptions:
-            text += "\nassumed: " + "; ".join(f"{k}: {v}" for k, v in self.assumptions.items()) + "\n"
-        return text
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The ``attn-policy/explain/v1`` document plus the facts read and assumptions."""
-        d = dict(self.decision.to_dict())
-        d["facts"] = dict(self.facts)
-        d["assumptions"] = dict(self.assumptions)
-        return d
-
-    def __str__(self) -> str:
-        return self.explain()
 
 
 def _nested_facts(torch: Any, q: Any, k: Any, v: Any) -> Dict[str, Any]:
@@ -341,12 +273,15 @@ def explain_sdpa(
     cudnn: Optional[Any] = None,
     policy: Optional[Policy] = None,
     **overrides: Any,
-) -> SdpaDecision:
+) -> Explanation:
     """Which backend ``F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
     is_causal, scale, enable_gqa=enable_gqa)`` would use here, and every backend's reasons.
     Same arguments as SDPA; nothing runs on the GPU. See :func:`sdpa_facts` for ``sm``,
     ``cudnn`` and ``overrides``; ``policy`` is a loaded ``torch``-family pack (default: the
-    embedded ``torch`` pack). Raises :class:`SdpaError` for inputs the pack does not model."""
+    embedded ``torch`` pack). Returns the call's :class:`attn_policy.Explanation` (kind ``sdpa``:
+    ``selected``, ``sdp_backend``, ``facts``, ``assumptions``, ``reasons()``, ``explain()``;
+    ``to_dict()`` is the call document with those in its ``extra``). Raises
+    :class:`SdpaError` for inputs the pack does not model."""
     torch = _torch()
     facts, assumptions = sdpa_facts(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
@@ -355,7 +290,9 @@ def explain_sdpa(
     decision = (policy or _policy()).select(facts)
     if sm is None:
         _check_priority(torch, decision)
-    return SdpaDecision(decision, facts, assumptions)
+    selected = decision.selected
+    extra = {"sdp_backend": BACKENDS.get(selected) if selected else None, "assumptions": dict(assumptions)}
+    return Explanation(NativeCall(decision._d, [], None, kind="sdpa", extra=extra), decision)
 
 
 @contextlib.contextmanager
@@ -363,16 +300,17 @@ def log_sdpa_decisions(
     level: int = logging.INFO,
     modules: Sequence[Any] = (),
     **explain_kwargs: Any,
-) -> Iterator[List[SdpaDecision]]:
+) -> Iterator[List[Explanation]]:
     """Within the block, explain every ``scaled_dot_product_attention`` call before it runs:
     log the selected backend and each declined backend's first reason at ``level`` on logger
-    ``attn_policy.sdpa``, and collect the :class:`SdpaDecision` objects in the yielded list.
+    ``attn_policy.sdpa``, and collect their :class:`attn_policy.Explanation` objects in the
+    yielded list.
     ``modules``: further modules whose ``scaled_dot_product_attention`` attribute to patch.
     A call the pack cannot explain is logged at WARNING and runs all the same."""
     torch = _torch()
     F = torch.nn.functional
     original = F.scaled_dot_product_attention
-    calls: List[SdpaDecision] = []
+    calls: List[Explanation] = []
 
     @functools.wraps(original)
     def logged(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, **kw):
@@ -399,3 +337,8 @@ def log_sdpa_decisions(
     finally:
         for m, fn in saved:
             setattr(m, "scaled_dot_product_attention", fn)
+
+
+def __getattr__(name: str) -> Any:
+    # SdpaDecision, deprecated: attn_policy.Explanation (kind "sdpa").
+    return deprecated_alias(__name__, name, ("SdpaDecision",))

@@ -2,7 +2,7 @@
 
     import attn_policy.torch as apt
     o = apt.attention(q, k, v, layout="bshd", is_causal=True)          # O, like SDPA
-    o, d = apt.attention(q, k, v, return_decision=True)                # and the decision
+    o, d = apt.attention(q, k, v, return_decision=True)                # and its Explanation
 
 ``attention`` is a real ``torch.library`` op (``torch.ops.attn_policy.attention``): it has a fake
 implementation for shapes and a registered autograd formula (the forward saves O and the
@@ -55,6 +55,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 
 from . import Decision, Policy, PolicyError, _native, eager_node  # noqa: F401
+from ._model import ExecutorAttempt, Explanation, deprecated_alias  # noqa: F401
 # Everything below was defined in this module before it was split, and stays importable from
 # it (the private names too: tests and benchmarks reach some of them).
 from ._autograd import _backward, _Eager, _eager_apply, _setup_context  # noqa: F401
@@ -68,7 +69,7 @@ from ._chain import (  # noqa: F401
     clear_cache, executor_chain,
 )
 from ._decision import (  # noqa: F401
-    AttentionDeclined, CallDecision, ChainEntry, InvalidInput, ShapeMismatch, SubstitutionRefused,
+    AttentionDeclined, InvalidInput, ShapeMismatch, SubstitutionRefused,
 )
 from ._executors import (  # noqa: F401
     _TORCH_EXECUTORS, _aten, _frost_unavailable, _register_host_executors, _TorchCudnn,
@@ -87,7 +88,7 @@ from ._tensors import (  # noqa: F401
     _restrided_bshd, _to_bhsd, _to_bshd, _usable, lse_dtype,
 )
 # PyTorch's own SDPA choice explained by the `torch` pack (attn_policy/sdpa.py).
-from .sdpa import SdpaDecision, SdpaError, explain_sdpa, log_sdpa_decisions  # noqa: F401
+from .sdpa import SdpaError, explain_sdpa, log_sdpa_decisions  # noqa: F401
 
 
 __all__ = [
@@ -97,8 +98,8 @@ __all__ = [
     "SubstitutionRefused",
     "InvalidInput",
     "ShapeMismatch",
-    "CallDecision",
-    "ChainEntry",
+    "Explanation",
+    "ExecutorAttempt",
     "executor_chain",
     "executors",
     "live_facts",
@@ -106,7 +107,6 @@ __all__ = [
     "clear_cache",
     "explain_sdpa",
     "log_sdpa_decisions",
-    "SdpaDecision",
     "SdpaError",
     "lse_dtype",
     "cp_attention",
@@ -114,7 +114,6 @@ __all__ = [
     "unshard_sequence",
     "ContextParallelDeclined",
     "ShardMismatch",
-    "CPDecision",
 ]
 
 logger = logging.getLogger("attn_policy.torch")
@@ -154,8 +153,8 @@ def attention(
     (``h_q`` a multiple of ``h_kv``). ``is_causal`` with ``diagonal`` ``"top_left"`` (SDPA's) or
     ``"bottom_right"`` (FlashAttention's, for KV-cache decoding); ``window=(left, right)``
     keys around that diagonal (-1 or None: unbounded; an int is ``(left, -1)``). ``scale``
-    defaults to ``1/sqrt(d)``. Returns O in ``layout`` (and the :class:`CallDecision` when
-    ``return_decision``). Raises :class:`AttentionDeclined` when nothing can run the call
+    defaults to ``1/sqrt(d)``. Returns O in ``layout`` (and the call's :class:`Explanation`
+    when ``return_decision``). Raises :class:`AttentionDeclined` when nothing can run the call
     (``on_decline="fallback"``: torch SDPA instead, logged) and :class:`SubstitutionRefused`
     for a substitute executor with ``no_substitute=True``.
 
@@ -335,7 +334,9 @@ class DotProductAttention(torch.nn.Module):
 # Context parallelism (the sequence sharded across a process group) on top of the op, in
 # attn_policy.context_parallel (imported on first use: it imports torch.distributed).
 _CP_NAMES = frozenset({"cp_attention", "shard_sequence", "unshard_sequence", "ContextParallelDeclined",
-                       "ShardMismatch", "CPDecision"})
+                       "ShardMismatch"})
+# The classes Explanation replaces, deprecated (importable for one release).
+_DEPRECATED = ("CallDecision", "ChainEntry", "SdpaDecision", "CPDecision")
 
 
 def __getattr__(name: str) -> Any:
@@ -343,4 +344,4 @@ def __getattr__(name: str) -> Any:
         from . import context_parallel
 
         return getattr(context_parallel, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return deprecated_alias(__name__, name, _DEPRECATED)
