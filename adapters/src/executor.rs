@@ -690,22 +690,6 @@ pub fn run_backward(
         .into_backward()
 }
 
-/// The io's forward pointers, or [`direction_mismatch`] (for plans' `enqueue`/`run_device`).
-pub fn forward_args(io: &DeviceIo) -> Result<&DeviceForwardArgs, ExecError> {
-    match io {
-        DeviceIo::Forward(a) => Ok(a),
-        DeviceIo::Backward(_) => Err(direction_mismatch(Direction::Forward, Direction::Backward)),
-    }
-}
-
-/// The io's backward pointers, or [`direction_mismatch`].
-pub fn backward_args(io: &DeviceIo) -> Result<&DeviceBackwardArgs, ExecError> {
-    match io {
-        DeviceIo::Backward(a) => Ok(a),
-        DeviceIo::Forward(_) => Err(direction_mismatch(Direction::Backward, Direction::Forward)),
-    }
-}
-
 /// Shared validation of host inputs: dtype and length of every tensor against the problem.
 /// Executors call this before any work.
 pub fn validate_forward_inputs(
