@@ -312,10 +312,7 @@ pub fn walk_entries<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::{
-        BackwardInputs, BackwardOutput, DeviceKind, ForwardInputs, ForwardOutput, Manifest,
-        Unsupported,
-    };
+    use crate::executor::{DeviceKind, Direction, Manifest, Plan, Unsupported};
     use crate::problem::DType;
     use crate::registry::RegistryEntry;
     use crate::trial::{RunOptions, VerifyMode, run_on};
@@ -351,19 +348,13 @@ mod tests {
             }
             Ok(())
         }
-        fn forward(
+        fn plan(
             &self,
             p: &AttentionProblem,
-            i: &ForwardInputs<'_>,
-        ) -> Result<ForwardOutput, ExecError> {
-            crate::reference::create(0)?.forward(p, i)
-        }
-        fn backward(
-            &self,
-            p: &AttentionProblem,
-            i: &BackwardInputs<'_>,
-        ) -> Result<BackwardOutput, ExecError> {
-            crate::reference::create(0)?.backward(p, i)
+            direction: Direction,
+        ) -> Result<Arc<dyn Plan>, ExecError> {
+            self.check(p)?;
+            crate::reference::create(0)?.plan(p, direction)
         }
     }
 

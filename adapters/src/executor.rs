@@ -7,20 +7,25 @@
 //!    problem the executor cannot run *exactly*, and accept everything else. It must be cheap
 //!    and must not touch a device. It must agree with the manifest: whatever `check` accepts,
 //!    `manifest().admits()` accepts too (check may be stricter, e.g. for memory limits).
-//! 3. [`Executor::forward`] / [`Executor::backward`] take host tensors (the device-agnostic
-//!    path used by `attn-policy run` and the tests). They call `check` first, then validate every
-//!    tensor (dtype, length) before any device work, and return
-//!    [`ExecError::Unsupported`] / [`ExecError::InvalidInput`] without computing on a mismatch.
-//! 4. GPU executors implement the stream path for frameworks: [`Executor::workspace_bytes`]
-//!    tells the caller how much workspace to allocate (its allocator, not ours), and
-//!    [`Executor::enqueue_forward`] / [`Executor::enqueue_backward`] enqueue on the caller's
-//!    `CUstream` with the caller's output and workspace pointers, and return without
-//!    synchronising. The first call for a shape (a `workspace_bytes` query counts) builds and
-//!    caches what the shape needs; later calls make no device allocation, module load, plan
-//!    build or handle creation, so they can be captured in a CUDA graph.
-//! 5. The synchronous device path ([`Executor::forward_device`], [`Executor::backward_device`])
-//!    runs on the executor's own stream with its own workspace and times the call (benches).
-//!    Both device paths refuse with `Unsupported` by default.
+//! 3. [`Executor::plan`] makes a [`Plan`] for one problem in one [`Direction`] (forward and
+//!    backward are one method, the direction an argument). It refuses what `check` refuses,
+//!    and builds and caches what the shape needs (GPU executors: the warm-up), so an error
+//!    found while planning lets a chain walk move on.
+//! 4. [`Plan::run_host`] takes host tensors ([`HostIo`], the device-agnostic path used by
+//!    `attn-policy run` and the tests). It validates every tensor (dtype, length) before any
+//!    device work and returns [`ExecError::InvalidInput`] without computing on a mismatch.
+//!    [`run_forward`] / [`run_backward`] are the whole path (check, plan, run) in one call.
+//! 5. Executors with a stream path implement [`Plan::workspace_bytes`] (how much workspace
+//!    the caller allocates: its allocator, not ours) and [`Plan::enqueue`], which enqueues on
+//!    the caller's `CUstream` with the caller's output and workspace pointers ([`DeviceIo`])
+//!    and returns without synchronising. After the plan was made, an enqueue makes no device
+//!    allocation, module load, plan build or handle creation, so it can be captured in a CUDA
+//!    graph. A host executor's enqueue runs on host pointers, synchronously (the CPU
+//!    reference's is the Python binding's CPU path).
+//! 6. The synchronous device path ([`Plan::run_device`]) runs on the executor's own stream
+//!    with its own workspace and times the call (benches). Both device paths refuse with
+//!    `Unsupported` by default; io of the other direction than the plan's is
+//!    [`ExecError::InvalidInput`], never a panic.
 //!
 //! Errors: [`ExecError::Unsupported`] means "this executor does not do that" (a policy matter:
 //! the caller may pick another backend, and must say so); every other variant is a real error.
@@ -29,6 +34,7 @@ pub use crate::cudnn::spec::Direction;
 use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Why an executor declines a problem. Not an error of the caller's inputs: a capability gap.
@@ -450,11 +456,122 @@ pub struct StreamLaunch {
     /// Device pointer of the workspace (0 when `workspace_bytes` is 0); at least 256-byte
     /// aligned, live until the work enqueued on `stream` completes.
     pub workspace: u64,
-    /// Size of the workspace in bytes: at least what [`Executor::workspace_bytes`] said.
+    /// Size of the workspace in bytes: at least what [`Plan::workspace_bytes`] said.
     pub workspace_bytes: u64,
 }
 
+/// The inputs and outputs of one call through raw pointers, for [`Plan::enqueue`] and
+/// [`Plan::run_device`]: the variant is the direction, and must be the plan's.
+///
+/// The pointers are on the executor's device: CUDA device memory for a GPU executor, host
+/// memory for a host executor ([`DeviceKind::Cpu`]), which then runs synchronously.
+#[derive(Clone, Copy, Debug)]
+pub enum DeviceIo {
+    /// A forward: Q, K, V in, O and LSE out.
+    Forward(DeviceForwardArgs),
+    /// A backward: Q, K, V, O, dO, LSE in, dQ, dK, dV out.
+    Backward(DeviceBackwardArgs),
+}
+
+impl DeviceIo {
+    /// The direction of the call these pointers are for.
+    pub fn direction(&self) -> Direction {
+        match self {
+            DeviceIo::Forward(_) => Direction::Forward,
+            DeviceIo::Backward(_) => Direction::Backward,
+        }
+    }
+}
+
+/// The inputs of one call on host tensors, for [`Plan::run_host`]: the variant is the
+/// direction, and must be the plan's.
+#[derive(Clone, Copy, Debug)]
+pub enum HostIo<'a> {
+    /// A forward's Q, K, V.
+    Forward(ForwardInputs<'a>),
+    /// A backward's Q, K, V, O, dO and LSE.
+    Backward(BackwardInputs<'a>),
+}
+
+impl HostIo<'_> {
+    /// The direction of the call these inputs are for.
+    pub fn direction(&self) -> Direction {
+        match self {
+            HostIo::Forward(_) => Direction::Forward,
+            HostIo::Backward(_) => Direction::Backward,
+        }
+    }
+}
+
+/// The result of [`Plan::run_host`]: the variant is the plan's direction.
+#[derive(Clone, Debug)]
+pub enum HostOutput {
+    /// O and LSE.
+    Forward(ForwardOutput),
+    /// dQ, dK, dV.
+    Backward(BackwardOutput),
+}
+
+impl HostOutput {
+    /// The forward's output, or [`ExecError::InvalidInput`] for a backward's.
+    pub fn into_forward(self) -> Result<ForwardOutput, ExecError> {
+        match self {
+            HostOutput::Forward(o) => Ok(o),
+            HostOutput::Backward(_) => {
+                Err(direction_mismatch(Direction::Forward, Direction::Backward))
+            }
+        }
+    }
+
+    /// The backward's output, or [`ExecError::InvalidInput`] for a forward's.
+    pub fn into_backward(self) -> Result<BackwardOutput, ExecError> {
+        match self {
+            HostOutput::Backward(o) => Ok(o),
+            HostOutput::Forward(_) => {
+                Err(direction_mismatch(Direction::Backward, Direction::Forward))
+            }
+        }
+    }
+}
+
+/// The typed error of a call whose io is for another direction than its plan's.
+pub fn direction_mismatch(plan: Direction, io: Direction) -> ExecError {
+    ExecError::invalid(format!(
+        "a {} plan was handed the io of a {}",
+        direction_name(plan),
+        direction_name(io)
+    ))
+}
+
+fn direction_name(d: Direction) -> &'static str {
+    match d {
+        Direction::Forward => "forward",
+        Direction::Backward => "backward",
+    }
+}
+
+/// `Unsupported`: `executor` has no stream-ordered path (the default of [`Plan::enqueue`] and
+/// [`Plan::workspace_bytes`]).
+pub fn no_stream_path(executor: &str) -> ExecError {
+    ExecError::Unsupported {
+        reason: format!("{executor}: no stream path"),
+    }
+}
+
+/// `Unsupported`: `executor` has no synchronous device path (the default of
+/// [`Plan::run_device`]).
+pub fn no_device_path(executor: &str) -> ExecError {
+    ExecError::Unsupported {
+        reason: format!("{executor}: no device path"),
+    }
+}
+
 /// An attention executor. Object safe; shared across threads.
+///
+/// The contract is narrow: what it is ([`Executor::name`], [`Executor::manifest`], where it
+/// runs), whether it runs a problem ([`Executor::check`]), and a [`Plan`] for a problem in one
+/// [`Direction`] ([`Executor::plan`]); every run, host or device, forward or backward, goes
+/// through a plan.
 pub trait Executor: Send + Sync {
     /// Registry name, as rule packs write it (`reference`, `chunked`, `cudnn`).
     fn name(&self) -> &str;
@@ -468,114 +585,109 @@ pub trait Executor: Send + Sync {
     /// Exact run-time gate: `Ok` iff the executor runs this problem exactly. No device work.
     fn check(&self, problem: &AttentionProblem) -> Result<(), Unsupported>;
 
-    /// Forward on host tensors: returns O and LSE.
-    fn forward(
-        &self,
-        problem: &AttentionProblem,
-        inputs: &ForwardInputs<'_>,
-    ) -> Result<ForwardOutput, ExecError>;
-
-    /// Backward on host tensors: returns dQ, dK, dV from dO, O and LSE.
-    fn backward(
-        &self,
-        problem: &AttentionProblem,
-        inputs: &BackwardInputs<'_>,
-    ) -> Result<BackwardOutput, ExecError>;
-
     /// CUDA device ordinal the executor runs on (None for host executors).
     fn device_ordinal(&self) -> Option<usize> {
         None
     }
 
-    /// The plan step of a chain walk ([`crate::chain`]): builds what running `problem` in
-    /// `direction` needs, so an error found here (a graph cuDNN will not build) lets the walk
-    /// move on, and running starts no work it cannot finish. Executors with plans (the stream
-    /// executors) build and cache them ([`Executor::workspace_bytes`]); others need none.
-    fn plan(&self, problem: &AttentionProblem, direction: Direction) -> Result<(), ExecError> {
-        let _ = (problem, direction);
-        Ok(())
-    }
-
-    /// Bytes of workspace [`Executor::enqueue_forward`] (`Direction::Forward`) or
-    /// [`Executor::enqueue_backward`] needs for `problem`. Builds and caches the plan for this
-    /// shape (the warm-up), so the enqueue that follows does no host-side setup.
-    fn workspace_bytes(
+    /// Builds what running `problem` in `direction` needs and returns it as a [`Plan`]: the
+    /// plan step of a chain walk ([`crate::chain`]), so an error found here (a graph cuDNN will
+    /// not build) lets the walk move on, and running starts no work it cannot finish. Refuses
+    /// (`Unsupported`) whatever [`Executor::check`] refuses. GPU executors build and cache
+    /// what the shape needs here (the warm-up), so the plan's enqueue does no host-side setup.
+    fn plan(
         &self,
         problem: &AttentionProblem,
         direction: Direction,
-    ) -> Result<u64, ExecError> {
-        let _ = (problem, direction);
-        Err(ExecError::Unsupported {
-            reason: format!("{}: no stream path", self.name()),
-        })
+    ) -> Result<Arc<dyn Plan>, ExecError>;
+}
+
+/// One problem in one direction on one executor, ready to run. Made by [`Executor::plan`];
+/// it keeps alive what it needs of its executor. Object safe; shared across threads.
+pub trait Plan: Send + Sync {
+    /// Name of the executor that made it.
+    fn executor(&self) -> &str;
+
+    /// The direction it runs.
+    fn direction(&self) -> Direction;
+
+    /// Bytes of workspace [`Plan::enqueue`] needs (0 for none). Where an executor keeps its
+    /// plans per thread (cuDNN's handles), this builds or finds the calling thread's, so ask on
+    /// the thread that enqueues. Default: `Unsupported` ("no stream path").
+    fn workspace_bytes(&self) -> Result<u64, ExecError> {
+        Err(no_stream_path(self.executor()))
     }
 
-    /// Enqueues a forward on the caller's stream with the caller's outputs and workspace and
-    /// returns without synchronising.
+    /// Enqueues the call on the caller's stream (`launch`) with the caller's outputs and
+    /// workspace and returns without synchronising (a host executor runs it before returning,
+    /// on host memory, and ignores `launch`). After the warm-up ([`Executor::plan`],
+    /// [`Plan::workspace_bytes`]) it makes no device allocation, module load, plan build or
+    /// handle creation, so it can be captured in a CUDA graph. `io` of the other direction is
+    /// [`ExecError::InvalidInput`]. Default: `Unsupported` ("no stream path").
     ///
     /// # Safety
-    /// Every pointer must be a live allocation on `launch.device` covering the span the
-    /// problem's strides give (LSE: `lse_len()` floats, contiguous), outputs must not alias
-    /// inputs, and all of them (and the workspace) must stay live until the enqueued work
-    /// completes on `launch.stream`.
-    unsafe fn enqueue_forward(
-        &self,
-        problem: &AttentionProblem,
-        args: &DeviceForwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        let _ = (problem, args, launch);
-        Err(ExecError::Unsupported {
-            reason: format!("{}: no stream path", self.name()),
-        })
+    /// Every pointer must be a live allocation on `launch.device` (host memory for a host
+    /// executor) covering the span the problem's strides give (LSE: `lse_len()` floats,
+    /// contiguous), outputs must not alias inputs, and all of them (and the workspace) must
+    /// stay live until the enqueued work completes on `launch.stream`.
+    unsafe fn enqueue(&self, io: &DeviceIo, launch: &StreamLaunch) -> Result<(), ExecError> {
+        let _ = (io, launch);
+        Err(no_stream_path(self.executor()))
     }
 
-    /// Enqueues a backward on the caller's stream; see [`Executor::enqueue_forward`].
+    /// Runs the call on device memory, on the executor's own stream with a workspace of its
+    /// own, synchronously, and times it (the benches' path). `io` of the other direction is
+    /// [`ExecError::InvalidInput`]. Default: `Unsupported` ("no device path").
     ///
     /// # Safety
-    /// As for [`Executor::enqueue_forward`].
-    unsafe fn enqueue_backward(
-        &self,
-        problem: &AttentionProblem,
-        args: &DeviceBackwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        let _ = (problem, args, launch);
-        Err(ExecError::Unsupported {
-            reason: format!("{}: no stream path", self.name()),
-        })
-    }
-
-    /// Forward on device memory (fast path for benches). Synchronous on return.
-    ///
-    /// # Safety
-    /// Every pointer must be a live allocation on this executor's device covering the span the
+    /// Every pointer must be a live allocation on the executor's device covering the span the
     /// problem's strides give (LSE: `lse_len()` floats), and outputs must not alias inputs.
-    unsafe fn forward_device(
-        &self,
-        problem: &AttentionProblem,
-        args: &DeviceForwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        let _ = (problem, args);
-        Err(ExecError::Unsupported {
-            reason: format!("{}: no device path", self.name()),
-        })
+    unsafe fn run_device(&self, io: &DeviceIo) -> Result<ExecStats, ExecError> {
+        let _ = io;
+        Err(no_device_path(self.executor()))
     }
 
-    /// Backward on device memory (fast path for benches). Synchronous on return.
-    ///
-    /// # Safety
-    /// As for [`Executor::forward_device`].
-    unsafe fn backward_device(
-        &self,
-        problem: &AttentionProblem,
-        args: &DeviceBackwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        let _ = (problem, args);
-        Err(ExecError::Unsupported {
-            reason: format!("{}: no device path", self.name()),
-        })
+    /// Runs the call on host tensors (the device-agnostic path of `attn-policy run` and the
+    /// tests): validates every tensor (dtype, length) before any work and returns
+    /// [`ExecError::InvalidInput`] without computing on a mismatch (or for `io` of the other
+    /// direction); GPU executors upload, run and download.
+    fn run_host(&self, io: HostIo<'_>) -> Result<HostOutput, ExecError>;
+}
+
+impl fmt::Debug for dyn Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plan")
+            .field("executor", &self.executor())
+            .field("direction", &self.direction())
+            .finish_non_exhaustive()
     }
+}
+
+/// The forward on host tensors through the contract: [`Executor::check`], the inputs
+/// validated, [`Executor::plan`], [`Plan::run_host`].
+pub fn run_forward(
+    ex: &dyn Executor,
+    problem: &AttentionProblem,
+    inputs: &ForwardInputs<'_>,
+) -> Result<ForwardOutput, ExecError> {
+    ex.check(problem)?;
+    validate_forward_inputs(problem, inputs)?;
+    ex.plan(problem, Direction::Forward)?
+        .run_host(HostIo::Forward(*inputs))?
+        .into_forward()
+}
+
+/// The backward on host tensors through the contract; see [`run_forward`].
+pub fn run_backward(
+    ex: &dyn Executor,
+    problem: &AttentionProblem,
+    inputs: &BackwardInputs<'_>,
+) -> Result<BackwardOutput, ExecError> {
+    ex.check(problem)?;
+    validate_backward_inputs(problem, inputs)?;
+    ex.plan(problem, Direction::Backward)?
+        .run_host(HostIo::Backward(*inputs))?
+        .into_backward()
 }
 
 /// Shared validation of host inputs: dtype and length of every tensor against the problem.

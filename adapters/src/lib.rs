@@ -3,7 +3,8 @@
 //!
 //! - [`problem`]: [`AttentionProblem`], the description of one call (shapes, dtype, strides,
 //!   mask/window, scale).
-//! - [`executor`]: the [`Executor`] trait, its [`Manifest`], [`Unsupported`] and [`ExecError`].
+//! - [`executor`]: the [`Executor`] trait and the [`Plan`] it makes per problem and direction,
+//!   its [`Manifest`], [`Unsupported`] and [`ExecError`].
 //! - [`registry`]: executor name -> executor, manifest and availability ([`Registry::builtin`]).
 //! - [`device`]: CUDA discovery (device count, a device's name and compute capability) and
 //!   [`Availability`]; every executor imports it, it imports none of them.
@@ -42,9 +43,9 @@ pub mod trial;
 pub use chain::{ChainError, ChainOptions, Walked};
 pub use device::Availability;
 pub use executor::{
-    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceKind, Direction,
-    ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostTensor,
-    Manifest, StreamLaunch, Unsupported,
+    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, DeviceKind,
+    Direction, ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostIo,
+    HostOutput, HostTensor, Manifest, Plan, StreamLaunch, Unsupported, run_backward, run_forward,
 };
 pub use from_facts::{NotExpressible, problem_from_facts};
 pub use live::{LiveDevice, live_device};

@@ -7,9 +7,9 @@
 //! `err(executor, fp64) <= 2 * err(naive same dtype, fp64)`.
 
 use crate::executor::{
-    BackwardInputs, BackwardOutput, DeviceKind, ExecError, ExecStats, Executor, ForwardInputs,
-    ForwardOutput, HeadDimRange, HostTensor, Manifest, Unsupported, validate_backward_inputs,
-    validate_forward_inputs,
+    BackwardOutput, DeviceIo, DeviceKind, Direction, ExecError, ExecStats, Executor, ForwardOutput,
+    HeadDimRange, HostIo, HostOutput, HostTensor, Manifest, Plan, StreamLaunch, Unsupported,
+    direction_mismatch, validate_backward_inputs, validate_forward_inputs,
 };
 use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind, Strides};
 use std::sync::Arc;
@@ -778,55 +778,139 @@ impl Executor for Reference {
         manifest().admits(problem)
     }
 
-    fn forward(
+    fn plan(
         &self,
-        p: &AttentionProblem,
-        inputs: &ForwardInputs<'_>,
-    ) -> Result<ForwardOutput, ExecError> {
-        self.check(p)?;
-        validate_forward_inputs(p, inputs)?;
-        let (q, k, v) = (decode(inputs.q), decode(inputs.k), decode(inputs.v));
-        let t = Instant::now();
-        let (o, lse) = forward_f64(p, &q, &k, &v);
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        Ok(ForwardOutput {
-            o: encode(p.dtype, &o),
-            lse: lse.iter().map(|&x| x as f32).collect(),
-            stats: ExecStats {
-                compute_ms: ms,
-                workspace_bytes: 0,
-                peak_bytes: None,
-            },
-        })
+        problem: &AttentionProblem,
+        direction: Direction,
+    ) -> Result<Arc<dyn Plan>, ExecError> {
+        self.check(problem)?;
+        Ok(Arc::new(ReferencePlan {
+            p: problem.clone(),
+            direction,
+        }))
+    }
+}
+
+/// The reference's plan: the problem and the direction; nothing to build.
+struct ReferencePlan {
+    p: AttentionProblem,
+    direction: Direction,
+}
+
+impl Plan for ReferencePlan {
+    fn executor(&self) -> &str {
+        NAME
     }
 
-    /// Recomputes the forward in float64 from Q, K, V (the given O and LSE are validated but
-    /// not used, so the result is the exact gradient of the inputs' function).
-    fn backward(
-        &self,
-        p: &AttentionProblem,
-        inputs: &BackwardInputs<'_>,
-    ) -> Result<BackwardOutput, ExecError> {
-        self.check(p)?;
-        validate_backward_inputs(p, inputs)?;
-        let (q, k, v, d_o) = (
-            decode(inputs.q),
-            decode(inputs.k),
-            decode(inputs.v),
-            decode(inputs.d_o),
-        );
-        let t = Instant::now();
-        let (dq, dk, dv) = backward_f64(p, &q, &k, &v, &d_o);
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        Ok(BackwardOutput {
-            dq: encode(p.dtype, &dq),
-            dk: encode(p.dtype, &dk),
-            dv: encode(p.dtype, &dv),
-            stats: ExecStats {
-                compute_ms: ms,
-                workspace_bytes: 0,
-                peak_bytes: None,
-            },
-        })
+    fn direction(&self) -> Direction {
+        self.direction
+    }
+
+    /// The host needs no workspace.
+    fn workspace_bytes(&self) -> Result<u64, ExecError> {
+        Ok(0)
+    }
+
+    /// Runs on host memory of any strides and dtype, synchronously: [`forward_strided_lse`] /
+    /// [`backward_strided_from_stats`], the LSE fp64 for fp64 problems and fp32 otherwise.
+    /// `launch` is ignored (the host has no stream).
+    unsafe fn enqueue(&self, io: &DeviceIo, launch: &StreamLaunch) -> Result<(), ExecError> {
+        let _ = launch;
+        let p = &self.p;
+        let f64_lse = p.dtype == DType::F64;
+        if io.direction() != self.direction {
+            return Err(direction_mismatch(self.direction, io.direction()));
+        }
+        match io {
+            DeviceIo::Forward(a) => {
+                let lse = if f64_lse {
+                    LseOut::F64(a.lse as *mut f64)
+                } else {
+                    LseOut::F32(a.lse as *mut f32)
+                };
+                // SAFETY: the caller's contract (host pointers covering the problem's spans).
+                unsafe {
+                    forward_strided_lse(
+                        p,
+                        a.q as *const u8,
+                        a.k as *const u8,
+                        a.v as *const u8,
+                        a.o as *mut u8,
+                        lse,
+                    )
+                }
+            }
+            DeviceIo::Backward(a) => {
+                let lse = if f64_lse {
+                    LseIn::F64(a.lse as *const f64)
+                } else {
+                    LseIn::F32(a.lse as *const f32)
+                };
+                // SAFETY: the caller's contract (host pointers covering the problem's spans).
+                unsafe {
+                    backward_strided_from_stats(
+                        p,
+                        a.q as *const u8,
+                        a.k as *const u8,
+                        a.v as *const u8,
+                        a.o as *const u8,
+                        a.d_o as *const u8,
+                        lse,
+                        a.dq as *mut u8,
+                        a.dk as *mut u8,
+                        a.dv as *mut u8,
+                    )
+                }
+            }
+        }
+    }
+
+    /// The backward recomputes the forward in float64 from Q, K, V (the given O and LSE are
+    /// validated but not used, so the result is the exact gradient of the inputs' function).
+    fn run_host(&self, io: HostIo<'_>) -> Result<HostOutput, ExecError> {
+        if io.direction() != self.direction {
+            return Err(direction_mismatch(self.direction, io.direction()));
+        }
+        let p = &self.p;
+        match io {
+            HostIo::Forward(inputs) => {
+                validate_forward_inputs(p, &inputs)?;
+                let (q, k, v) = (decode(inputs.q), decode(inputs.k), decode(inputs.v));
+                let t = Instant::now();
+                let (o, lse) = forward_f64(p, &q, &k, &v);
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                Ok(HostOutput::Forward(ForwardOutput {
+                    o: encode(p.dtype, &o),
+                    lse: lse.iter().map(|&x| x as f32).collect(),
+                    stats: host_stats(ms),
+                }))
+            }
+            HostIo::Backward(inputs) => {
+                validate_backward_inputs(p, &inputs)?;
+                let (q, k, v, d_o) = (
+                    decode(inputs.q),
+                    decode(inputs.k),
+                    decode(inputs.v),
+                    decode(inputs.d_o),
+                );
+                let t = Instant::now();
+                let (dq, dk, dv) = backward_f64(p, &q, &k, &v, &d_o);
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                Ok(HostOutput::Backward(BackwardOutput {
+                    dq: encode(p.dtype, &dq),
+                    dk: encode(p.dtype, &dk),
+                    dv: encode(p.dtype, &dv),
+                    stats: host_stats(ms),
+                }))
+            }
+        }
+    }
+}
+
+fn host_stats(compute_ms: f64) -> ExecStats {
+    ExecStats {
+        compute_ms,
+        workspace_bytes: 0,
+        peak_bytes: None,
     }
 }

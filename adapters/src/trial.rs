@@ -7,7 +7,10 @@
 //! computed in the same low precision (plus [`ABS_FLOOR`]); LSE must match float64 to
 //! [`LSE_REL_TOL`] relative (denominator `max(|ref|, 1)`; `-inf` rows must agree exactly).
 
-use crate::executor::{BackwardInputs, DeviceKind, ExecError, Executor, ForwardInputs, HostTensor};
+use crate::executor::{
+    BackwardInputs, DeviceKind, Direction, ExecError, Executor, ForwardInputs, HostIo, HostTensor,
+    validate_backward_inputs, validate_forward_inputs,
+};
 use crate::problem::AttentionProblem;
 use crate::reference;
 use crate::registry::Registry;
@@ -236,13 +239,16 @@ pub fn run_on(
         k: &inputs.k,
         v: &inputs.v,
     };
+    validate_forward_inputs(p, &fin)?;
+    let fplan = ex.plan(p, Direction::Forward)?;
+    let forward = || fplan.run_host(HostIo::Forward(fin))?.into_forward();
     for _ in 0..warmup {
-        ex.forward(p, &fin)?;
+        forward()?;
     }
     let mut times = Vec::new();
     let mut fwd = None;
     for _ in 0..iters {
-        let out = ex.forward(p, &fin)?;
+        let out = forward()?;
         times.push(out.stats.compute_ms);
         fwd = Some(out);
     }
@@ -261,12 +267,15 @@ pub fn run_on(
             d_o: &inputs.d_o,
             lse: &fwd.lse,
         };
+        validate_backward_inputs(p, &bin)?;
+        let bplan = ex.plan(p, Direction::Backward)?;
+        let backward = || bplan.run_host(HostIo::Backward(bin))?.into_backward();
         for _ in 0..warmup {
-            ex.backward(p, &bin)?;
+            backward()?;
         }
         let mut times = Vec::new();
         for _ in 0..iters {
-            let out = ex.backward(p, &bin)?;
+            let out = backward()?;
             times.push(out.stats.compute_ms);
             bwd = Some(out);
         }

@@ -6,7 +6,9 @@
 use attn_policy_adapters::cudnn::Direction;
 use attn_policy_adapters::frost::bridge::FrostExecutor;
 use attn_policy_adapters::frost::{FrostError, PlanClass, classify_plan};
-use attn_policy_adapters::{AttentionProblem, DType, ExecError, Executor, ForwardInputs, MaskSpec};
+use attn_policy_adapters::{
+    AttentionProblem, DType, ExecError, Executor, ForwardInputs, MaskSpec, run_forward,
+};
 
 #[test]
 fn d512_forward_is_frost_or_refused_by_name() {
@@ -22,7 +24,6 @@ fn d512_forward_is_frost_or_refused_by_name() {
         Err(e) => println!("cudnnGetVersion() unavailable: {e}"),
     }
     println!("environment: {:?}", ex.env());
-    println!("device: {}", ex.device_description());
     println!("environment declines: {:?}", ex.env().decline_reasons());
     assert!(
         ex.env().engines_enabled,
@@ -34,7 +35,7 @@ fn d512_forward_is_frost_or_refused_by_name() {
     p.deterministic = false;
 
     // 1. with the environment checks (the default): a missing/old cutlass-dsl declines up front
-    let strict = ex.plan(&p, Direction::Forward);
+    let strict = ex.frost_plan(&p, Direction::Forward);
     println!("strict environment, d512 fwd: {strict:?}");
     if !ex.env().decline_reasons().is_empty() {
         assert!(matches!(strict, Err(FrostError::Declined(_))));
@@ -42,7 +43,10 @@ fn d512_forward_is_frost_or_refused_by_name() {
 
     // 2. the plan-name check alone, against what cuDNN really offers here
     ex.strict_env = false;
-    let named = ex.plan(&p, Direction::Forward);
+    // The executor as the registry hands it out: a shared handle.
+    let ex = std::sync::Arc::new(ex);
+    println!("device: {}", ex.device_description());
+    let named = ex.frost_plan(&p, Direction::Forward);
     match &named {
         Ok(plan) => {
             println!("FROST plan selected: {plan:?}");
@@ -56,7 +60,8 @@ fn d512_forward_is_frost_or_refused_by_name() {
             assert!(!plans.is_empty());
             // the host path refuses too, before running anything
             let inp = attn_policy_adapters::trial::random_inputs(&p, 3);
-            let r = ex.forward(
+            let r = run_forward(
+                &ex,
                 &p,
                 &ForwardInputs {
                     q: &inp.q,
@@ -79,18 +84,18 @@ fn d512_forward_is_frost_or_refused_by_name() {
     }
     // cached: the same answer without rebuilding
     assert_eq!(
-        format!("{:?}", ex.plan(&p, Direction::Forward)),
+        format!("{:?}", ex.frost_plan(&p, Direction::Forward)),
         format!("{named:?}")
     );
 
     // 3. declines from the gate
     let mut det = p.clone();
     det.deterministic = true;
-    let e = ex.plan(&det, Direction::Forward).unwrap_err();
+    let e = ex.frost_plan(&det, Direction::Forward).unwrap_err();
     println!("deterministic: {e}");
     assert!(e.to_string().contains("deterministic"));
     if ex.compute_capability() == 90 {
-        let e = ex.plan(&p, Direction::Backward).unwrap_err();
+        let e = ex.frost_plan(&p, Direction::Backward).unwrap_err();
         println!("SM90 backward: {e}");
         assert!(e.to_string().contains("SM90 backward"));
     }

@@ -10,14 +10,15 @@ use attn_policy_adapters::chunked::{Chunked, ChunkedConfig};
 use attn_policy_adapters::trial::{random_inputs, verify};
 use attn_policy_adapters::{
     AttentionProblem, BackwardInputs, DType, DiagonalAlignment, ExecError, Executor, ForwardInputs,
-    HostTensor, LayoutKind, MaskSpec, Strides,
+    HostTensor, LayoutKind, MaskSpec, Strides, run_backward, run_forward,
 };
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-fn gpu(config: ChunkedConfig) -> Option<Chunked> {
+fn gpu(config: ChunkedConfig) -> Option<Arc<Chunked>> {
     match Chunked::new(config) {
         Ok(c) => {
+            let c = Arc::new(c);
             println!("GPU: {}", c.device_description());
             Some(c)
         }
@@ -167,31 +168,31 @@ fn numerics_flash_attention_criterion() {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(c) = cases.get(i) else { break };
-                    let ex: &Chunked = if c.small_chunks { &small } else { &big };
+                    let ex: &Arc<Chunked> = if c.small_chunks { &small } else { &big };
                     let inp = random_inputs(&c.p, seed.wrapping_add(i as u64 * 7919));
-                    let f = ex
-                        .forward(
-                            &c.p,
-                            &ForwardInputs {
-                                q: &inp.q,
-                                k: &inp.k,
-                                v: &inp.v,
-                            },
-                        )
-                        .unwrap_or_else(|e| panic!("{}: forward: {e}", c.label));
-                    let b = ex
-                        .backward(
-                            &c.p,
-                            &BackwardInputs {
-                                q: &inp.q,
-                                k: &inp.k,
-                                v: &inp.v,
-                                o: &f.o,
-                                d_o: &inp.d_o,
-                                lse: &f.lse,
-                            },
-                        )
-                        .unwrap_or_else(|e| panic!("{}: backward: {e}", c.label));
+                    let f = run_forward(
+                        ex,
+                        &c.p,
+                        &ForwardInputs {
+                            q: &inp.q,
+                            k: &inp.k,
+                            v: &inp.v,
+                        },
+                    )
+                    .unwrap_or_else(|e| panic!("{}: forward: {e}", c.label));
+                    let b = run_backward(
+                        ex,
+                        &c.p,
+                        &BackwardInputs {
+                            q: &inp.q,
+                            k: &inp.k,
+                            v: &inp.v,
+                            o: &f.o,
+                            d_o: &inp.d_o,
+                            lse: &f.lse,
+                        },
+                    )
+                    .unwrap_or_else(|e| panic!("{}: backward: {e}", c.label));
                     let v = verify(&c.p, &inp, &f.o, &f.lse, Some(&b));
                     let mut line = format!(
                         "| {} | {} |",
@@ -237,16 +238,16 @@ fn backward_is_bitwise_deterministic() {
     let p = AttentionProblem::new(2, 8, 2, 1024, 1280, 128, 128, DType::BF16)
         .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
     let inp = random_inputs(&p, seed);
-    let f = ex
-        .forward(
-            &p,
-            &ForwardInputs {
-                q: &inp.q,
-                k: &inp.k,
-                v: &inp.v,
-            },
-        )
-        .unwrap();
+    let f = run_forward(
+        &ex,
+        &p,
+        &ForwardInputs {
+            q: &inp.q,
+            k: &inp.k,
+            v: &inp.v,
+        },
+    )
+    .unwrap();
     let bin = BackwardInputs {
         q: &inp.q,
         k: &inp.k,
@@ -255,18 +256,18 @@ fn backward_is_bitwise_deterministic() {
         d_o: &inp.d_o,
         lse: &f.lse,
     };
-    let a = ex.backward(&p, &bin).unwrap();
-    let b = ex.backward(&p, &bin).unwrap();
-    let f2 = ex
-        .forward(
-            &p,
-            &ForwardInputs {
-                q: &inp.q,
-                k: &inp.k,
-                v: &inp.v,
-            },
-        )
-        .unwrap();
+    let a = run_backward(&ex, &p, &bin).unwrap();
+    let b = run_backward(&ex, &p, &bin).unwrap();
+    let f2 = run_forward(
+        &ex,
+        &p,
+        &ForwardInputs {
+            q: &inp.q,
+            k: &inp.k,
+            v: &inp.v,
+        },
+    )
+    .unwrap();
     assert_eq!(f.o, f2.o, "forward O differs between runs");
     assert!(
         f.lse
@@ -292,59 +293,59 @@ fn mismatched_inputs_are_refused_before_launch() {
         dtype: DType::F16,
         data: inp.q.data.clone(),
     };
-    let e = ex
-        .forward(
-            &p,
-            &ForwardInputs {
-                q: &wrong,
-                k: &inp.k,
-                v: &inp.v,
-            },
-        )
-        .unwrap_err();
+    let e = run_forward(
+        &ex,
+        &p,
+        &ForwardInputs {
+            q: &wrong,
+            k: &inp.k,
+            v: &inp.v,
+        },
+    )
+    .unwrap_err();
     assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
-    let f = ex
-        .forward(
-            &p,
-            &ForwardInputs {
-                q: &inp.q,
-                k: &inp.k,
-                v: &inp.v,
-            },
-        )
-        .unwrap();
+    let f = run_forward(
+        &ex,
+        &p,
+        &ForwardInputs {
+            q: &inp.q,
+            k: &inp.k,
+            v: &inp.v,
+        },
+    )
+    .unwrap();
     let wrong_do = HostTensor {
         dtype: DType::F16,
         data: inp.d_o.data.clone(),
     };
-    let e = ex
-        .backward(
-            &p,
-            &BackwardInputs {
-                q: &inp.q,
-                k: &inp.k,
-                v: &inp.v,
-                o: &f.o,
-                d_o: &wrong_do,
-                lse: &f.lse,
-            },
-        )
-        .unwrap_err();
+    let e = run_backward(
+        &ex,
+        &p,
+        &BackwardInputs {
+            q: &inp.q,
+            k: &inp.k,
+            v: &inp.v,
+            o: &f.o,
+            d_o: &wrong_do,
+            lse: &f.lse,
+        },
+    )
+    .unwrap_err();
     assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
     let short = HostTensor {
         dtype: DType::BF16,
         data: inp.k.data[..10].to_vec(),
     };
-    let e = ex
-        .forward(
-            &p,
-            &ForwardInputs {
-                q: &inp.q,
-                k: &short,
-                v: &inp.v,
-            },
-        )
-        .unwrap_err();
+    let e = run_forward(
+        &ex,
+        &p,
+        &ForwardInputs {
+            q: &inp.q,
+            k: &short,
+            v: &inp.v,
+        },
+    )
+    .unwrap_err();
     assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
     // Misaligned device pointer (device path exists only in the cuda build).
     #[cfg(feature = "cuda")]
@@ -362,22 +363,25 @@ fn mismatched_inputs_are_refused_before_launch() {
             lse: lse.ptr(),
         };
         // SAFETY: pointers are live; the misaligned one must be refused before use.
-        let e = unsafe { ex.forward_device(&p, &args) }.unwrap_err();
+        use attn_policy_adapters::{DeviceIo, Direction};
+        let plan = ex.plan(&p, Direction::Forward).unwrap();
+        // SAFETY: as above.
+        let e = unsafe { plan.run_device(&DeviceIo::Forward(args)) }.unwrap_err();
         assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
     }
     // Unsupported head dim: typed refusal, not an error.
     let p12 = AttentionProblem::new(1, 4, 2, 64, 64, 12, 12, DType::BF16);
     let inp12 = random_inputs(&p12, 4);
-    let e = ex
-        .forward(
-            &p12,
-            &ForwardInputs {
-                q: &inp12.q,
-                k: &inp12.k,
-                v: &inp12.v,
-            },
-        )
-        .unwrap_err();
+    let e = run_forward(
+        &ex,
+        &p12,
+        &ForwardInputs {
+            q: &inp12.q,
+            k: &inp12.k,
+            v: &inp12.v,
+        },
+    )
+    .unwrap_err();
     assert!(e.is_unsupported(), "{e}");
     println!("refusals: dtype (q, dO), length, alignment, head_dim all refused with typed errors");
 }
@@ -388,7 +392,9 @@ fn mismatched_inputs_are_refused_before_launch() {
 #[cfg(feature = "cuda")]
 #[test]
 fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
-    use attn_policy_adapters::{DeviceBackwardArgs, DeviceForwardArgs, Direction, StreamLaunch};
+    use attn_policy_adapters::{
+        DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, Direction, StreamLaunch,
+    };
     let Some(ex) = gpu(ChunkedConfig::default()) else {
         return;
     };
@@ -409,20 +415,21 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
     let (o2, l2) = outs();
     let fa = |o: &attn_policy_adapters::chunked::DeviceBuffer,
               l: &attn_policy_adapters::chunked::DeviceBuffer| {
-        DeviceForwardArgs {
+        DeviceIo::Forward(DeviceForwardArgs {
             q: q.ptr(),
             k: k.ptr(),
             v: v.ptr(),
             o: o.ptr(),
             lse: l.ptr(),
-        }
+        })
     };
+    let fplan = ex.plan(&p, Direction::Forward).unwrap();
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.forward_device(&p, &fa(&o1, &l1)) }.unwrap();
+    unsafe { fplan.run_device(&fa(&o1, &l1)) }.unwrap();
     // A stream the executor does not own, as a framework's would be.
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let side = ctx.new_stream().unwrap();
-    let ws_bytes = ex.workspace_bytes(&p, Direction::Forward).unwrap();
+    let ws_bytes = fplan.workspace_bytes().unwrap();
     let ws = ex.alloc(ws_bytes as usize).unwrap();
     let launch = StreamLaunch {
         device: 0,
@@ -437,7 +444,7 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
     };
     assert!(matches!(
         // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-        unsafe { ex.enqueue_forward(&p, &fa(&o2, &l2), &other) },
+        unsafe { fplan.enqueue(&fa(&o2, &l2), &other) },
         Err(ExecError::InvalidInput { .. })
     ));
     let short = StreamLaunch {
@@ -446,11 +453,11 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
     };
     assert!(matches!(
         // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-        unsafe { ex.enqueue_forward(&p, &fa(&o2, &l2), &short) },
+        unsafe { fplan.enqueue(&fa(&o2, &l2), &short) },
         Err(ExecError::InvalidInput { .. })
     ));
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.enqueue_forward(&p, &fa(&o2, &l2), &launch) }.unwrap();
+    unsafe { fplan.enqueue(&fa(&o2, &l2), &launch) }.unwrap();
     side.synchronize().unwrap();
     assert_eq!(
         ex.download_u16(&o1, p.o_span()).unwrap(),
@@ -477,20 +484,23 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
         })
     };
     let (g1, g2) = (grads(), grads());
-    let ba = |g: &[attn_policy_adapters::chunked::DeviceBuffer; 3]| DeviceBackwardArgs {
-        q: q.ptr(),
-        k: k.ptr(),
-        v: v.ptr(),
-        o: o1.ptr(),
-        d_o: d_o.ptr(),
-        lse: l1.ptr(),
-        dq: g[0].ptr(),
-        dk: g[1].ptr(),
-        dv: g[2].ptr(),
+    let ba = |g: &[attn_policy_adapters::chunked::DeviceBuffer; 3]| {
+        DeviceIo::Backward(DeviceBackwardArgs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            o: o1.ptr(),
+            d_o: d_o.ptr(),
+            lse: l1.ptr(),
+            dq: g[0].ptr(),
+            dk: g[1].ptr(),
+            dv: g[2].ptr(),
+        })
     };
+    let bplan = ex.plan(&p, Direction::Backward).unwrap();
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.backward_device(&p, &ba(&g1)) }.unwrap();
-    let bws_bytes = ex.workspace_bytes(&p, Direction::Backward).unwrap();
+    unsafe { bplan.run_device(&ba(&g1)) }.unwrap();
+    let bws_bytes = bplan.workspace_bytes().unwrap();
     let bws = ex.alloc(bws_bytes as usize).unwrap();
     let blaunch = StreamLaunch {
         workspace: bws.ptr(),
@@ -498,7 +508,7 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
         ..launch
     };
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.enqueue_backward(&p, &ba(&g2), &blaunch) }.unwrap();
+    unsafe { bplan.enqueue(&ba(&g2), &blaunch) }.unwrap();
     side.synchronize().unwrap();
     for (i, n) in [p.q_span(), p.k_span(), p.v_span()].into_iter().enumerate() {
         assert_eq!(

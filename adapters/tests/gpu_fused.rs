@@ -16,12 +16,12 @@ use attn_policy_adapters::fused::Fused;
 use attn_policy_adapters::trial::{random_inputs, verify};
 use attn_policy_adapters::{
     AttentionProblem, BackwardInputs, DType, DiagonalAlignment, Direction, ExecError, Executor,
-    ForwardInputs, HostTensor, LayoutKind, MaskSpec, Strides,
+    ForwardInputs, HostTensor, LayoutKind, MaskSpec, Strides, run_backward, run_forward,
 };
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-fn gpu() -> Option<Fused> {
+fn gpu() -> Option<Arc<Fused>> {
     gpu_with(ChunkedConfig::default())
 }
 
@@ -35,9 +35,10 @@ fn small_chunks() -> ChunkedConfig {
     }
 }
 
-fn gpu_with(chunks: ChunkedConfig) -> Option<Fused> {
+fn gpu_with(chunks: ChunkedConfig) -> Option<Arc<Fused>> {
     match Fused::with_chunking(0, chunks) {
         Ok(f) => {
+            let f = Arc::new(f);
             println!("GPU: {}", f.device_description());
             Some(f)
         }
@@ -170,29 +171,29 @@ fn numerics_flash_attention_criterion_forward_and_backward() {
                     let inp = random_inputs(p, seed.wrapping_add(i as u64 * 7919));
                     let small_chunked = i % 2 == 1;
                     let ex = if small_chunked { &small } else { &big };
-                    let f = ex
-                        .forward(
-                            p,
-                            &ForwardInputs {
-                                q: &inp.q,
-                                k: &inp.k,
-                                v: &inp.v,
-                            },
-                        )
-                        .unwrap_or_else(|e| panic!("{label}: forward: {e}"));
-                    let b = ex
-                        .backward(
-                            p,
-                            &BackwardInputs {
-                                q: &inp.q,
-                                k: &inp.k,
-                                v: &inp.v,
-                                o: &f.o,
-                                d_o: &inp.d_o,
-                                lse: &f.lse,
-                            },
-                        )
-                        .unwrap_or_else(|e| panic!("{label}: backward: {e}"));
+                    let f = run_forward(
+                        ex,
+                        p,
+                        &ForwardInputs {
+                            q: &inp.q,
+                            k: &inp.k,
+                            v: &inp.v,
+                        },
+                    )
+                    .unwrap_or_else(|e| panic!("{label}: forward: {e}"));
+                    let b = run_backward(
+                        ex,
+                        p,
+                        &BackwardInputs {
+                            q: &inp.q,
+                            k: &inp.k,
+                            v: &inp.v,
+                            o: &f.o,
+                            d_o: &inp.d_o,
+                            lse: &f.lse,
+                        },
+                    )
+                    .unwrap_or_else(|e| panic!("{label}: backward: {e}"));
                     let v = verify(p, &inp, &f.o, &f.lse, Some(&b));
                     let mut line = format!(
                         "| {label} | {} |",
@@ -228,7 +229,7 @@ fn numerics_flash_attention_criterion_forward_and_backward() {
 #[cfg(feature = "cuda")]
 #[test]
 fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_replay() {
-    use attn_policy_adapters::{DeviceForwardArgs, StreamLaunch};
+    use attn_policy_adapters::{DeviceForwardArgs, DeviceIo, StreamLaunch};
     let Some(ex) = gpu() else { return };
     let seed = fresh_seed();
     let bufs = ex.buffers();
@@ -245,13 +246,16 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
         (o, lse)
     };
     let args = |o: &attn_policy_adapters::chunked::DeviceBuffer,
-                l: &attn_policy_adapters::chunked::DeviceBuffer| DeviceForwardArgs {
-        q: q.ptr(),
-        k: k.ptr(),
-        v: v.ptr(),
-        o: o.ptr(),
-        lse: l.ptr(),
+                l: &attn_policy_adapters::chunked::DeviceBuffer| {
+        DeviceIo::Forward(DeviceForwardArgs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            o: o.ptr(),
+            lse: l.ptr(),
+        })
     };
+    let plan = ex.plan(&p, Direction::Forward).unwrap();
     let read = |o: &attn_policy_adapters::chunked::DeviceBuffer,
                 l: &attn_policy_adapters::chunked::DeviceBuffer| {
         (
@@ -267,20 +271,20 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
     let (o2, l2) = outs();
     let (o3, l3) = outs();
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.forward_device(&p, &args(&o1, &l1)) }.unwrap();
+    unsafe { plan.run_device(&args(&o1, &l1)) }.unwrap();
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.forward_device(&p, &args(&o2, &l2)) }.unwrap();
+    unsafe { plan.run_device(&args(&o2, &l2)) }.unwrap();
     let first = read(&o1, &l1);
     assert!(first.0.iter().any(|&x| x != 0), "O is all zeros");
     assert_eq!(first, read(&o2, &l2), "two forward runs differ");
 
     // A stream the executor does not own, as a framework's would be.
-    let (side, _ws, launch) = foreign_launch(&ex, &p, Direction::Forward);
+    let (side, _ws, launch) = foreign_launch(&ex, plan.as_ref());
     let ws_bytes = launch.workspace_bytes;
     let refused = |l: &StreamLaunch| {
         matches!(
             // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-            unsafe { ex.enqueue_forward(&p, &args(&o3, &l3), l) },
+            unsafe { plan.enqueue(&args(&o3, &l3), l) },
             Err(ExecError::InvalidInput { .. })
         )
     };
@@ -293,7 +297,7 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
         ..launch
     }));
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.enqueue_forward(&p, &args(&o3, &l3), &launch) }.unwrap();
+    unsafe { plan.enqueue(&args(&o3, &l3), &launch) }.unwrap();
     side.synchronize().unwrap();
     assert_eq!(first, read(&o3, &l3), "stream path differs");
 
@@ -301,18 +305,15 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
     bufs.poison(&o3, 0xFF).unwrap();
     bufs.poison(&l3, 0xFF).unwrap();
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    replay_twice_in_a_graph(&side, || unsafe {
-        ex.enqueue_forward(&p, &args(&o3, &l3), &launch)
-    });
+    replay_twice_in_a_graph(&side, || unsafe { plan.enqueue(&args(&o3, &l3), &launch) });
     assert_eq!(first, read(&o3, &l3), "graph replay differs");
 }
 
-/// A stream the executor does not own (as a framework's would be) and a workspace for `dir`.
+/// A stream the executor does not own (as a framework's would be) and a workspace for `plan`.
 #[cfg(feature = "cuda")]
 fn foreign_launch(
     ex: &Fused,
-    p: &AttentionProblem,
-    dir: Direction,
+    plan: &dyn attn_policy_adapters::Plan,
 ) -> (
     std::sync::Arc<cudarc::driver::CudaStream>,
     attn_policy_adapters::chunked::DeviceBuffer,
@@ -320,7 +321,7 @@ fn foreign_launch(
 ) {
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let side = ctx.new_stream().unwrap();
-    let ws_bytes = ex.workspace_bytes(p, dir).unwrap();
+    let ws_bytes = plan.workspace_bytes().unwrap();
     let ws = ex.buffers().alloc(ws_bytes as usize).unwrap();
     let launch = attn_policy_adapters::StreamLaunch {
         device: 0,
@@ -370,7 +371,8 @@ fn refusals_come_before_any_launch() {
     let p = AttentionProblem::new(1, 4, 2, 64, 64, 512, 512, DType::BF16);
     let inp = random_inputs(&p, 3);
     let fwd = |p: &AttentionProblem, q: &HostTensor| {
-        ex.forward(
+        run_forward(
+            &ex,
             p,
             &ForwardInputs {
                 q,
@@ -397,7 +399,7 @@ fn refusals_come_before_any_launch() {
         let e = ex.check(&bad).unwrap_err();
         assert!(e.reason.contains(why), "{why}: {}", e.reason);
         assert!(matches!(
-            ex.workspace_bytes(&bad, Direction::Forward),
+            ex.plan(&bad, Direction::Forward),
             Err(ExecError::Unsupported { .. })
         ));
     }
@@ -419,22 +421,22 @@ fn refusals_come_before_any_launch() {
     ));
     // The backward checks its inputs the same way: wrong lengths are refused, typed.
     let f = fwd(&p, &inp.q).unwrap();
-    let e = ex
-        .backward(
-            &p,
-            &BackwardInputs {
-                q: &inp.q,
-                k: &inp.k,
-                v: &inp.v,
-                o: &f.o,
-                d_o: &short,
-                lse: &f.lse,
-            },
-        )
-        .unwrap_err();
+    let e = run_backward(
+        &ex,
+        &p,
+        &BackwardInputs {
+            q: &inp.q,
+            k: &inp.k,
+            v: &inp.v,
+            o: &f.o,
+            d_o: &short,
+            lse: &f.lse,
+        },
+    )
+    .unwrap_err();
     assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
     assert!(
-        ex.workspace_bytes(
+        ex.plan(
             &AttentionProblem::new(1, 4, 2, 64, 64, 256, 256, DType::BF16),
             Direction::Backward
         )
@@ -447,7 +449,7 @@ fn refusals_come_before_any_launch() {
 #[test]
 fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_replay() {
     use attn_policy_adapters::chunked::DeviceBuffer;
-    use attn_policy_adapters::{DeviceBackwardArgs, DeviceForwardArgs, StreamLaunch};
+    use attn_policy_adapters::{DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, StreamLaunch};
     // Small chunks: several chunks, each several score tiles.
     let Some(ex) = gpu_with(ChunkedConfig {
         max_chunk_rows: 384,
@@ -474,7 +476,12 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
         lse: lse.ptr(),
     };
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.forward_device(&p, &fa) }.unwrap();
+    unsafe {
+        ex.plan(&p, Direction::Forward)
+            .unwrap()
+            .run_device(&DeviceIo::Forward(fa))
+    }
+    .unwrap();
     let grads = || {
         let g = [
             bufs.alloc(2 * p.q_span()).unwrap(),
@@ -486,17 +493,20 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
         }
         g
     };
-    let args = |g: &[DeviceBuffer; 3]| DeviceBackwardArgs {
-        q: q.ptr(),
-        k: k.ptr(),
-        v: v.ptr(),
-        o: o.ptr(),
-        d_o: d_o.ptr(),
-        lse: lse.ptr(),
-        dq: g[0].ptr(),
-        dk: g[1].ptr(),
-        dv: g[2].ptr(),
+    let args = |g: &[DeviceBuffer; 3]| {
+        DeviceIo::Backward(DeviceBackwardArgs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            o: o.ptr(),
+            d_o: d_o.ptr(),
+            lse: lse.ptr(),
+            dq: g[0].ptr(),
+            dk: g[1].ptr(),
+            dv: g[2].ptr(),
+        })
     };
+    let plan = ex.plan(&p, Direction::Backward).unwrap();
     let read = |g: &[DeviceBuffer; 3]| {
         [
             bufs.download_u16(&g[0], p.q_span()).unwrap(),
@@ -506,9 +516,9 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
     };
     let (g1, g2, g3) = (grads(), grads(), grads());
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.backward_device(&p, &args(&g1)) }.unwrap();
+    unsafe { plan.run_device(&args(&g1)) }.unwrap();
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.backward_device(&p, &args(&g2)) }.unwrap();
+    unsafe { plan.run_device(&args(&g2)) }.unwrap();
     let first = read(&g1);
     for (g, name) in first.iter().zip(["dQ", "dK", "dV"]) {
         assert!(g.iter().any(|&x| x != 0), "{name} is all zeros");
@@ -516,13 +526,12 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
     }
     assert_eq!(first, read(&g2), "two backward runs differ");
 
-    let (side, _ws, launch) = foreign_launch(&ex, &p, Direction::Backward);
+    let (side, _ws, launch) = foreign_launch(&ex, plan.as_ref());
     let ws_bytes = launch.workspace_bytes;
     assert!(matches!(
         // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
         unsafe {
-            ex.enqueue_backward(
-                &p,
+            plan.enqueue(
                 &args(&g3),
                 &StreamLaunch {
                     workspace_bytes: ws_bytes - 256,
@@ -533,7 +542,7 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
         Err(ExecError::InvalidInput { .. })
     ));
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    unsafe { ex.enqueue_backward(&p, &args(&g3), &launch) }.unwrap();
+    unsafe { plan.enqueue(&args(&g3), &launch) }.unwrap();
     side.synchronize().unwrap();
     assert_eq!(first, read(&g3), "stream path differs");
 
@@ -541,8 +550,6 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
         bufs.poison(b, 0xFF).unwrap();
     }
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
-    replay_twice_in_a_graph(&side, || unsafe {
-        ex.enqueue_backward(&p, &args(&g3), &launch)
-    });
+    replay_twice_in_a_graph(&side, || unsafe { plan.enqueue(&args(&g3), &launch) });
     assert_eq!(first, read(&g3), "graph replay differs");
 }

@@ -3,9 +3,10 @@
 //! in a pack's chain (`executors:` in pack.yaml, checked against the catalogue) and walked
 //! (`chain::walk`, then `trial::run_on` after the walk).
 //!
-//! `toy`: CPU, fp16/bf16, head_dim 8..=64 (multiple of 8), no mask, no window. Its forward is
-//! its own naive float64 attention (so verification against the float64 reference tests it);
-//! its backward delegates to the reference.
+//! `toy`: CPU, fp16/bf16, head_dim 8..=64 (multiple of 8), no mask, no window. Its plan's
+//! forward is its own naive float64 attention (so verification against the float64 reference
+//! tests it); its backward plan delegates to the reference's plan. Everything goes through the
+//! one contract: `check`, `plan(problem, direction)`, `Plan::run_host`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,13 +14,15 @@ use std::sync::Arc;
 use attn_policy::ExecutorOutcome;
 use attn_policy::PackSpec;
 use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
-use attn_policy_adapters::executor::{validate_backward_inputs, validate_forward_inputs};
+use attn_policy_adapters::executor::{
+    direction_mismatch, validate_backward_inputs, validate_forward_inputs,
+};
 use attn_policy_adapters::reference::{self, Reference};
 use attn_policy_adapters::trial::{RunOptions, RunReport, VerifyMode, run_on};
 use attn_policy_adapters::{
-    AttentionProblem, Availability, BackwardInputs, BackwardOutput, DType, DeviceKind, Direction,
-    ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, LayoutKind,
-    Manifest, MaskKind, MaskSpec, Registry, RegistryEntry, Unsupported, problem_from_facts,
+    AttentionProblem, Availability, DType, DeviceKind, Direction, ExecError, ExecStats, Executor,
+    ForwardInputs, ForwardOutput, HeadDimRange, HostIo, HostOutput, LayoutKind, Manifest, MaskKind,
+    MaskSpec, Plan, Registry, RegistryEntry, Unsupported, problem_from_facts,
 };
 
 // ---- 1. the executor ------------------------------------------------------------------------
@@ -80,65 +83,95 @@ impl Executor for Toy {
         manifest().admits(p)
     }
 
-    fn forward(
-        &self,
-        p: &AttentionProblem,
-        inputs: &ForwardInputs<'_>,
-    ) -> Result<ForwardOutput, ExecError> {
+    /// The plan: the problem and direction. Its backward is the reference's plan.
+    fn plan(&self, p: &AttentionProblem, direction: Direction) -> Result<Arc<dyn Plan>, ExecError> {
         self.check(p)?;
-        validate_forward_inputs(p, inputs)?;
-        let (q, k, v) = (
-            reference::decode(inputs.q),
-            reference::decode(inputs.k),
-            reference::decode(inputs.v),
-        );
-        let (l, d, dv) = (&p.layout, p.head_dim_qk, p.head_dim_v);
-        let group = p.heads_q / p.heads_kv;
-        let mut o = vec![0.0; p.o_span()];
-        let mut lse = vec![0.0f32; p.lse_len()];
-        for b in 0..p.batch {
-            for h in 0..p.heads_q {
-                let hk = h / group;
-                for i in 0..p.seqlen_q {
-                    let s: Vec<f64> = (0..p.seqlen_kv)
-                        .map(|j| {
-                            let dot: f64 = (0..d)
-                                .map(|x| q[l.q.offset(b, h, i, x)] * k[l.k.offset(b, hk, j, x)])
-                                .sum();
-                            p.softmax_scale * dot
-                        })
-                        .collect();
-                    let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                    let sum: f64 = e.iter().sum();
-                    for x in 0..dv {
-                        let acc: f64 = (0..p.seqlen_kv)
-                            .map(|j| e[j] * v[l.v.offset(b, hk, j, x)])
-                            .sum();
-                        o[l.o.offset(b, h, i, x)] = acc / sum;
-                    }
-                    lse[(b * p.heads_q + h) * p.seqlen_q + i] = (m + sum.ln()) as f32;
-                }
-            }
-        }
-        Ok(ForwardOutput {
-            o: reference::encode(p.dtype, &o),
-            lse,
-            stats: ExecStats::default(),
-        })
+        let backward = match direction {
+            Direction::Forward => None,
+            Direction::Backward => Some(Reference.plan(p, direction)?),
+        };
+        Ok(Arc::new(ToyPlan {
+            p: p.clone(),
+            direction,
+            backward,
+        }))
+    }
+}
+
+struct ToyPlan {
+    p: AttentionProblem,
+    direction: Direction,
+    /// The reference's backward plan (backward plans only).
+    backward: Option<Arc<dyn Plan>>,
+}
+
+impl Plan for ToyPlan {
+    fn executor(&self) -> &str {
+        NAME
     }
 
-    fn backward(
-        &self,
-        p: &AttentionProblem,
-        inputs: &BackwardInputs<'_>,
-    ) -> Result<BackwardOutput, ExecError> {
-        self.check(p)?;
-        validate_backward_inputs(p, inputs)?;
-        Reference.backward(p, inputs)
+    fn direction(&self) -> Direction {
+        self.direction
     }
-    // `plan`, `workspace_bytes` and `enqueue_*` keep their defaults: a host executor has no
-    // plan to build and no stream path.
+
+    fn run_host(&self, io: HostIo<'_>) -> Result<HostOutput, ExecError> {
+        match (io, &self.backward) {
+            (HostIo::Forward(inputs), None) => {
+                validate_forward_inputs(&self.p, &inputs)?;
+                Ok(HostOutput::Forward(toy_forward(&self.p, &inputs)))
+            }
+            (HostIo::Backward(inputs), Some(reference)) => {
+                validate_backward_inputs(&self.p, &inputs)?;
+                reference.run_host(HostIo::Backward(inputs))
+            }
+            (io, _) => Err(direction_mismatch(self.direction, io.direction())),
+        }
+    }
+    // `workspace_bytes`, `enqueue` and `run_device` keep their defaults: `toy` has no stream
+    // path and no device path (`Unsupported`).
+}
+
+/// `toy`'s own naive float64 forward.
+fn toy_forward(p: &AttentionProblem, inputs: &ForwardInputs<'_>) -> ForwardOutput {
+    let (q, k, v) = (
+        reference::decode(inputs.q),
+        reference::decode(inputs.k),
+        reference::decode(inputs.v),
+    );
+    let (l, d, dv) = (&p.layout, p.head_dim_qk, p.head_dim_v);
+    let group = p.heads_q / p.heads_kv;
+    let mut o = vec![0.0; p.o_span()];
+    let mut lse = vec![0.0f32; p.lse_len()];
+    for b in 0..p.batch {
+        for h in 0..p.heads_q {
+            let hk = h / group;
+            for i in 0..p.seqlen_q {
+                let s: Vec<f64> = (0..p.seqlen_kv)
+                    .map(|j| {
+                        let dot: f64 = (0..d)
+                            .map(|x| q[l.q.offset(b, h, i, x)] * k[l.k.offset(b, hk, j, x)])
+                            .sum();
+                        p.softmax_scale * dot
+                    })
+                    .collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for x in 0..dv {
+                    let acc: f64 = (0..p.seqlen_kv)
+                        .map(|j| e[j] * v[l.v.offset(b, hk, j, x)])
+                        .sum();
+                    o[l.o.offset(b, h, i, x)] = acc / sum;
+                }
+                lse[(b * p.heads_q + h) * p.seqlen_q + i] = (m + sum.ln()) as f32;
+            }
+        }
+    }
+    ForwardOutput {
+        o: reference::encode(p.dtype, &o),
+        lse,
+        stats: ExecStats::default(),
+    }
 }
 
 // ---- 2. registering it ----------------------------------------------------------------------
@@ -266,21 +299,15 @@ fn a_wrong_toy_fails_verification() {
         fn check(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
             Toy.check(p)
         }
-        fn forward(
+        /// Toy's plan for the problem with a scale 1.5 times the caller's.
+        fn plan(
             &self,
             p: &AttentionProblem,
-            i: &ForwardInputs<'_>,
-        ) -> Result<ForwardOutput, ExecError> {
+            direction: Direction,
+        ) -> Result<Arc<dyn Plan>, ExecError> {
             let mut q = p.clone();
             q.softmax_scale *= 1.5;
-            Toy.forward(&q, i)
-        }
-        fn backward(
-            &self,
-            p: &AttentionProblem,
-            i: &BackwardInputs<'_>,
-        ) -> Result<BackwardOutput, ExecError> {
-            Toy.backward(p, i)
+            Toy.plan(&q, direction)
         }
     }
     let report = run_on(&Skewed, &problem(64), 3, &run_options()).expect("runs");

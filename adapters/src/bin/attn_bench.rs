@@ -24,10 +24,12 @@
 use attn_policy_adapters::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
 use attn_policy_adapters::fused::{self, Fused};
 use attn_policy_adapters::{
-    AttentionProblem, DType, DeviceBackwardArgs, DeviceForwardArgs, ExecError, Executor, MaskSpec,
+    AttentionProblem, DType, DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, Direction, ExecError,
+    Executor, MaskSpec, Plan,
 };
 use std::io::Write;
 use std::process::Command;
+use std::sync::Arc;
 
 struct Args {
     seqlens: Vec<usize>,
@@ -164,7 +166,7 @@ fn run(a: &Args) -> Result<(), ExecError> {
         workspace_budget: a.budget_mib << 20,
         ..Default::default()
     };
-    let ex = Chunked::new(cfg)?;
+    let ex = Arc::new(Chunked::new(cfg)?);
     println!("device: {}", ex.device_description());
     let gemm = ex.probe_gemm_tflops(a.dtype, 8192)?;
     println!(
@@ -275,8 +277,8 @@ fn run(a: &Args) -> Result<(), ExecError> {
 
 /// One fused executor per backward chunking and lane count asked for (the default when none),
 /// with its row label; none without `--fused` (or once one cannot be made).
-fn fused_executors(a: &Args) -> Vec<(String, Fused)> {
-    let mut fused_exs: Vec<(String, Fused)> = Vec::new();
+fn fused_executors(a: &Args) -> Vec<(String, Arc<Fused>)> {
+    let mut fused_exs: Vec<(String, Arc<Fused>)> = Vec::new();
     if a.fused {
         let default = ChunkedConfig::default();
         let chunks: Vec<Option<usize>> = if a.fused_chunks.is_empty() {
@@ -306,7 +308,7 @@ fn fused_executors(a: &Args) -> Vec<(String, Fused)> {
             }
             label += ")";
             match Fused::with_chunking(0, cfg) {
-                Ok(f) => fused_exs.push((label, f)),
+                Ok(f) => fused_exs.push((label, Arc::new(f))),
                 Err(e) => {
                     println!("fused executor skipped: {e}");
                     break;
@@ -324,31 +326,41 @@ fn fused_executors(a: &Args) -> Vec<(String, Fused)> {
 ///
 /// `fa` and `ba` point at live device allocations of the spans `p` needs.
 unsafe fn time_chunked(
-    ex: &Chunked,
+    ex: &dyn Executor,
     p: &AttentionProblem,
     fa: &DeviceForwardArgs,
     ba: &DeviceBackwardArgs,
     iters: usize,
 ) -> Result<(f64, f64, u64, u64), ExecError> {
+    let [fp, bp] = plans(ex, p)?;
+    let (fio, bio) = (DeviceIo::Forward(*fa), DeviceIo::Backward(*ba));
     // SAFETY: the caller's contract: all buffers are live allocations of the spans `p` needs.
     Ok(unsafe {
-        ex.forward_device(p, fa)?;
-        ex.backward_device(p, ba)?;
+        fp.run_device(&fio)?;
+        bp.run_device(&bio)?;
         let mut tf = Vec::new();
         for _ in 0..iters * 2 {
-            tf.push(ex.forward_device(p, fa)?.compute_ms);
+            tf.push(fp.run_device(&fio)?.compute_ms);
         }
         let mut tfb = Vec::new();
         let (mut wf, mut wb) = (0, 0);
         for _ in 0..iters {
-            let f = ex.forward_device(p, fa)?;
-            let b = ex.backward_device(p, ba)?;
+            let f = fp.run_device(&fio)?;
+            let b = bp.run_device(&bio)?;
             wf = f.workspace_bytes;
             wb = b.workspace_bytes;
             tfb.push(f.compute_ms + b.compute_ms);
         }
         (median(tf), median(tfb), wf, wb)
     })
+}
+
+/// `ex`'s forward and backward plans for `p` (made once, before any timing).
+fn plans(ex: &dyn Executor, p: &AttentionProblem) -> Result<[Arc<dyn Plan>; 2], ExecError> {
+    Ok([
+        ex.plan(p, Direction::Forward)?,
+        ex.plan(p, Direction::Backward)?,
+    ])
 }
 
 /// Determinism: a second backward (into poisoned dQ, dK, dV) must reproduce them bit for bit.
@@ -359,7 +371,7 @@ unsafe fn time_chunked(
 /// `ba` points at live device allocations of the spans `p` needs; `[dq, dk, dv]` are its
 /// gradient buffers.
 unsafe fn backward_twice(
-    ex: &Chunked,
+    ex: &Arc<Chunked>,
     p: &AttentionProblem,
     ba: &DeviceBackwardArgs,
     [dq, dk, dv]: [&DeviceBuffer; 3],
@@ -377,7 +389,10 @@ unsafe fn backward_twice(
         ex.poison(b, 0xFF)?;
     }
     // SAFETY: the caller's contract: `ba`'s buffers are live allocations of the spans `p` needs.
-    unsafe { ex.backward_device(p, ba)? };
+    unsafe {
+        ex.plan(p, Direction::Backward)?
+            .run_device(&DeviceIo::Backward(*ba))?
+    };
     let g2 = grads(ex)?;
     let identical = g1 == g2;
     let nonzero = g1[0].iter().any(|&x| x != 0);
@@ -399,7 +414,7 @@ unsafe fn backward_twice(
 #[allow(clippy::too_many_arguments)]
 fn fused_row(
     ex: &Chunked,
-    fx: &Fused,
+    fx: &Arc<Fused>,
     label: &str,
     p: &AttentionProblem,
     s: usize,
@@ -430,18 +445,20 @@ fn fused_row(
         dv: dv.ptr(),
         ..*ba
     };
+    let [fp, bp] = plans(fx, p)?;
+    let (args, bargs) = (DeviceIo::Forward(args), DeviceIo::Backward(bargs));
     // SAFETY: the inputs are the chunked run's live buffers, the outputs are sized above.
     let (fwd, fb, ws_b) = unsafe {
-        fx.forward_device(p, &args)?;
-        fx.backward_device(p, &bargs)?;
+        fp.run_device(&args)?;
+        bp.run_device(&bargs)?;
         let mut t = Vec::new();
         for _ in 0..iters * 2 {
-            t.push(fx.forward_device(p, &args)?.compute_ms);
+            t.push(fp.run_device(&args)?.compute_ms);
         }
         let (mut tfb, mut wb) = (Vec::new(), 0);
         for _ in 0..iters {
-            let f = fx.forward_device(p, &args)?;
-            let b = fx.backward_device(p, &bargs)?;
+            let f = fp.run_device(&args)?;
+            let b = bp.run_device(&bargs)?;
             wb = b.workspace_bytes;
             tfb.push(f.compute_ms + b.compute_ms);
         }
@@ -465,8 +482,8 @@ fn fused_row(
     }
     // SAFETY: as above.
     unsafe {
-        fx.forward_device(p, &args)?;
-        fx.backward_device(p, &bargs)?;
+        fp.run_device(&args)?;
+        bp.run_device(&bargs)?;
     }
     let (second, l2) = outs(mine)?;
     let identical = first == second
@@ -584,21 +601,25 @@ impl Tensors {
 fn profile_fused_backward(
     a: &Args,
     ex: &Chunked,
-    fx: &Fused,
+    fx: &Arc<Fused>,
     label: &str,
 ) -> Result<(), ExecError> {
     let s = a.seqlens.first().copied().unwrap_or(16384);
     let p = AttentionProblem::new(a.b, a.hq, a.hkv, s, s, a.d, a.d, a.dtype)
         .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
     let t = Tensors::new(ex, &p, 1)?;
-    let (fa, ba) = (t.forward_args(), t.backward_args());
+    let (fa, ba) = (
+        DeviceIo::Forward(t.forward_args()),
+        DeviceIo::Backward(t.backward_args()),
+    );
+    let [fp, bp] = plans(fx, &p)?;
     // SAFETY: all buffers are live allocations of the spans the problem needs; the profiler
     // calls only mark a range.
     let ms = unsafe {
-        fx.forward_device(&p, &fa)?;
-        fx.backward_device(&p, &ba)?;
+        fp.run_device(&fa)?;
+        bp.run_device(&ba)?;
         cudarc::driver::sys::cuProfilerStart();
-        let st = fx.backward_device(&p, &ba)?;
+        let st = bp.run_device(&ba)?;
         cudarc::driver::sys::cuProfilerStop();
         st.compute_ms
     };

@@ -98,7 +98,7 @@ fn main() {
         .position(|a| a == "--json")
         .map(|i| args[i + 1].clone());
     let ex = match CudnnExecutor::new(0) {
-        Ok(e) => e,
+        Ok(e) => std::sync::Arc::new(e),
         Err(e) => {
             eprintln!("no GPU/cuDNN: {e}");
             std::process::exit(2);

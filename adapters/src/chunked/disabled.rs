@@ -2,11 +2,9 @@
 
 use super::ChunkedConfig;
 use crate::device::Availability;
-use crate::executor::{
-    BackwardInputs, BackwardOutput, ExecError, Executor, ForwardInputs, ForwardOutput, Manifest,
-    Unsupported,
-};
+use crate::executor::{Direction, ExecError, Executor, Manifest, Plan, Unsupported};
 use crate::problem::AttentionProblem;
+use std::sync::Arc;
 
 const WHY: &str = "attn-policy-adapters was built without the `cuda` feature";
 
@@ -32,7 +30,8 @@ pub fn availability() -> Availability {
     Availability::unavailable(WHY)
 }
 
-impl Executor for Chunked {
+/// As the CUDA build: the executor is a shared handle, which its plans keep alive.
+impl Executor for Arc<Chunked> {
     fn name(&self) -> &str {
         super::NAME
     }
@@ -45,18 +44,7 @@ impl Executor for Chunked {
     fn check(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
         super::check_problem(p)
     }
-    fn forward(
-        &self,
-        _: &AttentionProblem,
-        _: &ForwardInputs<'_>,
-    ) -> Result<ForwardOutput, ExecError> {
-        Err(ExecError::NoDevice { reason: WHY.into() })
-    }
-    fn backward(
-        &self,
-        _: &AttentionProblem,
-        _: &BackwardInputs<'_>,
-    ) -> Result<BackwardOutput, ExecError> {
+    fn plan(&self, _: &AttentionProblem, _: Direction) -> Result<Arc<dyn Plan>, ExecError> {
         Err(ExecError::NoDevice { reason: WHY.into() })
     }
 }

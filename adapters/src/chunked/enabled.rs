@@ -7,9 +7,10 @@ use super::plan::{
 use super::{ChunkedConfig, NAME};
 use crate::device::{Availability, cuda_devices};
 use crate::executor::{
-    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, Direction, ExecError,
-    ExecStats, Executor, ForwardInputs, ForwardOutput, HostTensor, Manifest, StreamLaunch,
-    Unsupported, validate_backward_inputs, validate_forward_inputs,
+    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, Direction,
+    ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HostIo, HostOutput, HostTensor,
+    Manifest, Plan as ExecPlan, StreamLaunch, Unsupported, direction_mismatch,
+    validate_backward_inputs, validate_forward_inputs,
 };
 use crate::problem::{AttentionProblem, DType, EffectiveMask};
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
@@ -443,9 +444,17 @@ impl Chunked {
         &self.config
     }
 
+    /// Workspace bytes of a stream-path call of `p` in direction `dir` (the chunked plan's
+    /// buffers, then cuBLAS's workspace): what its plan's [`crate::Plan::workspace_bytes`] says.
+    pub fn workspace_for(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
+        super::check_problem(p)?;
+        let pl = plan::make_plan(p, &self.config, PlanKind::of(dir == Direction::Backward))?;
+        Ok(self.split_workspace(&pl).1)
+    }
+
     /// Workspace bytes of the chunked plan alone for a forward (`backward = false`) or
     /// backward call of `p` (the stream path adds cuBLAS's workspace, see
-    /// [`Executor::workspace_bytes`]).
+    /// [`Chunked::workspace_for`]).
     pub fn plan_bytes(&self, p: &AttentionProblem, backward: bool) -> Result<u64, ExecError> {
         Ok(plan::make_plan(p, &self.config, PlanKind::of(backward))?.bytes)
     }
@@ -721,7 +730,7 @@ impl Chunked {
         p: &AttentionProblem,
         dir: Direction,
     ) -> Result<(DeviceBuffer, StreamLaunch), ExecError> {
-        let bytes = Executor::workspace_bytes(self, p, dir)?;
+        let bytes = self.workspace_for(p, dir)?;
         let ws = self.alloc(bytes as usize)?;
         let launch = StreamLaunch {
             device: self.ordinal,
@@ -1085,7 +1094,9 @@ impl Ops for CudaOps<'_> {
     }
 }
 
-impl Executor for Chunked {
+/// The executor is a shared handle ([`crate::chunked::create`] registers an `Arc<Chunked>`):
+/// its plans keep it alive.
+impl Executor for Arc<Chunked> {
     fn name(&self) -> &str {
         NAME
     }
@@ -1102,72 +1113,75 @@ impl Executor for Chunked {
         super::check_problem(p)
     }
 
-    fn forward(
-        &self,
-        p: &AttentionProblem,
-        inputs: &ForwardInputs<'_>,
-    ) -> Result<ForwardOutput, ExecError> {
-        self.check(p)?;
-        validate_forward_inputs(p, inputs)?;
-        self.forward_on_host(p, inputs, |args| self.fwd_impl(p, args))
-    }
-
-    fn backward(
-        &self,
-        p: &AttentionProblem,
-        inputs: &BackwardInputs<'_>,
-    ) -> Result<BackwardOutput, ExecError> {
-        self.check(p)?;
-        validate_backward_inputs(p, inputs)?;
-        self.backward_on_host(p, inputs, |args| self.bwd_impl(p, args))
-    }
-
     fn device_ordinal(&self) -> Option<usize> {
         Some(self.ordinal)
     }
 
-    fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<(), ExecError> {
-        self.workspace_bytes(p, dir).map(drop)
+    /// Checks the problem and computes the workspace of the chunking (the chunked executor
+    /// caches nothing per shape: each call makes its chunking, which is arithmetic).
+    fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<Arc<dyn ExecPlan>, ExecError> {
+        let workspace = self.workspace_for(p, dir)?;
+        Ok(Arc::new(ChunkedPlan {
+            ex: Arc::clone(self),
+            p: p.clone(),
+            dir,
+            workspace,
+        }))
+    }
+}
+
+/// A chunked plan: the executor, the problem, the direction and its workspace size.
+struct ChunkedPlan {
+    ex: Arc<Chunked>,
+    p: AttentionProblem,
+    dir: Direction,
+    workspace: u64,
+}
+
+impl ExecPlan for ChunkedPlan {
+    fn executor(&self) -> &str {
+        NAME
     }
 
-    fn workspace_bytes(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
-        super::check_problem(p)?;
-        let pl = plan::make_plan(p, &self.config, PlanKind::of(dir == Direction::Backward))?;
-        Ok(self.split_workspace(&pl).1)
+    fn direction(&self) -> Direction {
+        self.dir
     }
 
-    unsafe fn enqueue_forward(
-        &self,
-        p: &AttentionProblem,
-        args: &DeviceForwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        self.enqueue_fwd(p, args, launch)
+    fn workspace_bytes(&self) -> Result<u64, ExecError> {
+        Ok(self.workspace)
     }
 
-    unsafe fn enqueue_backward(
-        &self,
-        p: &AttentionProblem,
-        args: &DeviceBackwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        self.enqueue_bwd(p, args, launch)
+    unsafe fn enqueue(&self, io: &DeviceIo, launch: &StreamLaunch) -> Result<(), ExecError> {
+        match (self.dir, io) {
+            (Direction::Forward, DeviceIo::Forward(a)) => self.ex.enqueue_fwd(&self.p, a, launch),
+            (Direction::Backward, DeviceIo::Backward(a)) => self.ex.enqueue_bwd(&self.p, a, launch),
+            _ => Err(direction_mismatch(self.dir, io.direction())),
+        }
     }
 
-    unsafe fn forward_device(
-        &self,
-        p: &AttentionProblem,
-        args: &DeviceForwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        self.fwd_impl(p, args)
+    unsafe fn run_device(&self, io: &DeviceIo) -> Result<ExecStats, ExecError> {
+        match (self.dir, io) {
+            (Direction::Forward, DeviceIo::Forward(a)) => self.ex.fwd_impl(&self.p, a),
+            (Direction::Backward, DeviceIo::Backward(a)) => self.ex.bwd_impl(&self.p, a),
+            _ => Err(direction_mismatch(self.dir, io.direction())),
+        }
     }
 
-    unsafe fn backward_device(
-        &self,
-        p: &AttentionProblem,
-        args: &DeviceBackwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        self.bwd_impl(p, args)
+    fn run_host(&self, io: HostIo<'_>) -> Result<HostOutput, ExecError> {
+        let (ex, p) = (&self.ex, &self.p);
+        match (self.dir, io) {
+            (Direction::Forward, HostIo::Forward(inputs)) => {
+                validate_forward_inputs(p, &inputs)?;
+                ex.forward_on_host(p, &inputs, |args| ex.fwd_impl(p, args))
+                    .map(HostOutput::Forward)
+            }
+            (Direction::Backward, HostIo::Backward(inputs)) => {
+                validate_backward_inputs(p, &inputs)?;
+                ex.backward_on_host(p, &inputs, |args| ex.bwd_impl(p, args))
+                    .map(HostOutput::Backward)
+            }
+            _ => Err(direction_mismatch(self.dir, io.direction())),
+        }
     }
 }
 

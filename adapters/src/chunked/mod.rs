@@ -50,8 +50,6 @@ use std::sync::Arc;
 /// Registry constructor: opens CUDA device `ordinal` (fails with [`ExecError::NoDevice`]
 /// without the `cuda` feature, a driver or that GPU).
 pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
-    Ok(Arc::new(Chunked::on_device(
-        ChunkedConfig::default(),
-        ordinal,
-    )?))
+    let ex = Chunked::on_device(ChunkedConfig::default(), ordinal)?;
+    Ok(Arc::new(Arc::new(ex)))
 }

@@ -20,7 +20,8 @@ use crate::cudnn::spec::{Diagonal, Direction};
 use crate::device::{Availability, cuda_devices};
 use crate::executor::{
     BackwardInputs, BackwardOutput, ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput,
-    HostTensor, Manifest, Unsupported, validate_backward_inputs, validate_forward_inputs,
+    HostIo, HostOutput, HostTensor, Manifest, Plan as ExecPlan, Unsupported, direction_mismatch,
+    validate_backward_inputs, validate_forward_inputs,
 };
 use crate::problem::AttentionProblem;
 
@@ -71,7 +72,7 @@ fn cuda_err(e: drv::DriverError) -> FrostError {
 /// frontend; fails with [`ExecError::NoDevice`] when it cannot be loaded).
 pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
     match FrostExecutor::new(ordinal) {
-        Ok(e) => Ok(Arc::new(e)),
+        Ok(e) => Ok(Arc::new(Arc::new(e))),
         Err(e) => Err(ExecError::NoDevice {
             reason: e.to_string(),
         }),
@@ -197,7 +198,11 @@ impl FrostExecutor {
     }
 
     /// Gate, environment, build, name check, pin. Cached per [`FrostKey`] (refusals too).
-    pub fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<FrostPlan, FrostError> {
+    pub fn frost_plan(
+        &self,
+        p: &AttentionProblem,
+        dir: Direction,
+    ) -> Result<FrostPlan, FrostError> {
         check(p, dir, Some(self.cc)).map_err(|u| FrostError::Declined(u.reason))?;
         let reasons = self.env.decline_reasons();
         if self.strict_env && !reasons.is_empty() {
@@ -286,7 +291,7 @@ impl FrostExecutor {
         ptrs: &[u64],
         stream: &CudaStream,
     ) -> Result<FrostPlan, FrostError> {
-        let plan = self.plan(p, dir)?;
+        let plan = self.frost_plan(p, dir)?;
         let key_str = format!("{:?}", FrostKey::of(p, dir, self.ordinal));
         let cu = stream.cu_stream();
         // SAFETY: stream-ordered workspace on the call's stream, freed on it after the call.
@@ -389,7 +394,9 @@ impl FrostExecutor {
     }
 }
 
-impl Executor for FrostExecutor {
+/// The executor is a shared handle ([`create`] registers an `Arc<FrostExecutor>`): its plans
+/// keep it alive.
+impl Executor for Arc<FrostExecutor> {
     fn name(&self) -> &str {
         super::NAME
     }
@@ -412,23 +419,52 @@ impl Executor for FrostExecutor {
         check(problem, Direction::Forward, Some(self.cc))
     }
 
-    fn forward(
+    /// The gate only: the FROST plan is selected (and cached) when the plan first runs, through
+    /// [`FrostExecutor::frost_plan`], and its refusal is the run's.
+    fn plan(
         &self,
         problem: &AttentionProblem,
-        inputs: &ForwardInputs<'_>,
-    ) -> Result<ForwardOutput, ExecError> {
+        dir: Direction,
+    ) -> Result<Arc<dyn ExecPlan>, ExecError> {
         self.check(problem)?;
-        validate_forward_inputs(problem, inputs)?;
-        Ok(self.host_forward(problem, inputs)?)
+        Ok(Arc::new(FrostHostPlan {
+            ex: Arc::clone(self),
+            p: problem.clone(),
+            dir,
+        }))
+    }
+}
+
+/// A FROST plan of the trait: host tensors only (no stream or device path).
+struct FrostHostPlan {
+    ex: Arc<FrostExecutor>,
+    p: AttentionProblem,
+    dir: Direction,
+}
+
+impl ExecPlan for FrostHostPlan {
+    fn executor(&self) -> &str {
+        super::NAME
     }
 
-    fn backward(
-        &self,
-        problem: &AttentionProblem,
-        inputs: &BackwardInputs<'_>,
-    ) -> Result<BackwardOutput, ExecError> {
-        check(problem, Direction::Backward, Some(self.cc))?;
-        validate_backward_inputs(problem, inputs)?;
-        Ok(self.host_backward(problem, inputs)?)
+    fn direction(&self) -> Direction {
+        self.dir
+    }
+
+    fn run_host(&self, io: HostIo<'_>) -> Result<HostOutput, ExecError> {
+        let p = &self.p;
+        match (self.dir, io) {
+            (Direction::Forward, HostIo::Forward(inputs)) => {
+                check(p, Direction::Forward, Some(self.ex.cc))?;
+                validate_forward_inputs(p, &inputs)?;
+                Ok(HostOutput::Forward(self.ex.host_forward(p, &inputs)?))
+            }
+            (Direction::Backward, HostIo::Backward(inputs)) => {
+                check(p, Direction::Backward, Some(self.ex.cc))?;
+                validate_backward_inputs(p, &inputs)?;
+                Ok(HostOutput::Backward(self.ex.host_backward(p, &inputs)?))
+            }
+            _ => Err(direction_mismatch(self.dir, io.direction())),
+        }
     }
 }

@@ -1,11 +1,9 @@
 //! Stand-in when the crate is built without the `cuda` feature: every call says why.
 
 use crate::device::Availability;
-use crate::executor::{
-    BackwardInputs, BackwardOutput, ExecError, Executor, ForwardInputs, ForwardOutput, Manifest,
-    Unsupported,
-};
+use crate::executor::{Direction, ExecError, Executor, Manifest, Plan, Unsupported};
 use crate::problem::AttentionProblem;
+use std::sync::Arc;
 
 const WHY: &str = "attn-policy-adapters was built without the `cuda` feature";
 
@@ -35,7 +33,8 @@ pub fn availability() -> Availability {
     Availability::unavailable(WHY)
 }
 
-impl Executor for Fused {
+/// As the CUDA build: the executor is a shared handle, which its plans keep alive.
+impl Executor for Arc<Fused> {
     fn name(&self) -> &str {
         super::NAME
     }
@@ -48,18 +47,7 @@ impl Executor for Fused {
     fn check(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
         super::check_problem(p)
     }
-    fn forward(
-        &self,
-        _: &AttentionProblem,
-        _: &ForwardInputs<'_>,
-    ) -> Result<ForwardOutput, ExecError> {
-        Err(ExecError::NoDevice { reason: WHY.into() })
-    }
-    fn backward(
-        &self,
-        _: &AttentionProblem,
-        _: &BackwardInputs<'_>,
-    ) -> Result<BackwardOutput, ExecError> {
+    fn plan(&self, _: &AttentionProblem, _: Direction) -> Result<Arc<dyn Plan>, ExecError> {
         Err(ExecError::NoDevice { reason: WHY.into() })
     }
 }

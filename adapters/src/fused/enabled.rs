@@ -6,8 +6,8 @@ use crate::chunked::plan::{BwdScoresArgs, ScoreKernel};
 use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
 use crate::device::{Availability, cuda_devices, device_identity};
 use crate::executor::{
-    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, Direction, ExecError,
-    ExecStats, Executor, ForwardInputs, ForwardOutput, Manifest, StreamLaunch, Unsupported,
+    DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, Direction, ExecError, ExecStats, Executor,
+    HostIo, HostOutput, Manifest, Plan, StreamLaunch, Unsupported, direction_mismatch,
     validate_backward_inputs, validate_forward_inputs,
 };
 use crate::problem::{AttentionProblem, DType, Strides};
@@ -274,6 +274,18 @@ impl Fused {
         &self.buffers
     }
 
+    /// Workspace bytes of a stream-path call of `p` in direction `dir` (what its plan's
+    /// [`Plan::workspace_bytes`] says); compiles and loads the variant (the warm-up).
+    pub fn workspace_for(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
+        super::check_problem(p)?;
+        // The warm-up: compile and load the variant now, not inside a graph capture.
+        self.variant(p)?;
+        match dir {
+            Direction::Forward => Ok(super::forward_workspace_bytes(p)),
+            Direction::Backward => self.buffers.fused_scores_workspace_bytes(p),
+        }
+    }
+
     /// The compiled variant for `p` (compiles and loads it on first use).
     fn variant(&self, p: &AttentionProblem) -> Result<Arc<Variant>, ExecError> {
         let (dq, dv) = padded_dims(p.head_dim_qk, p.head_dim_v);
@@ -428,7 +440,7 @@ impl Fused {
         enqueue: impl FnOnce(&StreamLaunch) -> Result<(), ExecError>,
     ) -> Result<ExecStats, ExecError> {
         super::check_problem(p)?;
-        let bytes = Executor::workspace_bytes(self, p, dir)?;
+        let bytes = self.workspace_for(p, dir)?;
         let ws: DeviceBuffer = self.buffers.alloc(bytes as usize)?;
         let launch = StreamLaunch {
             device: self.ordinal,
@@ -745,7 +757,9 @@ unsafe fn launch_raw(
         .map_err(drv)
 }
 
-impl Executor for Fused {
+/// The executor is a shared handle ([`crate::fused::create`] registers an `Arc<Fused>`): its
+/// plans keep it alive.
+impl Executor for Arc<Fused> {
     fn name(&self) -> &str {
         NAME
     }
@@ -762,78 +776,78 @@ impl Executor for Fused {
         super::check_problem(p)
     }
 
-    fn forward(
-        &self,
-        p: &AttentionProblem,
-        inputs: &ForwardInputs<'_>,
-    ) -> Result<ForwardOutput, ExecError> {
-        self.check(p)?;
-        validate_forward_inputs(p, inputs)?;
-        self.buffers
-            .forward_on_host(p, inputs, |args| self.fwd_impl(p, args))
-    }
-
-    fn backward(
-        &self,
-        p: &AttentionProblem,
-        inputs: &BackwardInputs<'_>,
-    ) -> Result<BackwardOutput, ExecError> {
-        self.check(p)?;
-        validate_backward_inputs(p, inputs)?;
-        self.buffers
-            .backward_on_host(p, inputs, |args| self.bwd_impl(p, args))
-    }
-
     fn device_ordinal(&self) -> Option<usize> {
         Some(self.ordinal)
     }
 
-    fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<(), ExecError> {
-        self.workspace_bytes(p, dir).map(drop)
+    /// The warm-up: checks the problem and compiles and loads the variant now, not inside a
+    /// graph capture.
+    fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<Arc<dyn Plan>, ExecError> {
+        let workspace = self.workspace_for(p, dir)?;
+        Ok(Arc::new(FusedPlan {
+            ex: Arc::clone(self),
+            p: p.clone(),
+            dir,
+            workspace,
+        }))
+    }
+}
+
+/// A fused plan: the executor (its variant compiled), the problem, the direction and its
+/// workspace size.
+struct FusedPlan {
+    ex: Arc<Fused>,
+    p: AttentionProblem,
+    dir: Direction,
+    workspace: u64,
+}
+
+impl Plan for FusedPlan {
+    fn executor(&self) -> &str {
+        NAME
     }
 
-    fn workspace_bytes(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, ExecError> {
-        super::check_problem(p)?;
-        // The warm-up: compile and load the variant now, not inside a graph capture.
-        self.variant(p)?;
-        match dir {
-            Direction::Forward => Ok(super::forward_workspace_bytes(p)),
-            Direction::Backward => self.buffers.fused_scores_workspace_bytes(p),
+    fn direction(&self) -> Direction {
+        self.dir
+    }
+
+    fn workspace_bytes(&self) -> Result<u64, ExecError> {
+        Ok(self.workspace)
+    }
+
+    unsafe fn enqueue(&self, io: &DeviceIo, launch: &StreamLaunch) -> Result<(), ExecError> {
+        match (self.dir, io) {
+            (Direction::Forward, DeviceIo::Forward(a)) => self.ex.enqueue_fwd(&self.p, a, launch),
+            (Direction::Backward, DeviceIo::Backward(a)) => self.ex.enqueue_bwd(&self.p, a, launch),
+            _ => Err(direction_mismatch(self.dir, io.direction())),
         }
     }
 
-    unsafe fn enqueue_forward(
-        &self,
-        p: &AttentionProblem,
-        args: &DeviceForwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        self.enqueue_fwd(p, args, launch)
+    unsafe fn run_device(&self, io: &DeviceIo) -> Result<ExecStats, ExecError> {
+        match (self.dir, io) {
+            (Direction::Forward, DeviceIo::Forward(a)) => self.ex.fwd_impl(&self.p, a),
+            (Direction::Backward, DeviceIo::Backward(a)) => self.ex.bwd_impl(&self.p, a),
+            _ => Err(direction_mismatch(self.dir, io.direction())),
+        }
     }
 
-    unsafe fn enqueue_backward(
-        &self,
-        p: &AttentionProblem,
-        args: &DeviceBackwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        self.enqueue_bwd(p, args, launch)
-    }
-
-    unsafe fn forward_device(
-        &self,
-        p: &AttentionProblem,
-        args: &DeviceForwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        self.fwd_impl(p, args)
-    }
-
-    unsafe fn backward_device(
-        &self,
-        p: &AttentionProblem,
-        args: &DeviceBackwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        self.bwd_impl(p, args)
+    fn run_host(&self, io: HostIo<'_>) -> Result<HostOutput, ExecError> {
+        let (ex, p) = (&self.ex, &self.p);
+        match (self.dir, io) {
+            (Direction::Forward, HostIo::Forward(inputs)) => {
+                validate_forward_inputs(p, &inputs)?;
+                ex.buffers
+                    .forward_on_host(p, &inputs, |args| ex.fwd_impl(p, args))
+                    .map(HostOutput::Forward)
+            }
+            (Direction::Backward, HostIo::Backward(inputs)) => {
+                validate_backward_inputs(p, &inputs)?;
+                ex.buffers
+                    .backward_on_host(p, &inputs, |args| ex.bwd_impl(p, args))
+                    .map(HostOutput::Backward)
+            }
+            _ => Err(direction_mismatch(self.dir, io.direction())),
+        }
     }
 }
 

@@ -49,5 +49,5 @@ use std::sync::Arc;
 /// Registry constructor: opens CUDA device `ordinal`; fails with [`ExecError::NoDevice`] without
 /// the `cuda` feature, a driver, NVRTC, or on a device other than compute capability 9.0.
 pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
-    Ok(Arc::new(Fused::on_device(ordinal)?))
+    Ok(Arc::new(Arc::new(Fused::on_device(ordinal)?)))
 }

@@ -3,7 +3,8 @@
 //! calls that pass raw pointers.
 //!
 //! - CPU tensors run the float64 reference on their memory in place (any strides, fp16, bf16,
-//!   fp32, fp64), with the GIL released.
+//!   fp32, fp64), with the GIL released: the reference executor's plan, through the same
+//!   contract (`Executor::plan`, `Plan::enqueue`) as every executor.
 //! - CUDA tensors run the GPU executors on the caller's stream (`torch.cuda.current_stream()`)
 //!   with outputs and workspace the caller allocated (torch's caching allocator): the call
 //!   enqueues and returns, with no synchronisation and no device allocation after the plan was
@@ -20,12 +21,12 @@
 //! problem (shapes and strides) reaches past them, or a null or misaligned pointer, is refused
 //! before any executor reads it.
 
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 
 use attn_policy_adapters::{
-    AttentionProblem, Availability, DType, DeviceBackwardArgs, DeviceForwardArgs,
-    DiagonalAlignment, Direction, ExecError, Executor, MaskKind, MaskSpec, Registry, StreamLaunch,
-    Strides, TensorLayouts, reference,
+    AttentionProblem, Availability, DType, DeviceBackwardArgs, DeviceForwardArgs, DeviceIo,
+    DiagonalAlignment, Direction, ExecError, Executor, MaskKind, MaskSpec, Plan, Registry,
+    StreamLaunch, Strides, TensorLayouts,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -318,9 +319,14 @@ pub struct NativePlan {
 }
 
 /// What a plan is, shared with the C++ autograd node (`eager_abi`), which holds its own
-/// reference while an autograd graph needs it.
+/// reference while an autograd graph needs it. Host and CUDA plans alike run through the
+/// executor's [`Plan`]s (on the host, the reference's: it runs on the tensors' memory in place).
 pub(crate) struct PlanCore {
     ex: Arc<dyn Executor>,
+    /// The forward plan, made with the plan (the warm-up).
+    forward: Arc<dyn Plan>,
+    /// The backward plan, made on first use (the first `workspace_backward` or backward).
+    backward: OnceLock<Arc<dyn Plan>>,
     pub(crate) p: AttentionProblem,
     /// CUDA ordinal, None on the host.
     pub(crate) device: Option<usize>,
@@ -375,14 +381,17 @@ pub fn make_plan(
         {
             attn_policy_adapters::cudnn::require_version(d, v)?;
         }
+        let forward = ex.plan(&p, Direction::Forward)?;
         let ws_forward = if on_host {
             0
         } else {
-            ex.workspace_bytes(&p, Direction::Forward)?
+            forward.workspace_bytes()?
         };
         Ok(NativePlan {
             core: Arc::new(PlanCore {
                 ex,
+                forward,
+                backward: OnceLock::new(),
                 p,
                 device,
                 ws_forward,
@@ -394,24 +403,32 @@ pub fn make_plan(
 }
 
 impl PlanCore {
-    fn launch(&self, ws: u64, ws_bytes: u64, stream: u64) -> Result<StreamLaunch, ExecError> {
-        let device = self.device.ok_or_else(|| ExecError::InvalidInput {
-            reason: "a host plan has no stream".into(),
-        })?;
-        Ok(StreamLaunch {
-            device,
+    /// The call's launch (a host plan ignores it: it runs before returning).
+    fn launch(&self, ws: u64, ws_bytes: u64, stream: u64) -> StreamLaunch {
+        StreamLaunch {
+            device: self.device.unwrap_or(0),
             stream,
             workspace: ws,
             workspace_bytes: ws_bytes,
-        })
+        }
     }
 
-    /// Workspace bytes of the backward (0 on the host).
+    /// The backward plan (made by the first call that needs it, on its thread).
+    fn backward_plan(&self) -> Result<&Arc<dyn Plan>, ExecError> {
+        if let Some(plan) = self.backward.get() {
+            return Ok(plan);
+        }
+        let plan = self.ex.plan(&self.p, Direction::Backward)?;
+        Ok(self.backward.get_or_init(|| plan))
+    }
+
+    /// Workspace bytes of the backward (0 on the host). Builds the backward plan for the
+    /// calling thread the first time there (cuDNN's plans are per thread).
     pub(crate) fn workspace_backward(&self) -> Result<u64, ExecError> {
         if self.device.is_none() {
             return Ok(0);
         }
-        self.ex.workspace_bytes(&self.p, Direction::Backward)
+        self.backward_plan()?.workspace_bytes()
     }
 
     /// Forward: on CUDA enqueues on `stream`; on the host computes in place. `avail`: the
@@ -432,28 +449,10 @@ impl PlanCore {
         stream: u64,
     ) -> Result<(), ExecError> {
         check_forward_buffers(&self.p, args, avail)?;
-        if self.device.is_none() {
-            let p = &self.p;
-            let lse = if p.dtype == DType::F64 {
-                reference::LseOut::F64(args.lse as *mut f64)
-            } else {
-                reference::LseOut::F32(args.lse as *mut f32)
-            };
-            // SAFETY: the caller's contract.
-            return unsafe {
-                reference::forward_strided_lse(
-                    p,
-                    args.q as *const u8,
-                    args.k as *const u8,
-                    args.v as *const u8,
-                    args.o as *mut u8,
-                    lse,
-                )
-            };
-        }
-        let launch = self.launch(ws, ws_bytes, stream)?;
-        // SAFETY: the caller's contract.
-        unsafe { self.ex.enqueue_forward(&self.p, args, &launch) }
+        let launch = self.launch(ws, ws_bytes, stream);
+        // SAFETY: the caller's contract (on the host, the reference's plan reads and writes
+        // the tensors' memory in place; the LSE is fp64 for fp64 problems).
+        unsafe { self.forward.enqueue(&DeviceIo::Forward(*args), &launch) }
     }
 
     /// Backward; see `forward`. dQ, dK, dV use the strides of Q, K, V; dO those of O. On the
@@ -472,32 +471,10 @@ impl PlanCore {
         stream: u64,
     ) -> Result<(), ExecError> {
         check_backward_buffers(&self.p, args, avail)?;
-        if self.device.is_none() {
-            let p = &self.p;
-            let lse = if p.dtype == DType::F64 {
-                reference::LseIn::F64(args.lse as *const f64)
-            } else {
-                reference::LseIn::F32(args.lse as *const f32)
-            };
-            // SAFETY: the caller's contract.
-            return unsafe {
-                reference::backward_strided_from_stats(
-                    p,
-                    args.q as *const u8,
-                    args.k as *const u8,
-                    args.v as *const u8,
-                    args.o as *const u8,
-                    args.d_o as *const u8,
-                    lse,
-                    args.dq as *mut u8,
-                    args.dk as *mut u8,
-                    args.dv as *mut u8,
-                )
-            };
-        }
-        let launch = self.launch(ws, ws_bytes, stream)?;
-        // SAFETY: the caller's contract.
-        unsafe { self.ex.enqueue_backward(&self.p, args, &launch) }
+        let plan = self.backward_plan()?;
+        let launch = self.launch(ws, ws_bytes, stream);
+        // SAFETY: the caller's contract (on the host, as `forward`).
+        unsafe { plan.enqueue(&DeviceIo::Backward(*args), &launch) }
     }
 }
 

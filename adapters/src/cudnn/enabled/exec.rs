@@ -5,7 +5,7 @@
 //! - A thread-local plan cache (cuDNN handles are not to be shared between threads, and cudarc's
 //!   handle is neither Send nor Sync) holding plans and refusals, never buffers.
 //! - Workspace (the backward's fp32 scratch plus cuDNN's own): the stream path
-//!   ([`Executor::enqueue_forward`]) takes the caller's, sized by [`Executor::workspace_bytes`];
+//!   ([`crate::Plan::enqueue`]) takes the caller's, sized by [`crate::Plan::workspace_bytes`];
 //!   the bench path allocates it per call, stream-ordered (`cuMemAllocAsync`/`cuMemFreeAsync`).
 //! - The library is the process's libcudnn ([`super::dl`]): inside PyTorch, the one torch
 //!   loaded.
@@ -24,9 +24,10 @@ use cudarc::driver::{
 };
 
 use crate::executor::{
-    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, ExecError, ExecStats,
-    Executor, ForwardInputs, ForwardOutput, HostTensor, Manifest, StreamLaunch, Unsupported,
-    validate_backward_inputs, validate_forward_inputs,
+    BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, ExecError,
+    ExecStats, Executor, ForwardInputs, ForwardOutput, HostIo, HostOutput, HostTensor, Manifest,
+    Plan as ExecPlan, StreamLaunch, Unsupported, direction_mismatch, validate_backward_inputs,
+    validate_forward_inputs,
 };
 use crate::problem::AttentionProblem;
 
@@ -847,7 +848,9 @@ impl CudnnExecutor {
     }
 }
 
-impl Executor for CudnnExecutor {
+/// The executor is a shared handle ([`shared_on`] hands out an `Arc<CudnnExecutor>`): its plans
+/// keep it alive.
+impl Executor for Arc<CudnnExecutor> {
     fn name(&self) -> &str {
         convert::NAME
     }
@@ -870,91 +873,75 @@ impl Executor for CudnnExecutor {
         self.gate(problem)
     }
 
-    fn forward(
-        &self,
-        problem: &AttentionProblem,
-        inputs: &ForwardInputs<'_>,
-    ) -> Result<ForwardOutput, ExecError> {
-        self.check(problem)?;
-        validate_forward_inputs(problem, inputs)?;
-        Ok(self.host_forward(problem, inputs)?)
-    }
-
-    fn backward(
-        &self,
-        problem: &AttentionProblem,
-        inputs: &BackwardInputs<'_>,
-    ) -> Result<BackwardOutput, ExecError> {
-        self.check(problem)?;
-        validate_backward_inputs(problem, inputs)?;
-        Ok(self.host_backward(problem, inputs)?)
-    }
-
     fn device_ordinal(&self) -> Option<usize> {
         Some(self.ordinal)
     }
 
-    fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<(), ExecError> {
-        self.workspace_bytes(p, dir).map(drop)
-    }
-
-    fn workspace_bytes(
+    /// The warm-up: builds and caches the graph's plan on the calling thread
+    /// ([`CudnnExecutor::workspace_for`]).
+    fn plan(
         &self,
         problem: &AttentionProblem,
         dir: Direction,
-    ) -> Result<u64, ExecError> {
-        Ok(self.workspace_for(problem, dir)?)
+    ) -> Result<Arc<dyn ExecPlan>, ExecError> {
+        self.workspace_for(problem, dir)?;
+        Ok(Arc::new(CudnnPlan {
+            ex: Arc::clone(self),
+            p: problem.clone(),
+            dir,
+        }))
+    }
+}
+
+/// A cuDNN plan: the executor, the problem and the direction. The built graphs live in the
+/// executor's per-thread cache (cuDNN handles are per thread), found again by each call.
+struct CudnnPlan {
+    ex: Arc<CudnnExecutor>,
+    p: AttentionProblem,
+    dir: Direction,
+}
+
+impl CudnnPlan {
+    /// The io's pointers, if it is for this plan's direction.
+    fn io(&self, io: &DeviceIo) -> Result<IoPtrs, ExecError> {
+        match (self.dir, io) {
+            (Direction::Forward, DeviceIo::Forward(a)) => Ok(IoPtrs::from(a)),
+            (Direction::Backward, DeviceIo::Backward(a)) => Ok(IoPtrs::from(a)),
+            _ => Err(direction_mismatch(self.dir, io.direction())),
+        }
+    }
+}
+
+impl ExecPlan for CudnnPlan {
+    fn executor(&self) -> &str {
+        convert::NAME
     }
 
-    unsafe fn enqueue_forward(
-        &self,
-        problem: &AttentionProblem,
-        args: &DeviceForwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        self.check_launch(launch)?;
+    fn direction(&self) -> Direction {
+        self.dir
+    }
+
+    /// Builds or finds the calling thread's plan ([`CudnnExecutor::workspace_for`]).
+    fn workspace_bytes(&self) -> Result<u64, ExecError> {
+        Ok(self.ex.workspace_for(&self.p, self.dir)?)
+    }
+
+    unsafe fn enqueue(&self, io: &DeviceIo, launch: &StreamLaunch) -> Result<(), ExecError> {
+        let ptrs = self.io(io)?;
+        self.ex.check_launch(launch)?;
         let ws = Some((launch.workspace, launch.workspace_bytes));
-        // SAFETY: forwarded contract (trait docs).
+        // SAFETY: forwarded contract (`Plan::enqueue`).
         unsafe {
-            self.enqueue_raw(
-                problem,
-                Direction::Forward,
-                &IoPtrs::from(args),
-                launch.stream,
-                ws,
-            )
+            self.ex
+                .enqueue_raw(&self.p, self.dir, &ptrs, launch.stream, ws)
         }?;
         Ok(())
     }
 
-    unsafe fn enqueue_backward(
-        &self,
-        problem: &AttentionProblem,
-        args: &DeviceBackwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        self.check_launch(launch)?;
-        let ws = Some((launch.workspace, launch.workspace_bytes));
-        // SAFETY: forwarded contract (trait docs).
-        unsafe {
-            self.enqueue_raw(
-                problem,
-                Direction::Backward,
-                &IoPtrs::from(args),
-                launch.stream,
-                ws,
-            )
-        }?;
-        Ok(())
-    }
-
-    unsafe fn forward_device(
-        &self,
-        problem: &AttentionProblem,
-        args: &DeviceForwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        // SAFETY: forwarded contract (trait docs).
-        let (r, ms) = unsafe { self.run_timed(problem, Direction::Forward, &IoPtrs::from(args)) }?;
+    unsafe fn run_device(&self, io: &DeviceIo) -> Result<ExecStats, ExecError> {
+        let ptrs = self.io(io)?;
+        // SAFETY: forwarded contract (`Plan::run_device`).
+        let (r, ms) = unsafe { self.ex.run_timed(&self.p, self.dir, &ptrs) }?;
         Ok(ExecStats {
             compute_ms: ms,
             workspace_bytes: r.workspace_bytes as u64,
@@ -962,18 +949,19 @@ impl Executor for CudnnExecutor {
         })
     }
 
-    unsafe fn backward_device(
-        &self,
-        problem: &AttentionProblem,
-        args: &DeviceBackwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        // SAFETY: forwarded contract (trait docs).
-        let (r, ms) = unsafe { self.run_timed(problem, Direction::Backward, &IoPtrs::from(args)) }?;
-        Ok(ExecStats {
-            compute_ms: ms,
-            workspace_bytes: r.workspace_bytes as u64,
-            peak_bytes: None,
-        })
+    fn run_host(&self, io: HostIo<'_>) -> Result<HostOutput, ExecError> {
+        let p = &self.p;
+        match (self.dir, io) {
+            (Direction::Forward, HostIo::Forward(inputs)) => {
+                validate_forward_inputs(p, &inputs)?;
+                Ok(HostOutput::Forward(self.ex.host_forward(p, &inputs)?))
+            }
+            (Direction::Backward, HostIo::Backward(inputs)) => {
+                validate_backward_inputs(p, &inputs)?;
+                Ok(HostOutput::Backward(self.ex.host_backward(p, &inputs)?))
+            }
+            _ => Err(direction_mismatch(self.dir, io.direction())),
+        }
     }
 }
 

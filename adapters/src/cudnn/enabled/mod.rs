@@ -20,7 +20,7 @@ use crate::problem::AttentionProblem;
 
 /// Registry constructor: the shared executor on CUDA device `ordinal`.
 pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
-    Ok(shared_on(ordinal)? as Arc<dyn Executor>)
+    Ok(Arc::new(shared_on(ordinal)?))
 }
 
 /// Run-time probe: a CUDA device and a loadable libcudnn (without creating a handle).
