@@ -5,6 +5,7 @@
 pub mod docs;
 pub mod embedded;
 pub mod load;
+pub mod release;
 pub mod shown;
 pub mod source;
 pub mod spec;
