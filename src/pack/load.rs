@@ -352,7 +352,7 @@ fn select_release(l: &mut Loader, pack_file: u16, pack: &mut PackFile) -> Option
             .filter_map(|(k, r)| Version::parse(&k).map(|v| (v, r.value.defs)))
             .filter(|(v, _)| *v > version)
             .collect();
-    newer.sort_by(|a, b| b.0.cmp(&a.0));
+    newer.sort_by_key(|b| std::cmp::Reverse(b.0));
     for (k, v) in newer.into_iter().flat_map(|(_, d)| d).chain(def.defs) {
         pack.defs.insert(k, v);
     }
