@@ -41,6 +41,7 @@ fn main() {
         root.display()
     );
     entries.sort();
+    let entries_for_releases = entries.clone();
     let mut out = String::from(
         "/// (pack, file, text) of every embedded pack file.\npub static EMBEDDED: &[(&str, &str, &str)] = &[\n",
     );
@@ -49,6 +50,39 @@ fn main() {
             "    ({pack:?}, {file:?}, include_str!({:?})),\n",
             path.display().to_string()
         ));
+    }
+    out.push_str("];\n");
+    // `<pack>@<release>` for each key of a pack.yaml's top-level `releases:` map (the loader
+    // checks the map itself; this only lists the names, for did-you-mean and `PackSpec::parse`).
+    out.push_str(
+        "/// (`<pack>@<release>`, pack) of every release an embedded pack mirrors.\npub static RELEASES: &[(&str, &str)] = &[\n",
+    );
+    let mut packs: Vec<String> = Vec::new();
+    for (pack, file, path) in &entries_for_releases {
+        if file != "pack.yaml" || packs.contains(pack) {
+            continue;
+        }
+        packs.push(pack.clone());
+        let text = fs::read_to_string(path).expect("read pack.yaml");
+        let mut inside = false;
+        for line in text.lines() {
+            if line.starts_with("releases:") {
+                inside = true;
+                continue;
+            }
+            if inside {
+                if !line.starts_with(' ') && !line.trim().is_empty() && !line.starts_with('#') {
+                    break;
+                }
+                let key = line.strip_prefix("  ").filter(|k| !k.starts_with(' '));
+                if let Some((release, _)) = key.and_then(|k| k.split_once(':')) {
+                    let release = release.trim().trim_matches('"');
+                    if release.starts_with(|c: char| c.is_ascii_digit()) {
+                        out.push_str(&format!("    (\"{pack}@{release}\", {pack:?}),\n"));
+                    }
+                }
+            }
+        }
     }
     out.push_str("];\n");
     let dest = Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("embedded_packs.rs");

@@ -38,7 +38,7 @@ pub use diag::{Code, Diagnostic, Diagnostics, Loc, Severity};
 pub use explain::{
     BackendExplanation, BackendStatus, CALL_SCHEMA, CallExtras, ExecutorAttempt, ExecutorOutcome,
     Explanation, FactValue, PreferenceApplied, RuleExplanation, SCHEMA, TeTuple,
-    UnavailableVariant, VariantChoice,
+    UnavailableVariant, UnreadInput, VariantChoice,
 };
 pub use facts::{Facts, InputError, Value};
 pub use pack::{LoadError, PackError, PackSource, PackSpec, load_pack};

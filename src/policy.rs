@@ -122,6 +122,16 @@ pub struct ExecutorChain {
     pub loc: Loc,
 }
 
+/// The upstream release a pack loads as (`releases:` in pack.yaml, docs/packs/releases.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Release {
+    /// The release (`2.19.0`).
+    pub name: String,
+    /// Input fields this release does not have, with their fact slots: no rule of the
+    /// release reads them (the loader checks), so they decide as if absent.
+    pub ignores: Vec<(String, usize)>,
+}
+
 /// A pack ready to decide: immutable, `Send + Sync`, cheap to share behind an `Arc`.
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -149,6 +159,9 @@ pub struct Policy {
     /// Warning codes the pack allows (`allow:` in pack.yaml): `check` reports them but does
     /// not count them (`--deny-warnings` passes).
     pub allow: Vec<crate::diag::Code>,
+    /// The upstream release the pack mirrors (`2.19.0` for `te@2.19.0`), when its pack.yaml
+    /// lists releases.
+    pub release: Option<Release>,
     /// Bit i set: layer i is switched off (e.g. `guard` under `--parity`).
     pub(crate) disabled_layers: u64,
     /// The rule conditions `decide_into` runs, planned for speed (see `eval::plan`).
@@ -203,6 +216,29 @@ impl Policy {
         config: &serde_json::Value,
     ) -> Result<Facts, crate::facts::InputError> {
         self.schema.read(config)
+    }
+
+    /// Input fields set in `facts` (away from their defaults) that this pack's release does not
+    /// read (`softcap` on `te@2.19.0`), with the line explanations show for each.
+    pub fn unread_inputs(&self, facts: &Facts) -> Vec<(String, String)> {
+        let Some(release) = &self.release else {
+            return Vec::new();
+        };
+        let defaults = self.schema.defaults();
+        release
+            .ignores
+            .iter()
+            .filter(|(_, slot)| facts.values()[*slot] != defaults.values()[*slot])
+            .map(|(field, _)| {
+                (
+                    field.clone(),
+                    format!(
+                        "{} does not read `{field}` (TransformerEngine {} has no such field): decided as if it were absent",
+                        self.name, release.name
+                    ),
+                )
+            })
+            .collect()
     }
 
     /// This pack family's facts at their defaults.

@@ -571,6 +571,23 @@ fn capability_lints(policy: &Policy, out: &mut Vec<Diagnostic>) {
             if bk.supports.iter().any(|s| s == c.name) {
                 continue;
             }
+            // A capability whose facts the pack's upstream release does not have (`softcap`
+            // on te@2.19.0) needs no disposition: that release decides as if they were absent.
+            let unread = |f: &str| {
+                policy
+                    .release
+                    .as_ref()
+                    .is_some_and(|r| r.ignores.iter().any(|(i, _)| i == f))
+            };
+            let facts_of = || {
+                c.facts
+                    .iter()
+                    .copied()
+                    .chain(c.values.iter().map(|(f, _)| *f))
+            };
+            if facts_of().next().is_some() && facts_of().all(unread) {
+                continue;
+            }
             let ruled = policy
                 .rules
                 .iter()

@@ -253,3 +253,57 @@ fn torch_classes_name_choice_and_eligibility() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// docs/packs/releases.md: each te@ release agrees with its own release's corpus on every
+/// valid record (`--parity`), with the same 1,922 structurally invalid records refused.
+fn release_parity(release: &str) {
+    let corpus = format!(
+        "{}/../tests/corpora/te-{release}-corpus-a.jsonl.gz",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    assert!(
+        std::path::Path::new(&corpus).exists(),
+        "corpus missing: {corpus}"
+    );
+    let pack = format!("te@{release}");
+    let out = Command::new(env!("CARGO_BIN_EXE_attn-policy"))
+        .args([
+            "conformance",
+            &corpus,
+            "--pack",
+            &pack,
+            "--parity",
+            "--json",
+        ])
+        .args(["--top", "50", "--min-rate", "1.0"])
+        .output()
+        .expect("binary runs");
+    let r: Json = serde_json::from_slice(&out.stdout).expect("--json prints one JSON object");
+    assert!(
+        out.status.success(),
+        "{pack} below 100%: {:#}\n{}",
+        r["classes"],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(r["total"], 20_000);
+    assert_eq!(r["input_errors"], DOCUMENTED_INPUT_ERRORS);
+    assert_eq!(r["valid"], 20_000 - DOCUMENTED_INPUT_ERRORS);
+    assert_eq!(r["agree"], r["valid"], "{pack}: {:#}", r["classes"]);
+    assert_eq!(r["classes"], json!([]));
+    // No release before 2.20 crashes (the a2a SIGFPE is 2.20's).
+    assert!(
+        r["per_backend"].get("raised").is_none(),
+        "{:#}",
+        r["per_backend"]
+    );
+}
+
+#[test]
+fn te_2_19_0_agrees_with_its_corpus() {
+    release_parity("2.19.0");
+}
+
+#[test]
+fn te_2_18_0_agrees_with_its_corpus() {
+    release_parity("2.18.0");
+}

@@ -274,6 +274,14 @@ pub struct ExecutorAttempt {
     pub reason: Option<String>,
 }
 
+/// An input field the pack's release does not read (see [`Explanation::unread_inputs`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UnreadInput {
+    pub field: String,
+    /// `te@2.19.0 does not read `softcap` (...)`.
+    pub note: String,
+}
+
 /// The `schema` field of the `explain/v1` JSON document (`json.rs`).
 pub const SCHEMA: &str = "attn-policy/explain/v1";
 
@@ -292,6 +300,10 @@ pub struct Explanation {
     /// An undecided backend precedes the selected one: a probe answer could change the choice.
     pub provisional: bool,
     pub layers_disabled: Vec<String>,
+    /// Input fields the pack's upstream release does not have, set in this input (`softcap`
+    /// on `te@2.19.0`): the decision reads them as absent. Left out of the JSON when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unread_inputs: Vec<UnreadInput>,
     /// Every backend of the pack, in pack order.
     pub backends: Vec<BackendExplanation>,
     /// Added: every fact the decision read, by path, in schema order.
@@ -431,6 +443,11 @@ impl Explanation {
                 .enumerate()
                 .filter(|(i, _)| !p.layer_enabled(*i as u8))
                 .map(|(_, l)| l.clone())
+                .collect(),
+            unread_inputs: p
+                .unread_inputs(facts)
+                .into_iter()
+                .map(|(field, note)| UnreadInput { field, note })
                 .collect(),
             backends,
             input: schema::input(facts),

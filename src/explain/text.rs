@@ -41,6 +41,13 @@ impl Explanation {
         if !self.layers_disabled.is_empty() {
             let _ = writeln!(out, "layers off: {}", self.layers_disabled.join(", "));
         }
+        // A pack named with its upstream release says which release decided (`te@2.19.0`).
+        if let Some((_, release)) = self.pack.split_once('@') {
+            let _ = writeln!(out, "pack: {} (upstream release {release})", self.pack);
+        }
+        for u in &self.unread_inputs {
+            let _ = writeln!(out, "not read: {}", u.note);
+        }
         // The third version state is shown even where no rule fired on it: a rule that
         // compares such a fact says, through `parsed(x)`, what this state does.
         for (path, v) in self.input.iter() {

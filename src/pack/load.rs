@@ -69,6 +69,7 @@ pub fn load_pack_with(
         source,
         sources: SourceMap::default(),
         diags: Diagnostics::default(),
+        release: None,
     };
     let policy = read_pack(&mut l, overlays)
         .map(|read| parse_pack(&mut l, read))
@@ -111,12 +112,23 @@ struct Loader {
     source: PackSource,
     sources: SourceMap,
     diags: Diagnostics,
+    /// The upstream release being loaded (`releases:` in pack.yaml), once pack.yaml is read.
+    release: Option<SelectedRelease>,
+}
+
+/// The release a pack loads as: its name, version and the input fields it does not read.
+struct SelectedRelease {
+    name: String,
+    version: Version,
+    ignores: Vec<String>,
 }
 
 impl Loader {
     fn display_name(&self, file: &str) -> String {
         match &self.source {
-            PackSource::Embedded(p) => format!("rules/{p}/{file}"),
+            PackSource::Embedded(p) => {
+                format!("rules/{}/{file}", super::release::split_name(p).0)
+            }
             PackSource::Dir(d) => d.join(file).display().to_string(),
         }
     }
@@ -239,7 +251,8 @@ struct ReadPack {
 /// Stage 1: reads `pack.yaml`, every backend and layer file it names, and the overlays.
 fn read_pack(l: &mut Loader, overlays: &[PathBuf]) -> Option<ReadPack> {
     let pack_file = l.read("pack.yaml")?;
-    let pack: PackFile = l.parse(pack_file)?;
+    let mut pack: PackFile = l.parse(pack_file)?;
+    select_release(l, pack_file, &mut pack)?;
     let backend_files = pack.backends.iter().map(|e| l.read(&e.value)).collect();
     let mut layer_files = Vec::new();
     for r in &pack.layers {
@@ -268,6 +281,120 @@ fn read_pack(l: &mut Loader, overlays: &[PathBuf]) -> Option<ReadPack> {
     })
 }
 
+/// Picks the release the pack loads as (`te@2.19.0`, else pack.yaml's `release:`) and puts
+/// that release's definitions in place of the pack's.
+fn select_release(l: &mut Loader, pack_file: u16, pack: &mut PackFile) -> Option<()> {
+    let requested = match &l.source {
+        PackSource::Embedded(name) => super::release::split_name(name).1.map(str::to_string),
+        PackSource::Dir(_) => None,
+    };
+    if pack.releases.is_empty() {
+        if let Some(r) = requested {
+            l.diags.push(Diagnostic::new(
+                Code::Name,
+                format!(
+                    "pack `{}` mirrors no upstream releases: there is no `{}@{r}`",
+                    pack.name.value, pack.name.value
+                ),
+            ));
+            return None;
+        }
+        if let Some(r) = &pack.release {
+            let loc = l.at(pack_file, r);
+            l.diags
+                .push(Diagnostic::new(Code::Name, "`release:` needs a `releases:` map").at(loc));
+        }
+        return Some(());
+    }
+    let named = requested.is_some();
+    let name = match requested.or_else(|| pack.release.as_ref().map(|r| r.value.clone())) {
+        Some(n) => n,
+        None => {
+            let loc = l.at(pack_file, &pack.name);
+            l.diags.push(
+                Diagnostic::new(
+                    Code::Name,
+                    "a pack with `releases:` names the release its plain name decides as (`release:`)",
+                )
+                .at(loc),
+            );
+            return None;
+        }
+    };
+    let known: Vec<String> = pack.releases.keys().cloned().collect();
+    let Some(def) = pack.releases.remove(&name) else {
+        let msg = format!(
+            "pack `{}` has no release `{name}`; releases: {}",
+            pack.name.value,
+            known.join(", ")
+        );
+        let hint = did_you_mean(&name, known.iter().map(String::as_str));
+        let mut d =
+            Diagnostic::new(Code::Name, msg).help(hint.map(|h| format!("did you mean `{h}`?")));
+        if let Some(r) = &pack.release {
+            d = d.at(l.at(pack_file, r));
+        }
+        l.diags.push(d);
+        return None;
+    };
+    let Some(version) = Version::parse(&name) else {
+        let loc = l.at(pack_file, &def);
+        l.diags.push(
+            Diagnostic::new(Code::Name, format!("release `{name}` is not a version")).at(loc),
+        );
+        return None;
+    };
+    let def = def.value;
+    // The definitions of every newer release, newest first, then this release's own.
+    let mut newer: Vec<(Version, BTreeMap<String, Spanned<String>>)> =
+        std::mem::take(&mut pack.releases)
+            .into_iter()
+            .filter_map(|(k, r)| Version::parse(&k).map(|v| (v, r.value.defs)))
+            .filter(|(v, _)| *v > version)
+            .collect();
+    newer.sort_by_key(|b| std::cmp::Reverse(b.0));
+    for (k, v) in newer.into_iter().flat_map(|(_, d)| d).chain(def.defs) {
+        pack.defs.insert(k, v);
+    }
+    if named {
+        pack.name.value = format!("{}@{name}", pack.name.value);
+    }
+    l.release = Some(SelectedRelease {
+        name,
+        version,
+        ignores: def.ignores.into_iter().map(|s| s.value).collect(),
+    });
+    Some(())
+}
+
+/// Whether the `releases:` bound of a rule or backend file admits the release being loaded
+/// (a bad bound is reported and counts as admitting, so the rest is still checked).
+fn in_release(l: &mut Loader, file: u16, bound: Option<&Spanned<String>>) -> bool {
+    let Some(bound) = bound else {
+        return true;
+    };
+    let at = l.at(file, bound);
+    match super::release::ReleaseRange::parse(&bound.value) {
+        Ok(range) => match &l.release {
+            Some(r) => range.contains(&r.version),
+            None => {
+                l.diags.push(
+                    Diagnostic::new(
+                        Code::Name,
+                        "`releases:` bound in a pack that has no `releases:` map",
+                    )
+                    .at(at),
+                );
+                true
+            }
+        },
+        Err(msg) => {
+            l.diags.push(Diagnostic::new(Code::Syntax, msg).at(at));
+            true
+        }
+    }
+}
+
 // ---- stage 2: parse --------------------------------------------------------------------------
 
 /// A rule before linking: where it was written, its YAML, its layer and (in a backend file)
@@ -294,17 +421,38 @@ struct ParsedPack {
 
 /// Stage 2: parses the backend and layer files.
 fn parse_pack(l: &mut Loader, read: ReadPack) -> ParsedPack {
+    let mut read = read;
     let mut backends = Vec::new();
     let mut broken_backend_files = false;
+    // Backends the release does not have: left out, with their places in preference orders
+    // and executor chains.
+    let mut absent: Vec<String> = Vec::new();
     for file in read.backend_files {
         match file.and_then(|f| l.parse::<BackendFile>(f).map(|b| (f, b))) {
-            Some(b) => backends.push(b),
+            Some((f, b)) => {
+                if in_release(l, f, b.releases.as_ref()) {
+                    backends.push((f, b));
+                } else {
+                    absent.push(b.backend.value.clone());
+                }
+            }
             None => broken_backend_files = true,
         }
+    }
+    if !absent.is_empty() {
+        for p in &mut read.pack.preference {
+            p.value.order.retain(|b| !absent.contains(&b.value));
+        }
+        read.pack
+            .executors
+            .retain(|e| !absent.contains(&e.value.backend.value));
     }
     let mut rules = Vec::new();
     for (i, (file, bf)) in backends.iter_mut().enumerate() {
         for def in std::mem::take(&mut bf.rules) {
+            if !in_release(l, *file, def.value.releases.as_ref()) {
+                continue;
+            }
             rules.push(RuleSource {
                 file: *file,
                 def,
@@ -322,7 +470,26 @@ fn parse_pack(l: &mut Loader, read: ReadPack) -> ParsedPack {
             (true, Some(own)) => own,
             _ => layer.name,
         };
-        for def in lf.rules {
+        for mut def in lf.rules {
+            if !in_release(l, layer.file, def.value.releases.as_ref()) {
+                continue;
+            }
+            // A layer rule for several backends applies to those the release has.
+            if !absent.is_empty() {
+                if def
+                    .value
+                    .backend
+                    .as_ref()
+                    .is_some_and(|b| absent.contains(&b.value))
+                {
+                    continue;
+                }
+                let named = def.value.backends.len();
+                def.value.backends.retain(|b| !absent.contains(&b.value));
+                if named > 0 && def.value.backends.is_empty() {
+                    continue;
+                }
+            }
             rules.push(RuleSource {
                 file: layer.file,
                 def,
@@ -567,6 +734,7 @@ fn link_pack(
     let min_versions = link_min_versions(l, &pack, pack_file, schema);
     let allow = link_allow(l, &pack, pack_file);
 
+    let release = link_release(l, schema, &rules, &backends, &preference);
     let hot =
         crate::policy::HotPath::build(&compiler.program, schema, &rules, &backends, &preference);
     Policy {
@@ -586,9 +754,89 @@ fn link_pack(
         executor_admits: admits,
         warnings: Diagnostics::default(),
         allow,
+        release,
         disabled_layers: 0,
         hot,
     }
+}
+
+/// The release the pack loaded as, its ignored fields resolved to slots; reports every rule,
+/// variant or preference condition of the release that reads a field the release ignores.
+fn link_release(
+    l: &mut Loader,
+    schema: &'static Schema,
+    rules: &[Rule],
+    backends: &[Backend],
+    preference: &[Preference],
+) -> Option<crate::policy::Release> {
+    let r = l.release.as_ref()?;
+    let mut ignores = Vec::new();
+    for field in &r.ignores {
+        match schema.slot(field) {
+            Some(slot) => ignores.push((field.clone(), slot)),
+            None => l.diags.push(Diagnostic::new(
+                Code::Name,
+                format!(
+                    "release `{}` ignores `{field}`, which is not a fact of family `{}`",
+                    r.name, schema.family
+                ),
+            )),
+        }
+    }
+    let reads = |c: &Compiled| -> Option<&str> {
+        ignores
+            .iter()
+            .find(|(_, s)| c.slots.contains(&(*s as u16)))
+            .map(|(f, _)| f.as_str())
+    };
+    let mut errors = Vec::new();
+    for rule in rules {
+        if let Some(f) = reads(&rule.when) {
+            errors.push(
+                Diagnostic::new(
+                    Code::Rule,
+                    format!(
+                        "rule `{}` reads `{f}`, which release {} does not have (`ignores:`); bound the rule with `releases:`",
+                        rule.id, r.name
+                    ),
+                )
+                .at(rule.when_loc),
+            );
+        }
+    }
+    for b in backends {
+        for v in &b.variants {
+            if let Some(f) = [&v.applicable, &v.value]
+                .into_iter()
+                .flatten()
+                .find_map(reads)
+            {
+                errors.push(Diagnostic::new(
+                    Code::Rule,
+                    format!(
+                        "variant `{}` of `{}` reads `{f}`, which release {} does not have",
+                        v.name, b.name, r.name
+                    ),
+                ));
+            }
+        }
+    }
+    for p in preference {
+        if let Some(f) = p.when.as_ref().and_then(reads) {
+            errors.push(Diagnostic::new(
+                Code::Pref,
+                format!(
+                    "preference `{}` reads `{f}`, which release {} does not have",
+                    p.id, r.name
+                ),
+            ));
+        }
+    }
+    l.diags.0.extend(errors);
+    Some(crate::policy::Release {
+        name: r.name.clone(),
+        ignores,
+    })
 }
 
 /// The pack's definitions, in name order, each with its source on one line and as shown.

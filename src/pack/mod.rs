@@ -5,13 +5,16 @@
 mod docs;
 mod embedded;
 mod load;
+mod release;
 mod shown;
 mod source;
 mod spec;
 mod yaml;
 
 pub use docs::definitions_page;
-pub use embedded::{file as embedded_file, pack_names as embedded_pack_names};
+pub use embedded::{
+    all_names as embedded_names, file as embedded_file, pack_names as embedded_pack_names,
+};
 pub use load::{LoadError, PackSource, load_pack, load_pack_with};
 pub use shown::definitions_table;
 pub use spec::{PackError, PackSpec};

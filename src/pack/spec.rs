@@ -34,6 +34,12 @@ pub enum PackError {
         known: Vec<&'static str>,
         suggestion: Option<String>,
     },
+    #[error("unknown release `{name}`{}; releases: {}", suggestion.as_ref().map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default(), if releases.is_empty() { "none (this pack mirrors no upstream releases)".to_string() } else { releases.join(", ") })]
+    UnknownRelease {
+        name: String,
+        releases: Vec<&'static str>,
+        suggestion: Option<String>,
+    },
     #[error("`{spec}` is neither a folder holding pack.yaml nor an embedded pack ({})", known.join(", "))]
     NotAPack {
         spec: String,
@@ -65,6 +71,13 @@ impl PackSpec {
         }
     }
 
+    fn embedded_source(source: PackSource) -> PackSpec {
+        PackSpec {
+            source: Some(source),
+            ..PackSpec::default()
+        }
+    }
+
     /// A pack folder holding `pack.yaml`.
     pub fn dir(path: impl AsRef<Path>) -> PackSpec {
         PackSpec {
@@ -79,9 +92,17 @@ impl PackSpec {
         if path.is_dir() {
             return Ok(PackSpec::dir(path));
         }
-        let known = super::embedded::pack_names();
+        let known = super::embedded::all_names();
         if known.contains(&spec) {
             return Ok(PackSpec::embedded(spec));
+        }
+        if let (pack, Some(_)) = super::release::split_name(spec)
+            && super::embedded::pack_names().contains(&pack)
+        {
+            // `te@2.17.0`: the resolver names the releases that exist.
+            return PackSpec::embedded(spec)
+                .resolve()
+                .map(PackSpec::embedded_source);
         }
         Err(PackError::NotAPack {
             spec: spec.to_string(),
@@ -110,16 +131,25 @@ impl PackSpec {
             None => Ok(PackSource::Embedded("te".into())),
             Some(PackSource::Dir(d)) => Ok(PackSource::Dir(d.clone())),
             Some(PackSource::Embedded(name)) => {
-                let known = super::embedded::pack_names();
+                let known = super::embedded::all_names();
                 if known.contains(&name.as_str()) {
-                    Ok(PackSource::Embedded(name.clone()))
-                } else {
-                    Err(PackError::UnknownPack {
-                        suggestion: did_you_mean(name, known.iter().copied()),
-                        name: name.clone(),
-                        known,
-                    })
+                    return Ok(PackSource::Embedded(name.clone()));
                 }
+                // `te@2.17.0`: name the releases the pack has.
+                let (pack, release) = super::release::split_name(name);
+                if release.is_some() && super::embedded::pack_names().contains(&pack) {
+                    let releases = super::embedded::release_names(pack);
+                    return Err(PackError::UnknownRelease {
+                        suggestion: did_you_mean(name, releases.iter().copied()),
+                        name: name.clone(),
+                        releases,
+                    });
+                }
+                Err(PackError::UnknownPack {
+                    suggestion: did_you_mean(name, known.iter().copied()),
+                    name: name.clone(),
+                    known,
+                })
             }
         }
     }

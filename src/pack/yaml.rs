@@ -36,6 +36,31 @@ pub struct PackFile {
     /// Warning codes `attn-policy check` does not count against the pack (`W-SUBSUMED`).
     #[serde(default)]
     pub allow: Vec<Spanned<String>>,
+    /// The upstream release the plain pack name decides as (`te` = `te@2.20.2`); required
+    /// with `releases:`.
+    #[serde(default)]
+    pub release: Option<Spanned<String>>,
+    /// The upstream releases this pack mirrors, each addressable as `<name>@<release>`
+    /// (docs/packs/releases.md). Rules, backend files and definitions take effect per release.
+    #[serde(default)]
+    pub releases: BTreeMap<String, Spanned<ReleaseDef>>,
+}
+
+/// `releases:` entry of pack.yaml: what differs in one upstream release beyond the rules'
+/// own `releases:` bounds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseDef {
+    /// For people reading pack.yaml; accepted so `deny_unknown_fields` allows it, not used.
+    #[serde(default, rename = "description")]
+    pub _description: Option<String>,
+    /// Input fields the release does not have: no rule of the release may read them, and an
+    /// explanation says the release does not read them when the input sets them.
+    #[serde(default)]
+    pub ignores: Vec<Spanned<String>>,
+    /// Definitions as this release has them (replace the pack's `defs:` of the same name).
+    #[serde(default)]
+    pub defs: BTreeMap<String, Spanned<String>>,
 }
 
 /// `executors:` entry: `{ backend: FusedAttention, chain: [cudnn, reference] }`, optionally
@@ -84,6 +109,9 @@ pub struct BackendFile {
     pub variants: Vec<Spanned<VariantDef>>,
     #[serde(default)]
     pub rules: Vec<Spanned<RuleDef>>,
+    /// The releases that have this backend (`">=2.20.2"`); absent: every release.
+    #[serde(default)]
+    pub releases: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -132,4 +160,8 @@ pub struct RuleDef {
     /// Workaround rules: the condition under which the workaround is no longer needed.
     #[serde(default)]
     pub until: Option<Spanned<String>>,
+    /// The upstream releases that have this rule (`">=2.19.0"`, `"<2.20.0"`,
+    /// `">=2.19.0, <2.20.0"`); absent: every release of the pack.
+    #[serde(default)]
+    pub releases: Option<Spanned<String>>,
 }

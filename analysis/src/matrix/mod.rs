@@ -19,6 +19,7 @@
 //! HTML page (colour per backend, each cell's full explanation on hover or click).
 
 pub mod axes;
+mod compare;
 mod diff;
 pub mod docs;
 pub mod grid;
@@ -35,6 +36,7 @@ use attn_policy::Policy;
 use attn_policy::facts::schema::{Origin, Schema, Ty};
 
 pub use axes::Name;
+pub use compare::MatrixCompare;
 pub use diff::{Change, MatrixDiff};
 pub use html::html_page;
 pub use model::{Alternative, Axis, Cell, Matrix, MatrixError, outcome_label};

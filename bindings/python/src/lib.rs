@@ -1496,10 +1496,11 @@ fn config_keys() -> Vec<&'static str> {
     input_keys().to_vec()
 }
 
-/// Names of the packs compiled into the module.
+/// Names of the packs compiled into the module, with each pack's upstream releases
+/// (`te`, `te@2.18.0`, `te@2.19.0`, `te@2.20.2`, ...).
 #[pyfunction]
 fn embedded_packs() -> Vec<&'static str> {
-    attn_policy::pack::embedded_pack_names()
+    attn_policy::pack::embedded_names()
 }
 
 // ---------------------------------------------------------------------------------------------

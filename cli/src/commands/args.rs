@@ -685,8 +685,9 @@ fn kind(v: &Json) -> &'static str {
 /// Which rule pack to use.
 #[derive(Args, Debug, Clone)]
 pub struct PackArgs {
-    /// Embedded pack: te (TransformerEngine 2.20.2 + FROST), native (this project's executors) or
-    /// torch (PyTorch 2.11 SDPA on CUDA).
+    /// Embedded pack: te (TransformerEngine 2.20.2 + FROST), te@2.18.0, te@2.19.0, te@2.20.2
+    /// (one TransformerEngine release each; te@2.20.2 is te), native (this project's executors)
+    /// or torch (PyTorch 2.11 SDPA on CUDA).
     #[arg(long, default_value = "te", value_name = "NAME")]
     pub pack: String,
     /// Load the pack from a folder holding pack.yaml instead of an embedded one.

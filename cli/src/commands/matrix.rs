@@ -2,8 +2,12 @@
 
 use clap::{Args, ValueEnum};
 
-use super::args::PackArgs;
-use attn_policy_analysis::matrix::{AxisQuery, DEFAULT_BUDGET, Free, Matrix, Query, build};
+use std::path::PathBuf;
+
+use attn_policy::{PackSpec, Policy};
+use attn_policy_analysis::matrix::{
+    AxisQuery, DEFAULT_BUDGET, Free, Matrix, MatrixCompare, Query, build,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
 pub enum MatrixFormat {
@@ -62,16 +66,33 @@ decision at their default, and the exact analysis covers every value; a cell tha
 with them is marked \u{25c6} with the deciding facts), or held at their default (features off,
 environment unset, probes \"supported\"); the caption says which. See docs/matrix.md.
 
+With --pack repeated, every pack's matrix of the same query, cell by cell: each row's cells
+per pack one under the other, and the cells where the packs select differently marked (md:
+\u{2731}; html: outlined; json: the differing list). Made for releases of one selector
+(te@2.18.0, te@2.19.0, te@2.20.2). --format svg takes one pack.
+
 Examples:
   attn-policy matrix --rows head_dim --cols sm --fix qkv_dtype=bf16 --fix attn_mask_type=causal
+  attn-policy matrix --pack te@2.19.0 --pack te@2.20.2 --rows head_dim=128,256,512 --cols sm=90,100
   attn-policy matrix --rows mask --cols sm=90,100 --format html > matrix.html
   attn-policy matrix --rows cp_comm_type --cols head_dim=128,256,512 --format json
 
 Exit codes: 0 done, 2 bad rules or a bad axis/--fix/--free, 3 INCOMPLETE (the diagram budget
 ran out or an outcome had no verified example: those cells' marks are no claim).")]
 pub struct MatrixArgs {
-    #[command(flatten)]
-    pub pack: PackArgs,
+    /// The pack (embedded name or a folder holding pack.yaml); repeat to compare packs cell by
+    /// cell (all of one fact family).
+    #[arg(long = "pack", value_name = "NAME|DIR", default_value = "te")]
+    pub packs: Vec<String>,
+    /// Load the pack from a folder holding pack.yaml (one pack; as --pack DIR).
+    #[arg(long, value_name = "DIR", conflicts_with = "packs")]
+    pub rules: Option<PathBuf>,
+    /// Site policy overlay file(s), applied to every pack (repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub overlay: Vec<PathBuf>,
+    /// Pure TransformerEngine parity: switch off the `guard` layer of every pack.
+    #[arg(long)]
+    pub parity: bool,
     #[command(flatten)]
     pub query: MatrixQueryArgs,
     /// Output format.
@@ -96,21 +117,73 @@ pub fn render(m: &Matrix, format: MatrixFormat) -> String {
     }
 }
 
+/// The packs the flags name, loaded (exit code 2 on a bad one).
+fn load_packs(a: &MatrixArgs) -> Result<Vec<Policy>, i32> {
+    let specs: Vec<Result<PackSpec, String>> = match &a.rules {
+        Some(dir) => vec![Ok(PackSpec::dir(dir))],
+        None => (a.packs.iter())
+            .map(|p| PackSpec::parse(p).map_err(|e| e.to_string()))
+            .collect(),
+    };
+    let mut out = Vec::new();
+    for spec in specs {
+        let spec = spec
+            .map_err(super::fail)?
+            .with_overlays(a.overlay.iter().cloned())
+            .with_parity(a.parity)
+            .with_catalogue(super::args::catalogue());
+        out.push(super::args::load_spec(&spec, false)?);
+    }
+    Ok(out)
+}
+
 pub fn run(a: MatrixArgs) -> i32 {
-    let policy = match a.pack.load(false) {
+    let packs = match load_packs(&a) {
         Ok(p) => p,
         Err(code) => return code,
     };
+    if let Some(p) = packs.iter().find(|p| p.schema != packs[0].schema) {
+        return super::fail(format!(
+            "pack `{}` (family `{}`) and pack `{}` (family `{}`) decide over different facts; a \
+             matrix compares packs of one family",
+            packs[0].name, packs[0].schema.family, p.name, p.schema.family
+        ));
+    }
+    if packs.len() > 1 && a.format == MatrixFormat::Svg {
+        return super::fail(
+            "--format svg draws one pack's matrix; use md, html or json to compare",
+        );
+    }
     let query = match a.query.query() {
         Ok(q) => q,
         Err(e) => return super::fail(e),
     };
-    let m = match build(&policy, &query, a.budget) {
-        Ok(m) => m,
-        Err(e) => return super::fail(e),
-    };
-    print!("{}", render(&m, a.format));
-    if m.complete {
+    let mut matrices = Vec::new();
+    for policy in &packs {
+        match build(policy, &query, a.budget) {
+            Ok(m) => matrices.push(m),
+            Err(e) => return super::fail(e),
+        }
+    }
+    let complete = matrices.iter().all(|m| m.complete);
+    if let [m] = &matrices[..] {
+        print!("{}", render(m, a.format));
+    } else {
+        let c = MatrixCompare {
+            matrices: matrices.iter().collect(),
+        };
+        match a.format {
+            MatrixFormat::Md => print!("{}", c.to_markdown()),
+            MatrixFormat::Html => print!("{}", c.to_html()),
+            MatrixFormat::Json | MatrixFormat::Svg => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&c.to_json()).expect("json")
+                )
+            }
+        }
+    }
+    if complete {
         0
     } else {
         eprintln!(
