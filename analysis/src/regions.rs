@@ -841,54 +841,14 @@ pub fn diff_over_corpus(
         let any = m.any(changed);
         acc = m.and(acc, any);
     }
-    // Per rule id, where it fires in one pack and not in the other.
-    let fires = |m: &mut Mdd, p: &Policy, d: &PolicyDiagrams| {
-        let mut by_id: BTreeMap<String, Id> = BTreeMap::new();
-        for (i, r) in p.rules.iter().enumerate() {
-            let e = by_id.entry(r.id.clone()).or_insert(FALSE);
-            *e = m.or(*e, d.rule[i]);
-        }
-        by_id
-    };
-    let (fo, fnew) = (fires(&mut m, old, &dold), fires(&mut m, new, &dnew));
-    let mut rule_diffs: Vec<(String, Id)> = Vec::new();
-    // Per rule id: where it fires in the old pack only, and in the new pack only.
-    let mut side_diffs: Vec<(String, Id, Id)> = Vec::new();
-    for id in fo.keys().chain(fnew.keys()).collect::<BTreeSet<_>>() {
-        let (x, y) = (
-            fo.get(id).copied().unwrap_or(FALSE),
-            fnew.get(id).copied().unwrap_or(FALSE),
-        );
-        if x != y {
-            let (a, b) = (m.minus(x, y), m.minus(y, x));
-            let either = m.or(a, b);
-            rule_diffs.push((id.clone(), either));
-            side_diffs.push((id.clone(), a, b));
-        }
-    }
+    let (rule_diffs, side_diffs) = firing_differences(&mut m, (old, &dold), (new, &dnew));
     let outcomes_old = dold.outcomes_within(&mut m, old, acc);
     let outcomes_new = dnew.outcomes_within(&mut m, new, acc);
-    let name = |p: &Policy, s: Option<(u16, usize)>| {
-        s.map(|(b, v)| {
-            let bk = &p.backends[b as usize];
-            (bk.name.clone(), bk.variants.get(v).map(|x| x.name.clone()))
-        })
-    };
     let mut regions = Vec::new();
     let mut cubes_listed: Vec<Cube> = Vec::new();
     let mut listed_all = true;
     let mut unverified = 0;
-    // Every pair of differing outcomes: (old name, new name, where), the intersection built
-    // when first needed (a listing cut short builds no more of them).
-    let mut pairs: Vec<(NamedOutcome, NamedOutcome, Id, Id)> = Vec::new();
-    for &(a, da) in &outcomes_old {
-        for &(bn, db) in &outcomes_new {
-            let (na, nb) = (name(old, a), name(new, bn));
-            if na != nb {
-                pairs.push((na, nb, da, db));
-            }
-        }
-    }
+    let pairs = differing_pairs((old, &outcomes_old), (new, &outcomes_new));
     let mut meet: Vec<Option<Id>> = vec![None; pairs.len()];
     // With a corpus: regions grown from it, most-hit first, then the rest. Without one: each
     // pair covered in turn.
@@ -932,43 +892,13 @@ pub fn diff_over_corpus(
             };
             listed_all &= all;
             for cube in &cubes {
-                // Rules differing everywhere in the region; else those differing in part of it.
-                let mut rules: BTreeSet<String> = rule_diffs
-                    .iter()
-                    .filter(|(_, x)| m.holds_on(*x, cube))
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                if rules.is_empty() {
-                    rules = rule_diffs
-                        .iter()
-                        .filter(|(_, x)| m.meets(*x, cube))
-                        .map(|(id, _)| id.clone())
-                        .collect();
-                }
-                let (mut old_rules, mut new_rules) = (BTreeSet::new(), BTreeSet::new());
-                for (id, a, b) in &side_diffs {
-                    if rules.contains(id) {
-                        if m.meets(*a, cube) {
-                            old_rules.insert(id.clone());
-                        }
-                        if m.meets(*b, cube) {
-                            new_rules.insert(id.clone());
-                        }
-                    }
-                }
-                for (i, eo) in old.preference.iter().enumerate() {
-                    for (j, en) in new.preference.iter().enumerate() {
-                        if eo.id != en.id {
-                            let here = m.and(dold.first_pref[i], dnew.first_pref[j]);
-                            if m.meets(here, cube) {
-                                rules.insert(format!("preference:{}", eo.id));
-                                rules.insert(format!("preference:{}", en.id));
-                                old_rules.insert(format!("preference:{}", eo.id));
-                                new_rules.insert(format!("preference:{}", en.id));
-                            }
-                        }
-                    }
-                }
+                let [rules, old_rules, new_rules] = region_rules(
+                    &mut m,
+                    (&rule_diffs, &side_diffs),
+                    (old, new),
+                    (&dold, &dnew),
+                    cube,
+                );
                 let (o, ov) = na.clone().map_or((None, None), |(n, v)| (Some(n), v));
                 let (n, nv) = nb.clone().map_or((None, None), |(n, v)| (Some(n), v));
                 // A region grown from a corpus configuration has that one as its example when
@@ -1002,23 +932,7 @@ pub fn diff_over_corpus(
             }
         }
     }
-    let corpus = placed.map(|p| {
-        // Listed regions in the order of `p.cubes` (a region without an example is skipped).
-        for (r, cube) in regions.iter_mut().zip(&cubes_listed) {
-            let (_, _, n, id) = p
-                .cubes
-                .iter()
-                .find(|(_, c, _, _)| c == cube)
-                .expect("a listed cube is a placed one");
-            r.corpus_count = Some(*n);
-            r.corpus_example_id = id.clone();
-        }
-        let listed: u64 = regions.iter().filter_map(|r| r.corpus_count).sum();
-        CorpusSummary {
-            outside_listed_regions: p.summary.decided_differently - listed,
-            ..p.summary
-        }
-    });
+    let corpus = placed.map(|p| attach_counts(&mut regions, &cubes_listed, p));
     let report = DiffReport {
         regions,
         regions_truncated: !listed_all,
@@ -1032,6 +946,144 @@ pub fn diff_over_corpus(
         corpus,
     };
     (report, space)
+}
+
+/// An outcome (backend and variant index; None: none selected) and where the pack has it.
+type Outcome = (Option<(u16, usize)>, Id);
+
+/// Every pair of outcomes with different names: (old name, new name, old's diagram, new's);
+/// their intersection is built when first needed (a listing cut short builds no more).
+fn differing_pairs(
+    (old, outcomes_old): (&Policy, &[Outcome]),
+    (new, outcomes_new): (&Policy, &[Outcome]),
+) -> Vec<(NamedOutcome, NamedOutcome, Id, Id)> {
+    let name = |p: &Policy, s: Option<(u16, usize)>| {
+        s.map(|(b, v)| {
+            let bk = &p.backends[b as usize];
+            (bk.name.clone(), bk.variants.get(v).map(|x| x.name.clone()))
+        })
+    };
+    let mut pairs = Vec::new();
+    for &(a, da) in outcomes_old {
+        for &(bn, db) in outcomes_new {
+            let (na, nb) = (name(old, a), name(new, bn));
+            if na != nb {
+                pairs.push((na, nb, da, db));
+            }
+        }
+    }
+    pairs
+}
+
+/// Per rule id, where it fires in one pack and not in the other.
+type RuleDiff = (String, Id);
+/// Per rule id, where it fires in the old pack only, and in the new pack only.
+type SideDiff = (String, Id, Id);
+
+/// The rule ids whose firing differs between the packs: where (either side), and per side.
+fn firing_differences(
+    m: &mut Mdd,
+    (old, dold): (&Policy, &PolicyDiagrams),
+    (new, dnew): (&Policy, &PolicyDiagrams),
+) -> (Vec<RuleDiff>, Vec<SideDiff>) {
+    let fires = |m: &mut Mdd, p: &Policy, d: &PolicyDiagrams| {
+        let mut by_id: BTreeMap<String, Id> = BTreeMap::new();
+        for (i, r) in p.rules.iter().enumerate() {
+            let e = by_id.entry(r.id.clone()).or_insert(FALSE);
+            *e = m.or(*e, d.rule[i]);
+        }
+        by_id
+    };
+    let (fo, fnew) = (fires(m, old, dold), fires(m, new, dnew));
+    let (mut either, mut sides) = (Vec::new(), Vec::new());
+    for id in fo.keys().chain(fnew.keys()).collect::<BTreeSet<_>>() {
+        let (x, y) = (
+            fo.get(id).copied().unwrap_or(FALSE),
+            fnew.get(id).copied().unwrap_or(FALSE),
+        );
+        if x != y {
+            let (a, b) = (m.minus(x, y), m.minus(y, x));
+            let or = m.or(a, b);
+            either.push((id.clone(), or));
+            sides.push((id.clone(), a, b));
+        }
+    }
+    (either, sides)
+}
+
+/// The rules responsible for a region: `[all, old side, new side]`. All: the rule ids whose
+/// firing differs everywhere in the region (else somewhere in it), and `preference:<id>` where
+/// the packs apply different preference entries; a side: those of them that fire there in that
+/// pack only (its preference entry).
+fn region_rules(
+    m: &mut Mdd,
+    (rule_diffs, side_diffs): (&[RuleDiff], &[SideDiff]),
+    (old, new): (&Policy, &Policy),
+    (dold, dnew): (&PolicyDiagrams, &PolicyDiagrams),
+    cube: &Cube,
+) -> [BTreeSet<String>; 3] {
+    let ids = |m: &Mdd, everywhere: bool| -> BTreeSet<String> {
+        rule_diffs
+            .iter()
+            .filter(|(_, x)| {
+                if everywhere {
+                    m.holds_on(*x, cube)
+                } else {
+                    m.meets(*x, cube)
+                }
+            })
+            .map(|(id, _)| id.clone())
+            .collect()
+    };
+    let mut rules = ids(m, true);
+    if rules.is_empty() {
+        rules = ids(m, false);
+    }
+    let (mut old_rules, mut new_rules) = (BTreeSet::new(), BTreeSet::new());
+    for (id, a, b) in side_diffs {
+        if rules.contains(id) {
+            if m.meets(*a, cube) {
+                old_rules.insert(id.clone());
+            }
+            if m.meets(*b, cube) {
+                new_rules.insert(id.clone());
+            }
+        }
+    }
+    for (i, eo) in old.preference.iter().enumerate() {
+        for (j, en) in new.preference.iter().enumerate() {
+            if eo.id != en.id {
+                let here = m.and(dold.first_pref[i], dnew.first_pref[j]);
+                if m.meets(here, cube) {
+                    rules.insert(format!("preference:{}", eo.id));
+                    rules.insert(format!("preference:{}", en.id));
+                    old_rules.insert(format!("preference:{}", eo.id));
+                    new_rules.insert(format!("preference:{}", en.id));
+                }
+            }
+        }
+    }
+    [rules, old_rules, new_rules]
+}
+
+/// Gives each listed region its count and first configuration from the placement (regions
+/// are listed in the placement's order; one without an example was skipped) and returns the
+/// corpus summary.
+fn attach_counts(regions: &mut [DiffRegion], listed: &[Cube], placed: Placed) -> CorpusSummary {
+    for (r, cube) in regions.iter_mut().zip(listed) {
+        let (_, _, n, id) = placed
+            .cubes
+            .iter()
+            .find(|(_, c, _, _)| c == cube)
+            .expect("a listed cube is a placed one");
+        r.corpus_count = Some(*n);
+        r.corpus_example_id = id.clone();
+    }
+    let counted: u64 = regions.iter().filter_map(|r| r.corpus_count).sum();
+    CorpusSummary {
+        outside_listed_regions: placed.summary.decided_differently - counted,
+        ..placed.summary
+    }
 }
 
 /// How many regions `diff --corpus` grows from the corpus's configurations before it sorts

@@ -165,3 +165,86 @@ fn diff_format_matrix() {
     ]);
     assert_eq!(families.status.code(), Some(2));
 }
+
+/// `matrix --pack A --pack B`: each pack's matrix is the one `matrix --pack A` prints alone,
+/// and the cells marked differing are exactly those where the standalone matrices differ
+/// (computed here from them); html outlines them, md marks them, a pack of another family is
+/// refused.
+#[test]
+fn several_packs_compare_cell_by_cell() {
+    let query = [
+        "--rows",
+        "head_dim=128,256,512",
+        "--cols",
+        "sm=80,90,100",
+        "--fix",
+        "qkv_dtype=bf16",
+    ];
+    let packs = ["te@2.18.0", "te@2.19.0", "te@2.20.2"];
+    let alone: Vec<serde_json::Value> = packs
+        .iter()
+        .map(|p| {
+            let mut args = vec!["matrix", "--pack", p, "--format", "json"];
+            args.extend(query);
+            let o = run(&args);
+            assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+            serde_json::from_str(&stdout(&o)).unwrap()
+        })
+        .collect();
+    let mut args = vec!["matrix", "--format", "json"];
+    for p in packs {
+        args.extend(["--pack", p]);
+    }
+    args.extend(query);
+    let o = run(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let both: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(both["packs"], serde_json::json!(packs));
+    assert_eq!(both["matrices"].as_array().unwrap(), &alone);
+    let outcome = |m: &serde_json::Value, i: usize| {
+        let c = &m["cells"][i];
+        (c["backend"].clone(), c["variant"].clone())
+    };
+    let cells = alone[0]["cells"].as_array().unwrap().len();
+    let expected: Vec<usize> = (0..cells)
+        .filter(|&i| alone.iter().any(|m| outcome(m, i) != outcome(&alone[0], i)))
+        .collect();
+    let differing = both["differing"].as_array().unwrap();
+    assert_eq!(differing.len(), expected.len(), "{differing:?}");
+    assert!(
+        !expected.is_empty(),
+        "the releases differ at head_dim 512 on sm100"
+    );
+    for (d, &i) in differing.iter().zip(&expected) {
+        for (k, m) in alone.iter().enumerate() {
+            assert_eq!(d["cells"][k]["backend"], outcome(m, i).0);
+            assert_eq!(d["cells"][k]["pack"], packs[k]);
+        }
+    }
+    let mut md = vec!["matrix"];
+    for p in packs {
+        md.extend(["--pack", p]);
+    }
+    md.extend(query);
+    let text = stdout(&run(&md));
+    assert!(
+        text.contains(&format!("{} of {cells} cells differ", expected.len())),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches('✱').count(),
+        1 + expected.len() * packs.len(),
+        "{text}"
+    );
+    md.extend(["--format", "html"]);
+    let html = stdout(&run(&md));
+    assert_eq!(
+        html.matches("data-differs=\"1\"").count(),
+        expected.len() * packs.len()
+    );
+    let o = run(&[
+        "matrix", "--pack", "te", "--pack", "torch", "--rows", "head_dim", "--cols", "sm",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("different facts"), "{}", stderr(&o));
+}
