@@ -16,8 +16,7 @@
 //! cache-padded cells so concurrent readers do not bounce one cache line.
 //!
 //! ```
-//! use attn_policy::cache::CachedPolicy;
-//! use attn_policy::{Facts, Policy};
+//! use attn_policy::{CachedPolicy, Facts, Policy};
 //! let cached = CachedPolicy::new(Policy::embedded("te").unwrap(), 1024);
 //! let facts = Facts::from_json(&serde_json::json!({"head_dim_qk": 128})).unwrap();
 //! let a = cached.decide(&facts); // miss: decides and stores
