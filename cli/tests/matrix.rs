@@ -201,6 +201,18 @@ fn several_packs_compare_cell_by_cell() {
     let both: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(both["packs"], serde_json::json!(packs));
     assert_eq!(both["matrices"].as_array().unwrap(), &alone);
+    // A field a release does not have is not among its free facts.
+    let free = |m: &serde_json::Value| m["free"].to_string();
+    assert!(
+        !free(&alone[1]).contains("num_tokens_q"),
+        "{}",
+        free(&alone[1])
+    );
+    assert!(
+        free(&alone[2]).contains("num_tokens_q"),
+        "{}",
+        free(&alone[2])
+    );
     let outcome = |m: &serde_json::Value, i: usize| {
         let c = &m["cells"][i];
         (c["backend"].clone(), c["variant"].clone())

@@ -194,7 +194,11 @@ pub fn build(policy: &Policy, q: &Query, budget: u64) -> Result<Matrix, MatrixEr
     let rows = axis_values(schema, &q.rows, &rn)?;
     let cols = axis_values(schema, &q.cols, &cn)?;
     let pins = resolve_pins(policy, &q.fix, &rn, &cn)?;
-    let free_slots = resolve_free_slots(schema, &q.free, &rn, &cn, &pins.slots)?;
+    let mut free_slots = resolve_free_slots(schema, &q.free, &rn, &cn, &pins.slots)?;
+    // A field the pack's release does not have is read by none of its rules: not free.
+    if let Some(release) = &policy.release {
+        free_slots.retain(|s| !release.ignores.iter().any(|(_, i)| i == s));
+    }
     let configs = cell_configs(&pins, &rows, &cols, &rn, &cn);
     // Alias extras (cp_size under `cp_comm_type`) are config values, not pins: free facts
     // stay free, held ones are pinned to them.
