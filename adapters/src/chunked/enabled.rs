@@ -644,47 +644,6 @@ impl Chunked {
         Ok(start.elapsed_ms(&end).map_err(drv)? as f64)
     }
 
-    /// The stream path's forward: checks, then enqueues on `launch.stream`.
-    fn enqueue_fwd(
-        &self,
-        p: &AttentionProblem,
-        a: &DeviceForwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        super::check_problem(p)?;
-        Self::check_ptrs(&[
-            ("q", a.q),
-            ("k", a.k),
-            ("v", a.v),
-            ("o", a.o),
-            ("lse", a.lse),
-        ])?;
-        let pl = plan::make_plan(p, &self.config, PlanKind::Forward)?;
-        let blas_off = self.check_launch(launch, &pl)?;
-        let ws = launch.workspace;
-        let blas_bytes = launch.workspace_bytes - blas_off;
-        self.with_ops(
-            p.dtype,
-            launch.stream as drv_sys::CUstream,
-            ws + blas_off,
-            blas_bytes,
-            None,
-            |ops| plan::forward(ops, p, &pl, a, ws),
-        )
-    }
-
-    /// The stream path's backward.
-    fn enqueue_bwd(
-        &self,
-        p: &AttentionProblem,
-        a: &DeviceBackwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        super::check_problem(p)?;
-        Self::check_ptrs(&backward_ptrs(a))?;
-        self.enqueue_backward_plan(p, a, launch, None)
-    }
-
     /// Workspace bytes of a backward whose P and dS come from a score kernel (the fused
     /// executor's): the plan without fp32 score buffers, then cuBLAS's workspace.
     pub(crate) fn fused_scores_workspace_bytes(
@@ -739,38 +698,6 @@ impl Chunked {
             workspace_bytes: ws.bytes() as u64,
         };
         Ok((ws, launch))
-    }
-
-    fn fwd_impl(
-        &self,
-        p: &AttentionProblem,
-        a: &DeviceForwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        super::check_problem(p)?;
-        let (_ws, launch) = self.own_launch(p, Direction::Forward)?;
-        let ms = self.timed(|| self.enqueue_fwd(p, a, &launch))?;
-        let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
-        Ok(ExecStats {
-            compute_ms: ms,
-            workspace_bytes: launch.workspace_bytes,
-            peak_bytes: Some(out_bytes + launch.workspace_bytes),
-        })
-    }
-
-    fn bwd_impl(
-        &self,
-        p: &AttentionProblem,
-        a: &DeviceBackwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        super::check_problem(p)?;
-        let (_ws, launch) = self.own_launch(p, Direction::Backward)?;
-        let ms = self.timed(|| self.enqueue_bwd(p, a, &launch))?;
-        let out_bytes = 2 * (p.q_span() + p.k_span() + p.v_span()) as u64;
-        Ok(ExecStats {
-            compute_ms: ms,
-            workspace_bytes: launch.workspace_bytes,
-            peak_bytes: Some(out_bytes + launch.workspace_bytes),
-        })
     }
 }
 
@@ -1121,7 +1048,7 @@ impl Executor for Arc<Chunked> {
     /// caches nothing per shape: each call makes its chunking, which is arithmetic).
     fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<Arc<dyn ExecPlan>, ExecError> {
         let workspace = self.workspace_for(p, dir)?;
-        Ok(Arc::new(ChunkedPlan {
+        Ok(Arc::new(StreamPlan {
             ex: Arc::clone(self),
             p: p.clone(),
             dir,
@@ -1130,17 +1057,127 @@ impl Executor for Arc<Chunked> {
     }
 }
 
-/// A chunked plan: the executor, the problem, the direction and its workspace size.
-struct ChunkedPlan {
-    ex: Arc<Chunked>,
-    p: AttentionProblem,
-    dir: Direction,
-    workspace: u64,
+impl StreamKernels for Chunked {
+    const NAME: &'static str = NAME;
+
+    /// The stream path's forward: checks, then enqueues on `launch.stream`.
+    fn enqueue_fwd(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceForwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        super::check_problem(p)?;
+        Self::check_ptrs(&[
+            ("q", a.q),
+            ("k", a.k),
+            ("v", a.v),
+            ("o", a.o),
+            ("lse", a.lse),
+        ])?;
+        let pl = plan::make_plan(p, &self.config, PlanKind::Forward)?;
+        let blas_off = self.check_launch(launch, &pl)?;
+        let ws = launch.workspace;
+        let blas_bytes = launch.workspace_bytes - blas_off;
+        self.with_ops(
+            p.dtype,
+            launch.stream as drv_sys::CUstream,
+            ws + blas_off,
+            blas_bytes,
+            None,
+            |ops| plan::forward(ops, p, &pl, a, ws),
+        )
+    }
+    /// The stream path's backward.
+    fn enqueue_bwd(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        super::check_problem(p)?;
+        Self::check_ptrs(&backward_ptrs(a))?;
+        self.enqueue_backward_plan(p, a, launch, None)
+    }
+    fn fwd_impl(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceForwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        super::check_problem(p)?;
+        let (_ws, launch) = self.own_launch(p, Direction::Forward)?;
+        let ms = self.timed(|| self.enqueue_fwd(p, a, &launch))?;
+        let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
+        Ok(ExecStats {
+            compute_ms: ms,
+            workspace_bytes: launch.workspace_bytes,
+            peak_bytes: Some(out_bytes + launch.workspace_bytes),
+        })
+    }
+    fn bwd_impl(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        super::check_problem(p)?;
+        let (_ws, launch) = self.own_launch(p, Direction::Backward)?;
+        let ms = self.timed(|| self.enqueue_bwd(p, a, &launch))?;
+        let out_bytes = 2 * (p.q_span() + p.k_span() + p.v_span()) as u64;
+        Ok(ExecStats {
+            compute_ms: ms,
+            workspace_bytes: launch.workspace_bytes,
+            peak_bytes: Some(out_bytes + launch.workspace_bytes),
+        })
+    }
+
+    fn buffers(&self) -> &Chunked {
+        self
+    }
 }
 
-impl ExecPlan for ChunkedPlan {
+/// An executor whose kernels run from device pointers on a stream (chunked, fused): their
+/// plans are the same dispatch over these entry points, so they share [`StreamPlan`].
+pub(crate) trait StreamKernels: Send + Sync + 'static {
+    /// Registry name.
+    const NAME: &'static str;
+    /// Enqueues a forward on the caller's stream (see [`ExecPlan::enqueue`]).
+    fn enqueue_fwd(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceForwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError>;
+    /// Enqueues a backward on the caller's stream.
+    fn enqueue_bwd(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError>;
+    /// A synchronous forward on device memory (see [`ExecPlan::run_device`]).
+    fn fwd_impl(&self, p: &AttentionProblem, a: &DeviceForwardArgs)
+    -> Result<ExecStats, ExecError>;
+    /// A synchronous backward on device memory.
+    fn bwd_impl(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+    ) -> Result<ExecStats, ExecError>;
+    /// The device buffers the host path uploads to and downloads from.
+    fn buffers(&self) -> &Chunked;
+}
+
+/// A stream executor's plan: the executor, the problem, the direction and its workspace size.
+pub(crate) struct StreamPlan<E> {
+    pub(crate) ex: Arc<E>,
+    pub(crate) p: AttentionProblem,
+    pub(crate) dir: Direction,
+    pub(crate) workspace: u64,
+}
+
+impl<E: StreamKernels> ExecPlan for StreamPlan<E> {
     fn executor(&self) -> &str {
-        NAME
+        E::NAME
     }
 
     fn direction(&self) -> Direction {
@@ -1172,12 +1209,14 @@ impl ExecPlan for ChunkedPlan {
         match (self.dir, io) {
             (Direction::Forward, HostIo::Forward(inputs)) => {
                 validate_forward_inputs(p, &inputs)?;
-                ex.forward_on_host(p, &inputs, |args| ex.fwd_impl(p, args))
+                ex.buffers()
+                    .forward_on_host(p, &inputs, |args| ex.fwd_impl(p, args))
                     .map(HostOutput::Forward)
             }
             (Direction::Backward, HostIo::Backward(inputs)) => {
                 validate_backward_inputs(p, &inputs)?;
-                ex.backward_on_host(p, &inputs, |args| ex.bwd_impl(p, args))
+                ex.buffers()
+                    .backward_on_host(p, &inputs, |args| ex.bwd_impl(p, args))
                     .map(HostOutput::Backward)
             }
             _ => Err(direction_mismatch(self.dir, io.direction())),

@@ -36,6 +36,8 @@ use enabled as runtime;
 pub(crate) use enabled::backward_ptrs;
 #[cfg(feature = "cuda")]
 pub use enabled::{DeviceBuffer, compile_kernels_only, nvrtc_arch};
+#[cfg(feature = "cuda")]
+pub(crate) use enabled::{StreamKernels, StreamPlan};
 
 #[cfg(not(feature = "cuda"))]
 mod disabled;

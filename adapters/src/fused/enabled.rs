@@ -3,12 +3,11 @@
 
 use super::{BLOCK_M, BLOCK_N, NAME, backward_shared_bytes, padded_dims, shared_bytes};
 use crate::chunked::plan::{BwdScoresArgs, ScoreKernel};
-use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer};
+use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer, StreamKernels, StreamPlan};
 use crate::device::{Availability, cuda_devices, device_identity};
 use crate::executor::{
-    DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, Direction, ExecError, ExecStats, Executor,
-    HostIo, HostOutput, Manifest, Plan, StreamLaunch, Unsupported, direction_mismatch,
-    validate_backward_inputs, validate_forward_inputs,
+    DeviceBackwardArgs, DeviceForwardArgs, Direction, ExecError, ExecStats, Executor, Manifest,
+    Plan, StreamLaunch, Unsupported,
 };
 use crate::problem::{AttentionProblem, DType, Strides};
 use cudarc::driver::{CudaFunction, DriverError, result as drv_result, sys as drv_sys};
@@ -348,88 +347,6 @@ impl Fused {
         Ok(())
     }
 
-    /// The stream path's forward: checks, then enqueues V's transpose and the fused kernel.
-    fn enqueue_fwd(
-        &self,
-        p: &AttentionProblem,
-        a: &DeviceForwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        super::check_problem(p)?;
-        Chunked::check_ptrs(&[
-            ("q", a.q),
-            ("k", a.k),
-            ("v", a.v),
-            ("o", a.o),
-            ("lse", a.lse),
-        ])?;
-        self.check_launch(p, launch)?;
-        let var = self.variant(p)?;
-        self.buffers.context().bind_to_thread().map_err(drv)?;
-        let stream = launch.stream as drv_sys::CUstream;
-        let vt = launch.workspace;
-        let skv = p.seqlen_kv as i32;
-        let skv_pad = (p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N) as i32;
-        let dv = p.head_dim_v as i32;
-        let hkv = p.heads_kv as i32;
-        let (vs, qs, os) = (p.layout.v, p.layout.q, p.layout.o);
-        let (vsb, vsh, vss) = (vs.batch as i64, vs.head as i64, vs.seq as i64);
-        // SAFETY: argument list matches `transpose_v`; V spans its strides, the workspace holds
-        // b*h_kv*dv*skv_pad elements (checked above).
-        unsafe {
-            launch_raw(
-                &var.transpose,
-                (
-                    (skv_pad as u32).div_ceil(32),
-                    (dv as u32).div_ceil(32),
-                    (p.batch * p.heads_kv) as u32,
-                ),
-                (32, 8, 1),
-                0,
-                stream,
-                &mut params![a.v, vt, skv, skv_pad, dv, hkv, vsb, vsh, vss],
-            )?;
-        }
-        let m = p.effective_mask();
-        let (off, left, right) = (m.offset, m.left.unwrap_or(-1), m.right.unwrap_or(-1));
-        let sq = p.seqlen_q as i32;
-        let hq = p.heads_q as i32;
-        let group = (p.heads_q / p.heads_kv) as i32;
-        let dqk = p.head_dim_qk as i32;
-        let scale_log2 = (p.softmax_scale * std::f64::consts::LOG2_E) as f32;
-        let (qsb, qsh, qss) = (qs.batch as i64, qs.head as i64, qs.seq as i64);
-        let (osb, osh, oss) = (os.batch as i64, os.head as i64, os.seq as i64);
-        let maps = TensorMaps::encode(p, a.k, vt, skv_pad as u64)?;
-        let (pos_row, pos_head) = (maps.pos_row, maps.pos_head);
-        // Query tiles rounded up to whole clusters of two.
-        let tiles = p.seqlen_q.div_ceil(BLOCK_M).div_ceil(2) as u32 * 2;
-        // SAFETY: argument list matches `fused_fwd`; pointers checked by the caller's contract;
-        // the tensor maps live until the launch returns (the driver copies parameters).
-        unsafe {
-            launch_cluster(
-                &var.fwd,
-                ((p.batch * p.heads_q) as u32, tiles, 1),
-                var.shared,
-                stream,
-                &mut params![
-                    maps.k, maps.v, a.q, a.o, a.lse, sq, skv, hq, group, dqk, dv, qsb, qsh, qss,
-                    osb, osh, oss, off, left, right, scale_log2, pos_row, pos_head
-                ],
-            )
-        }
-    }
-
-    fn fwd_impl(
-        &self,
-        p: &AttentionProblem,
-        a: &DeviceForwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
-        self.timed_call(p, Direction::Forward, out_bytes, |launch| {
-            self.enqueue_fwd(p, a, launch)
-        })
-    }
-
     /// The synchronous device path: compile the variant (before timing: the first call of a
     /// shape pays NVRTC once), allocate the workspace, run `enqueue` on the own stream, time it.
     fn timed_call(
@@ -453,34 +370,6 @@ impl Fused {
             compute_ms: ms,
             workspace_bytes: launch.workspace_bytes,
             peak_bytes: Some(out_bytes + launch.workspace_bytes),
-        })
-    }
-
-    /// The stream path's backward: the chunked executor's backward plan with P and dS written by
-    /// `bwd_scores` (no fp32 scores in device memory), then its cuBLAS GEMMs for dQ, dK, dV.
-    fn enqueue_bwd(
-        &self,
-        p: &AttentionProblem,
-        a: &DeviceBackwardArgs,
-        launch: &StreamLaunch,
-    ) -> Result<(), ExecError> {
-        super::check_problem(p)?;
-        Chunked::check_ptrs(&crate::chunked::backward_ptrs(a))?;
-        let var = self.variant(p)?;
-        self.buffers.context().bind_to_thread().map_err(drv)?;
-        let scorer = ScoreLaunch::new(p, var, a, self.buffers.sm_count())?;
-        self.buffers
-            .enqueue_backward_plan(p, a, launch, Some(&scorer))
-    }
-
-    fn bwd_impl(
-        &self,
-        p: &AttentionProblem,
-        a: &DeviceBackwardArgs,
-    ) -> Result<ExecStats, ExecError> {
-        let out_bytes = 2 * (p.q_span() + p.k_span() + p.v_span()) as u64;
-        self.timed_call(p, Direction::Backward, out_bytes, |launch| {
-            self.enqueue_bwd(p, a, launch)
         })
     }
 }
@@ -784,7 +673,7 @@ impl Executor for Arc<Fused> {
     /// graph capture.
     fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<Arc<dyn Plan>, ExecError> {
         let workspace = self.workspace_for(p, dir)?;
-        Ok(Arc::new(FusedPlan {
+        Ok(Arc::new(StreamPlan {
             ex: Arc::clone(self),
             p: p.clone(),
             dir,
@@ -793,61 +682,118 @@ impl Executor for Arc<Fused> {
     }
 }
 
-/// A fused plan: the executor (its variant compiled), the problem, the direction and its
-/// workspace size.
-struct FusedPlan {
-    ex: Arc<Fused>,
-    p: AttentionProblem,
-    dir: Direction,
-    workspace: u64,
-}
+impl StreamKernels for Fused {
+    const NAME: &'static str = NAME;
 
-impl Plan for FusedPlan {
-    fn executor(&self) -> &str {
-        NAME
-    }
-
-    fn direction(&self) -> Direction {
-        self.dir
-    }
-
-    fn workspace_bytes(&self) -> Result<u64, ExecError> {
-        Ok(self.workspace)
-    }
-
-    unsafe fn enqueue(&self, io: &DeviceIo, launch: &StreamLaunch) -> Result<(), ExecError> {
-        match (self.dir, io) {
-            (Direction::Forward, DeviceIo::Forward(a)) => self.ex.enqueue_fwd(&self.p, a, launch),
-            (Direction::Backward, DeviceIo::Backward(a)) => self.ex.enqueue_bwd(&self.p, a, launch),
-            _ => Err(direction_mismatch(self.dir, io.direction())),
+    /// The stream path's forward: checks, then enqueues V's transpose and the fused kernel.
+    fn enqueue_fwd(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceForwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        super::check_problem(p)?;
+        Chunked::check_ptrs(&[
+            ("q", a.q),
+            ("k", a.k),
+            ("v", a.v),
+            ("o", a.o),
+            ("lse", a.lse),
+        ])?;
+        self.check_launch(p, launch)?;
+        let var = self.variant(p)?;
+        self.buffers.context().bind_to_thread().map_err(drv)?;
+        let stream = launch.stream as drv_sys::CUstream;
+        let vt = launch.workspace;
+        let skv = p.seqlen_kv as i32;
+        let skv_pad = (p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N) as i32;
+        let dv = p.head_dim_v as i32;
+        let hkv = p.heads_kv as i32;
+        let (vs, qs, os) = (p.layout.v, p.layout.q, p.layout.o);
+        let (vsb, vsh, vss) = (vs.batch as i64, vs.head as i64, vs.seq as i64);
+        // SAFETY: argument list matches `transpose_v`; V spans its strides, the workspace holds
+        // b*h_kv*dv*skv_pad elements (checked above).
+        unsafe {
+            launch_raw(
+                &var.transpose,
+                (
+                    (skv_pad as u32).div_ceil(32),
+                    (dv as u32).div_ceil(32),
+                    (p.batch * p.heads_kv) as u32,
+                ),
+                (32, 8, 1),
+                0,
+                stream,
+                &mut params![a.v, vt, skv, skv_pad, dv, hkv, vsb, vsh, vss],
+            )?;
+        }
+        let m = p.effective_mask();
+        let (off, left, right) = (m.offset, m.left.unwrap_or(-1), m.right.unwrap_or(-1));
+        let sq = p.seqlen_q as i32;
+        let hq = p.heads_q as i32;
+        let group = (p.heads_q / p.heads_kv) as i32;
+        let dqk = p.head_dim_qk as i32;
+        let scale_log2 = (p.softmax_scale * std::f64::consts::LOG2_E) as f32;
+        let (qsb, qsh, qss) = (qs.batch as i64, qs.head as i64, qs.seq as i64);
+        let (osb, osh, oss) = (os.batch as i64, os.head as i64, os.seq as i64);
+        let maps = TensorMaps::encode(p, a.k, vt, skv_pad as u64)?;
+        let (pos_row, pos_head) = (maps.pos_row, maps.pos_head);
+        // Query tiles rounded up to whole clusters of two.
+        let tiles = p.seqlen_q.div_ceil(BLOCK_M).div_ceil(2) as u32 * 2;
+        // SAFETY: argument list matches `fused_fwd`; pointers checked by the caller's contract;
+        // the tensor maps live until the launch returns (the driver copies parameters).
+        unsafe {
+            launch_cluster(
+                &var.fwd,
+                ((p.batch * p.heads_q) as u32, tiles, 1),
+                var.shared,
+                stream,
+                &mut params![
+                    maps.k, maps.v, a.q, a.o, a.lse, sq, skv, hq, group, dqk, dv, qsb, qsh, qss,
+                    osb, osh, oss, off, left, right, scale_log2, pos_row, pos_head
+                ],
+            )
         }
     }
-
-    unsafe fn run_device(&self, io: &DeviceIo) -> Result<ExecStats, ExecError> {
-        match (self.dir, io) {
-            (Direction::Forward, DeviceIo::Forward(a)) => self.ex.fwd_impl(&self.p, a),
-            (Direction::Backward, DeviceIo::Backward(a)) => self.ex.bwd_impl(&self.p, a),
-            _ => Err(direction_mismatch(self.dir, io.direction())),
-        }
+    /// The stream path's backward: the chunked executor's backward plan with P and dS written by
+    /// `bwd_scores` (no fp32 scores in device memory), then its cuBLAS GEMMs for dQ, dK, dV.
+    fn enqueue_bwd(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+        launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        super::check_problem(p)?;
+        Chunked::check_ptrs(&crate::chunked::backward_ptrs(a))?;
+        let var = self.variant(p)?;
+        self.buffers.context().bind_to_thread().map_err(drv)?;
+        let scorer = ScoreLaunch::new(p, var, a, self.buffers.sm_count())?;
+        self.buffers
+            .enqueue_backward_plan(p, a, launch, Some(&scorer))
+    }
+    fn fwd_impl(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceForwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        let out_bytes = 2 * p.o_span() as u64 + 4 * p.lse_len() as u64;
+        self.timed_call(p, Direction::Forward, out_bytes, |launch| {
+            self.enqueue_fwd(p, a, launch)
+        })
+    }
+    fn bwd_impl(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+    ) -> Result<ExecStats, ExecError> {
+        let out_bytes = 2 * (p.q_span() + p.k_span() + p.v_span()) as u64;
+        self.timed_call(p, Direction::Backward, out_bytes, |launch| {
+            self.enqueue_bwd(p, a, launch)
+        })
     }
 
-    fn run_host(&self, io: HostIo<'_>) -> Result<HostOutput, ExecError> {
-        let (ex, p) = (&self.ex, &self.p);
-        match (self.dir, io) {
-            (Direction::Forward, HostIo::Forward(inputs)) => {
-                validate_forward_inputs(p, &inputs)?;
-                ex.buffers
-                    .forward_on_host(p, &inputs, |args| ex.fwd_impl(p, args))
-                    .map(HostOutput::Forward)
-            }
-            (Direction::Backward, HostIo::Backward(inputs)) => {
-                validate_backward_inputs(p, &inputs)?;
-                ex.buffers
-                    .backward_on_host(p, &inputs, |args| ex.bwd_impl(p, args))
-                    .map(HostOutput::Backward)
-            }
-            _ => Err(direction_mismatch(self.dir, io.direction())),
-        }
+    fn buffers(&self) -> &Chunked {
+        &self.buffers
     }
 }
 
