@@ -7,9 +7,11 @@
 //! computed in the same low precision (plus [`ABS_FLOOR`]); LSE must match float64 to
 //! [`LSE_REL_TOL`] relative (denominator `max(|ref|, 1)`; `-inf` rows must agree exactly).
 
+use std::sync::Arc;
+
 use crate::executor::{
     BackwardInputs, DeviceKind, Direction, ExecError, Executor, ForwardInputs, HostIo, HostTensor,
-    validate_backward_inputs, validate_forward_inputs,
+    Plan, validate_backward_inputs, validate_forward_inputs,
 };
 use crate::problem::AttentionProblem;
 use crate::reference;
@@ -213,7 +215,8 @@ pub fn run_random_with(
     run_on(ex.as_ref(), p, seed, opts)
 }
 
-/// [`run_random_with`] on an executor already in hand.
+/// [`run_random_with`] on an executor already in hand: checks the problem, plans it
+/// ([`plan_trial`]) and runs the plans ([`run_planned`]).
 pub fn run_on(
     ex: &dyn Executor,
     p: &AttentionProblem,
@@ -221,6 +224,43 @@ pub fn run_on(
     opts: &RunOptions,
 ) -> Result<RunReport, ExecError> {
     ex.check(p)?;
+    let plans = plan_trial(ex, p, opts)?;
+    run_planned(ex, &plans, p, seed, opts)
+}
+
+/// The plans a trial runs: the forward, and the backward when [`RunOptions::backward`].
+pub struct TrialPlans {
+    /// The forward plan.
+    pub forward: Arc<dyn Plan>,
+    /// The backward plan, when the trial runs the backward.
+    pub backward: Option<Arc<dyn Plan>>,
+}
+
+/// Plans what a trial of `p` on `ex` runs (the plan step of a chain walk: an error here moves
+/// the walk on, an error from [`run_planned`] does not).
+pub fn plan_trial(
+    ex: &dyn Executor,
+    p: &AttentionProblem,
+    opts: &RunOptions,
+) -> Result<TrialPlans, ExecError> {
+    let forward = ex.plan(p, Direction::Forward)?;
+    let backward = if opts.backward {
+        Some(ex.plan(p, Direction::Backward)?)
+    } else {
+        None
+    };
+    Ok(TrialPlans { forward, backward })
+}
+
+/// Runs `plans` (made by [`plan_trial`] for `p` on `ex`) on random inputs drawn from `seed`,
+/// times them and verifies them against the float64 reference.
+pub fn run_planned(
+    ex: &dyn Executor,
+    plans: &TrialPlans,
+    p: &AttentionProblem,
+    seed: u64,
+    opts: &RunOptions,
+) -> Result<RunReport, ExecError> {
     if !p.dtype.is_16bit() {
         return Err(ExecError::invalid(format!(
             "run draws fp16/bf16 host tensors; {} problems run through reference::forward_strided",
@@ -240,8 +280,7 @@ pub fn run_on(
         v: &inputs.v,
     };
     validate_forward_inputs(p, &fin)?;
-    let fplan = ex.plan(p, Direction::Forward)?;
-    let forward = || fplan.run_host(HostIo::Forward(fin))?.into_forward();
+    let forward = || plans.forward.run_host(HostIo::Forward(fin))?.into_forward();
     for _ in 0..warmup {
         forward()?;
     }
@@ -258,7 +297,7 @@ pub fn run_on(
     let mut workspace = fwd.stats.workspace_bytes;
     let mut backward_ms = None;
     let mut bwd = None;
-    if opts.backward {
+    if let Some(bplan) = &plans.backward {
         let bin = BackwardInputs {
             q: &inputs.q,
             k: &inputs.k,
@@ -268,7 +307,6 @@ pub fn run_on(
             lse: &fwd.lse,
         };
         validate_backward_inputs(p, &bin)?;
-        let bplan = ex.plan(p, Direction::Backward)?;
         let backward = || bplan.run_host(HostIo::Backward(bin))?.into_backward();
         for _ in 0..warmup {
             backward()?;

@@ -17,8 +17,7 @@ use attn_policy::facts::te::TE;
 use attn_policy::facts::{Facts, InputError, Value};
 use attn_policy::{CallExtras, ExecutorOutcome};
 use attn_policy_adapters::chain::{self, ChainError, ChainOptions};
-use attn_policy_adapters::executor::Direction;
-use attn_policy_adapters::trial::{RunOptions, RunReport, VerifyMode, run_on};
+use attn_policy_adapters::trial::{RunOptions, RunReport, VerifyMode, plan_trial, run_planned};
 use attn_policy_adapters::{
     AttentionProblem, LiveDevice, NotExpressible, Registry, live_device, problem_from_facts,
 };
@@ -225,20 +224,15 @@ pub fn run(a: RunArgs) -> i32 {
         &names,
         problem.as_ref(),
         &chain_opts,
-        |ex, p| {
-            ex.plan(p, Direction::Forward)?;
-            if opts.backward {
-                ex.plan(p, Direction::Backward)?;
-            }
-            Ok(ex.clone())
-        },
+        |ex, p| Ok((ex.clone(), plan_trial(ex.as_ref(), p, &opts)?)),
     );
     match walked {
         Ok(mut w) => {
             let p = problem
                 .as_ref()
                 .expect("an entry ran, so the problem is expressible");
-            let report = match run_on(w.output.as_ref(), p, a.seed, &opts) {
+            let (executor, plans) = &w.output;
+            let report = match run_planned(executor.as_ref(), plans, p, a.seed, &opts) {
                 Ok(report) => report,
                 Err(e) => {
                     let ran = &mut w.attempts[w.index];
