@@ -37,7 +37,7 @@ pub use decision::{BackendResult, Decision, Status};
 pub use diag::{Code, Diagnostic, Diagnostics, Loc, Severity};
 pub use explain::{
     BackendExplanation, BackendStatus, CALL_SCHEMA, CallExtras, ExecutorAttempt, ExecutorOutcome,
-    Explanation, FactValue, PreferenceApplied, RuleExplanation, SCHEMA, TeTuple,
+    Explanation, FactValue, PackFrom, PreferenceApplied, RuleExplanation, SCHEMA, TeTuple,
     UnavailableVariant, UnreadInput, VariantChoice,
 };
 pub use facts::{Facts, InputError, Value};

@@ -132,6 +132,23 @@ pub struct Release {
     pub ignores: Vec<(String, usize)>,
 }
 
+/// How `<pack>@auto` resolved against the installed upstream release
+/// (docs/packs/releases.md, "te@auto"; `pack::resolve_installed`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AutoRelease {
+    /// The name asked for (`te@auto`).
+    pub requested: String,
+    /// The installed release as given (`2.19.5`, `2.19.0+cu13`).
+    pub installed: String,
+    /// The upstream project, as messages name it (`TransformerEngine`).
+    pub upstream: String,
+    /// The pack that decides (`te@2.19.0`).
+    pub pack: &'static str,
+    /// Set when the installed release has no pack of its own: one line naming the installed
+    /// release and the pack chosen instead.
+    pub warning: Option<String>,
+}
+
 /// A pack ready to decide: immutable, `Send + Sync`, cheap to share behind an `Arc`.
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -162,6 +179,9 @@ pub struct Policy {
     /// The upstream release the pack mirrors (`2.19.0` for `te@2.19.0`), when its pack.yaml
     /// lists releases.
     pub release: Option<Release>,
+    /// Set when the pack was named `<pack>@auto` (`te@auto`): the installed release it was
+    /// chosen for, and the warning when that release has no pack of its own.
+    pub auto: Option<AutoRelease>,
     /// Bit i set: layer i is switched off (e.g. `guard` under `--parity`).
     pub(crate) disabled_layers: u64,
     /// The rule conditions `decide_into` runs, planned for speed (see `eval::plan`).

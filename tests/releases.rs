@@ -204,3 +204,55 @@ fn every_release_loads_within_30_ms() {
         }
     }
 }
+
+/// `te@auto` resolves against the installed release (the `te_version` fact) over the embedded
+/// releases: exact, nearest older with a warning, refused before the oldest.
+#[test]
+fn te_auto_resolves_the_installed_release() {
+    let auto = |v: Option<&str>| {
+        PackSpec::parse("te@auto")
+            .expect("te@auto parses as a pack argument")
+            .with_installed_release(v.map(str::to_string))
+            .load()
+    };
+    for r in RELEASES {
+        let release = r.split_once('@').unwrap().1;
+        let p = auto(Some(release)).unwrap();
+        assert_eq!(p.name, r);
+        let a = p.auto.as_ref().expect("chosen by te@auto");
+        assert_eq!(
+            (a.requested.as_str(), a.warning.as_ref()),
+            ("te@auto", None)
+        );
+    }
+    let p = auto(Some("2.19.5+cu13")).unwrap();
+    assert_eq!(p.name, "te@2.19.0");
+    let facts = p.read_facts(&json!({"te_version": "2.19.5"})).unwrap();
+    let ex = Explanation::new(&p, &facts, &p.decide(&facts));
+    let from = ex.pack_from.as_ref().expect("pack_from");
+    assert_eq!(from.installed, "2.19.5+cu13");
+    assert!(from.warning.as_ref().unwrap().contains("te@2.19.0"));
+    assert!(
+        ex.to_text(false)
+            .contains("pack: te@2.19.0 (from te@auto, TransformerEngine 2.19.5+cu13)")
+    );
+    let releases = attn_policy::pack::embedded_release_names("te");
+    assert_eq!(releases.len(), RELEASES.len());
+    for (v, err) in [
+        (None, "needs the installed TransformerEngine release"),
+        (Some("2.17.0"), "older than every release with a pack"),
+        (Some("x"), "not a release version"),
+    ] {
+        let e = auto(v).unwrap_err().to_string();
+        assert!(e.contains(err), "{e}");
+        if v.is_some() {
+            assert!(e.contains("te@2.18.0, te@2.19.0, te@2.20.2"), "{e}");
+        }
+    }
+    // A plain release name is not resolved, whatever te_version says.
+    let p = PackSpec::embedded("te@2.18.0")
+        .with_installed_release(Some("2.20.2".into()))
+        .load()
+        .unwrap();
+    assert_eq!((p.name.as_str(), p.auto.is_none()), ("te@2.18.0", true));
+}

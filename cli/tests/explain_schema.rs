@@ -228,6 +228,22 @@ fn real_explanations_match_the_schema() {
 
 /// `run --json` prints the call document (docs/schema/call-v1.json), the shape Python's
 /// `Explanation.to_dict()` returns: valid, and its top-level fields agree with its decision.
+/// `te@auto`: the pack chosen for the installed release, with the warning (`pack_from`).
+#[test]
+fn te_auto_explanations_match_the_schema() {
+    let v = validator();
+    for (release, warned) in [("2.19.5", true), ("2.19.0", false)] {
+        let auto = bin(&words(&format!(
+            "explain --pack te@auto --set te_version={release} --preset gemma4-global --json"
+        )));
+        assert_eq!(auto["pack"], "te@2.19.0");
+        assert_eq!(auto["pack_from"]["requested"], "te@auto");
+        assert_eq!(auto["pack_from"]["installed"], release);
+        assert_eq!(auto["pack_from"]["warning"].is_string(), warned);
+        assert_valid(&v, &format!("explain --pack te@auto ({release})"), &auto);
+    }
+}
+
 #[test]
 fn run_documents_match_the_call_schema() {
     let call = validator_of("docs/schema/call-v1.json");

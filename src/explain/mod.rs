@@ -24,6 +24,7 @@ mod text;
 pub use json::{CALL_SCHEMA, CallExtras};
 pub use model::{
     BackendExplanation, BackendStatus, ExecutorAttempt, ExecutorOutcome, Explanation, FactValue,
-    PreferenceApplied, RuleExplanation, SCHEMA, UnavailableVariant, UnreadInput, VariantChoice,
+    PackFrom, PreferenceApplied, RuleExplanation, SCHEMA, UnavailableVariant, UnreadInput,
+    VariantChoice,
 };
 pub use te::TeTuple;

@@ -282,6 +282,21 @@ pub struct UnreadInput {
     pub note: String,
 }
 
+/// How the pack that decided was chosen when it was named `te@auto` (see
+/// [`Explanation::pack_from`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PackFrom {
+    /// The name asked for (`te@auto`).
+    pub requested: String,
+    /// The installed upstream release it resolved against (`2.19.5`).
+    pub installed: String,
+    /// The upstream project (`TransformerEngine`), for the text; not in the JSON.
+    #[serde(skip)]
+    pub upstream: String,
+    /// Set when that release has no pack of its own: which pack decided instead, and why.
+    pub warning: Option<String>,
+}
+
 /// The `schema` field of the `explain/v1` JSON document (`json.rs`).
 pub const SCHEMA: &str = "attn-policy/explain/v1";
 
@@ -291,6 +306,10 @@ pub struct Explanation {
     /// Always [`SCHEMA`].
     pub schema: &'static str,
     pub pack: String,
+    /// Set when the pack was named `te@auto`: the installed release `pack` was chosen for,
+    /// and the warning when it is not that release's own pack. Left out of the JSON otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pack_from: Option<PackFrom>,
     pub selected: Option<String>,
     /// The selected backend's variant.
     pub variant: Option<VariantChoice>,
@@ -430,6 +449,12 @@ impl Explanation {
         Explanation {
             schema: SCHEMA,
             pack: p.name.clone(),
+            pack_from: p.auto.as_ref().map(|a| PackFrom {
+                requested: a.requested.clone(),
+                installed: a.installed.clone(),
+                upstream: a.upstream.clone(),
+                warning: a.warning.clone(),
+            }),
             selected: d.selected.map(name),
             variant: d
                 .selected

@@ -41,8 +41,15 @@ impl Explanation {
         if !self.layers_disabled.is_empty() {
             let _ = writeln!(out, "layers off: {}", self.layers_disabled.join(", "));
         }
-        // A pack named with its upstream release says which release decided (`te@2.19.0`).
-        if let Some((_, release)) = self.pack.split_once('@') {
+        // A pack named with its upstream release says which release decided (`te@2.19.0`),
+        // and, chosen by `te@auto`, for which installed release.
+        if let Some(from) = &self.pack_from {
+            let _ = writeln!(
+                out,
+                "pack: {} (from {}, {} {})",
+                self.pack, from.requested, from.upstream, from.installed
+            );
+        } else if let Some((_, release)) = self.pack.split_once('@') {
             let _ = writeln!(out, "pack: {} (upstream release {release})", self.pack);
         }
         for u in &self.unread_inputs {

@@ -142,6 +142,10 @@ impl Facts {
             match key.as_str() {
                 "id" => {}
                 "probe" => facts.set_probes(value)?,
+                // Chooses the pack (`te@auto`), read by the front end; no rule reads it.
+                k if schema.selection_fact(k).is_some() => {
+                    schema.selection_value(config, k)?;
+                }
                 _ => {
                     if !(schema.read_key)(&mut facts, key, value)? {
                         facts.set_scalar(key, value)?;

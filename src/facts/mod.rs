@@ -19,6 +19,6 @@ pub mod value;
 pub use domains::Domain;
 pub use error::{InputError, InputErrorKind, did_you_mean};
 pub use families::{families, family};
-pub use schema::{Bound, Check, Constraint, Facts, FieldDef, Origin, Schema, Ty};
+pub use schema::{Bound, Check, Constraint, Facts, FieldDef, Origin, Schema, SelectionFact, Ty};
 pub use text::ConfigText;
 pub use value::Value;

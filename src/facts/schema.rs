@@ -175,6 +175,21 @@ pub(crate) const fn probe(path: &'static str, doc: &'static str) -> FieldDef {
     }
 }
 
+/// A fact that chooses the pack rather than feeding its rules (`te_version`: the installed
+/// TransformerEngine release `te@auto` resolves against, docs/packs/releases.md). It is read
+/// from the same config object and flags as the other facts and listed with them
+/// (`attn-policy facts`), but it has no slot: no rule, decision or analysis reads it (a rule
+/// that names it is an unknown fact), and a config holding it decides as one without it.
+#[derive(Clone, Copy, Debug)]
+pub struct SelectionFact {
+    /// The config key (`te_version`).
+    pub path: &'static str,
+    /// Always [`Ty::Version`] today; a string (or a number such as `2.19`) in a config.
+    pub ty: Ty,
+    /// What it is and what it chooses (`attn-policy facts`, docs/facts.md).
+    pub doc: &'static str,
+}
+
 /// Reads the family's structured config keys (`window_size`, `device_compute_capability`, ...)
 /// into facts that start at their defaults. Returns `Ok(false)` for a plain scalar key, which
 /// the generic reader then types against the schema.
@@ -205,6 +220,8 @@ pub struct Schema {
     pub(crate) check: CheckConfig,
     /// Default of a member of a structured fact once the object is present (`inference.page_size`).
     pub(crate) member_default: fn(object: &str, member: &str) -> Value,
+    /// Facts that choose the pack (see [`SelectionFact`]); no slots.
+    pub selection: &'static [SelectionFact],
 }
 
 impl std::fmt::Debug for Schema {
@@ -291,7 +308,48 @@ impl Schema {
             constraints: &[],
             check: |_| Ok(()),
             member_default,
+            selection: &[],
         }
+    }
+
+    /// The same family with facts that choose the pack (see [`SelectionFact`]).
+    pub(crate) fn with_selection(mut self, selection: &'static [SelectionFact]) -> Schema {
+        self.selection = selection;
+        self
+    }
+
+    /// The fact that chooses the pack at `path` (`te_version`), if the family has one.
+    pub fn selection_fact(&self, path: &str) -> Option<&'static SelectionFact> {
+        self.selection.iter().find(|f| f.path == path)
+    }
+
+    /// The value of selection fact `path` in a config object, as text (`"2.19.0"`; a number
+    /// such as `2.19` as written). `Ok(None)`: absent or null; an error for any other type.
+    pub fn selection_value(&self, config: &Json, path: &str) -> Result<Option<String>, InputError> {
+        match config.get(path) {
+            None | Some(Json::Null) => Ok(None),
+            Some(Json::String(s)) => Ok(Some(s.trim().to_string())),
+            Some(Json::Number(n)) => Ok(Some(n.to_string())),
+            Some(_) => Err(InputError::new(
+                path,
+                "expected a release version such as \"2.19.0\" (a string) or null",
+            )
+            .kind(super::error::InputErrorKind::Type)),
+        }
+    }
+
+    /// The facts that choose the pack as a markdown table (`attn-policy facts`, docs/facts.md).
+    pub fn selection_table(&self) -> String {
+        let mut out = String::from("| fact | type | meaning |\n|---|---|---|\n");
+        for f in self.selection {
+            out.push_str(&format!(
+                "| `{}` | {}? | {} |\n",
+                f.path,
+                f.ty.name(),
+                f.doc.replace('|', "\\|")
+            ));
+        }
+        out
     }
 
     /// The same family with constraints across its facts (see [`Constraint`]).
@@ -417,16 +475,32 @@ impl Schema {
              probe reports the raw string, so a version fact has three states, absent (null), \
              parsed, and present but unparseable (the raw text is kept and shown in \
              explanations; rules test it with `parsed(x)`, docs/rule-language.md). Numbers \
-             must fit their type, and a key given twice in one object is an error.\n\n{}\n\
+             must fit their type, and a key given twice in one object is an error.\n\n{}\n{}\
              ## Constraints across facts\n\n\
              Checked after the facts are read. `refused when read`: the framework refuses such \
              an input before its selector runs, so it is an input error here too; `decided by \
              the rules`: the selector judges such inputs itself, and the pack's rules must \
              decline them with a reason.\n\n{}",
             self.markdown_table(),
+            self.selection_section(),
             self.constraints_table(),
             family = self.family,
             about = self.about,
+        )
+    }
+
+    /// docs/facts.md's section on the facts that choose the pack; empty when the family has
+    /// none.
+    fn selection_section(&self) -> String {
+        if self.selection.is_empty() {
+            return String::new();
+        }
+        format!(
+            "## Facts that choose the pack\n\n\
+             Read from the same config and flags as the facts above, but no rule reads them: \
+             they choose which pack decides (docs/packs/releases.md), and a config that holds \
+             one decides as one without it.\n\n{}\n",
+            self.selection_table()
         )
     }
 

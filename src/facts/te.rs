@@ -10,8 +10,8 @@ use serde_json::{Map, Value as Json};
 use super::domains::Domain;
 use super::error::{InputError, InputErrorKind};
 use super::schema::{
-    Bound, Check, Constraint, DefaultValue as D, Facts, FieldDef, Schema, Ty, bounded, derived, f,
-    fixed, opt, probe, raw_text,
+    Bound, Check, Constraint, DefaultValue as D, Facts, FieldDef, Schema, SelectionFact, Ty,
+    bounded, derived, f, fixed, opt, probe, raw_text,
 };
 use super::value::Value;
 use Domain as Dom;
@@ -27,7 +27,18 @@ pub static TE: LazyLock<Schema> = LazyLock::new(|| {
         member_default,
     )
     .with_constraints(CONSTRAINTS)
+    .with_selection(SELECTION)
 });
+
+/// The te family's fact that chooses the pack: the installed TransformerEngine release.
+pub static SELECTION: &[SelectionFact] = &[SelectionFact {
+    path: "te_version",
+    ty: Ty::Version,
+    doc: "Installed TransformerEngine release (`transformer_engine.__version__`, e.g. \"2.19.0\"; \
+          `--te-version X`). Chooses the pack under `--pack te@auto`: that release's pack, the \
+          nearest older one with a warning, or an error before 2.18.0 (docs/packs/releases.md). \
+          No rule reads it; other packs ignore it.",
+}];
 
 /// The te family is the default one (packs without `family:`, TE's conformance records): its
 /// constructors are here, with the family, so that the reader (`input.rs`) names no family.
@@ -862,6 +873,26 @@ mod tests {
     use super::*;
     use crate::lang::Version;
     use serde_json::json;
+
+    /// `te_version` chooses the pack (`te@auto`): read and checked, but it has no slot, so a
+    /// config holding it reads as the same facts as one without it.
+    #[test]
+    fn te_version_chooses_the_pack_and_sets_no_fact() {
+        let plain = Facts::from_json(&json!({"head_dim_qk": 64})).unwrap();
+        for v in [json!("2.19.0"), json!(2.19), json!(null), json!("garbage")] {
+            let with = Facts::from_json(&json!({"head_dim_qk": 64, "te_version": v})).unwrap();
+            assert_eq!(with, plain, "{v}");
+        }
+        let e = Facts::from_json(&json!({"te_version": [2, 19, 0]})).unwrap_err();
+        assert_eq!(e.path, "te_version");
+        assert!(TE.slot("te_version").is_none());
+        assert_eq!(
+            TE.selection_value(&json!({"te_version": "2.19.5"}), "te_version")
+                .unwrap()
+                .as_deref(),
+            Some("2.19.5")
+        );
+    }
 
     /// A version fact whose probe reports the raw string has three states: absent (null),
     /// parsed, and present but unparseable (raw text kept). Other version facts have two.

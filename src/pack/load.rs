@@ -755,6 +755,7 @@ fn link_pack(
         warnings: Diagnostics::default(),
         allow,
         release,
+        auto: None,
         disabled_layers: 0,
         hot,
     }

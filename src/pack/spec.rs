@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::load::{LoadError, PackSource, load_pack_with};
+use super::release::ReleaseError;
 use crate::catalogue::ExecutorCatalogue;
 use crate::facts::did_you_mean;
+use crate::policy::AutoRelease;
 use crate::policy::Policy;
 
 /// A pack to load: its source plus everything that changes what it decides.
@@ -23,6 +25,9 @@ pub struct PackSpec {
     pub layers_off: Vec<String>,
     /// Executor names chains may use; `None`: chains are not checked against a catalogue.
     pub catalogue: Option<Arc<ExecutorCatalogue>>,
+    /// The installed upstream release (the `te_version` fact): what `te@auto` resolves
+    /// against (docs/packs/releases.md). Read only for an `@auto` name.
+    pub installed_release: Option<String>,
 }
 
 /// Why a [`PackSpec`] did not give a policy.
@@ -45,6 +50,9 @@ pub enum PackError {
         spec: String,
         known: Vec<&'static str>,
     },
+    /// `te@auto` gave no pack (no release, too old, not a version).
+    #[error(transparent)]
+    Release(#[from] ReleaseError),
     /// The pack's files have errors (rendered with [`LoadError::render`]).
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -96,9 +104,13 @@ impl PackSpec {
         if known.contains(&spec) {
             return Ok(PackSpec::embedded(spec));
         }
-        if let (pack, Some(_)) = super::release::split_name(spec)
+        if let (pack, Some(release)) = super::release::split_name(spec)
             && super::embedded::pack_names().contains(&pack)
         {
+            if release == super::release::AUTO {
+                // Resolved when loaded, against the installed release given by then.
+                return Ok(PackSpec::embedded(spec));
+            }
             // `te@2.17.0`: the resolver names the releases that exist.
             return PackSpec::embedded(spec)
                 .resolve()
@@ -125,12 +137,58 @@ impl PackSpec {
         self
     }
 
+    /// The installed upstream release `te@auto` resolves against (the `te_version` fact).
+    pub fn with_installed_release(mut self, version: Option<String>) -> PackSpec {
+        self.installed_release = version;
+        self
+    }
+
+    /// Whether the pack is named `<pack>@auto` (resolved against the installed release).
+    pub fn is_auto(&self) -> bool {
+        matches!(&self.source, Some(PackSource::Embedded(n)) if super::release::is_auto(n))
+    }
+
+    /// For a pack named `<pack>@auto` (`te@auto`): the release pack that decides for the
+    /// installed release, with the warning when it is not that release's own pack; `None` for
+    /// any other name. Errors: no installed release given, one older than every pack, or not a
+    /// version (each names the releases that have packs).
+    pub fn resolve_auto(&self) -> Result<Option<AutoRelease>, PackError> {
+        let Some(PackSource::Embedded(name)) = &self.source else {
+            return Ok(None);
+        };
+        let (pack, Some(super::release::AUTO)) = super::release::split_name(name) else {
+            return Ok(None);
+        };
+        let releases = super::embedded::release_names(pack);
+        if releases.is_empty() {
+            return Err(PackError::UnknownRelease {
+                name: name.clone(),
+                releases,
+                suggestion: None,
+            });
+        }
+        let Some(installed) = &self.installed_release else {
+            return Err(ReleaseError::NoInstalledRelease {
+                requested: name.clone(),
+                upstream: super::release::upstream(pack).to_string(),
+                hint: None,
+            }
+            .into());
+        };
+        Ok(Some(super::release::resolve_installed(
+            pack, installed, &releases,
+        )?))
+    }
+
     /// The source, with an embedded name checked (did-you-mean on a typo).
     pub fn resolve(&self) -> Result<PackSource, PackError> {
         match &self.source {
             None => Ok(PackSource::Embedded("te".into())),
             Some(PackSource::Dir(d)) => Ok(PackSource::Dir(d.clone())),
             Some(PackSource::Embedded(name)) => {
+                if let Some(auto) = self.resolve_auto()? {
+                    return Ok(PackSource::Embedded(auto.pack.to_string()));
+                }
                 let known = super::embedded::all_names();
                 if known.contains(&name.as_str()) {
                     return Ok(PackSource::Embedded(name.clone()));
@@ -156,8 +214,10 @@ impl PackSpec {
 
     /// Loads, type-checks and links the pack, then switches off the requested layers.
     pub fn load(&self) -> Result<Policy, PackError> {
+        let auto = self.resolve_auto()?;
         let source = self.resolve()?;
         let mut policy = load_pack_with(source, &self.overlays, self.catalogue.as_deref())?;
+        policy.auto = auto;
         let mut off = self.layers_off.clone();
         if self.parity && policy.layers.iter().any(|l| l == "guard") {
             off.push("guard".into());

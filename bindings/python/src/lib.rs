@@ -12,6 +12,7 @@ use attn_policy::CachedPolicy;
 use attn_policy::Decision;
 use attn_policy::facts::schema::Origin;
 use attn_policy::facts::te::FIELDS;
+use attn_policy::pack::ReleaseError;
 use attn_policy::{CallExtras, ExecutorAttempt, ExecutorOutcome, Explanation};
 use attn_policy::{Facts, PackSpec, Policy};
 use pyo3::create_exception;
@@ -338,8 +339,10 @@ fn facts_from(policy: &Policy, config: &Json) -> Result<Facts, String> {
 impl NativePolicy {
     /// Loads an embedded pack (`pack`) or a folder holding pack.yaml (`path`), with overlays,
     /// layers switched off and a cache bound.
+    /// `te_version`: the installed TransformerEngine release `te@auto` resolves against.
     #[staticmethod]
-    #[pyo3(signature = (pack=None, path=None, overlays=Vec::new(), layers_off=Vec::new(), parity=false, cache_size=4096))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (pack=None, path=None, overlays=Vec::new(), layers_off=Vec::new(), parity=false, cache_size=4096, te_version=None))]
     fn load(
         py: Python<'_>,
         pack: Option<String>,
@@ -348,6 +351,7 @@ impl NativePolicy {
         layers_off: Vec<String>,
         parity: bool,
         cache_size: usize,
+        te_version: Option<String>,
     ) -> PyResult<NativePolicy> {
         let spec = match (pack, path) {
             (_, Some(p)) => PackSpec::dir(p),
@@ -362,6 +366,7 @@ impl NativePolicy {
                 .with_overlays(overlays.into_iter().map(Into::into))
                 .with_parity(parity)
                 .with_catalogue(torch_ops::catalogue())
+                .with_installed_release(te_version)
         };
         let policy: Policy = py.detach(|| spec.load()).map_err(|e| match e {
             attn_policy::PackError::Load(e) => {
@@ -382,6 +387,20 @@ impl NativePolicy {
                     .collect();
                 policy_error(py, e.render(false), Some(Json::Array(diags)))
             }
+            attn_policy::PackError::Release(ReleaseError::NoInstalledRelease {
+                requested,
+                upstream,
+                hint: None,
+            }) => policy_error(
+                py,
+                attn_policy::PackError::Release(ReleaseError::NoInstalledRelease {
+                    requested,
+                    upstream,
+                    hint: Some(TE_VERSION_HINT.into()),
+                })
+                .to_string(),
+                None,
+            ),
             other => policy_error(py, other.to_string(), None),
         })?;
         Ok(NativePolicy {
@@ -394,6 +413,23 @@ impl NativePolicy {
     #[getter]
     fn name(&self) -> String {
         self.inner.policy().name.clone()
+    }
+
+    /// Set when the pack was named `te@auto`: `{"requested", "installed", "warning"}` (the
+    /// explanation's `pack_from`); else None.
+    #[getter]
+    fn pack_from(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.inner.policy().auto {
+            Some(a) => to_py(
+                py,
+                &serde_json::json!({
+                    "requested": a.requested,
+                    "installed": a.installed,
+                    "warning": a.warning,
+                }),
+            ),
+            None => Ok(py.None()),
+        }
     }
 
     #[getter]
@@ -1503,6 +1539,35 @@ fn embedded_packs() -> Vec<&'static str> {
     attn_policy::pack::embedded_names()
 }
 
+/// How the Python package takes the installed TransformerEngine release for `te@auto`.
+const TE_VERSION_HINT: &str = "import transformer_engine, or pass te_version=, e.g. \
+    Policy.load(\"te@auto\", te_version=\"2.19.0\")";
+
+/// The pack that decides for an installed release of `pack` (`te`): `(name, warning)`, the
+/// warning set when that release has no pack of its own (the nearest older one decides, or the
+/// newest). Raises `PolicyError` for a release older than every pack, or text that is not a
+/// version, naming the releases that have packs. The resolver of `te@auto`
+/// (docs/packs/releases.md).
+#[pyfunction]
+#[pyo3(signature = (installed, pack="te"))]
+fn resolve_release(
+    py: Python<'_>,
+    installed: &str,
+    pack: &str,
+) -> PyResult<(String, Option<String>)> {
+    let releases = attn_policy::pack::embedded_release_names(pack);
+    if releases.is_empty() {
+        return Err(policy_error(
+            py,
+            format!("pack `{pack}` mirrors no upstream releases"),
+            None,
+        ));
+    }
+    attn_policy::pack::resolve_installed(pack, installed, &releases)
+        .map(|a| (a.pack.to_string(), a.warning))
+        .map_err(|e| policy_error(py, e.to_string(), None))
+}
+
 // ---------------------------------------------------------------------------------------------
 // `NativeCall`: one call's account (the kinds and outcomes it reads: call.rs).
 
@@ -1806,6 +1871,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PolicyError", m.py().get_type::<PolicyError>())?;
     m.add_function(wrap_pyfunction!(config_keys, m)?)?;
     m.add_function(wrap_pyfunction!(embedded_packs, m)?)?;
+    m.add_function(wrap_pyfunction!(resolve_release, m)?)?;
     torch_ops::register(m)?;
     eager_abi::register(m)?;
     inputs::register(m)?;

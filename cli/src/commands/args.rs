@@ -8,7 +8,8 @@ use clap::{Args, ValueEnum};
 use serde_json::{Map, Value as Json, json};
 
 use attn_policy::facts::{ConfigText, Facts, InputError, InputErrorKind, Schema, presets};
-use attn_policy::{PackSpec, Policy};
+use attn_policy::pack::ReleaseError;
+use attn_policy::{PackError, PackSpec, Policy};
 
 /// The attention configuration: a preset, a file, then flags, each overriding the previous.
 #[derive(Args, Debug, Clone, Default)]
@@ -661,14 +662,6 @@ impl ConfigArgs {
         }
         Ok(())
     }
-
-    /// The typed facts of `policy`'s family, and the input they were read from (its
-    /// provenance and the locations of its values).
-    pub fn facts_for(&self, policy: &Policy) -> Result<(Facts, Input), InputError> {
-        let input = self.input_for(policy.schema)?;
-        let facts = input.facts_of(policy.schema)?;
-        Ok((facts, input))
-    }
 }
 
 fn kind(v: &Json) -> &'static str {
@@ -686,10 +679,16 @@ fn kind(v: &Json) -> &'static str {
 #[derive(Args, Debug, Clone)]
 pub struct PackArgs {
     /// Embedded pack: te (TransformerEngine 2.20.2 + FROST), te@2.18.0, te@2.19.0, te@2.20.2
-    /// (one TransformerEngine release each; te@2.20.2 is te), native (this project's executors)
-    /// or torch (PyTorch 2.11 SDPA on CUDA).
+    /// (one TransformerEngine release each; te@2.20.2 is te), te@auto (the pack of the
+    /// installed release, from --te-version or the te_version fact), native (this project's
+    /// executors) or torch (PyTorch 2.11 SDPA on CUDA).
     #[arg(long, default_value = "te", value_name = "NAME")]
     pub pack: String,
+    /// The installed TransformerEngine release (the te_version fact; `--set te_version=X` and a
+    /// config's `te_version` give it too): --pack te@auto decides with its pack, or the nearest
+    /// older one with a warning; before 2.18.0 it is refused. Other packs ignore it.
+    #[arg(long, value_name = "VERSION")]
+    pub te_version: Option<String>,
     /// Load the pack from a folder holding pack.yaml instead of an embedded one.
     #[arg(long, value_name = "DIR")]
     pub rules: Option<PathBuf>,
@@ -711,12 +710,91 @@ impl PackArgs {
         spec.with_overlays(self.overlay.iter().cloned())
             .with_parity(self.parity)
             .with_catalogue(catalogue())
+            .with_installed_release(self.te_version.clone())
     }
 
-    /// Loads the pack; on failure prints the diagnostics and returns exit code 2.
+    /// Loads the pack; on failure prints the diagnostics and returns exit code 2. The warning
+    /// of a `te@auto` pack chosen for a release without its own goes to stderr.
     pub fn load(&self, color: bool) -> Result<Policy, i32> {
-        load_spec(&self.spec(), color)
+        let policy = load_spec(&self.spec(), color)?;
+        warn_auto(&policy);
+        Ok(policy)
     }
+
+    /// Loads the pack and reads the configuration for it (once: stdin is read once), see
+    /// [`load_with_config`].
+    pub fn load_with_config(
+        &self,
+        config: &ConfigArgs,
+        color: bool,
+        warn: bool,
+    ) -> Result<(Policy, Input), i32> {
+        load_with_config(self.spec(), self.te_version.as_deref(), config, color, warn)
+    }
+}
+
+/// How the te_version fact is given, for the error of a `te@auto` without one.
+const TE_VERSION_HINT: &str = "give it with --te-version X, `--set te_version=X` or \
+    `te_version` in the config file, e.g. --te-version 2.19.0";
+
+/// Whether two spellings name the same release (`2.19.0` and `2.19`; text that is not a
+/// version only as itself).
+fn same_release(a: &str, b: &str) -> bool {
+    use attn_policy::lang::Version;
+    match (Version::parse(a), Version::parse(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.trim() == b.trim(),
+    }
+}
+
+/// Prints the warning of a `te@auto` pack chosen for a release without a pack of its own to
+/// stderr (once per command).
+pub fn warn_auto(policy: &Policy) {
+    if let Some(w) = policy.auto.as_ref().and_then(|a| a.warning.as_ref()) {
+        eprintln!("warning: {w}");
+    }
+}
+
+/// Loads `spec`'s pack and reads `config` for it. For `te@auto` the config is read first (as
+/// te-family input) and its `te_version` fact, or `flag` (`--te-version`), chooses the pack;
+/// the two must agree when both are given. `warn`: print the `te@auto` warning to stderr.
+/// Errors are printed; the result is the exit code (2).
+pub fn load_with_config(
+    spec: PackSpec,
+    flag: Option<&str>,
+    config: &ConfigArgs,
+    color: bool,
+    warn: bool,
+) -> Result<(Policy, Input), i32> {
+    if !spec.is_auto() {
+        let policy = load_spec(&spec, color)?;
+        let input = config.input_for(policy.schema).map_err(super::fail)?;
+        if warn {
+            warn_auto(&policy);
+        }
+        return Ok((policy, input));
+    }
+    let te = &*attn_policy::facts::te::TE;
+    let input = config.input_for(te).map_err(super::fail)?;
+    let given = te
+        .selection_value(&input.json, "te_version")
+        .map_err(|e| super::fail(e.at(input.locate("te_version"))))?;
+    let version = match (flag, given) {
+        (Some(f), Some(g)) if !same_release(f, &g) => {
+            let at = input.locate("te_version").unwrap_or_default();
+            return Err(super::fail(format!(
+                "--te-version {f} and te_version `{g}` ({at}) disagree; give the installed \
+                 TransformerEngine release once"
+            )));
+        }
+        (Some(f), _) => Some(f.to_string()),
+        (None, g) => g,
+    };
+    let policy = load_spec(&spec.with_installed_release(version), color)?;
+    if warn {
+        warn_auto(&policy);
+    }
+    Ok((policy, input))
 }
 
 /// This build's executor catalogue (every executor chain is checked against it).
@@ -731,9 +809,26 @@ pub fn catalogue() -> std::sync::Arc<attn_policy::ExecutorCatalogue> {
 /// Loads a pack spec; on failure prints the diagnostics (or the error) and returns exit code 2.
 pub fn load_spec(spec: &PackSpec, color: bool) -> Result<Policy, i32> {
     spec.load().map_err(|e| {
-        eprint!("{}", e.render(color));
+        eprint!("{}", with_hint(e).render(color));
         2
     })
+}
+
+/// The error with how the command line gives what it lacks (`te@auto` without a release:
+/// `--te-version X`, ...).
+pub fn with_hint(e: PackError) -> PackError {
+    match e {
+        PackError::Release(ReleaseError::NoInstalledRelease {
+            requested,
+            upstream,
+            hint: None,
+        }) => PackError::Release(ReleaseError::NoInstalledRelease {
+            requested,
+            upstream,
+            hint: Some(TE_VERSION_HINT.to_string()),
+        }),
+        e => e,
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]

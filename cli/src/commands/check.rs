@@ -76,12 +76,13 @@ pub fn run(a: CheckArgs) -> i32 {
     };
     let (mut diags, sources, mut allowed, loaded) = match a.pack.spec().load() {
         Ok(policy) => {
+            super::args::warn_auto(&policy);
             let mut d = policy.warnings.0.clone();
             d.extend(lint(&policy));
             (d, policy.sources.clone(), policy.allow.clone(), true)
         }
         Err(attn_policy::PackError::Load(e)) => (e.diagnostics.0, e.sources, Vec::new(), false),
-        Err(other) => return super::fail(other),
+        Err(other) => return super::fail(super::args::with_hint(other)),
     };
     allowed.extend(a.allow.iter().copied());
     for d in &mut diags {

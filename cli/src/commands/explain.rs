@@ -19,6 +19,7 @@ Examples:
   attn-policy explain --head-dim 260 --sm 100 --mask causal --probe fused_attn_graph=true
   attn-policy explain --pack torch --head-dim 512 --heads 32 --kv-heads 8 --enable-gqa
   attn-policy explain --pack torch record.json --disable cudnn --json
+  attn-policy explain --pack te@auto --te-version 2.19.0 --preset gemma4-global
 
 Exit codes: 0 selected, 1 no backend can serve the input, 2 bad input or bad rules.")]
 pub struct ExplainArgs {
@@ -36,11 +37,16 @@ pub struct ExplainArgs {
 }
 
 pub fn run(a: ExplainArgs) -> i32 {
-    let policy = match a.pack.load(a.output.stderr_color()) {
+    // The `te@auto` warning goes to stderr in text; the JSON holds it (`pack_from`).
+    let warn = a.output.format() == Format::Human;
+    let (policy, input) = match a
+        .pack
+        .load_with_config(&a.config, a.output.stderr_color(), warn)
+    {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let (facts, input) = match a.config.facts_for(&policy) {
+    let facts = match input.facts_of(policy.schema) {
         Ok(f) => f,
         Err(e) => return super::fail(e),
     };

@@ -127,8 +127,8 @@ pub fn presets(a: PresetsArgs) -> i32 {
 #[derive(Args, Debug)]
 pub struct FactsArgs {
     /// Print as JSON: every fact (path, type, nullable, domain, default, origin, fixed, doc),
-    /// the constraints across facts and the pack's public definitions (name, meaning,
-    /// stands_for).
+    /// the constraints across facts, the facts that choose the pack (`selection`:
+    /// te_version) and the pack's public definitions (name, meaning, stands_for).
     #[arg(long)]
     pub json: bool,
     /// The facts of this pack's family (`--pack torch`: PyTorch SDPA's).
@@ -144,6 +144,13 @@ pub fn facts(a: FactsArgs) -> i32 {
     let schema = policy.schema;
     if !a.json {
         print!("{}", schema.markdown_table());
+        if !schema.selection.is_empty() {
+            // `te_version`: read like a fact, but it chooses the pack (`te@auto`).
+            println!(
+                "\nFacts that choose the pack (no rule reads them; docs/packs/releases.md):\n"
+            );
+            print!("{}", schema.selection_table());
+        }
         println!("\nConstraints across facts:\n");
         print!("{}", schema.constraints_table());
         // The definitions explanations name (every other one is shown written out).
@@ -179,6 +186,11 @@ pub fn facts(a: FactsArgs) -> i32 {
             })
         })
         .collect();
+    let selection: Vec<Json> = schema
+        .selection
+        .iter()
+        .map(|f| json!({"path": f.path, "type": f.ty.name(), "doc": f.doc}))
+        .collect();
     let constraints: Vec<Json> = schema
         .constraints
         .iter()
@@ -199,7 +211,7 @@ pub fn facts(a: FactsArgs) -> i32 {
         "{}",
         serde_json::to_string_pretty(
             &json!({"family": schema.family, "facts": fields, "constraints": constraints,
-                    "pack": policy.name, "definitions": definitions})
+                    "selection": selection, "pack": policy.name, "definitions": definitions})
         )
         .expect("json")
     );

@@ -42,9 +42,14 @@ executor that ran failed while running), 5 verification failed.")]
 pub struct RunArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// Embedded pack of the te fact family whose backends name executor chains: native or te.
+    /// Embedded pack of the te fact family whose backends name executor chains: native, te,
+    /// te@<release> or te@auto (with --te-version or the te_version fact).
     #[arg(long, default_value = "native")]
     pub pack: String,
+    /// The installed TransformerEngine release that --pack te@auto decides for (the
+    /// te_version fact: `--set te_version=X` and a config's `te_version` give it too).
+    #[arg(long, value_name = "VERSION")]
+    pub te_version: Option<String>,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -154,7 +159,14 @@ fn facts_of(config: &Json, input: &Input) -> Result<Facts, InputError> {
 pub fn run(a: RunArgs) -> i32 {
     let color = a.output.stdout_color();
     let spec = attn_policy::PackSpec::embedded(&a.pack).with_catalogue(super::args::catalogue());
-    let policy = match super::args::load_spec(&spec, a.output.stderr_color()) {
+    let warn = a.output.format() == Format::Human;
+    let (policy, input) = match super::args::load_with_config(
+        spec,
+        a.te_version.as_deref(),
+        &a.config,
+        a.output.stderr_color(),
+        warn,
+    ) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -168,10 +180,6 @@ pub fn run(a: RunArgs) -> i32 {
             policy.name
         ));
     }
-    let input = match a.config.input_for(policy.schema) {
-        Ok(i) => i,
-        Err(e) => return super::fail(e),
-    };
     let (mut config, mut sources) = (input.json.clone(), input.provenance());
     let note = super::explain::shell_note(&input);
     // Live device facts: the decision is for the device the executors run on.

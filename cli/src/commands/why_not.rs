@@ -30,15 +30,14 @@ pub struct WhyNotArgs {
 }
 
 pub fn run(a: WhyNotArgs) -> i32 {
-    let policy = match a.pack.load(false) {
+    let (policy, input) = match a.pack.load_with_config(&a.config, false, true) {
         Ok(p) => p,
         Err(code) => return code,
     };
     // Read (and validate) the input first, so that a bad value is reported where it was given.
-    let (_, input) = match a.config.facts_for(&policy) {
-        Ok(f) => f,
-        Err(e) => return super::fail(e),
-    };
+    if let Err(e) = input.facts_of(policy.schema) {
+        return super::fail(e);
+    }
     let config = input.json.clone();
     let r = match why_not(&policy, &a.backend, &config) {
         Ok(r) => r,

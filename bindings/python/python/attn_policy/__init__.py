@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from . import _native
 from ._model import BackendStatus, Decision, Decline, ExecutorAttempt, Explanation  # noqa: F401 (BackendStatus: re-exported)
 from ._native import PolicyError
+from ._release import installed_te_version
 
 __all__ = [
     "Policy",
@@ -34,6 +35,7 @@ __all__ = [
     "PolicyViolation",
     "CheckMode",
     "embedded_packs",
+    "resolve_te_release",
 ]
 
 logger = logging.getLogger("attn_policy")
@@ -66,6 +68,17 @@ class CheckMode:
 def embedded_packs() -> List[str]:
     """Names of the packs compiled into the module (``te``, ...)."""
     return list(_native.embedded_packs())
+
+
+def resolve_te_release(te_version: str) -> Tuple[str, Optional[str]]:
+    """The pack that decides for TransformerEngine release ``te_version``, as ``te@auto``
+    resolves it (the same Rust code as ``attn-policy --pack te@auto --te-version X``):
+    ``(pack, warning)``, e.g. ``("te@2.19.0", None)`` for ``"2.19.0"`` and ``("te@2.19.0",
+    "TransformerEngine 2.19.5 has no pack; deciding with te@2.19.0, ...")`` for ``"2.19.5"``.
+    Raises ``PolicyError`` naming the releases that have packs for a release older than
+    every pack (before 2.18.0) or text that is not a version. docs/packs/releases.md."""
+    pack, warning = _native.resolve_release(str(te_version), "te")
+    return pack, warning
 
 
 @dataclass(frozen=True)
@@ -132,14 +145,21 @@ class Policy:
         layers_off: Sequence[str] = (),
         cache_size: int = 4096,
         check_mode: str = CheckMode.AUDIT,
+        te_version: Optional[str] = None,
     ) -> "Policy":
-        """Loads an embedded pack by name (``"te"``) or a folder holding ``pack.yaml``.
+        """Loads an embedded pack by name (``"te"``, ``"te@2.19.0"``) or a folder holding
+        ``pack.yaml``.
 
         ``overlays``: site-policy overlay files. ``parity``: switch off the ``guard`` layer
-        (pure TE parity, like ``--parity``). Raises ``PolicyError`` with every diagnostic
-        (``.diagnostics``) when the pack does not load.
+        (pure TE parity, like ``--parity``). ``"te@auto"``: the pack of the TransformerEngine
+        release ``te_version`` (default: the installed ``transformer_engine.__version__``),
+        or the nearest older pack (see :func:`resolve_te_release`; ``policy.pack_from`` says
+        which). Raises ``PolicyError`` with every diagnostic (``.diagnostics``) when the pack
+        does not load, and for a ``te@auto`` release older than every pack.
         """
         pack = os.fspath(pack)
+        if te_version is None and pack.endswith("@auto"):
+            te_version = installed_te_version()
         is_dir = os.sep in pack or pack.startswith(".") or os.path.isdir(pack)
         native = _native.NativePolicy.load(
             pack=None if is_dir else pack,
@@ -148,12 +168,20 @@ class Policy:
             layers_off=list(layers_off),
             parity=parity,
             cache_size=cache_size,
+            te_version=None if te_version is None else str(te_version),
         )
         return cls(native, check_mode)
 
     @property
     def name(self) -> str:
         return self._p.name
+
+    @property
+    def pack_from(self) -> Optional[Dict[str, Any]]:
+        """Set when the pack was loaded as ``te@auto``: ``{"requested": "te@auto",
+        "installed": "2.19.5", "warning": ...}`` (the explanation's ``pack_from``); else
+        None."""
+        return self._p.pack_from
 
     @property
     def backend_names(self) -> List[str]:

@@ -2,14 +2,22 @@
 re-exports the public functions) and the torch op's live facts (:mod:`attn_policy._facts`):
 facts given to :func:`set_environment`, live probes of torch and the installed packages (run
 once per process, :func:`reprobe`), and the policy the drop-in decides with
-(:func:`set_policy`, :func:`get_policy`). No torch needed: a probe without it stays unknown."""
+(:func:`set_policy`, :func:`get_policy`). No torch needed: a probe without it stays unknown.
+
+The default policy is the pack of the installed TransformerEngine release (``te@auto``,
+docs/packs/releases.md): :func:`installed_te_version` reads ``transformer_engine.__version__``
+(imported lazily), the Rust resolver chooses the pack, a release without its own pack decides
+with the nearest older one and one ``warnings.warn`` per process, and one older than every
+pack raises ``PolicyError``. Without TransformerEngine the default is the ``te`` pack."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, Optional, Tuple
+import warnings
+from typing import Any, Dict, Optional, Set, Tuple
 
 from . import Policy
+from ._release import installed_te_version
 
 
 #: Facts that describe the machine rather than the call.
@@ -20,10 +28,15 @@ ENVIRONMENT_FACTS = (
     "cudnn_frontend_version",
     "cutlass_dsl_version",
     "env",
+    "te_version",
 )
 
 _lock = threading.Lock()
 _policy: Optional[Policy] = None
+# Whether _policy is the default (chosen for the installed release), not set_policy's.
+_policy_is_default = False
+# The te@auto warnings already given (once per process each).
+_warned_releases: Set[str] = set()
 _set_env: Dict[str, Any] = {}
 _probed: Optional[Dict[str, Tuple[Any, str]]] = None
 # The resolved (value, source) per environment fact without call arguments; rebuilt when
@@ -32,27 +45,54 @@ _resolved: Optional[Dict[str, Tuple[Any, str]]] = None
 
 
 def set_policy(policy: Optional[Policy]) -> None:
-    """Uses ``policy`` for the drop-in (default: the embedded ``te`` pack)."""
-    global _policy
+    """Uses ``policy`` for the drop-in; ``None`` goes back to the default: the pack of the
+    installed TransformerEngine release (``te@auto``), or ``te`` without TransformerEngine."""
+    global _policy, _policy_is_default
     with _lock:
         _policy = policy
+        _policy_is_default = False
+
+
+def _default_policy() -> Policy:
+    """The pack of the installed TransformerEngine release (``te@auto``), with its warning
+    once per process; ``te`` without TransformerEngine. Raises ``PolicyError`` for a release
+    older than every pack, or one that is not a version."""
+    te_version = _te_version_fact()
+    if te_version is None:
+        return Policy.load("te")
+    policy = Policy.load("te@auto", te_version=te_version)
+    warning = (policy.pack_from or {}).get("warning")
+    if warning and warning not in _warned_releases:
+        _warned_releases.add(warning)
+        warnings.warn(f"attn_policy: {warning}", UserWarning, stacklevel=4)
+    return policy
+
+
+def _te_version_fact() -> Optional[str]:
+    """The ``te_version`` fact: :func:`set_environment`'s, else the installed release."""
+    given = _set_env.get("te_version")
+    return str(given) if given is not None else installed_te_version()
 
 
 def get_policy() -> Policy:
-    global _policy
+    """The drop-in's policy: :func:`set_policy`'s, else the default (see
+    :func:`set_policy`)."""
+    global _policy, _policy_is_default
     p = _policy
     if p is None:
         with _lock:
             if _policy is None:
-                _policy = Policy.load("te")
+                _policy = _default_policy()
+                _policy_is_default = True
             p = _policy
     return p
-
 
 def set_environment(**facts: Any) -> None:
     """Sets environment facts for every later call (``device_compute_capability=(9, 0)``,
     ``cudnn_version=(9, 12, 0)``, ``flash_attn_versions={"v2": "2.8.3"}``,
-    ``env={"NVTE_FLASH_ATTN": "0"}``, ...). ``None`` removes a fact set earlier."""
+    ``env={"NVTE_FLASH_ATTN": "0"}``, ...). ``None`` removes a fact set earlier.
+    ``te_version="2.19.0"`` stands for the installed TransformerEngine release: the default
+    policy becomes that release's pack (``te@auto``; see :func:`get_policy`)."""
     global _resolved
     unknown = [k for k in facts if k not in ENVIRONMENT_FACTS]
     if unknown:
@@ -68,6 +108,17 @@ def set_environment(**facts: Any) -> None:
             else:
                 _set_env[k] = v
         _resolved = None
+        if "te_version" in facts:
+            _forget_default_policy()
+
+
+def _forget_default_policy() -> None:
+    """The default policy is chosen again on next use (the release may have changed); a
+    policy given to :func:`set_policy` stays. Called with ``_lock`` held."""
+    global _policy, _policy_is_default
+    if _policy_is_default:
+        _policy = None
+        _policy_is_default = False
 
 
 def clear_environment() -> None:
@@ -76,6 +127,7 @@ def clear_environment() -> None:
     with _lock:
         _set_env.clear()
         _resolved = None
+        _forget_default_policy()
 
 
 def _version_of(dist: str) -> Optional[str]:
@@ -130,6 +182,9 @@ def probe_environment() -> Dict[str, Tuple[Any, str]]:
     out["flash_attn_versions"] = (fa, "probe")
     out["cudnn_frontend_version"] = (_version_of("nvidia-cudnn-frontend"), "probe")
     out["cutlass_dsl_version"] = (_version_of("nvidia-cutlass-dsl"), "probe")
+    # Chooses the drop-in's pack (te@auto); no rule reads it.
+    te_version = installed_te_version()
+    out["te_version"] = (te_version, "probe") if te_version is not None else (None, "default")
     return out
 
 
@@ -141,6 +196,7 @@ def reprobe() -> None:
         _probed = None
         _resolved = None
         p = _policy
+        _forget_default_policy()
     if p is not None:
         p.cache_clear()
 

@@ -29,6 +29,15 @@ decision's provenance says which were measured (``probe``) and which stayed unkn
 attribute of the params object) gives them instead, e.g. ``probe={"cuda_device": True,
 "fused_attn_graph": True, "frost_plan": True}`` for a conformance run that replays TE's answers.
 (Before this, unanswered probes were answered "supported".)
+
+The pack decides as the installed TransformerEngine release does: :func:`get_policy` is the
+pack of ``transformer_engine.__version__`` (``te@auto``; ``set_environment(te_version=...)``
+overrides the installed one): ``te@2.19.0`` for 2.19.0, the nearest older pack for a release
+between two (one ``UserWarning`` per process naming both), ``PolicyError`` for a release older
+than 2.18.0 (naming the releases that have packs), and ``te`` without TransformerEngine.
+:func:`set_policy` wins over it. A decision's ``explain()`` says which pack decided (``pack:
+te@2.19.0 (from te@auto, TransformerEngine 2.19.5)``), ``to_dict()["pack_from"]`` too, and
+``provenance["te_version"]`` where the release came from (docs/packs/releases.md).
 """
 
 
@@ -41,7 +50,7 @@ from . import Decision, Policy, _environment  # noqa: F401
 # live facts read them too); the public functions are this module's, as before.
 from ._environment import (  # noqa: F401
     ENVIRONMENT_FACTS, _base, _lock, _set_env, _version_of, clear_environment, get_policy,
-    probe_environment, reprobe, set_environment, set_policy,
+    installed_te_version, probe_environment, reprobe, set_environment, set_policy,
 )
 
 
@@ -92,8 +101,9 @@ def _te_has_frost() -> bool:
     return _frost
 
 
-# Call arguments: the environment facts, and `probe` (answers to the probe facts).
-_ENVIRONMENT_KEYS = frozenset(ENVIRONMENT_FACTS + ("probe",))
+# Call arguments: the environment facts, and `probe` (answers to the probe facts); not
+# `te_version`, which chooses the pack (set_environment or the installed release).
+_ENVIRONMENT_KEYS = frozenset(ENVIRONMENT_FACTS + ("probe",)) - {"te_version"}
 
 
 def _check_arguments(environment: Dict[str, Any]) -> None:
