@@ -220,3 +220,41 @@ fn run_takes_te_auto() {
     assert_eq!(v["decision"]["pack"], "te@2.19.0");
     assert_eq!(v["decision"]["pack_from"]["installed"], "2.19.5");
 }
+
+#[test]
+fn matrix_takes_te_auto() {
+    let query = [
+        "--rows",
+        "head_dim=128,512",
+        "--cols",
+        "sm=90,100",
+        "--format",
+        "json",
+    ];
+    let matrix = |pack: &[&str]| {
+        let mut args = vec!["matrix"];
+        args.extend_from_slice(pack);
+        args.extend_from_slice(&query);
+        run(&args)
+    };
+    let auto = matrix(&["--pack", "te@auto", "--te-version", "2.19.5"]);
+    let named = matrix(&["--pack", "te@2.19.0"]);
+    assert_eq!(auto.status.code(), Some(0), "{}", text(&auto));
+    assert_eq!(
+        auto.stdout, named.stdout,
+        "te@auto for 2.19.5 is te@2.19.0's matrix"
+    );
+    assert_eq!(
+        stderr(&auto).matches("nearest older release").count(),
+        1,
+        "{}",
+        stderr(&auto)
+    );
+    let missing = matrix(&["--pack", "te@auto"]);
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing));
+    assert!(
+        stderr(&missing).contains("--te-version"),
+        "{}",
+        stderr(&missing)
+    );
+}
