@@ -233,7 +233,7 @@ const ITEMS: &[Item] = &[
     Item {
         report: 0,
         what: "1. FA4 minimum arch sm80 -> sm90",
-        // sm80, flash-attn 4.0.0b11 and 2.6.3 installed: 2.18 ran FA4, 2.19 logs "Disabling
+        // sm89, flash-attn 4.0.0b11 and 2.6.3 installed: 2.18 ran FA4, 2.19 logs "Disabling
         // FlashAttention 4 for compute capability < sm90" and runs FA2.
         id: "s1-94",
         kind: "switched",
@@ -244,7 +244,7 @@ const ITEMS: &[Item] = &[
     Item {
         report: 0,
         what: "2. FA4 disabled for head_dim_qk == head_dim_v == 512 on sm100-sm110",
-        // head dims 512/512 on sm100 with FA4 installed: "Disabling FlashAttention 4 for
+        // head dims 512/512 on sm103 with FA4 installed: "Disabling FlashAttention 4 for
         // unsupported symmetric head_dim=512 on SM100/SM110"; FusedAttention declined already.
         id: "s1-796",
         kind: "switched",
@@ -255,7 +255,7 @@ const ITEMS: &[Item] = &[
     Item {
         report: 0,
         what: "3. THD + pad_between_seqs disables FA2 only (no longer FA4)",
-        // THD with pad_between_seqs on sm100 with FA4: 2.18 "Disabling FlashAttention 2 and 4
+        // THD with pad_between_seqs on sm90 with FA4: 2.18 "Disabling FlashAttention 2 and 4
         // for qkv_format = thd when there is padding between sequences" left nothing.
         id: "s1-65",
         kind: "gained",
@@ -325,7 +325,7 @@ const ITEMS: &[Item] = &[
     Item {
         report: 1,
         what: "5. bias shape 111s only when max_seqlen_q != 1",
-        // post_scale_bias [1, 1, 1, s] with max_seqlen_q == 1, training: 2.19 derived "111s"
+        // post_scale_bias [1, 1, 1, s_kv] with max_seqlen_q == 1: 2.19 derived "111s"
         // and logged "Disabling FusedAttention as dbias calculation is not supported for
         // 111s"; 2.20 classifies it otherwise and runs FusedAttention.
         id: "s1-7026",
@@ -348,7 +348,7 @@ const ITEMS: &[Item] = &[
     Item {
         report: 1,
         what: "validation: bottom-right causal with bias / ALiBi / dropout",
-        // causal_bottom_right with a bias: "Bottom right causal mask is only supported with
+        // causal_bottom_right with ALiBi: "Bottom right causal mask is only supported with
         // is_bias=False, ..." (FE.br_bias_dropout).
         id: "s1-310",
         kind: "switched",
@@ -380,7 +380,7 @@ const ITEMS: &[Item] = &[
     Item {
         report: 1,
         what: "validation: decode (s_q == 1) with a sink",
-        // s_q == 1 with a learnable/off-by-one softmax: "decode only mode, i.e. s_q == 1, not
+        // s_q == 1 with a learnable softmax: "decode only mode, i.e. s_q == 1, not
         // supported with sink tokens".
         id: "s1-1121",
         kind: "switched",
@@ -391,8 +391,8 @@ const ITEMS: &[Item] = &[
     Item {
         report: 1,
         what: "validation: FP8 deterministic on Blackwell",
-        // FP8 DPA, deterministic training on sm100: "FP8 deterministic algorithm (required for
-        // MXFP8 and d_qk=192...) ..."; nothing else serves FP8 here.
+        // FP8 DPA (current scaling) training on sm100: 2.20's validation "FP8 deterministic
+        // algorithm (required for MXFP8 and d_qk=192 ...) ..."; nothing else serves it here.
         id: "s1-493",
         kind: "lost",
         old: FP8,
@@ -402,8 +402,8 @@ const ITEMS: &[Item] = &[
     Item {
         report: 1,
         what: "validation: sinks with ragged offsets (backward)",
-        // THD with a sink in training: "SDPA backward with ragged offsets and a sink token
-        // requires ..."; unfused does not serve THD padding here either.
+        // THD (th3d) with an off-by-one softmax (a sink) in training: "SDPA backward with
+        // ragged offsets and a sink token requires ..."; pad_between_seqs: no other backend.
         id: "s1-112",
         kind: "lost",
         old: F16,

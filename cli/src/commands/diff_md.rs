@@ -236,7 +236,8 @@ fn header(out: &mut String, report: &DiffReport, command: &str, titles: (&str, &
                 "each in a listed region".to_string()
             } else {
                 format!(
-                    "{} of them outside the listed regions (raise --max-regions)",
+                    "{} of them in no listed region (the listing is cut at --max-regions, or no \
+                     region the search placed holds them)",
                     c.outside_listed_regions
                 )
             }
