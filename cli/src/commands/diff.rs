@@ -30,11 +30,18 @@ only). With --corpus FILE, each region also counts the corpus's configurations i
 (`corpus_count`, with the first one's id as `corpus_example_id`) and the regions are listed
 most-hit first: the effect of the change on real traffic.
 
+With --format md, the regions as a Markdown report for review (docs/changes/): grouped by
+kind, old and new decision and the rules responsible on each side, with each group's corpus
+count, most-hit group first; each region with its own constraints, count and example id. The
+report starts with the command that generated it (rerun it to regenerate the file).
+
 Examples:
   attn-policy diff te rules/te-edited
   attn-policy diff old-pack/ new-pack/ --json
   attn-policy diff te@2.19.0 te@2.20.2 --corpus tests/corpora/te-2.20.2-corpus-a.jsonl.gz
   attn-policy diff te rules/te-edited --format matrix --rows head_dim --cols sm
+  attn-policy diff te@2.18.0 te@2.19.0 --corpus tests/corpora/te-2.19.0-corpus-a.jsonl.gz \\
+    --max-regions 400 --format md > docs/changes/te-2.18.0-to-2.19.0.md
 
 Exit codes: 0 no difference (search complete), 1 differences found, 2 bad rules or a bad
 --where, 3 none found but the search ran out of budget (INCOMPLETE: no claim either way).")]
@@ -62,9 +69,14 @@ pub struct DiffArgs {
     /// says how it was cut).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DIFF_REGIONS)]
     pub max_regions: usize,
-    /// `regions` (the default) or `matrix`: both packs' matrices side by side.
+    /// `regions` (the default), `matrix` (both packs' matrices side by side) or `md` (the
+    /// regions as a Markdown review report, grouped by change).
     #[arg(long, value_enum, default_value_t = DiffFormat::Regions)]
     pub format: DiffFormat,
+    /// With --format md: list at most N regions per group, the most-hit (the others are
+    /// counted; --json has them all).
+    #[arg(long, value_name = "N")]
+    pub group_regions: Option<usize>,
     /// The matrix (with --format matrix).
     #[command(flatten)]
     pub matrix: super::matrix::MatrixQueryArgs,
@@ -77,6 +89,8 @@ pub enum DiffFormat {
     Regions,
     /// Both packs' support matrices side by side, changed cells marked.
     Matrix,
+    /// The regions as a Markdown review report, grouped by kind, decisions and rules.
+    Md,
 }
 
 /// `--format matrix`: both matrices of one query, side by side.
@@ -135,6 +149,12 @@ pub fn run(a: DiffArgs) -> i32 {
     if a.matrix.rows.is_some() || a.matrix.cols.is_some() || !a.matrix.fix.is_empty() {
         return super::fail("--rows, --cols and --fix go with --format matrix");
     }
+    if a.format == DiffFormat::Md && a.json {
+        return super::fail("--format md and --json are two outputs: choose one");
+    }
+    if a.group_regions.is_some() && a.format != DiffFormat::Md {
+        return super::fail("--group-regions goes with --format md");
+    }
     let restrict = match a
         .where_
         .as_deref()
@@ -160,103 +180,151 @@ pub fn run(a: DiffArgs) -> i32 {
     if let (Some(summary), Some((_, errors))) = (report.corpus.as_mut(), &corpus) {
         summary.input_errors = *errors as u64;
     }
-    if a.json {
+    if a.format == DiffFormat::Md {
+        print!(
+            "{}",
+            super::diff_md::to_markdown(
+                &report,
+                &command_line(&a),
+                (&a.old, &a.new),
+                a.group_regions
+            )
+        );
+    } else if a.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&report).expect("serialisable")
         );
     } else {
-        if !report.complete {
-            println!(
-                "INCOMPLETE: the search ran out of budget, an evaluation stayed unknown, or a \
-                 region had no example found; what follows is not the whole answer"
-            );
-        }
-        println!(
-            "{} region(s) decide differently{} ({} classes examined, {} diagram nodes)",
-            report.regions.len(),
-            if report.regions_truncated {
-                " (the first of more: raise --max-regions or narrow with --where)"
-            } else {
-                ""
-            },
-            report.classes_examined,
-            report.diagram_nodes,
-        );
-        if report.regions_unverified > 0 {
-            println!(
-                "{} region(s) not listed: no example found in them (they may be empty)",
-                report.regions_unverified
-            );
-        }
-        let show = |b: &Option<String>, v: &Option<String>| match (b, v) {
-            (None, _) => "none".to_string(),
-            (Some(b), None) => b.clone(),
-            (Some(b), Some(v)) => format!("{b} ({v})"),
-        };
-        // Summary first: per backend pair and deciding rules, how many regions, and the
-        // shortest of them.
-        let mut groups: Vec<(String, String, usize, String)> = Vec::new();
-        for r in &report.regions {
-            let pair = format!(
-                "{} -> {}",
-                show(&r.old, &r.old_variant),
-                show(&r.new, &r.new_variant)
-            );
-            let rules = if r.rules.is_empty() {
-                "-".to_string()
-            } else {
-                r.rules.join(", ")
-            };
-            let text = super::gaps::where_text(&r.widened);
-            match groups
-                .iter_mut()
-                .find(|(p, k, _, _)| *p == pair && *k == rules)
-            {
-                Some((_, _, n, rep)) => {
-                    *n += 1;
-                    if text.len() < rep.len() {
-                        *rep = text;
-                    }
-                }
-                None => groups.push((pair, rules, 1, text)),
-            }
-        }
-        if !groups.is_empty() {
-            println!("\nsummary (regions by backend pair and the rules that differ there):");
-            groups.sort_by_key(|g| std::cmp::Reverse(g.2));
-            for (pair, rules, n, rep) in &groups {
-                println!("  {n:>3} region(s)  {pair}  (rules: {rules})\n               e.g. {rep}");
-            }
-        }
-        print_corpus_summary(&report);
-        let list = |v: &[String]| {
-            if v.is_empty() {
-                "-".to_string()
-            } else {
-                v.join(", ")
-            }
-        };
-        for (i, r) in report.regions.iter().enumerate() {
-            let count = match (r.corpus_count, &r.corpus_example_id) {
-                (Some(n), Some(id)) => format!("\n   corpus: {n} configuration(s), e.g. {id}"),
-                (Some(n), None) => format!("\n   corpus: {n} configuration(s)"),
-                _ => String::new(),
-            };
-            println!(
-                "\n{}. {}: {} -> {}\n   where {}\n   rules: old {} | new {}{count}\n   example: {}",
-                i + 1,
-                r.kind.as_str(),
-                show(&r.old, &r.old_variant),
-                show(&r.new, &r.new_variant),
-                super::gaps::where_text(&r.widened),
-                list(&r.old_rules),
-                list(&r.new_rules),
-                serde_json::to_string(&r.example).expect("json")
-            );
-        }
+        print_text(&report);
     }
     super::analysis_exit(!report.regions.is_empty(), report.complete)
+}
+
+/// The text output: the summary by backend pair and rules, the corpus summary, the regions.
+fn print_text(report: &DiffReport) {
+    if !report.complete {
+        println!(
+            "INCOMPLETE: the search ran out of budget, an evaluation stayed unknown, or a \
+             region had no example found; what follows is not the whole answer"
+        );
+    }
+    println!(
+        "{} region(s) decide differently{} ({} classes examined, {} diagram nodes)",
+        report.regions.len(),
+        if report.regions_truncated {
+            " (the first of more: raise --max-regions or narrow with --where)"
+        } else {
+            ""
+        },
+        report.classes_examined,
+        report.diagram_nodes,
+    );
+    if report.regions_unverified > 0 {
+        println!(
+            "{} region(s) not listed: no example found in them (they may be empty)",
+            report.regions_unverified
+        );
+    }
+    let show = |b: &Option<String>, v: &Option<String>| match (b, v) {
+        (None, _) => "none".to_string(),
+        (Some(b), None) => b.clone(),
+        (Some(b), Some(v)) => format!("{b} ({v})"),
+    };
+    // Summary first: per backend pair and deciding rules, how many regions, and the
+    // shortest of them.
+    let mut groups: Vec<(String, String, usize, String)> = Vec::new();
+    for r in &report.regions {
+        let pair = format!(
+            "{} -> {}",
+            show(&r.old, &r.old_variant),
+            show(&r.new, &r.new_variant)
+        );
+        let rules = if r.rules.is_empty() {
+            "-".to_string()
+        } else {
+            r.rules.join(", ")
+        };
+        let text = super::gaps::where_text(&r.widened);
+        match groups
+            .iter_mut()
+            .find(|(p, k, _, _)| *p == pair && *k == rules)
+        {
+            Some((_, _, n, rep)) => {
+                *n += 1;
+                if text.len() < rep.len() {
+                    *rep = text;
+                }
+            }
+            None => groups.push((pair, rules, 1, text)),
+        }
+    }
+    if !groups.is_empty() {
+        println!("\nsummary (regions by backend pair and the rules that differ there):");
+        groups.sort_by_key(|g| std::cmp::Reverse(g.2));
+        for (pair, rules, n, rep) in &groups {
+            println!("  {n:>3} region(s)  {pair}  (rules: {rules})\n               e.g. {rep}");
+        }
+    }
+    print_corpus_summary(report);
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    for (i, r) in report.regions.iter().enumerate() {
+        let count = match (r.corpus_count, &r.corpus_example_id) {
+            (Some(n), Some(id)) => format!("\n   corpus: {n} configuration(s), e.g. {id}"),
+            (Some(n), None) => format!("\n   corpus: {n} configuration(s)"),
+            _ => String::new(),
+        };
+        println!(
+            "\n{}. {}: {} -> {}\n   where {}\n   rules: old {} | new {}{count}\n   example: {}",
+            i + 1,
+            r.kind.as_str(),
+            show(&r.old, &r.old_variant),
+            show(&r.new, &r.new_variant),
+            super::gaps::where_text(&r.widened),
+            list(&r.old_rules),
+            list(&r.new_rules),
+            serde_json::to_string(&r.example).expect("json")
+        );
+    }
+}
+
+/// The command line of a `--format md` run, canonical (arguments in a fixed order, defaults
+/// left out), as the report prints it.
+fn command_line(a: &DiffArgs) -> String {
+    let quote = |s: &str| {
+        if !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "@._-/:=+,".contains(c))
+        {
+            s.to_string()
+        } else {
+            format!("'{}'", s.replace('\'', r"'\''"))
+        }
+    };
+    let mut words = vec!["attn-policy diff".to_string(), quote(&a.old), quote(&a.new)];
+    if let Some(c) = &a.corpus {
+        words.push(format!("--corpus {}", quote(&c.to_string_lossy())));
+    }
+    if let Some(w) = &a.where_ {
+        words.push(format!("--where {}", quote(w)));
+    }
+    if a.budget != DEFAULT_BUDGET {
+        words.push(format!("--budget {}", a.budget));
+    }
+    if a.max_regions != DEFAULT_DIFF_REGIONS {
+        words.push(format!("--max-regions {}", a.max_regions));
+    }
+    if let Some(n) = a.group_regions {
+        words.push(format!("--group-regions {n}"));
+    }
+    words.push("--format md".to_string());
+    words.join(" ")
 }
 
 /// The corpus as each pack reads it, and how many records could not be read (input errors:

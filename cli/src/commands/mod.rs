@@ -7,6 +7,7 @@ mod check;
 mod conformance;
 mod coverage;
 mod diff;
+mod diff_md;
 mod executors;
 mod exit;
 mod explain;
