@@ -258,3 +258,30 @@ fn matrix_takes_te_auto() {
         stderr(&missing)
     );
 }
+
+#[test]
+fn diff_takes_te_auto() {
+    let auto = run(&[
+        "diff",
+        "te@auto",
+        "te@2.19.0",
+        "--te-version",
+        "2.19.0",
+        "--json",
+    ]);
+    assert_eq!(auto.status.code(), Some(0), "{}", text(&auto));
+    let v: Json =
+        serde_json::from_slice(&auto.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&auto)));
+    assert_eq!(
+        v["regions"].as_array().map(Vec::len),
+        Some(0),
+        "the same release: no region"
+    );
+    let missing = run(&["diff", "te@auto", "te"]);
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing));
+    assert!(
+        stderr(&missing).contains("--te-version"),
+        "{}",
+        stderr(&missing)
+    );
+}
