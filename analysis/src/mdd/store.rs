@@ -294,8 +294,14 @@ impl Store {
         if w <= 1 {
             self.arena.extend_from_slice(words);
         } else {
-            let ids: Vec<u32> = words.chunks(w).map(|s| self.sets.intern(s)).collect();
-            self.arena.extend(ids.chunks(2).map(pack));
+            // Set ids two to a word, packed as they are interned (no list of ids: a node
+            // built is an allocation less).
+            let mut sets = words.chunks(w);
+            while let Some(first) = sets.next() {
+                let lo = self.sets.intern(first) as u64;
+                let hi = sets.next().map_or(0, |s| self.sets.intern(s) as u64);
+                self.arena.push(lo | hi << 32);
+            }
         }
         self.hdr.push(Hdr {
             off,
