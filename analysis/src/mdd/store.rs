@@ -186,6 +186,7 @@ struct SetTable {
 }
 
 impl SetTable {
+    #[inline]
     fn get(&self, id: u32, w: usize) -> &[u64] {
         let at = self.off[id as usize] as usize;
         &self.words[at..at + w]
@@ -258,11 +259,14 @@ impl Store {
     }
 
     /// Child `i` of node `h`.
+    #[inline]
     pub(super) fn kid(&self, h: Hdr, i: usize) -> Id {
         (self.arena[h.off as usize + i / 2] >> ((i & 1) * 32)) as Id
     }
 
-    /// The class set of edge `i` of node `h` (`w` words a set).
+    /// The class set of edge `i` of node `h` (`w` words a set). Inline: the diagram
+    /// operations read a set per edge pair, and the call was a tenth of `gaps`.
+    #[inline]
     pub(super) fn set(&self, h: Hdr, i: usize, w: usize) -> &[u64] {
         let sets = h.off as usize + (h.len as usize).div_ceil(2);
         if w <= 1 {
