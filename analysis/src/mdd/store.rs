@@ -421,6 +421,8 @@ pub(super) struct Edges<'a> {
 impl<'a> Iterator for Edges<'a> {
     type Item = (Id, &'a [u64]);
 
+    // Inline, as `Store::set` it calls: the walks of `cover` step through every edge.
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         if self.i == self.h.len as usize {
             return None;
