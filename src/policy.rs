@@ -482,11 +482,19 @@ fn prefetch(values: &[Value]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        const PER_LINE: usize = 64 / std::mem::size_of::<Value>();
-        for v in values.iter().step_by(PER_LINE.max(1)) {
+        // One hint per cache line the facts span (a step of whole values hinted some lines
+        // twice: 44 hints for the te schema's 34 lines).
+        let base: *const i8 = values.as_ptr().cast();
+        let start = base as usize;
+        let end = start + std::mem::size_of_val(values);
+        let mut line = start & !63;
+        while line < end {
             // SAFETY: a prefetch is a hint that never faults and reads nothing the program sees;
-            // `sse` is part of the x86_64 baseline, so the instruction exists.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>((v as *const Value).cast()) };
+            // `sse` is part of the x86_64 baseline, so the instruction exists. The address
+            // is in the cache line of a byte of `values` (computed with `wrapping`
+            // arithmetic: never dereferenced).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(line.wrapping_sub(start))) };
+            line += 64;
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

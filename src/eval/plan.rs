@@ -260,6 +260,7 @@ struct SlotGroup {
     /// Per class, `2 * words` words: the rules it rules out, then the rules it leaves unknown.
     /// Dense (every word, changed or not), so classification folds them into rule sets held
     /// in registers: sparse per-word updates went through memory, one store after another.
+    /// Empty when no rule has a literal in the group (it rules nothing out: nothing to fold).
     rule_words: Box<[u64]>,
     /// The group's formulas (their nodes), for the slow path, and the rules they are literals of.
     formulas: Box<[NodeId]>,
@@ -1388,6 +1389,15 @@ impl RulePlan {
             }
             let v = facts[g.slot as usize];
             let (row, rule_words) = match g.classes.of(v) {
+                // A group that rules nothing out (a quarter of the te pack's) folds nothing.
+                Some(k) if g.rule_words.is_empty() => {
+                    let row = g.rows[k];
+                    *leaf = Leaf {
+                        t: row.true_bits,
+                        u: row.unknown_bits,
+                    };
+                    continue;
+                }
                 Some(k) => (g.rows[k], &g.rule_words[2 * words * k..2 * words * (k + 1)]),
                 None => {
                     let row = self.classify_slow::<COUNT>(
@@ -1652,6 +1662,9 @@ fn tabulate<'a>(
         rows.push(row);
     }
     facts[slot as usize] = Value::Null;
+    if rule_words.iter().all(|&w| w == 0) {
+        rule_words.clear();
+    }
     SlotGroup {
         slot,
         classes,

@@ -34,6 +34,9 @@ use super::store::{FALSE, Id, TRUE};
 /// A cell whose concrete members number at most this is decided by evaluating each of them.
 const BRUTE_FORCE_MEMBERS: u128 = 64;
 
+/// [`Mdd::count_members`] of a class whose members cannot be listed.
+const UNCOUNTABLE: u128 = u128::MAX;
+
 /// A concrete member of a class: (class, integer member; None for a one-value class).
 pub(super) type Member = (u32, Option<i64>);
 
@@ -273,6 +276,25 @@ impl<'s> Mdd<'s> {
         }
     }
 
+    /// Per space var, per class: how many concrete members it has (`UNCOUNTABLE` for an
+    /// interval of floats or versions), for [`Mdd::cell_members`].
+    fn count_members(&self) -> Vec<Box<[u128]>> {
+        let space = self.space;
+        (0..space.vars.len())
+            .map(|v| {
+                (0..space.vars[v].classes.len() as u32)
+                    .map(|c| match space.int_members(v, c) {
+                        Some((first, last, step)) => ((last - first) / step) as u128 + 1,
+                        None => match &space.vars[v].classes[c as usize].desc {
+                            ClassDesc::Ordered { lo, hi } if lo != hi => UNCOUNTABLE,
+                            _ => 1,
+                        },
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The concrete members of a cell, per var of `vars`: (class, member) pairs, the member
     /// None for a class that is one value (not an integer class); no pair for a var without a
     /// class (`classes` gives None: its object is absent). None when some class is an interval
@@ -285,23 +307,18 @@ impl<'s> Mdd<'s> {
     ) -> Option<Vec<Vec<Member>>> {
         // Counted first, without allocating: most cells are too large (this runs per cell of
         // every relational atom; building the lists first dominated compiling the te pack).
+        // The classes' counts are made once per manager (three divisions a class, per cell,
+        // were a twelfth of check).
+        let counts = self.member_counts.get_or_init(|| self.count_members());
         let mut count: u128 = 1;
         for (i, &v) in vars.iter().enumerate() {
             let Some(classes) = classes(i) else { continue };
             let mut n: u128 = 0;
             for &c in classes {
-                n += match self.space.int_members(v, c) {
-                    Some((first, last, step)) => ((last - first) / step) as u128 + 1,
-                    None => {
-                        if let ClassDesc::Ordered { lo, hi } =
-                            &self.space.vars[v].classes[c as usize].desc
-                            && lo != hi
-                        {
-                            return None;
-                        }
-                        1
-                    }
-                };
+                match counts[v][c as usize] {
+                    UNCOUNTABLE => return None,
+                    k => n += k,
+                }
                 if n > limit {
                     return None;
                 }

@@ -35,6 +35,9 @@ pub struct Mdd<'s> {
     pub(super) full: Vec<Bits>,
     /// Per diagram var: its number of classes.
     pub(super) ncls: Vec<usize>,
+    /// Per space var, per class: its concrete members' count (`UNCOUNTABLE`: an interval
+    /// of floats or versions), made on first use by [`Mdd::cell_members`].
+    pub(super) member_counts: std::cell::OnceCell<Vec<Box<[u128]>>>,
     // --- node store and memos (`tables`)
     /// Nodes, their edges, the hash-consing tables.
     pub(super) store: Store,

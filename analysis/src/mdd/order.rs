@@ -146,6 +146,7 @@ impl<'s> Mdd<'s> {
             rel_index: HashMap::default(),
             ties: Vec::new(),
             ncls: space.vars.iter().map(|v| v.classes.len()).collect(),
+            member_counts: std::cell::OnceCell::new(),
             budget: usize::MAX,
             exhausted: false,
         }

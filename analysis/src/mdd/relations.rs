@@ -68,16 +68,19 @@ impl<'s> Mdd<'s> {
 
     /// The node testing relation variable `v`: class `c` leads to `to[c]`.
     pub(super) fn rel_node(&mut self, v: usize, to: &[Id]) -> Id {
-        let edges = to
-            .iter()
-            .enumerate()
-            .map(|(c, &k)| {
-                let mut b = Bits::empty(to.len());
-                b.insert(c as u32);
-                (k, b)
-            })
-            .collect();
-        self.mk(self.level[v], edges)
+        // Straight onto the edge stack (as `mk` would put them): this runs once per cell of
+        // every predicate and ordering, so a list of edges per call was an allocation each.
+        let level = self.level[v];
+        let w = to.len().div_ceil(64);
+        debug_assert_eq!(w, self.store.w(level));
+        let (ks, ws) = (self.ek.len(), self.ew.len());
+        for (c, &k) in to.iter().enumerate() {
+            self.ek.push(k);
+            let at = self.ew.len();
+            self.ew.resize(at + w, 0);
+            self.ew[at + c / 64] |= 1 << (c % 64);
+        }
+        self.mk_top(level, ks, ws)
     }
 
     /// The space vars relation variable `k` reads (objects included).

@@ -186,6 +186,7 @@ struct SetTable {
 }
 
 impl SetTable {
+    #[inline]
     fn get(&self, id: u32, w: usize) -> &[u64] {
         let at = self.off[id as usize] as usize;
         &self.words[at..at + w]
@@ -258,11 +259,14 @@ impl Store {
     }
 
     /// Child `i` of node `h`.
+    #[inline]
     pub(super) fn kid(&self, h: Hdr, i: usize) -> Id {
         (self.arena[h.off as usize + i / 2] >> ((i & 1) * 32)) as Id
     }
 
-    /// The class set of edge `i` of node `h` (`w` words a set).
+    /// The class set of edge `i` of node `h` (`w` words a set). Inline: the diagram
+    /// operations read a set per edge pair, and the call was a tenth of `gaps`.
+    #[inline]
     pub(super) fn set(&self, h: Hdr, i: usize, w: usize) -> &[u64] {
         let sets = h.off as usize + (h.len as usize).div_ceil(2);
         if w <= 1 {
@@ -294,8 +298,14 @@ impl Store {
         if w <= 1 {
             self.arena.extend_from_slice(words);
         } else {
-            let ids: Vec<u32> = words.chunks(w).map(|s| self.sets.intern(s)).collect();
-            self.arena.extend(ids.chunks(2).map(pack));
+            // Set ids two to a word, packed as they are interned (no list of ids: a node
+            // built is an allocation less).
+            let mut sets = words.chunks(w);
+            while let Some(first) = sets.next() {
+                let lo = self.sets.intern(first) as u64;
+                let hi = sets.next().map_or(0, |s| self.sets.intern(s) as u64);
+                self.arena.push(lo | hi << 32);
+            }
         }
         self.hdr.push(Hdr {
             off,
@@ -411,6 +421,8 @@ pub(super) struct Edges<'a> {
 impl<'a> Iterator for Edges<'a> {
     type Item = (Id, &'a [u64]);
 
+    // Inline, as `Store::set` it calls: the walks of `cover` step through every edge.
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         if self.i == self.h.len as usize {
             return None;
