@@ -1005,3 +1005,70 @@ fn te_diff_sees_the_unparseable_frontend_version() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// te@2.19.0's CQ.hdim admits (256, 256) training on sm100 from `cudnn_version >=
+/// if(thd_any, 9.25.0, 9.23.0)`: a version compared with a choice between constants. Those
+/// constants must cut the version's classes (else the class (9.24.0, 9.26.0) is decided at its
+/// representative 9.24.1, and THD configurations on cuDNN 9.25 decided FusedAttention ->
+/// none, such as the corpus's s1-4246, lie in no region). Brute force over cuDNN versions in
+/// a slice pinning the other facts: a configuration lies in a region iff the packs differ.
+#[test]
+fn te_diff_splits_versions_at_constants_chosen_by_if() {
+    let old = Policy::embedded("te@2.19.0").unwrap();
+    let new = Policy::embedded("te@2.20.2").unwrap();
+    let base = json!({
+        "device_compute_capability": [10, 0], "flash_attn_versions": {"v2": "2.8.3"},
+        "qkv_type": "Tensor", "qkv_dtype": "bf16", "fp8": false, "is_training": true,
+        "qkv_layout": "th3d", "batch_size": 2, "num_heads": 8, "num_gqa_groups": 8,
+        "max_seqlen_q": 255, "max_seqlen_kv": 255, "head_dim_qk": 256, "head_dim_v": 256,
+        "attn_mask_type": "causal", "num_tokens_q": 510, "num_tokens_kv": 510,
+        "pad_between_seqs": true, "window_size": null, "bottom_right_diagonal": false,
+        "core_attention_bias_type": "no_bias", "attention_dropout": 0.0, "deterministic": false,
+        "softmax_type": "vanilla", "softcap": 0.0, "return_max_logit": false,
+        "cuda_graph": false, "num_splits": 1, "checkpoint_core_attention": false,
+        "has_score_mod": false, "has_score_mod_bprop": false
+    });
+    let slice = "sm == 100 and qkv_layout == \"th3d\" and attn_mask_type == \"causal\" \
+        and is_training and not fp8 and qkv_dtype == \"bf16\" and qkv_type == \"Tensor\" \
+        and batch_size == 2 and num_heads == 8 and num_gqa_groups == 8 \
+        and max_seqlen_q == 255 and max_seqlen_kv == 255 and head_dim_qk == 256 \
+        and head_dim_v == 256 and num_tokens_q == 510 and num_tokens_kv == 510 \
+        and pad_between_seqs and window_size == null and not bottom_right_diagonal \
+        and core_attention_bias_type == \"no_bias\" and attention_dropout == 0.0 \
+        and not deterministic and softmax_type == \"vanilla\" and softcap == 0.0 \
+        and not return_max_logit and not cuda_graph and num_splits == 1 \
+        and not checkpoint_core_attention and not has_score_mod and not has_score_mod_bprop \
+        and flash_attn_versions.v2 == 2.8.3 and flash_attn_versions.v3 == null \
+        and flash_attn_versions.v4 == null";
+    let w = Restriction::parse(slice).unwrap();
+    let (report, _) = diff(&old, &new, Some(&w), DEFAULT_BUDGET, usize::MAX);
+    assert!(report.complete && !report.regions_truncated);
+    let regions: Vec<Restriction> = report
+        .regions
+        .iter()
+        .map(|r| Restriction::of_constraints(&r.constraints).unwrap())
+        .collect();
+    let mut differ = 0;
+    for cudnn in [
+        "9.22.0", "9.23.0", "9.24.0", "9.24.1", "9.24.9", "9.25.0", "9.25.3", "9.26.0", "9.27.0",
+    ] {
+        let mut config = base.clone();
+        config["cudnn_version"] = json!(cudnn);
+        let facts = Facts::from_json(&config).unwrap();
+        assert!(w.holds(&facts), "{cudnn}");
+        let (o, n) = (
+            decide_example(&old, &config).unwrap(),
+            decide_example(&new, &config).unwrap(),
+        );
+        let held = regions.iter().filter(|r| r.holds(&facts)).count();
+        assert_eq!(
+            held > 0,
+            o != n,
+            "cuDNN {cudnn}: {o:?} -> {n:?}, {held} regions"
+        );
+        assert!(held <= 1, "cuDNN {cudnn}: regions overlap");
+        differ += usize::from(o != n);
+    }
+    // 9.25.0 and 9.25.3 (s1-4246 is on 9.25.0): FusedAttention -> none by C.2.
+    assert!(differ >= 2, "{differ}");
+}

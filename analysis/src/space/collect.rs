@@ -78,6 +78,27 @@ fn as_const(p: &Program, id: NodeId) -> Option<Value> {
     }
 }
 
+/// The constants an expression can take when it is a constant or an `if` whose branches are
+/// (recursively) such expressions; None otherwise.
+fn const_leaves(p: &Program, id: NodeId) -> Option<Vec<Value>> {
+    if let Some(c) = as_const(p, id) {
+        return Some(vec![c]);
+    }
+    match p.nodes[id as usize] {
+        Node::Call {
+            func: Func::If,
+            start,
+            len: 3,
+        } => {
+            let args = &p.children[start as usize..start as usize + 3];
+            let mut out = const_leaves(p, args[1])?;
+            out.extend(const_leaves(p, args[2])?);
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
 /// `-c` for a number (other values unchanged).
 fn negate(c: Value) -> Value {
     match c {
@@ -156,6 +177,15 @@ impl Collect {
                     (None, Some(c)) => self.thresholds(p, a, c),
                     (Some(c), None) => self.thresholds(p, b, c),
                     (None, None) => {
+                        // A side that is a choice between constants (`if(c, 9.25.0, 9.23.0)`):
+                        // each constant is a threshold of the other side, as if compared
+                        // alone. Without them a class could straddle one, and an atom on a
+                        // block of one class is decided at its representative.
+                        for (x, other) in [(a, b), (b, a)] {
+                            for c in const_leaves(p, other).unwrap_or_default() {
+                                self.thresholds(p, x, c);
+                            }
+                        }
                         let (mut x, mut y) = (Vec::new(), Vec::new());
                         slots_under(p, a, &mut x);
                         slots_under(p, b, &mut y);
