@@ -684,11 +684,8 @@ pub struct PackArgs {
     /// executors) or torch (PyTorch 2.11 SDPA on CUDA).
     #[arg(long, default_value = "te", value_name = "NAME")]
     pub pack: String,
-    /// The installed TransformerEngine release (the te_version fact; `--set te_version=X` and a
-    /// config's `te_version` give it too): --pack te@auto decides with its pack, or the nearest
-    /// older one with a warning; before 2.18.0 it is refused. Other packs ignore it.
-    #[arg(long, value_name = "VERSION")]
-    pub te_version: Option<String>,
+    #[command(flatten)]
+    pub te: TeVersionArg,
     /// Load the pack from a folder holding pack.yaml instead of an embedded one.
     #[arg(long, value_name = "DIR")]
     pub rules: Option<PathBuf>,
@@ -710,15 +707,13 @@ impl PackArgs {
         spec.with_overlays(self.overlay.iter().cloned())
             .with_parity(self.parity)
             .with_catalogue(catalogue())
-            .with_installed_release(self.te_version.clone())
+            .with_installed_release(self.te.te_version.clone())
     }
 
     /// Loads the pack; on failure prints the diagnostics and returns exit code 2. The warning
     /// of a `te@auto` pack chosen for a release without its own goes to stderr.
     pub fn load(&self, color: bool) -> Result<Policy, i32> {
-        let policy = load_spec(&self.spec(), color)?;
-        warn_auto(&policy);
-        Ok(policy)
+        load_spec_warned(&self.spec(), color)
     }
 
     /// Loads the pack and reads the configuration for it (once: stdin is read once), see
@@ -729,8 +724,25 @@ impl PackArgs {
         color: bool,
         warn: bool,
     ) -> Result<(Policy, Input), i32> {
-        load_with_config(self.spec(), self.te_version.as_deref(), config, color, warn)
+        load_with_config(
+            self.spec(),
+            self.te.te_version.as_deref(),
+            config,
+            color,
+            warn,
+        )
     }
+}
+
+/// `--te-version`, shared by every command that names packs.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TeVersionArg {
+    /// The installed TransformerEngine release (the te_version fact; where the command reads a
+    /// config, `--set te_version=X` and a config's `te_version` give it too): a pack named
+    /// te@auto decides with its pack, or the nearest older one with a warning; before 2.18.0 it
+    /// is refused. Other packs ignore it.
+    #[arg(long, value_name = "VERSION")]
+    pub te_version: Option<String>,
 }
 
 /// How the te_version fact is given, for the error of a `te@auto` without one.
@@ -804,6 +816,13 @@ pub fn catalogue() -> std::sync::Arc<attn_policy::ExecutorCatalogue> {
             std::sync::Arc::new(attn_policy_adapters::catalogue::catalogue())
         });
     CATALOGUE.clone()
+}
+
+/// [`load_spec`], then the `te@auto` warning (if any) to stderr.
+pub fn load_spec_warned(spec: &PackSpec, color: bool) -> Result<Policy, i32> {
+    let policy = load_spec(spec, color)?;
+    warn_auto(&policy);
+    Ok(policy)
 }
 
 /// Loads a pack spec; on failure prints the diagnostics (or the error) and returns exit code 2.

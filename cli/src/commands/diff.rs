@@ -65,10 +65,8 @@ pub struct DiffArgs {
     /// Decision-diagram node budget (the result says INCOMPLETE when it runs out).
     #[arg(long, default_value_t = DEFAULT_BUDGET)]
     pub budget: u64,
-    /// The installed TransformerEngine release, for a pack named te@auto (the nearest older
-    /// pack, with a warning, for a release without its own; before 2.18.0 it is refused).
-    #[arg(long, value_name = "VERSION")]
-    pub te_version: Option<String>,
+    #[command(flatten)]
+    pub te: super::args::TeVersionArg,
     /// List at most N regions (the differences are still computed exactly; the listing then
     /// says how it was cut).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DIFF_REGIONS)]
@@ -133,15 +131,13 @@ fn load(spec: &str, te_version: Option<&str>) -> Result<Policy, i32> {
         .map_err(super::fail)?
         .with_catalogue(super::args::catalogue())
         .with_installed_release(te_version.map(str::to_string));
-    let policy = super::args::load_spec(&spec, false)?;
-    super::args::warn_auto(&policy);
-    Ok(policy)
+    super::args::load_spec_warned(&spec, false)
 }
 
 pub fn run(a: DiffArgs) -> i32 {
     let (old, new) = match (
-        load(&a.old, a.te_version.as_deref()),
-        load(&a.new, a.te_version.as_deref()),
+        load(&a.old, a.te.te_version.as_deref()),
+        load(&a.new, a.te.te_version.as_deref()),
     ) {
         (Ok(o), Ok(n)) => (o, n),
         (Err(c), _) | (_, Err(c)) => return c,

@@ -93,10 +93,8 @@ pub struct MatrixArgs {
     /// Pure TransformerEngine parity: switch off the `guard` layer of every pack.
     #[arg(long)]
     pub parity: bool,
-    /// The installed TransformerEngine release, for --pack te@auto (the nearest older pack,
-    /// with a warning, for a release without its own; before 2.18.0 it is refused).
-    #[arg(long, value_name = "VERSION")]
-    pub te_version: Option<String>,
+    #[command(flatten)]
+    pub te: super::args::TeVersionArg,
     #[command(flatten)]
     pub query: MatrixQueryArgs,
     /// Output format.
@@ -136,10 +134,8 @@ fn load_packs(a: &MatrixArgs) -> Result<Vec<Policy>, i32> {
             .with_overlays(a.overlay.iter().cloned())
             .with_parity(a.parity)
             .with_catalogue(super::args::catalogue())
-            .with_installed_release(a.te_version.clone());
-        let policy = super::args::load_spec(&spec, false)?;
-        super::args::warn_auto(&policy);
-        out.push(policy);
+            .with_installed_release(a.te.te_version.clone());
+        out.push(super::args::load_spec_warned(&spec, false)?);
     }
     Ok(out)
 }

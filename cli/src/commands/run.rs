@@ -46,10 +46,8 @@ pub struct RunArgs {
     /// te@<release> or te@auto (with --te-version or the te_version fact).
     #[arg(long, default_value = "native")]
     pub pack: String,
-    /// The installed TransformerEngine release that --pack te@auto decides for (the
-    /// te_version fact: `--set te_version=X` and a config's `te_version` give it too).
-    #[arg(long, value_name = "VERSION")]
-    pub te_version: Option<String>,
+    #[command(flatten)]
+    pub te: super::args::TeVersionArg,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -162,7 +160,7 @@ pub fn run(a: RunArgs) -> i32 {
     let warn = a.output.format() == Format::Human;
     let (policy, input) = match super::args::load_with_config(
         spec,
-        a.te_version.as_deref(),
+        a.te.te_version.as_deref(),
         &a.config,
         a.output.stderr_color(),
         warn,
