@@ -31,7 +31,7 @@
 //! the caller may pick another backend, and must say so); every other variant is a real error.
 
 pub use crate::cudnn::spec::Direction;
-use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
+use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind, SeqPacking, SoftmaxKind};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
@@ -176,6 +176,62 @@ impl fmt::Display for HeadDimRange {
     }
 }
 
+/// The computations beyond plain softmax attention an executor serves; the default is none.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Features {
+    /// Logit soft-capping ([`AttentionProblem::softcap`]).
+    #[serde(default)]
+    pub softcap: bool,
+    /// Sinks besides the vanilla softmax ([`AttentionProblem::softmax`]).
+    #[serde(default)]
+    pub sinks: Vec<SoftmaxKind>,
+    /// Per-sequence lengths, by where the sequences sit ([`AttentionProblem::seqlens`]).
+    #[serde(default)]
+    pub seqlens: Vec<SeqPacking>,
+}
+
+impl Features {
+    /// No feature: plain softmax attention over full sequences.
+    pub fn none() -> Features {
+        Features::default()
+    }
+
+    /// Every feature: soft-capping, both sinks, padded (either side) and packed sequences.
+    pub fn all() -> Features {
+        Features {
+            softcap: true,
+            sinks: vec![SoftmaxKind::OffByOne, SoftmaxKind::Learnable],
+            seqlens: vec![
+                SeqPacking::PaddedRight,
+                SeqPacking::PaddedLeft,
+                SeqPacking::Packed,
+            ],
+        }
+    }
+
+    /// The first feature of `p` this set does not serve.
+    pub fn admits(&self, p: &AttentionProblem) -> Result<(), Unsupported> {
+        if p.softcap.is_some() && !self.softcap {
+            return Err(Unsupported::new("logit soft-capping not supported"));
+        }
+        if p.softmax != SoftmaxKind::Vanilla && !self.sinks.contains(&p.softmax) {
+            return Err(Unsupported::new(format!(
+                "softmax_type {} (an attention sink) not supported",
+                p.softmax.te_name()
+            )));
+        }
+        if let Some(s) = &p.seqlens
+            && !self.seqlens.contains(&s.packing)
+        {
+            return Err(Unsupported::new(format!(
+                "per-sequence lengths ({}) not supported",
+                s.packing.describe()
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// What an executor accepts, as data. Serialized into docs and cross-checked against rule packs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -219,6 +275,9 @@ pub struct Manifest {
     pub backward: bool,
     /// Results are bitwise reproducible run to run.
     pub deterministic: bool,
+    /// Soft-capping, sinks and per-sequence lengths served.
+    #[serde(default)]
+    pub features: Features,
     /// Free-form notes for humans (documented limits, conventions).
     pub notes: Vec<String>,
 }
@@ -279,19 +338,20 @@ impl Manifest {
                 )));
             }
         }
+        self.features.admits(p)?;
         if !p.deterministic || self.deterministic {
             // ok
         } else {
             return Err(Unsupported::new("deterministic results not guaranteed"));
         }
         let tensors = [
-            ("q", p.layout.q, p.heads_q, p.seqlen_q, p.head_dim_qk),
-            ("k", p.layout.k, p.heads_kv, p.seqlen_kv, p.head_dim_qk),
-            ("v", p.layout.v, p.heads_kv, p.seqlen_kv, p.head_dim_v),
-            ("o", p.layout.o, p.heads_q, p.seqlen_q, p.head_dim_v),
+            ("q", p.layout.q, p.heads_q, p.rows_q(), p.head_dim_qk),
+            ("k", p.layout.k, p.heads_kv, p.rows_kv(), p.head_dim_qk),
+            ("v", p.layout.v, p.heads_kv, p.rows_kv(), p.head_dim_v),
+            ("o", p.layout.o, p.heads_q, p.rows_q(), p.head_dim_v),
         ];
         for (name, s, h, sl, d) in tensors {
-            let named = s.kind(p.batch, h, sl, d);
+            let named = s.kind(p.batch_dim(), h, sl, d);
             match named {
                 Some(k) if self.layouts.contains(&k) => {}
                 _ if self.arbitrary_strides => {}
@@ -349,6 +409,9 @@ pub struct ForwardInputs<'a> {
     pub k: &'a HostTensor,
     /// V, strides `problem.layout.v`.
     pub v: &'a HostTensor,
+    /// Sink logits `[h_q]` (fp32) of a learnable sink ([`crate::SoftmaxKind::Learnable`]);
+    /// `None` otherwise.
+    pub sink: Option<&'a [f32]>,
 }
 
 /// Inputs of a backward call on the host path.
@@ -366,6 +429,8 @@ pub struct BackwardInputs<'a> {
     pub d_o: &'a HostTensor,
     /// Forward LSE, `[b, h_q, s_q]` natural log, fp32.
     pub lse: &'a [f32],
+    /// Sink logits of a learnable sink, as in [`ForwardInputs::sink`].
+    pub sink: Option<&'a [f32]>,
 }
 
 /// Measurements an executor reports about one call.
@@ -401,6 +466,8 @@ pub struct BackwardOutput {
     pub dk: HostTensor,
     /// dV, strides `problem.layout.v`.
     pub dv: HostTensor,
+    /// Gradient of the sink logits `[h_q]` (fp32) of a learnable sink, else empty.
+    pub d_sink: Vec<f32>,
     /// Measurements.
     pub stats: ExecStats,
 }
@@ -421,6 +488,8 @@ pub struct DeviceForwardArgs {
     pub o: u64,
     /// Output LSE.
     pub lse: u64,
+    /// Sink logits `[h_q]` fp32 of a learnable sink (0: none).
+    pub sink: u64,
 }
 
 /// Raw device pointers for the backward device path; dQ/dK/dV use the strides of Q/K/V.
@@ -444,6 +513,10 @@ pub struct DeviceBackwardArgs {
     pub dk: u64,
     /// Output dV.
     pub dv: u64,
+    /// Sink logits `[h_q]` fp32 of a learnable sink (0: none).
+    pub sink: u64,
+    /// Output: gradient of the sink logits `[h_q]` fp32 (0: none), overwritten.
+    pub d_sink: u64,
 }
 
 /// Where a stream-ordered call runs and the workspace the caller allocated for it.

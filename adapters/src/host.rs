@@ -54,6 +54,7 @@ pub fn torch_flash() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: false,
+        features: crate::executor::Features::none(),
         notes: vec![
             "aten::_flash_attention_forward/backward (FlashAttention-2 in PyTorch), LSE returned by the kernel".into(),
             "its diagonal is bottom-right: a top-left causal mask or window runs only when s_q == s_kv".into(),
@@ -88,6 +89,7 @@ pub fn torch_efficient() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: false,
+        features: crate::executor::Features::none(),
         notes: vec![
             "aten::_efficient_attention_forward/backward (CUTLASS), custom_mask_type 0/1/2 for no mask / top-left / bottom-right causal".into(),
             "no GQA (equal head counts) and no sliding window in this executor".into(),
@@ -117,6 +119,7 @@ pub fn torch_cudnn() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: false,
+        features: crate::executor::Features::none(),
         notes: vec![
             "aten::_scaled_dot_product_cudnn_attention/backward; top-left causal only, no window, no GQA".into(),
         ],
@@ -149,6 +152,7 @@ pub fn torch_math() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: true,
+        features: crate::executor::Features::none(),
         notes: vec![
             "matmul + masked softmax in float32 for fp16/bf16, float64 for fp32/fp64 inputs (an fp32 softmax of fp32 inputs misses 2x the naive error); O(s_q * s_kv) memory"
                 .into(),

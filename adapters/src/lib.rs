@@ -44,13 +44,14 @@ pub use chain::{ChainError, ChainOptions, Walked};
 pub use device::Availability;
 pub use executor::{
     BackwardInputs, BackwardOutput, DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, DeviceKind,
-    Direction, ExecError, ExecStats, Executor, ForwardInputs, ForwardOutput, HeadDimRange, HostIo,
-    HostOutput, HostTensor, Manifest, Plan, StreamLaunch, Unsupported, run_backward, run_forward,
+    Direction, ExecError, ExecStats, Executor, Features, ForwardInputs, ForwardOutput,
+    HeadDimRange, HostIo, HostOutput, HostTensor, Manifest, Plan, StreamLaunch, Unsupported,
+    run_backward, run_forward,
 };
 pub use from_facts::{NotExpressible, problem_from_facts};
 pub use live::{LiveDevice, live_device};
 pub use problem::{
-    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, Strides,
-    TensorLayouts,
+    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, MaskSpec, SeqLens,
+    SeqPacking, SeqRows, SoftmaxKind, Strides, TensorLayouts,
 };
 pub use registry::{ExecutorInfo, Provider, Registry, RegistryEntry};

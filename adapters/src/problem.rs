@@ -176,10 +176,18 @@ impl Strides {
     }
 
     /// The named layout these strides are, if any, for a tensor `[b, h, s, d]`.
+    /// The batch stride of a tensor of one batch entry (`b == 1`, a packed batch) is never
+    /// used, so it is ignored there.
     pub fn kind(&self, b: usize, h: usize, s: usize, d: usize) -> Option<LayoutKind> {
         [LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd]
             .into_iter()
-            .find(|k| Strides::of(*k, b, h, s, d) == *self)
+            .find(|k| {
+                let mut named = Strides::of(*k, b, h, s, d);
+                if b == 1 {
+                    named.batch = self.batch;
+                }
+                named == *self
+            })
     }
 }
 
@@ -370,6 +378,125 @@ impl EffectiveMask {
     }
 }
 
+/// How the softmax normalises a row: TransformerEngine's `softmax_type`.
+///
+/// With a sink logit `s_h` per query head, `P_ij = exp(S_ij) / (exp(s_h) + sum_k exp(S_ik))`:
+/// the sink takes part of each row's probability mass and contributes nothing to `O`. The LSE
+/// an executor returns includes the sink term (so `P = exp(S - LSE)` holds in the backward),
+/// and a fully masked row still gets `O = 0`, `LSE = -inf` (its sink alone would give `LSE =
+/// s_h`; a row that sees no key is defined empty, whatever its sink).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SoftmaxKind {
+    /// The plain softmax (no sink).
+    #[default]
+    Vanilla,
+    /// A fixed sink logit of 0 for every head (`exp(S) / (1 + sum exp(S))`, TE `off-by-one`).
+    OffByOne,
+    /// A learnable sink logit per query head, an fp32 `[h_q]` input whose gradient the
+    /// backward returns (TE `learnable`, gpt-oss's `sinks`).
+    Learnable,
+}
+
+impl SoftmaxKind {
+    /// TransformerEngine's name (`vanilla`, `off-by-one`, `learnable`).
+    pub fn te_name(self) -> &'static str {
+        match self {
+            SoftmaxKind::Vanilla => "vanilla",
+            SoftmaxKind::OffByOne => "off-by-one",
+            SoftmaxKind::Learnable => "learnable",
+        }
+    }
+}
+
+/// Where a batch's sequences sit in the tensors when they have different lengths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SeqPacking {
+    /// Padded `[b, s, ...]` tensors, each sequence's tokens first and padding after them
+    /// (fine-tuning batches).
+    PaddedRight,
+    /// Padded tensors, padding first and each sequence's tokens last (batched generation).
+    PaddedLeft,
+    /// Packed THD: the sequences one after another along one token dimension (no padding,
+    /// batch stride 0): sequence `b` starts at token `sum(lens[..b])` (`cu_seqlens[b]`).
+    Packed,
+}
+
+impl SeqPacking {
+    /// Words for messages (`padded right`, `padded left`, `packed THD`).
+    pub fn describe(self) -> &'static str {
+        match self {
+            SeqPacking::PaddedRight => "padded right",
+            SeqPacking::PaddedLeft => "padded left",
+            SeqPacking::Packed => "packed THD",
+        }
+    }
+}
+
+/// Per-sequence lengths of a batch (padding masks, or packed THD with `cu_seqlens`).
+///
+/// Each sequence is attended on its own: the mask (causal kind, window, diagonal) applies in
+/// the sequence's own coordinates, with its own `s_q` and `s_kv` (a bottom-right diagonal
+/// sits at `kv[b] - q[b]`). Padding rows (query positions outside every sequence) get `O = 0`,
+/// `LSE = -inf` and `dQ = 0`; padding keys get `dK = dV = 0`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SeqLens {
+    /// Where the sequences sit.
+    pub packing: SeqPacking,
+    /// Query tokens of each sequence (length `batch`, each at most `seqlen_q`).
+    pub q: Vec<usize>,
+    /// Key/value tokens of each sequence (length `batch`, each at most `seqlen_kv`).
+    pub kv: Vec<usize>,
+}
+
+impl SeqLens {
+    /// Padded batches: `q[b]` query and `kv[b]` key tokens of sequence `b`.
+    pub fn padded(side: SeqPacking, q: Vec<usize>, kv: Vec<usize>) -> SeqLens {
+        SeqLens {
+            packing: side,
+            q,
+            kv,
+        }
+    }
+
+    /// Packed THD from cumulative offsets (`cu_seqlens`, `batch + 1` entries from 0).
+    pub fn from_cu_seqlens(cu_q: &[usize], cu_kv: &[usize]) -> Result<SeqLens, String> {
+        let lens = |name: &str, cu: &[usize]| -> Result<Vec<usize>, String> {
+            if cu.first() != Some(&0) {
+                return Err(format!("{name} must start at 0"));
+            }
+            cu.windows(2)
+                .map(|w| {
+                    w[1].checked_sub(w[0])
+                        .ok_or_else(|| format!("{name} must not decrease ({} then {})", w[0], w[1]))
+                })
+                .collect()
+        };
+        Ok(SeqLens {
+            packing: SeqPacking::Packed,
+            q: lens("cu_seqlens_q", cu_q)?,
+            kv: lens("cu_seqlens_kv", cu_kv)?,
+        })
+    }
+
+    /// Token counts of the packed dimension (sums of the lengths).
+    pub fn tokens(&self) -> (usize, usize) {
+        (self.q.iter().sum(), self.kv.iter().sum())
+    }
+}
+
+/// Rows of one sequence in its tensors: the first physical sequence position and the count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqRows {
+    /// Batch index in the tensors (0 for every sequence of a packed batch).
+    pub batch: usize,
+    /// First row (sequence position, or token for packed tensors).
+    pub start: usize,
+    /// Rows of this sequence.
+    pub len: usize,
+}
+
 /// One attention call, without its data.
 ///
 /// Build one with [`AttentionProblem::new`] (contiguous `bshd`, no mask, scale
@@ -401,6 +528,18 @@ pub struct AttentionProblem {
     pub softmax_scale: f64,
     /// Ask for bitwise-reproducible results (executors that cannot promise it refuse).
     pub deterministic: bool,
+    /// Logit soft-capping: scores become `softcap * tanh(scale * q.k / softcap)` before the
+    /// mask and softmax (Gemma 2's `attn_logit_softcapping`). `None`: no capping.
+    #[serde(default)]
+    pub softcap: Option<f64>,
+    /// The softmax's sink (TE `softmax_type`).
+    #[serde(default)]
+    pub softmax: SoftmaxKind,
+    /// Per-sequence lengths (`None`: every sequence has `seqlen_q` queries and `seqlen_kv`
+    /// keys). With [`SeqPacking::Packed`] the tensors' sequence dimension holds the tokens of
+    /// every sequence ([`SeqLens::tokens`]) and their batch stride is 0.
+    #[serde(default)]
+    pub seqlens: Option<SeqLens>,
 }
 
 impl AttentionProblem {
@@ -451,6 +590,9 @@ impl AttentionProblem {
             mask: MaskSpec::NONE,
             softmax_scale: 1.0 / (head_dim_qk.max(1) as f64).sqrt(),
             deterministic: true,
+            softcap: None,
+            softmax: SoftmaxKind::Vanilla,
+            seqlens: None,
         };
         p.set_layout(LayoutKind::Bshd);
         p
@@ -458,18 +600,22 @@ impl AttentionProblem {
 
     /// Set all four tensors to a contiguous named layout.
     pub fn set_layout(&mut self, kind: LayoutKind) {
-        let (b, hq, hkv, sq, skv) = (
-            self.batch,
-            self.heads_q,
-            self.heads_kv,
-            self.seqlen_q,
-            self.seqlen_kv,
-        );
+        // A packed batch is one sequence of all tokens to the strides (batch stride 0).
+        let (hq, hkv) = (self.heads_q, self.heads_kv);
+        let (b, sq, skv) = (self.batch_dim(), self.rows_q(), self.rows_kv());
+        let packed = self.is_packed();
+        let of = |h, s, d| {
+            let mut st = Strides::of(kind, b, h, s, d);
+            if packed {
+                st.batch = 0;
+            }
+            st
+        };
         self.layout = TensorLayouts {
-            q: Strides::of(kind, b, hq, sq, self.head_dim_qk),
-            k: Strides::of(kind, b, hkv, skv, self.head_dim_qk),
-            v: Strides::of(kind, b, hkv, skv, self.head_dim_v),
-            o: Strides::of(kind, b, hq, sq, self.head_dim_v),
+            q: of(hq, sq, self.head_dim_qk),
+            k: of(hkv, skv, self.head_dim_qk),
+            v: of(hkv, skv, self.head_dim_v),
+            o: of(hq, sq, self.head_dim_v),
         };
     }
 
@@ -490,61 +636,165 @@ impl AttentionProblem {
         self.heads_q / self.heads_kv.max(1)
     }
 
+    /// Whether the batch is packed THD ([`SeqPacking::Packed`]).
+    pub fn is_packed(&self) -> bool {
+        matches!(&self.seqlens, Some(s) if s.packing == SeqPacking::Packed)
+    }
+    /// The batch dimension of the tensors: 1 for a packed batch, else `batch`.
+    pub fn batch_dim(&self) -> usize {
+        if self.is_packed() { 1 } else { self.batch }
+    }
+    /// Builder-style: set per-sequence lengths, and for a packed batch the packed layout of
+    /// `kind` (its strides with batch stride 0).
+    pub fn with_seqlens(mut self, seqlens: SeqLens, kind: LayoutKind) -> Self {
+        self.seqlens = Some(seqlens);
+        self.set_layout(kind);
+        self
+    }
+    /// Rows of the query tensors' sequence dimension: the packed token count, else `seqlen_q`.
+    pub fn rows_q(&self) -> usize {
+        match &self.seqlens {
+            Some(s) if s.packing == SeqPacking::Packed => s.tokens().0,
+            _ => self.seqlen_q,
+        }
+    }
+    /// Rows of the key/value tensors' sequence dimension (see [`AttentionProblem::rows_q`]).
+    pub fn rows_kv(&self) -> usize {
+        match &self.seqlens {
+            Some(s) if s.packing == SeqPacking::Packed => s.tokens().1,
+            _ => self.seqlen_kv,
+        }
+    }
+
+    /// Where sequence `b`'s queries and keys sit: `(q rows, kv rows)`.
+    pub fn seq_rows(&self, b: usize) -> (SeqRows, SeqRows) {
+        let Some(s) = &self.seqlens else {
+            return (
+                SeqRows {
+                    batch: b,
+                    start: 0,
+                    len: self.seqlen_q,
+                },
+                SeqRows {
+                    batch: b,
+                    start: 0,
+                    len: self.seqlen_kv,
+                },
+            );
+        };
+        let (lq, lkv) = (s.q[b], s.kv[b]);
+        let (batch, sq, skv) = match s.packing {
+            SeqPacking::PaddedRight => (b, 0, 0),
+            SeqPacking::PaddedLeft => (b, self.seqlen_q - lq, self.seqlen_kv - lkv),
+            SeqPacking::Packed => (0, s.q[..b].iter().sum(), s.kv[..b].iter().sum()),
+        };
+        (
+            SeqRows {
+                batch,
+                start: sq,
+                len: lq,
+            },
+            SeqRows {
+                batch,
+                start: skv,
+                len: lkv,
+            },
+        )
+    }
+
+    /// The mask of sequence `b`, in its own coordinates (its query and key counts).
+    pub fn seq_mask(&self, b: usize) -> EffectiveMask {
+        let (q, kv) = self.seq_rows(b);
+        self.mask.effective(q.len, kv.len)
+    }
+
+    /// Index into LSE (`[batch_dim, h_q, rows_q]`, contiguous) of query row `row` (a
+    /// physical row of the tensors) of head `h` in tensor batch `batch`.
+    pub fn lse_index(&self, batch: usize, h: usize, row: usize) -> usize {
+        (batch * self.heads_q + h) * self.rows_q() + row
+    }
+
     /// Elements a Q (dQ) buffer must hold.
     pub fn q_span(&self) -> usize {
-        self.layout
-            .q
-            .span(self.batch, self.heads_q, self.seqlen_q, self.head_dim_qk)
+        self.layout.q.span(
+            self.batch_dim(),
+            self.heads_q,
+            self.rows_q(),
+            self.head_dim_qk,
+        )
     }
     /// Elements a K (dK) buffer must hold.
     pub fn k_span(&self) -> usize {
-        self.layout
-            .k
-            .span(self.batch, self.heads_kv, self.seqlen_kv, self.head_dim_qk)
+        self.layout.k.span(
+            self.batch_dim(),
+            self.heads_kv,
+            self.rows_kv(),
+            self.head_dim_qk,
+        )
     }
     /// Elements a V (dV) buffer must hold.
     pub fn v_span(&self) -> usize {
-        self.layout
-            .v
-            .span(self.batch, self.heads_kv, self.seqlen_kv, self.head_dim_v)
+        self.layout.v.span(
+            self.batch_dim(),
+            self.heads_kv,
+            self.rows_kv(),
+            self.head_dim_v,
+        )
     }
     /// Elements an O (dO) buffer must hold.
     pub fn o_span(&self) -> usize {
-        self.layout
-            .o
-            .span(self.batch, self.heads_q, self.seqlen_q, self.head_dim_v)
+        self.layout.o.span(
+            self.batch_dim(),
+            self.heads_q,
+            self.rows_q(),
+            self.head_dim_v,
+        )
     }
-    /// Elements of LSE (`[b, h_q, s_q]`, contiguous fp32).
+    /// Elements of LSE (`[batch_dim, h_q, rows_q]`, contiguous fp32; `[b, h_q, s_q]` unless
+    /// packed).
     pub fn lse_len(&self) -> usize {
-        self.batch * self.heads_q * self.seqlen_q
+        self.batch_dim() * self.heads_q * self.rows_q()
+    }
+    /// Elements of the sink logits (and their gradient): `h_q` for a learnable sink, else 0.
+    pub fn sink_len(&self) -> usize {
+        if self.softmax == SoftmaxKind::Learnable {
+            self.heads_q
+        } else {
+            0
+        }
     }
 
-    /// Effective mask for this problem's sequence lengths.
+    /// Effective mask for this problem's sequence lengths (of every sequence when `seqlens`
+    /// is `None`; see [`AttentionProblem::seq_mask`] otherwise).
     pub fn effective_mask(&self) -> EffectiveMask {
         self.mask.effective(self.seqlen_q, self.seqlen_kv)
     }
 
-    /// Number of (query, key) pairs the mask admits, summed over one head of one batch entry.
+    /// Number of (query, key) pairs the mask admits, summed over the sequences of one head.
     pub fn admitted_pairs(&self) -> u64 {
-        let m = self.effective_mask();
-        (0..self.seqlen_q)
-            .map(|i| {
-                let (lo, hi) = m.row_range(i);
-                (hi - lo).max(0) as u64
+        (0..self.batch)
+            .map(|b| {
+                let m = self.seq_mask(b);
+                (0..self.seq_rows(b).0.len)
+                    .map(|i| {
+                        let (lo, hi) = m.row_range(i);
+                        (hi - lo).max(0) as u64
+                    })
+                    .sum::<u64>()
             })
             .sum()
     }
 
     /// FLOPs of the forward pass counting only admitted pairs (2 GEMMs).
     pub fn forward_flops(&self) -> f64 {
-        2.0 * (self.batch * self.heads_q) as f64
+        2.0 * self.heads_q as f64
             * self.admitted_pairs() as f64
             * (self.head_dim_qk + self.head_dim_v) as f64
     }
 
     /// FLOPs of the backward pass counting admitted pairs (5 GEMMs: S recompute, dP, dV, dQ, dK).
     pub fn backward_flops(&self) -> f64 {
-        2.0 * (self.batch * self.heads_q) as f64
+        2.0 * self.heads_q as f64
             * self.admitted_pairs() as f64
             * (3 * self.head_dim_qk + 2 * self.head_dim_v) as f64
     }
@@ -580,40 +830,61 @@ impl AttentionProblem {
                 self.softmax_scale
             ));
         }
+        if let Some(c) = self.softcap
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(format!("softcap {c} must be finite and positive"));
+        }
+        if let Some(s) = &self.seqlens {
+            for (side, lens, max) in [("q", &s.q, self.seqlen_q), ("kv", &s.kv, self.seqlen_kv)] {
+                if lens.len() != self.batch {
+                    return Err(format!(
+                        "seqlens.{side} has {} entries for a batch of {}",
+                        lens.len(),
+                        self.batch
+                    ));
+                }
+                if let Some(l) = lens.iter().find(|l| **l > max) {
+                    return Err(format!(
+                        "seqlens.{side} has a sequence of {l} tokens, longer than the maximum {max}"
+                    ));
+                }
+            }
+        }
         let t = [
             (
                 "q",
                 self.layout.q,
                 self.heads_q,
-                self.seqlen_q,
+                self.rows_q(),
                 self.head_dim_qk,
             ),
             (
                 "k",
                 self.layout.k,
                 self.heads_kv,
-                self.seqlen_kv,
+                self.rows_kv(),
                 self.head_dim_qk,
             ),
             (
                 "v",
                 self.layout.v,
                 self.heads_kv,
-                self.seqlen_kv,
+                self.rows_kv(),
                 self.head_dim_v,
             ),
             (
                 "o",
                 self.layout.o,
                 self.heads_q,
-                self.seqlen_q,
+                self.rows_q(),
                 self.head_dim_v,
             ),
         ];
         for (name, s, h, sl, d) in t {
             // Rows must not overlap: every (b, h, s) row of d elements is distinct. Sorting the
             // three strides and checking each covers the extent of the smaller ones is sufficient.
-            let mut dims = [(s.batch, self.batch), (s.head, h), (s.seq, sl)];
+            let mut dims = [(s.batch, self.batch_dim()), (s.head, h), (s.seq, sl)];
             dims.sort();
             let mut extent = d;
             for (stride, n) in dims {

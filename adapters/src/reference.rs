@@ -56,6 +56,7 @@ pub fn manifest() -> Manifest {
         max_score_elements: Some(MAX_SCORE_ELEMENTS),
         backward: true,
         deterministic: true,
+        features: crate::executor::Features::none(),
         notes: vec![
             "float64 arithmetic on the host; inputs decoded from fp16/bf16/fp32/fp64 exactly".into(),
             "outputs rounded once to the problem dtype (LSE to fp32; fp64 for fp64 problems through forward_strided_lse)".into(),
@@ -901,6 +902,7 @@ impl Plan for ReferencePlan {
                     dk: encode(p.dtype, &dk),
                     dv: encode(p.dtype, &dv),
                     stats: host_stats(ms),
+                    d_sink: Vec::new(),
                 }))
             }
         }

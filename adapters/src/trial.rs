@@ -278,6 +278,7 @@ pub fn run_planned(
         q: &inputs.q,
         k: &inputs.k,
         v: &inputs.v,
+        sink: None,
     };
     validate_forward_inputs(p, &fin)?;
     let forward = || plans.forward.run_host(HostIo::Forward(fin))?.into_forward();
@@ -305,6 +306,7 @@ pub fn run_planned(
             o: &fwd.o,
             d_o: &inputs.d_o,
             lse: &fwd.lse,
+            sink: None,
         };
         validate_backward_inputs(p, &bin)?;
         let backward = || bplan.run_host(HostIo::Backward(bin))?.into_backward();

@@ -32,6 +32,7 @@ fn a_plan_runs_its_own_direction_and_refuses_the_other_typed() {
         q: &inp.q,
         k: &inp.k,
         v: &inp.v,
+        sink: None,
     };
     let fwd = Reference
         .plan(&p, Direction::Forward)
@@ -53,6 +54,7 @@ fn a_plan_runs_its_own_direction_and_refuses_the_other_typed() {
         o: &out.o,
         d_o: &inp.d_o,
         lse: &out.lse,
+        sink: None,
     };
     let e = fwd.run_host(HostIo::Backward(bin)).unwrap_err();
     assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
@@ -71,6 +73,7 @@ fn a_plan_runs_its_own_direction_and_refuses_the_other_typed() {
         v: 0,
         o: 0,
         lse: 0,
+        sink: 0,
     });
     // SAFETY: the io is refused for its direction before any pointer is read.
     let e = unsafe { bwd.enqueue(&null_fwd, &HOST) }.unwrap_err();
@@ -89,6 +92,7 @@ fn the_whole_path_helpers_match_the_plans() {
         q: &inp.q,
         k: &inp.k,
         v: &inp.v,
+        sink: None,
     };
     let a = run_forward(&Reference, &p, &fin).expect("forward");
     let b = Reference
@@ -104,6 +108,7 @@ fn the_whole_path_helpers_match_the_plans() {
         o: &a.o,
         d_o: &inp.d_o,
         lse: &a.lse,
+        sink: None,
     };
     let g = run_backward(&Reference, &p, &bin).expect("backward");
     assert!(g.dq.data.iter().any(|&x| x != 0));
@@ -127,6 +132,7 @@ fn the_reference_enqueue_on_host_pointers_matches_its_host_run() {
         q: &inp.q,
         k: &inp.k,
         v: &inp.v,
+        sink: None,
     };
     let fwd = Reference.plan(&p, Direction::Forward).expect("plan");
     assert_eq!(fwd.workspace_bytes().expect("host: no workspace"), 0);
@@ -142,6 +148,7 @@ fn the_reference_enqueue_on_host_pointers_matches_its_host_run() {
         v: inp.v.data.as_ptr() as u64,
         o: o.as_mut_ptr() as u64,
         lse: lse.as_mut_ptr() as u64,
+        sink: 0,
     });
     // SAFETY: host buffers of the problem's spans, live for the call (the reference runs
     // before returning); outputs distinct from inputs.
@@ -168,6 +175,8 @@ fn the_reference_enqueue_on_host_pointers_matches_its_host_run() {
         dq: dq.as_mut_ptr() as u64,
         dk: dk.as_mut_ptr() as u64,
         dv: dv.as_mut_ptr() as u64,
+        sink: 0,
+        d_sink: 0,
     });
     // SAFETY: as above.
     unsafe { bwd.enqueue(&io, &HOST) }.expect("backward on the host");
@@ -202,6 +211,7 @@ fn a_plan_without_a_stream_path_refuses_by_default() {
         v: 0,
         o: 0,
         lse: 0,
+        sink: 0,
     });
     // SAFETY: the default refuses without reading the io.
     let e = unsafe { plan.enqueue(&io, &HOST) }.unwrap_err();

@@ -160,6 +160,7 @@ fn deterministic_backward_is_bitwise_reproducible() {
                 q: &inp.q,
                 k: &inp.k,
                 v: &inp.v,
+                sink: None,
             },
         )
         .expect("forward");
@@ -170,6 +171,7 @@ fn deterministic_backward_is_bitwise_reproducible() {
             o: &fwd.o,
             d_o: &inp.d_o,
             lse: &fwd.lse,
+            sink: None,
         };
         let first = run_backward(&ex, &p, &bin).expect("backward");
         let mut identical = true;

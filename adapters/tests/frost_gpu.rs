@@ -67,6 +67,7 @@ fn d512_forward_is_frost_or_refused_by_name() {
                     q: &inp.q,
                     k: &inp.k,
                     v: &inp.v,
+                    sink: None,
                 },
             );
             match r {

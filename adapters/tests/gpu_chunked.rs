@@ -177,6 +177,7 @@ fn numerics_flash_attention_criterion() {
                             q: &inp.q,
                             k: &inp.k,
                             v: &inp.v,
+                            sink: None,
                         },
                     )
                     .unwrap_or_else(|e| panic!("{}: forward: {e}", c.label));
@@ -190,6 +191,7 @@ fn numerics_flash_attention_criterion() {
                             o: &f.o,
                             d_o: &inp.d_o,
                             lse: &f.lse,
+                            sink: None,
                         },
                     )
                     .unwrap_or_else(|e| panic!("{}: backward: {e}", c.label));
@@ -245,6 +247,7 @@ fn backward_is_bitwise_deterministic() {
             q: &inp.q,
             k: &inp.k,
             v: &inp.v,
+            sink: None,
         },
     )
     .unwrap();
@@ -255,6 +258,7 @@ fn backward_is_bitwise_deterministic() {
         o: &f.o,
         d_o: &inp.d_o,
         lse: &f.lse,
+        sink: None,
     };
     let a = run_backward(&ex, &p, &bin).unwrap();
     let b = run_backward(&ex, &p, &bin).unwrap();
@@ -265,6 +269,7 @@ fn backward_is_bitwise_deterministic() {
             q: &inp.q,
             k: &inp.k,
             v: &inp.v,
+            sink: None,
         },
     )
     .unwrap();
@@ -300,6 +305,7 @@ fn mismatched_inputs_are_refused_before_launch() {
             q: &wrong,
             k: &inp.k,
             v: &inp.v,
+            sink: None,
         },
     )
     .unwrap_err();
@@ -311,6 +317,7 @@ fn mismatched_inputs_are_refused_before_launch() {
             q: &inp.q,
             k: &inp.k,
             v: &inp.v,
+            sink: None,
         },
     )
     .unwrap();
@@ -328,6 +335,7 @@ fn mismatched_inputs_are_refused_before_launch() {
             o: &f.o,
             d_o: &wrong_do,
             lse: &f.lse,
+            sink: None,
         },
     )
     .unwrap_err();
@@ -343,6 +351,7 @@ fn mismatched_inputs_are_refused_before_launch() {
             q: &inp.q,
             k: &short,
             v: &inp.v,
+            sink: None,
         },
     )
     .unwrap_err();
@@ -361,6 +370,7 @@ fn mismatched_inputs_are_refused_before_launch() {
             v: v.ptr(),
             o: o.ptr(),
             lse: lse.ptr(),
+            sink: 0,
         };
         // SAFETY: pointers are live; the misaligned one must be refused before use.
         use attn_policy_adapters::{DeviceIo, Direction};
@@ -379,6 +389,7 @@ fn mismatched_inputs_are_refused_before_launch() {
             q: &inp12.q,
             k: &inp12.k,
             v: &inp12.v,
+            sink: None,
         },
     )
     .unwrap_err();
@@ -421,6 +432,7 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
             v: v.ptr(),
             o: o.ptr(),
             lse: l.ptr(),
+            sink: 0,
         })
     };
     let fplan = ex.plan(&p, Direction::Forward).unwrap();
@@ -495,6 +507,8 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
             dq: g[0].ptr(),
             dk: g[1].ptr(),
             dv: g[2].ptr(),
+            sink: 0,
+            d_sink: 0,
         })
     };
     let bplan = ex.plan(&p, Direction::Backward).unwrap();

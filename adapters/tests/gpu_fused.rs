@@ -178,6 +178,7 @@ fn numerics_flash_attention_criterion_forward_and_backward() {
                             q: &inp.q,
                             k: &inp.k,
                             v: &inp.v,
+                            sink: None,
                         },
                     )
                     .unwrap_or_else(|e| panic!("{label}: forward: {e}"));
@@ -191,6 +192,7 @@ fn numerics_flash_attention_criterion_forward_and_backward() {
                             o: &f.o,
                             d_o: &inp.d_o,
                             lse: &f.lse,
+                            sink: None,
                         },
                     )
                     .unwrap_or_else(|e| panic!("{label}: backward: {e}"));
@@ -253,6 +255,7 @@ fn forward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_repl
             v: v.ptr(),
             o: o.ptr(),
             lse: l.ptr(),
+            sink: 0,
         })
     };
     let plan = ex.plan(&p, Direction::Forward).unwrap();
@@ -378,6 +381,7 @@ fn refusals_come_before_any_launch() {
                 q,
                 k: &inp.k,
                 v: &inp.v,
+                sink: None,
             },
         )
     };
@@ -431,6 +435,7 @@ fn refusals_come_before_any_launch() {
             o: &f.o,
             d_o: &short,
             lse: &f.lse,
+            sink: None,
         },
     )
     .unwrap_err();
@@ -474,6 +479,7 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
         v: v.ptr(),
         o: o.ptr(),
         lse: lse.ptr(),
+        sink: 0,
     };
     // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the test; the call synchronises or the stream is synchronised before reading.
     unsafe {
@@ -504,6 +510,8 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
             dq: g[0].ptr(),
             dk: g[1].ptr(),
             dv: g[2].ptr(),
+            sink: 0,
+            d_sink: 0,
         })
     };
     let plan = ex.plan(&p, Direction::Backward).unwrap();

@@ -59,6 +59,7 @@ fn manifest() -> Manifest {
         max_score_elements: Some(1 << 20),
         backward: true,
         deterministic: true,
+        features: attn_policy_adapters::Features::none(),
         notes: vec!["a toy: naive float64 forward, the reference's backward".into()],
     }
 }

@@ -579,6 +579,7 @@ impl Tensors {
             v: self.v.ptr(),
             o: self.o.ptr(),
             lse: self.lse.ptr(),
+            sink: 0,
         }
     }
 
@@ -593,6 +594,8 @@ impl Tensors {
             dq: self.dq.ptr(),
             dk: self.dk.ptr(),
             dv: self.dv.ptr(),
+            sink: 0,
+            d_sink: 0,
         }
     }
 }

@@ -78,6 +78,7 @@ pub fn manifest() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: true,
+        features: crate::executor::Features::none(),
         notes: vec![
             "cuBLAS GEMMs (fp32 accumulation) over query chunks + NVRTC softmax kernels".into(),
             "workspace O(chunk * s_kv), bounded by a budget (default 1 GiB); never O(s^2)".into(),

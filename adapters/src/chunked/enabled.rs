@@ -367,6 +367,7 @@ impl Chunked {
             v: v.ptr,
             o: o.ptr,
             lse: lse.ptr,
+            sink: 0,
         };
         let stats = run(&args)?;
         Ok(ForwardOutput {
@@ -415,6 +416,8 @@ impl Chunked {
             dq: dq.ptr,
             dk: dk.ptr,
             dv: dv.ptr,
+            sink: 0,
+            d_sink: 0,
         };
         let stats = run(&args)?;
         Ok(BackwardOutput {
@@ -431,6 +434,7 @@ impl Chunked {
                 data: self.download_u16(&dv, p.v_span())?,
             },
             stats,
+            d_sink: Vec::new(),
         })
     }
 

@@ -327,6 +327,7 @@ fn run_mock(
         v: va,
         o: oa,
         lse: lsea,
+        sink: 0,
     };
     plan::forward(&mut m, p, &fplan, &fio, ws).unwrap();
     let bplan = plan::make_plan(p, cfg, backward).unwrap();
@@ -346,6 +347,8 @@ fn run_mock(
         dq: dqa,
         dk: dka,
         dv: dva,
+        sink: 0,
+        d_sink: 0,
     };
     m.scores_of = Some((p.clone(), bio));
     plan::backward(&mut m, p, &bplan, &bio, ws).unwrap();
@@ -385,6 +388,7 @@ mod tests {
                 dk,
                 dv,
                 stats: Default::default(),
+                d_sink: Vec::new(),
             };
             let v = verify(p, &inp, &o, &lse, Some(&bwd));
             assert!(v.passed, "{p:?} chunk {chunk} {kind:?}: {v:#?}");

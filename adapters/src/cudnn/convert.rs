@@ -37,6 +37,7 @@ pub fn manifest() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: true,
+        features: crate::executor::Features::none(),
         notes: vec![
             "cuDNN fused flash attention through the raw backend graph API (composite graph; native SDPA op where the runtime allows)".into(),
             "graphs are built from the tensors' actual strides: bshd, sbhd and bhsd run without copies".into(),

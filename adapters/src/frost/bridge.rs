@@ -390,6 +390,7 @@ impl FrostExecutor {
             dk: t(s.clone_dtoh(&dk).map_err(cuda_err)?),
             dv: t(s.clone_dtoh(&dv).map_err(cuda_err)?),
             stats: ExecStats::default(),
+            d_sink: Vec::new(),
         })
     }
 }

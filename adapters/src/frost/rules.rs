@@ -434,6 +434,7 @@ pub fn manifest() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: false,
+        features: crate::executor::Features::none(),
         notes: vec![
             "FROST CuTe-DSL engines via the cuDNN frontend Python package (>= 1.29.0, nvidia-cutlass-dsl >= 4.7.0)".into(),
             "the selected plan is checked by name; a non-FROST plan is refused, not run".into(),

@@ -92,6 +92,7 @@ pub fn manifest() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: true,
+        features: crate::executor::Features::none(),
         notes: vec![
             "SM90 only (wgmma, sm_90a); NVRTC at run time, no headers".into(),
             "backward: P and dS from a fused score kernel, dQ/dK/dV by cuBLAS GEMMs (chunked plan)"

@@ -206,6 +206,7 @@ unsafe extern "C" fn forward(
             v: p[2],
             o: p[3],
             lse: p[4],
+            sink: 0,
         };
         // SAFETY: the caller's contract.
         unsafe { plan.forward(&args, avail, workspace, workspace_bytes, stream) }
@@ -242,6 +243,8 @@ unsafe extern "C" fn backward(
             dq: p[6],
             dk: p[7],
             dv: p[8],
+            sink: 0,
+            d_sink: 0,
         };
         // SAFETY: the caller's contract.
         unsafe { plan.backward(&args, avail, workspace, workspace_bytes, stream) }

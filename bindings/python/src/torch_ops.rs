@@ -528,7 +528,7 @@ impl NativePlan {
         workspace_bytes: u64,
         stream: u64,
     ) -> PyResult<()> {
-        let args = DeviceForwardArgs { q, k, v, o, lse };
+        let args = DeviceForwardArgs { q, k, v, o, lse, sink: 0, };
         // SAFETY: the Python caller passes live tensors of the problem's dtype with `avail`
         // bytes from each pointer (see `PlanCore::forward`, which checks the extents).
         let run = || unsafe {
@@ -573,6 +573,8 @@ impl NativePlan {
             dq,
             dk,
             dv,
+            sink: 0,
+            d_sink: 0,
         };
         // SAFETY: as in `forward`.
         let run = || unsafe {

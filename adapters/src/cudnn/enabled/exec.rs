@@ -844,6 +844,7 @@ impl CudnnExecutor {
                     (report.workspace_bytes + (p.q_span() + p.k_span() + p.v_span()) * 2) as u64,
                 ),
             },
+            d_sink: Vec::new(),
         })
     }
 }
