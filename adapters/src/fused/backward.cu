@@ -104,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) bwd_scores(
     u16* __restrict__ P, u16* __restrict__ dS, int lds, int rows, int b, int h0, int hk,
     int i0, int klo, int ktiles, int qpairs, int units, const float* __restrict__ lse,
     const float* __restrict__ Dv, i64 head_stride, i64 off, i64 left, i64 right, i64 skv,
-    float scale_log2, int posq, int posk, int poso, int posv) {
+    float scale_log2, int posq, int posk, int poso, int posv, float cap_in, float cap_out) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
     const unsigned sbase = (raw + 1023u) & ~1023u;
@@ -257,9 +257,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) bwd_scores(
                     for (int i = 0; i < 64; i++) {
                         const int col = key0 + 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
                         const int rr = (i >> 1) & 1;
+#if SOFTCAP
+                        // Capped score c tanh(scale s / c), in log2 units (cap_out = c log2 e).
+                        s[i] = (col >= rlo[rr] && col < rhi[rr])
+                                   ? exp2_approx(fmaf(cap_out, tanhf(s[i] * cap_in), -l2[rr]))
+                                   : 0.f;
+#else
                         s[i] = (col >= rlo[rr] && col < rhi[rr])
                                    ? exp2_approx(fmaf(s[i], scale_log2, -l2[rr]))
                                    : 0.f;
+#endif
                     }
                 }
                 prev = slot;
@@ -274,9 +281,28 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) bwd_scores(
                 mbar_arrive_cluster(BEMPTY(prev), 0);
                 mbar_arrive_cluster(BEMPTY(prev), 1);
             }
+#if SOFTCAP
+            // dS = P (dP - D) (1 - t^2) with t = tanh(scale s / c), recovered from P itself
+            // (t c log2 e = log2 P + lse log2 e) rather than kept in 64 more registers; P = 0
+            // (outside the mask, or underflowed) gives dS = 0.
+            const float inv_cap_out = 1.f / cap_out;
+#pragma unroll
+            for (int i = 0; i < 64; i++) {
+                const float pv = s[i];
+                float g = 0.f;
+                if (pv > 0.f) {
+                    float lg;
+                    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(lg) : "f"(pv));
+                    const float tt = (lg + l2[(i >> 1) & 1]) * inv_cap_out;
+                    g = fmaf(-tt, tt, 1.f);
+                }
+                dp[i] = pv * (dp[i] - dvec[(i >> 1) & 1]) * g;
+            }
+#else
             // dS = P (dP - D); P is already 0 outside the mask.
 #pragma unroll
             for (int i = 0; i < 64; i++) dp[i] = s[i] * (dp[i] - dvec[(i >> 1) & 1]);
+#endif
             // Every thread of the warpgroup is done reading the staging buffer (the previous
             // unit's stores); stage this unit's rows: 256-byte rows, 16-byte chunk j of row r at
             // chunk j ^ (r % 8) (conflict-free for the fragment writes and the row reads).

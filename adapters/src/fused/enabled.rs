@@ -1,15 +1,20 @@
 //! The fused executor on CUDA: NVRTC-compiled wgmma kernels (`kernels.cu`), one variant per
 //! (dtype, padded head dims), compiled on first use of a shape and cached.
 
-use super::{BLOCK_M, BLOCK_N, NAME, backward_shared_bytes, padded_dims, shared_bytes};
+use super::{
+    BLOCK_M, BLOCK_N, NAME, backward_shared_bytes, padded_dims, seq_table,
+    seq_table_bytes, shared_bytes, transposed_v_bytes,
+};
 use crate::chunked::plan::{BwdScoresArgs, ScoreKernel};
 use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer, StreamKernels, StreamPlan};
 use crate::device::{Availability, cuda_devices, device_identity};
 use crate::executor::{
-    DeviceBackwardArgs, DeviceForwardArgs, Direction, ExecError, ExecStats, Executor, Manifest,
-    Plan, StreamLaunch, Unsupported,
+    DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, Direction, ExecError, ExecStats, Executor,
+    HostIo, HostOutput, Manifest, Plan,
+    StreamLaunch, Unsupported, direction_mismatch, validate_backward_inputs,
+    validate_forward_inputs,
 };
-use crate::problem::{AttentionProblem, DType, Strides};
+use crate::problem::{AttentionProblem, DType, SoftmaxKind, Strides};
 use cudarc::driver::{CudaFunction, DriverError, result as drv_result, sys as drv_sys};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use std::collections::HashMap;
@@ -101,21 +106,72 @@ fn wgmma_wrapper(name: &str, n: usize, ty: &str, a_in_registers: bool) -> String
     s
 }
 
-/// The complete NVRTC source of one variant: the defines, the generated wgmma wrappers and
-/// `kernels.cu` (or the file [`SOURCE_OVERRIDE`] names).
-pub fn kernel_source(bf16: bool, dqk_pad: usize, dv_pad: usize) -> String {
-    let body_file = std::env::var_os(SOURCE_OVERRIDE);
-    kernel_source_with(bf16, dqk_pad, dv_pad, body_file.as_deref().map(Path::new))
+/// One compiled variant: dtype, padded head dims, and the compile-time features (`SEQ`: per-
+/// sequence lengths, `SOFTCAP`: soft-capping). Sinks need no variant: they change only the
+/// forward's epilogue, a uniform branch on a kernel parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VariantKey {
+    /// bf16 (else fp16).
+    pub bf16: bool,
+    /// Q/K head dim padded to a multiple of 64.
+    pub dqk_pad: usize,
+    /// V head dim padded to a multiple of 64.
+    pub dv_pad: usize,
+    /// Per-sequence lengths (the forward reads the sequence table).
+    pub seq: bool,
+    /// Soft-capping (forward and backward score kernels).
+    pub softcap: bool,
 }
 
-fn kernel_source_with(bf16: bool, dqk_pad: usize, dv_pad: usize, body: Option<&Path>) -> String {
+impl VariantKey {
+    /// The variant a problem runs.
+    pub fn of(p: &AttentionProblem) -> VariantKey {
+        let (dqk_pad, dv_pad) = padded_dims(p.head_dim_qk, p.head_dim_v);
+        VariantKey {
+            bf16: p.dtype == DType::BF16,
+            dqk_pad,
+            dv_pad,
+            seq: p.seqlens.is_some(),
+            softcap: p.softcap.is_some(),
+        }
+    }
+}
+
+/// The complete NVRTC source of one plain variant (no feature): the defines, the generated
+/// wgmma wrappers and `kernels.cu` (or the file [`SOURCE_OVERRIDE`] names).
+pub fn kernel_source(bf16: bool, dqk_pad: usize, dv_pad: usize) -> String {
+    kernel_source_for(VariantKey {
+        bf16,
+        dqk_pad,
+        dv_pad,
+        seq: false,
+        softcap: false,
+    })
+}
+
+/// The complete NVRTC source of a variant (see [`kernel_source`]).
+pub fn kernel_source_for(key: VariantKey) -> String {
+    let body_file = std::env::var_os(SOURCE_OVERRIDE);
+    kernel_source_with(key, body_file.as_deref().map(Path::new))
+}
+
+fn kernel_source_with(key: VariantKey, body: Option<&Path>) -> String {
+    let VariantKey {
+        bf16,
+        dqk_pad,
+        dv_pad,
+        seq,
+        softcap,
+    } = key;
     let ty = if bf16 { "bf16" } else { "f16" };
     // SMEM_BYTES: what the launch allocates; the kernel asserts its layout fits.
     let mut s = format!(
-        "#define LOWP_BF16 {}\n#define DQK {dqk_pad}\n#define DV {dv_pad}\n#define SMEM_BYTES {}\n#define BSMEM_BYTES {}\ntypedef unsigned long long u64;\n",
+        "#define LOWP_BF16 {}\n#define DQK {dqk_pad}\n#define DV {dv_pad}\n#define SMEM_BYTES {}\n#define BSMEM_BYTES {}\n#define SEQ {}\n#define SOFTCAP {}\ntypedef unsigned long long u64;\n",
         u8::from(bf16),
         shared_bytes(dqk_pad, dv_pad),
-        backward_shared_bytes()
+        backward_shared_bytes(),
+        u8::from(seq),
+        u8::from(softcap),
     );
     // Scores: Q from registers (past column 384: shared memory), K from shared memory.
     // Output: P and V^T from shared memory.
@@ -146,16 +202,20 @@ fn kernel_source_with(bf16: bool, dqk_pad: usize, dv_pad: usize, body: Option<&P
 /// without a Rust toolchain. Unset in normal use.
 pub const SOURCE_OVERRIDE: &str = "ATTN_POLICY_FUSED_SOURCE";
 
-fn compile(bf16: bool, dqk_pad: usize, dv_pad: usize) -> Result<cudarc::nvrtc::Ptx, ExecError> {
+fn compile(key: VariantKey) -> Result<cudarc::nvrtc::Ptx, ExecError> {
     let opts = CompileOptions {
         arch: Some(ARCH),
         name: Some(format!(
-            "fused_{}_{dqk_pad}_{dv_pad}.cu",
-            if bf16 { "bf16" } else { "f16" }
+            "fused_{}_{}_{}{}{}.cu",
+            if key.bf16 { "bf16" } else { "f16" },
+            key.dqk_pad,
+            key.dv_pad,
+            if key.seq { "_seq" } else { "" },
+            if key.softcap { "_softcap" } else { "" }
         )),
         ..Default::default()
     };
-    compile_ptx_with_opts(kernel_source(bf16, dqk_pad, dv_pad), opts).map_err(|e| {
+    compile_ptx_with_opts(kernel_source_for(key), opts).map_err(|e| {
         ExecError::Backend {
             library: "nvrtc",
             message: format!("{e:?}"),
@@ -163,9 +223,10 @@ fn compile(bf16: bool, dqk_pad: usize, dv_pad: usize) -> Result<cudarc::nvrtc::P
     })
 }
 
-/// Compile six variants (the widest and narrowest head dims, Q partly in shared memory, unequal
-/// qk and v dims) with NVRTC only (no device): the test that runs wherever the NVRTC library is
-/// found.
+/// Compile six plain variants (the widest and narrowest head dims, Q partly in shared memory,
+/// unequal qk and v dims) in both dtypes, and the feature variants (per-sequence lengths,
+/// soft-capping, both) at three head-dim pairs in both dtypes, with NVRTC only (no device): the
+/// test that runs wherever the NVRTC library is found.
 pub fn compile_only() -> Result<Vec<String>, ExecError> {
     // SAFETY: probes library presence only.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
@@ -184,7 +245,29 @@ pub fn compile_only() -> Result<Vec<String>, ExecError> {
             (328, 512),
         ] {
             let (dq, dvp) = padded_dims(d, dv);
-            ptx.push(compile(bf16, dq, dvp)?.to_src());
+            ptx.push(
+                compile(VariantKey {
+                    bf16,
+                    dqk_pad: dq,
+                    dv_pad: dvp,
+                    seq: false,
+                    softcap: false,
+                })?
+                .to_src(),
+            );
+        }
+        for (d, dv) in [(512, 512), (320, 320), (456, 392)] {
+            let (dqk_pad, dv_pad) = padded_dims(d, dv);
+            for (seq, softcap) in [(true, false), (false, true), (true, true)] {
+                let key = VariantKey {
+                    bf16,
+                    dqk_pad,
+                    dv_pad,
+                    seq,
+                    softcap,
+                };
+                ptx.push(compile(key)?.to_src());
+            }
         }
     }
     Ok(ptx)
@@ -194,14 +277,18 @@ pub fn compile_only() -> Result<Vec<String>, ExecError> {
 struct Variant {
     fwd: CudaFunction,
     transpose: CudaFunction,
+    /// Per-sequence lengths and sinks: the table's upload, padding rows, LSE gather, d_sink.
+    seq_table: CudaFunction,
+    seq_pad_fwd: CudaFunction,
+    seq_zero_rows: CudaFunction,
+    seq_lse_gather: CudaFunction,
+    sink_grad_partial: CudaFunction,
+    sink_grad_final: CudaFunction,
     shared: u32,
     /// The backward's score kernel (`bwd_scores`) and its dynamic shared memory.
     bwd_scores: CudaFunction,
     bwd_shared: u32,
 }
-
-/// Variant key: (bf16, padded qk dim, padded v dim).
-type VariantKey = (bool, usize, usize);
 
 /// The fused executor on one SM90 device.
 pub struct Fused {
@@ -281,19 +368,90 @@ impl Fused {
         self.variant(p)?;
         match dir {
             Direction::Forward => Ok(super::forward_workspace_bytes(p)),
-            Direction::Backward => self.buffers.fused_scores_workspace_bytes(p),
+            Direction::Backward => Ok(self.backward_layout(p)?.total),
         }
+    }
+
+    /// The backward's workspace: the chunked plan's (of the whole problem, or the largest of the
+    /// per-sequence problems), then what the features add (none for a plain problem).
+    fn backward_layout(&self, p: &AttentionProblem) -> Result<BwdLayout, ExecError> {
+        let plan = match &p.seqlens {
+            None => self.buffers.fused_scores_workspace_bytes(p)?,
+            Some(s) => {
+                let mut shapes: Vec<(usize, usize)> = s
+                    .q
+                    .iter()
+                    .zip(&s.kv)
+                    .filter(|(q, kv)| **q > 0 && **kv > 0)
+                    .map(|(q, kv)| (*q, *kv))
+                    .collect();
+                shapes.sort_unstable();
+                shapes.dedup();
+                let mut most = 0;
+                for (q, kv) in shapes {
+                    let sub = seq_problem_of(p, q, kv);
+                    most = most.max(self.buffers.fused_scores_workspace_bytes(&sub)?);
+                }
+                most
+            }
+        };
+        let align = |x: u64| x.div_ceil(256) * 256;
+        let table = seq_table_bytes(p);
+        let max_q = p.seqlens.as_ref().map_or(0, |s| s.q.iter().copied().max().unwrap_or(0));
+        let lse = align((p.heads_q * max_q * 4) as u64);
+        let sink = if p.softmax == SoftmaxKind::Learnable {
+            align((p.heads_q * SINK_CHUNKS * 4) as u64)
+        } else {
+            0
+        };
+        Ok(BwdLayout {
+            plan,
+            table_off: plan,
+            lse_off: plan + table,
+            sink_off: plan + table + lse,
+            total: plan + table + lse + sink,
+        })
+    }
+
+    /// Writes the per-sequence table to `dst` (device memory of the call's workspace) with
+    /// kernels whose parameters carry it: stream-ordered and capturable, no host copy.
+    fn write_table(
+        &self,
+        var: &Variant,
+        stream: drv_sys::CUstream,
+        dst: u64,
+        table: &[i32],
+    ) -> Result<(), ExecError> {
+        for (i, part) in table.chunks(SEQ_CHUNK_INTS).enumerate() {
+            let mut chunk = [0i32; SEQ_CHUNK_INTS];
+            chunk[..part.len()].copy_from_slice(part);
+            let at = dst + (i * SEQ_CHUNK_INTS * 4) as u64;
+            let n = part.len() as i32;
+            // SAFETY: argument list matches `seq_table_write` (the array is the by-value
+            // `SeqChunk`); the table region of the workspace holds the whole table.
+            unsafe {
+                launch_raw(
+                    &var.seq_table,
+                    (1, 1, 1),
+                    (256, 1, 1),
+                    0,
+                    stream,
+                    &mut params![at, n, chunk],
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// The compiled variant for `p` (compiles and loads it on first use).
     fn variant(&self, p: &AttentionProblem) -> Result<Arc<Variant>, ExecError> {
-        let (dq, dv) = padded_dims(p.head_dim_qk, p.head_dim_v);
-        let key = (p.dtype == DType::BF16, dq, dv);
+        let key = VariantKey::of(p);
+        let (dq, dv) = (key.dqk_pad, key.dv_pad);
         let mut map = self.variants.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(v) = map.get(&key) {
             return Ok(v.clone());
         }
-        let ptx = compile(key.0, dq, dv)?;
+        let ptx = compile(key)?;
         let ctx = self.buffers.context();
         ctx.bind_to_thread().map_err(drv)?;
         let m = ctx.load_module(ptx).map_err(drv)?;
@@ -316,6 +474,12 @@ impl Fused {
         let v = Arc::new(Variant {
             fwd,
             transpose,
+            seq_table: m.load_function("seq_table_write").map_err(drv)?,
+            seq_pad_fwd: m.load_function("seq_pad_fwd").map_err(drv)?,
+            seq_zero_rows: m.load_function("seq_zero_rows").map_err(drv)?,
+            seq_lse_gather: m.load_function("seq_lse_gather").map_err(drv)?,
+            sink_grad_partial: m.load_function("sink_grad_partial").map_err(drv)?,
+            sink_grad_final: m.load_function("sink_grad_final").map_err(drv)?,
             shared,
             bwd_scores,
             bwd_shared,
@@ -384,6 +548,150 @@ struct TensorMaps {
     pos_head: i32,
 }
 
+/// A learnable sink needs its logits (and, in the backward, its gradient's buffer): without
+/// them the call is refused, never run as a plain softmax.
+fn check_sink(p: &AttentionProblem, sink: u64, d_sink: Option<u64>) -> Result<(), ExecError> {
+    if p.softmax != SoftmaxKind::Learnable {
+        return Ok(());
+    }
+    let mut ptrs = vec![("sink", sink)];
+    if let Some(d) = d_sink {
+        ptrs.push(("d_sink", d));
+    }
+    for (name, ptr) in ptrs {
+        if ptr == 0 || !ptr.is_multiple_of(4) {
+            return Err(ExecError::invalid(format!(
+                "a learnable sink needs `{name}` ([h_q] fp32): pointer {ptr:#x} is null or not \
+                 4-byte aligned"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Fused {
+    /// The backward of per-sequence lengths: the table, zeros in every gradient row no sequence
+    /// owns (padding, sequences without queries or keys), then per sequence its LSE rows
+    /// gathered and the chunked backward plan of its own problem (rows, keys, mask) on its rows
+    /// of the tensors. Sequences run one after another on the stream (the plan's lanes join
+    /// before the next starts), so they share the workspace.
+    fn enqueue_bwd_per_sequence(
+        &self,
+        p: &AttentionProblem,
+        a: &DeviceBackwardArgs,
+        var: &Arc<Variant>,
+        lay: &BwdLayout,
+        plan_launch: &StreamLaunch,
+    ) -> Result<(), ExecError> {
+        let stream = plan_launch.stream as drv_sys::CUstream;
+        let ws = plan_launch.workspace;
+        let tab = ws + lay.table_off;
+        let lse_buf = ws + lay.lse_off;
+        self.write_table(var, stream, tab, &seq_table(p))?;
+        let nseq = p.batch as i32;
+        let packed = i32::from(p.is_packed());
+        let nb = p.batch_dim();
+        let zero = [
+            (a.dq, p.layout.q, 0i32, p.heads_q, p.rows_q(), p.head_dim_qk),
+            (a.dk, p.layout.k, 1, p.heads_kv, p.rows_kv(), p.head_dim_qk),
+            (a.dv, p.layout.v, 1, p.heads_kv, p.rows_kv(), p.head_dim_v),
+        ];
+        for (x, st, side, heads, rows, dim) in zero {
+            let n = nb * heads * rows * dim / 8;
+            let (sb, sh, ss) = (st.batch as i64, st.head as i64, st.seq as i64);
+            let (nb32, h32, r32, d32) = (nb as i32, heads as i32, rows as i32, dim as i32);
+            // SAFETY: argument list matches `seq_zero_rows`; the gradient spans the problem's
+            // strides, the table has `nseq` entries.
+            unsafe {
+                launch_raw(
+                    &var.seq_zero_rows,
+                    (grid_for(n), 1, 1),
+                    (256, 1, 1),
+                    0,
+                    stream,
+                    &mut params![x, tab, nseq, packed, side, nb32, h32, r32, d32, sb, sh, ss],
+                )?;
+            }
+        }
+        let sm = self.buffers.sm_count();
+        let (hq, lse_rows) = (p.heads_q as i32, p.rows_q() as i64);
+        let (lq, lk, lv, lo) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
+        for b in 0..p.batch {
+            let (qr, kr) = p.seq_rows(b);
+            if qr.len == 0 || kr.len == 0 {
+                continue;
+            }
+            let sub = seq_problem_of(p, qr.len, kr.len);
+            let at_q = |base: u64, st: Strides| base + 2 * st.offset(qr.batch, 0, qr.start, 0) as u64;
+            let at_k = |base: u64, st: Strides| base + 2 * st.offset(kr.batch, 0, kr.start, 0) as u64;
+            let sa = DeviceBackwardArgs {
+                q: at_q(a.q, lq),
+                k: at_k(a.k, lk),
+                v: at_k(a.v, lv),
+                o: at_q(a.o, lo),
+                d_o: at_q(a.d_o, lo),
+                lse: lse_buf,
+                dq: at_q(a.dq, lq),
+                dk: at_k(a.dk, lk),
+                dv: at_k(a.dv, lv),
+                sink: 0,
+                d_sink: 0,
+            };
+            let (b32, q0, qlen) = (qr.batch as i32, qr.start as i32, qr.len as i32);
+            // SAFETY: argument list matches `seq_lse_gather`; LSE spans the problem, the buffer
+            // holds h_q * (longest sequence) floats.
+            unsafe {
+                launch_raw(
+                    &var.seq_lse_gather,
+                    (grid_for(p.heads_q * qr.len), 1, 1),
+                    (256, 1, 1),
+                    0,
+                    stream,
+                    &mut params![a.lse, lse_buf, hq, lse_rows, b32, q0, qlen],
+                )?;
+            }
+            let scorer = ScoreLaunch::new(&sub, var.clone(), &sa, sm)?;
+            self.buffers
+                .enqueue_backward_plan(&sub, &sa, plan_launch, Some(&scorer))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where the backward's buffers sit in its workspace (byte offsets, 256-aligned): the chunked
+/// plan's (and cuBLAS's) first, then the sequence table, one sequence's LSE rows and the
+/// d_sink partial sums.
+#[derive(Clone, Copy, Debug)]
+struct BwdLayout {
+    plan: u64,
+    table_off: u64,
+    lse_off: u64,
+    sink_off: u64,
+    total: u64,
+}
+
+/// Ints of the sequence table per `seq_table_write` launch (`SEQ_CHUNK_INTS` in `kernels.cu`).
+const SEQ_CHUNK_INTS: usize = 896;
+/// Partial sums per head of the sink gradient (`SINK_CHUNKS` in `kernels.cu`).
+const SINK_CHUNKS: usize = 64;
+
+/// The problem of one sequence of `p` (`q` query and `kv` key rows at the same strides, no per-sequence lengths, no sink: its LSE already holds the sink term, so its
+/// backward is the plain one); soft-capping, the mask and the scale carry over.
+fn seq_problem_of(p: &AttentionProblem, q: usize, kv: usize) -> AttentionProblem {
+    let mut sub = p.clone();
+    sub.batch = 1;
+    sub.seqlen_q = q;
+    sub.seqlen_kv = kv;
+    sub.seqlens = None;
+    sub.softmax = SoftmaxKind::Vanilla;
+    sub
+}
+
+/// Blocks of a grid-stride kernel of 256 threads over `n` items.
+fn grid_for(n: usize) -> u32 {
+    n.div_ceil(256).clamp(1, 4096) as u32
+}
+
 impl TensorMaps {
     fn encode(
         p: &AttentionProblem,
@@ -395,7 +703,7 @@ impl TensorMaps {
             p,
             k,
             p.layout.k,
-            p.seqlen_kv,
+            p.rows_kv(),
             p.heads_kv,
             p.head_dim_qk,
             (BLOCK_N / 2) as u32,
@@ -405,7 +713,7 @@ impl TensorMaps {
         let vmap = encode_tiled(
             p.dtype,
             vt,
-            &[skv_pad, dv, (p.batch * p.heads_kv) as u64],
+            &[skv_pad, dv, (p.batch_dim() * p.heads_kv) as u64],
             &[2 * skv_pad, 2 * skv_pad * dv],
             &[BLOCK_N as u32, (dv_pad / 2) as u32, 1],
         )?;
@@ -473,11 +781,19 @@ fn row_map(
     dim: usize,
     box_rows: u32,
 ) -> Result<(drv_sys::CUtensorMap, i32), ExecError> {
-    // 0: row, 1: head, 2: batch; ties keep that order.
+    // 0: row, 1: head, 2: batch; ties keep that order. A batch of one (packed tensors, whose
+    // batch stride is 0, or one sequence's problem) is never stepped: it gets a stride past
+    // the others, which the driver accepts, and sorts last.
+    let nb = p.batch_dim();
+    let batch_stride = if nb == 1 {
+        (st.seq * seqlen).max(st.head * heads).max(dim) as u64
+    } else {
+        st.batch as u64
+    };
     let mut outer = [
         (st.seq as u64, seqlen as u64, 0usize),
         (st.head as u64, heads as u64, 1),
-        (st.batch as u64, p.batch as u64, 2),
+        (batch_stride, nb as u64, 2),
     ];
     outer.sort_by_key(|&(stride, _, kind)| (stride, kind));
     let slot = |kind: usize| outer.iter().position(|o| o.2 == kind).unwrap_or(0) as i32 + 1;
@@ -505,6 +821,9 @@ struct ScoreLaunch {
     pos: [i32; 4],
     mask: (i64, i64, i64, i64),
     scale_log2: f32,
+    /// Soft-capping: scale / c and c log2(e) (unused by the plain variant).
+    cap_in: f32,
+    cap_out: f32,
     sm_count: u32,
 }
 
@@ -534,6 +853,8 @@ impl ScoreLaunch {
                 m.seqlen_kv,
             ),
             scale_log2: (p.softmax_scale * std::f64::consts::LOG2_E) as f32,
+            cap_in: p.softcap.map_or(0.0, |c| (p.softmax_scale / c) as f32),
+            cap_out: p.softcap.map_or(0.0, |c| (c * std::f64::consts::LOG2_E) as f32),
             sm_count,
         })
     }
@@ -557,7 +878,7 @@ impl ScoreKernel for ScoreLaunch {
         let (off, left, right, skv) = self.mask;
         let [mq, mk, mo, mv] = &self.maps;
         let [pq, pk, po, pv] = self.pos;
-        let scale_log2 = self.scale_log2;
+        let (scale_log2, cap_in, cap_out) = (self.scale_log2, self.cap_in, self.cap_out);
         // Units: (key tile, pair of query tiles, head of the group); persistent clusters of two
         // CTAs, at most one CTA per SM.
         let ktiles = a.n.div_ceil(BWD_TILE);
@@ -580,7 +901,8 @@ impl ScoreKernel for ScoreLaunch {
                 stream as drv_sys::CUstream,
                 &mut params![
                     *mq, *mk, *mo, *mv, a.p, a.ds, lds, rows, b, h0, hk, i0, klo, ktiles, qpairs,
-                    units, a.lse, a.dvec, hs, off, left, right, skv, scale_log2, pq, pk, po, pv
+                    units, a.lse, a.dvec, hs, off, left, right, skv, scale_log2, pq, pk, po, pv,
+                    cap_in, cap_out
                 ],
             )
         }
@@ -673,19 +995,105 @@ impl Executor for Arc<Fused> {
     /// graph capture.
     fn plan(&self, p: &AttentionProblem, dir: Direction) -> Result<Arc<dyn Plan>, ExecError> {
         let workspace = self.workspace_for(p, dir)?;
-        Ok(Arc::new(StreamPlan {
+        Ok(Arc::new(FusedPlan(StreamPlan {
             ex: Arc::clone(self),
             p: p.clone(),
             dir,
             workspace,
-        }))
+        })))
     }
+}
+
+/// The fused executor's plan: the shared stream plan, with a host path that uploads a
+/// learnable sink's logits and downloads their gradient (the shared host path carries none).
+struct FusedPlan(StreamPlan<Fused>);
+
+impl Plan for FusedPlan {
+    fn executor(&self) -> &str {
+        self.0.executor()
+    }
+
+    fn direction(&self) -> Direction {
+        self.0.direction()
+    }
+
+    fn workspace_bytes(&self) -> Result<u64, ExecError> {
+        self.0.workspace_bytes()
+    }
+
+    unsafe fn enqueue(&self, io: &DeviceIo, launch: &StreamLaunch) -> Result<(), ExecError> {
+        // SAFETY: the caller's contract, passed on unchanged.
+        unsafe { self.0.enqueue(io, launch) }
+    }
+
+    unsafe fn run_device(&self, io: &DeviceIo) -> Result<ExecStats, ExecError> {
+        // SAFETY: the caller's contract, passed on unchanged.
+        unsafe { self.0.run_device(io) }
+    }
+
+    fn run_host(&self, io: HostIo<'_>) -> Result<HostOutput, ExecError> {
+        let (ex, p) = (&self.0.ex, &self.0.p);
+        if p.softmax != SoftmaxKind::Learnable {
+            return self.0.run_host(io);
+        }
+        let bufs = &ex.buffers;
+        match (self.0.dir, io) {
+            (Direction::Forward, HostIo::Forward(inputs)) => {
+                validate_forward_inputs(p, &inputs)?;
+                let sink = upload_sink(bufs, p, inputs.sink)?;
+                bufs.forward_on_host(p, &inputs, |args| {
+                    let args = DeviceForwardArgs {
+                        sink: sink.ptr(),
+                        ..*args
+                    };
+                    ex.fwd_impl(p, &args)
+                })
+                .map(HostOutput::Forward)
+            }
+            (Direction::Backward, HostIo::Backward(inputs)) => {
+                validate_backward_inputs(p, &inputs)?;
+                let sink = upload_sink(bufs, p, inputs.sink)?;
+                let d_sink = bufs.alloc(4 * p.heads_q)?;
+                let mut out = bufs.backward_on_host(p, &inputs, |args| {
+                    let args = DeviceBackwardArgs {
+                        sink: sink.ptr(),
+                        d_sink: d_sink.ptr(),
+                        ..*args
+                    };
+                    ex.bwd_impl(p, &args)
+                })?;
+                out.d_sink = bufs.download_f32(&d_sink, p.heads_q)?;
+                Ok(HostOutput::Backward(out))
+            }
+            (dir, io) => Err(direction_mismatch(dir, io.direction())),
+        }
+    }
+}
+
+/// A learnable sink's logits on the device: `[h_q]` fp32, or `InvalidInput` without them.
+fn upload_sink(
+    bufs: &Chunked,
+    p: &AttentionProblem,
+    sink: Option<&[f32]>,
+) -> Result<DeviceBuffer, ExecError> {
+    let Some(sink) = sink.filter(|s| s.len() == p.heads_q) else {
+        return Err(ExecError::invalid(format!(
+            "a learnable sink needs its logits: {} fp32 values, one per query head",
+            p.heads_q
+        )));
+    };
+    let bits: Vec<u16> = sink
+        .iter()
+        .flat_map(|x| [x.to_bits() as u16, (x.to_bits() >> 16) as u16])
+        .collect();
+    bufs.upload(&bits)
 }
 
 impl StreamKernels for Fused {
     const NAME: &'static str = NAME;
 
-    /// The stream path's forward: checks, then enqueues V's transpose and the fused kernel.
+    /// The stream path's forward: checks, then enqueues (with per-sequence lengths) the
+    /// sequence table's upload and the padding rows, V's transpose and the fused kernel.
     fn enqueue_fwd(
         &self,
         p: &AttentionProblem,
@@ -700,46 +1108,98 @@ impl StreamKernels for Fused {
             ("o", a.o),
             ("lse", a.lse),
         ])?;
+        check_sink(p, a.sink, None)?;
         self.check_launch(p, launch)?;
         let var = self.variant(p)?;
         self.buffers.context().bind_to_thread().map_err(drv)?;
         let stream = launch.stream as drv_sys::CUstream;
         let vt = launch.workspace;
-        let skv = p.seqlen_kv as i32;
-        let skv_pad = (p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N) as i32;
+        let table = seq_table(p);
+        let tab = vt + transposed_v_bytes(p);
+        if !table.is_empty() {
+            self.write_table(&var, stream, tab, &table)?;
+        }
+        let padded = p.seqlens.is_some() && !p.is_packed();
+        let rows_kv = p.rows_kv();
+        let skv = rows_kv as i32;
+        let skv_pad = (rows_kv.div_ceil(BLOCK_N) * BLOCK_N) as i32;
         let dv = p.head_dim_v as i32;
         let hkv = p.heads_kv as i32;
         let (vs, qs, os) = (p.layout.v, p.layout.q, p.layout.o);
         let (vsb, vsh, vss) = (vs.batch as i64, vs.head as i64, vs.seq as i64);
+        // Padded tensors: the transpose zeroes each batch's keys outside its sequence.
+        let vtab: u64 = if padded { tab } else { 0 };
         // SAFETY: argument list matches `transpose_v`; V spans its strides, the workspace holds
-        // b*h_kv*dv*skv_pad elements (checked above).
+        // batch_dim*h_kv*dv*skv_pad elements and then the table (checked above).
         unsafe {
             launch_raw(
                 &var.transpose,
                 (
                     (skv_pad as u32).div_ceil(32),
                     (dv as u32).div_ceil(32),
-                    (p.batch * p.heads_kv) as u32,
+                    (p.batch_dim() * p.heads_kv) as u32,
                 ),
                 (32, 8, 1),
                 0,
                 stream,
-                &mut params![a.v, vt, skv, skv_pad, dv, hkv, vsb, vsh, vss],
+                &mut params![a.v, vt, skv, skv_pad, dv, hkv, vsb, vsh, vss, vtab],
             )?;
+        }
+        let (osb, osh, oss) = (os.batch as i64, os.head as i64, os.seq as i64);
+        let hq = p.heads_q as i32;
+        let rows_q = p.rows_q() as i32;
+        if padded {
+            let n = p.batch * p.heads_q * p.rows_q() * p.head_dim_v / 8;
+            let nb = p.batch as i32;
+            // SAFETY: argument list matches `seq_pad_fwd`; O and LSE span the problem's rows,
+            // the table has one entry per batch.
+            unsafe {
+                launch_raw(
+                    &var.seq_pad_fwd,
+                    (grid_for(n), 1, 1),
+                    (256, 1, 1),
+                    0,
+                    stream,
+                    &mut params![a.o, a.lse, tab, nb, hq, rows_q, dv, osb, osh, oss],
+                )?;
+            }
         }
         let m = p.effective_mask();
         let (off, left, right) = (m.offset, m.left.unwrap_or(-1), m.right.unwrap_or(-1));
         let sq = p.seqlen_q as i32;
-        let hq = p.heads_q as i32;
+        let skv_all = p.seqlen_kv as i32;
         let group = (p.heads_q / p.heads_kv) as i32;
         let dqk = p.head_dim_qk as i32;
         let scale_log2 = (p.softmax_scale * std::f64::consts::LOG2_E) as f32;
+        // Soft-capping folds the scale into the capped scores (scale_log2 = 1).
+        let (scale_log2, cap_in, cap_out) = match p.softcap {
+            Some(c) => (
+                1.0f32,
+                (p.softmax_scale / c) as f32,
+                (c * std::f64::consts::LOG2_E) as f32,
+            ),
+            None => (scale_log2, 0.0f32, 0.0f32),
+        };
+        let sink_mode: i32 = match p.softmax {
+            SoftmaxKind::Vanilla => 0,
+            SoftmaxKind::OffByOne => 1,
+            SoftmaxKind::Learnable => 2,
+        };
+        let sink = a.sink;
+        let seqtab: u64 = if table.is_empty() { 0 } else { tab };
+        let lse_rows = p.rows_q() as i64;
         let (qsb, qsh, qss) = (qs.batch as i64, qs.head as i64, qs.seq as i64);
-        let (osb, osh, oss) = (os.batch as i64, os.head as i64, os.seq as i64);
         let maps = TensorMaps::encode(p, a.k, vt, skv_pad as u64)?;
         let (pos_row, pos_head) = (maps.pos_row, maps.pos_head);
-        // Query tiles rounded up to whole clusters of two.
-        let tiles = p.seqlen_q.div_ceil(BLOCK_M).div_ceil(2) as u32 * 2;
+        // Query tiles (of the longest sequence) rounded up to whole clusters of two.
+        let longest = p
+            .seqlens
+            .as_ref()
+            .map_or(p.seqlen_q, |s| s.q.iter().copied().max().unwrap_or(0));
+        let tiles = longest.div_ceil(BLOCK_M).div_ceil(2) as u32 * 2;
+        if tiles == 0 {
+            return Ok(());
+        }
         // SAFETY: argument list matches `fused_fwd`; pointers checked by the caller's contract;
         // the tensor maps live until the launch returns (the driver copies parameters).
         unsafe {
@@ -749,14 +1209,17 @@ impl StreamKernels for Fused {
                 var.shared,
                 stream,
                 &mut params![
-                    maps.k, maps.v, a.q, a.o, a.lse, sq, skv, hq, group, dqk, dv, qsb, qsh, qss,
-                    osb, osh, oss, off, left, right, scale_log2, pos_row, pos_head
+                    maps.k, maps.v, a.q, a.o, a.lse, sq, skv_all, hq, group, dqk, dv, qsb, qsh,
+                    qss, osb, osh, oss, off, left, right, scale_log2, pos_row, pos_head, cap_in,
+                    cap_out, sink_mode, sink, seqtab, lse_rows
                 ],
             )
         }
     }
     /// The stream path's backward: the chunked executor's backward plan with P and dS written by
     /// `bwd_scores` (no fp32 scores in device memory), then its cuBLAS GEMMs for dQ, dK, dV.
+    /// With per-sequence lengths: one such plan per sequence (its rows, its mask), after the
+    /// rows no sequence owns are zeroed. A learnable sink's gradient comes last.
     fn enqueue_bwd(
         &self,
         p: &AttentionProblem,
@@ -765,11 +1228,69 @@ impl StreamKernels for Fused {
     ) -> Result<(), ExecError> {
         super::check_problem(p)?;
         Chunked::check_ptrs(&crate::chunked::backward_ptrs(a))?;
+        check_sink(p, a.sink, Some(a.d_sink))?;
         let var = self.variant(p)?;
         self.buffers.context().bind_to_thread().map_err(drv)?;
-        let scorer = ScoreLaunch::new(p, var, a, self.buffers.sm_count())?;
-        self.buffers
-            .enqueue_backward_plan(p, a, launch, Some(&scorer))
+        let lay = self.backward_layout(p)?;
+        if launch.workspace_bytes < lay.total {
+            return Err(ExecError::invalid(format!(
+                "workspace of {} bytes, the call needs {}",
+                launch.workspace_bytes, lay.total
+            )));
+        }
+        // The plan sees only its part (cuBLAS takes whatever the plan is given past its own).
+        let plan_launch = if lay.total == lay.plan {
+            *launch
+        } else {
+            StreamLaunch {
+                workspace_bytes: lay.plan,
+                ..*launch
+            }
+        };
+        let stream = launch.stream as drv_sys::CUstream;
+        let ws = launch.workspace;
+        let sm = self.buffers.sm_count();
+        if p.seqlens.is_none() {
+            let scorer = ScoreLaunch::new(p, var.clone(), a, sm)?;
+            self.buffers
+                .enqueue_backward_plan(p, a, &plan_launch, Some(&scorer))?;
+        } else {
+            self.enqueue_bwd_per_sequence(p, a, &var, &lay, &plan_launch)?;
+        }
+        if p.softmax == SoftmaxKind::Learnable {
+            let os = p.layout.o;
+            let (osb, osh, oss) = (os.batch as i64, os.head as i64, os.seq as i64);
+            let part = ws + lay.sink_off;
+            let table = if p.seqlens.is_some() { ws + lay.table_off } else { 0 };
+            let packed = i32::from(p.is_packed());
+            let (nb, hq) = (p.batch_dim() as i32, p.heads_q as i32);
+            let (rows, dv) = (p.rows_q() as i32, p.head_dim_v as i32);
+            // SAFETY: argument lists match `sink_grad_partial` / `sink_grad_final`; O, dO and LSE
+            // span the problem, the partial sums hold h_q * SINK_CHUNKS floats, the sink and its
+            // gradient h_q (checked non-null).
+            unsafe {
+                launch_raw(
+                    &var.sink_grad_partial,
+                    (p.heads_q as u32, SINK_CHUNKS as u32, 1),
+                    (256, 1, 1),
+                    0,
+                    stream,
+                    &mut params![
+                        a.o, a.d_o, a.lse, a.sink, part, table, packed, nb, hq, rows, dv, osb,
+                        osh, oss
+                    ],
+                )?;
+                launch_raw(
+                    &var.sink_grad_final,
+                    ((p.heads_q as u32).div_ceil(128), 1, 1),
+                    (128, 1, 1),
+                    0,
+                    stream,
+                    &mut params![part, a.d_sink, hq],
+                )?;
+            }
+        }
+        Ok(())
     }
     fn fwd_impl(
         &self,
@@ -816,18 +1337,25 @@ mod tests {
 
     #[test]
     fn the_source_hook_compiles_the_named_file_or_an_error_naming_it() {
-        let built_in = kernel_source_with(true, 512, 512, None);
+        let key = |bf16, dqk_pad, dv_pad| VariantKey {
+            bf16,
+            dqk_pad,
+            dv_pad,
+            seq: false,
+            softcap: false,
+        };
+        let built_in = kernel_source_with(key(true, 512, 512), None);
         assert!(built_in.contains("fused_fwd(") && built_in.contains("#define DQK 512"));
         let dir = std::env::temp_dir().join(format!("attn-policy-hook-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("variant.cu");
         std::fs::write(&file, "// variant body marker\n").unwrap();
-        let s = kernel_source_with(false, 320, 384, Some(&file));
+        let s = kernel_source_with(key(false, 320, 384), Some(&file));
         assert!(s.contains("// variant body marker") && !s.contains("fused_fwd("));
         // The defines, wrappers and prelude still come first.
         assert!(s.contains("#define DV 384") && s.contains("wg_ss_o") && s.contains("row_range"));
         let missing = dir.join("missing.cu");
-        let s = kernel_source_with(true, 512, 512, Some(&missing));
+        let s = kernel_source_with(key(true, 512, 512), Some(&missing));
         assert!(s.contains("#error") && s.contains("missing.cu") && !s.contains("fused_fwd("));
         std::fs::remove_dir_all(&dir).unwrap();
     }

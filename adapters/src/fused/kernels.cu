@@ -4,6 +4,10 @@
 //   DQK         Q/K head dim padded to a multiple of 64 (one 128-byte swizzle atom)
 //   DV          V head dim padded to a multiple of 64 (each output warpgroup owns DV/2 columns)
 //   SMEM_BYTES  the dynamic shared memory the launch allocates (fused::shared_bytes)
+//   SEQ         1: per-sequence lengths (a table in device memory, 8 ints per sequence: tensor
+//               batch, q start, q len, kv start, kv len, diagonal offset; fused::SEQ_TABLE_INTS)
+//   SOFTCAP     1: scores become c tanh(scale s / c) before the mask and the softmax
+// (both 0 for the plain kernel, whose code is unchanged by them)
 //   wg_rs_s / wg_ss_s / wg_ss_o: the wgmma wrappers (generated: their operand lists are 32..128
 //               long)
 // and ../nvrtc_prelude.cu (types, conversions, row_range). No CUDA headers: conversions,
@@ -38,6 +42,18 @@
 #define QR (DQK - QSM)
 #define QREGS (QR / 4)
 #define NTHREADS 384
+#ifndef LOG2E
+#define LOG2E 1.4426950408889634f
+#endif
+#ifndef SEQ
+#define SEQ 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+// Ints per sequence of the table (fused::SEQ_TABLE_INTS): tensor batch, q start, q len,
+// kv start, kv len, diagonal offset (kv len - q len for a bottom-right diagonal), two spare.
+#define SEQ_INTS 8
 
 // Shared memory (bytes from a 1024-aligned base). Operand tiles use the 128-byte swizzle wgmma
 // descriptors expect: 64-column atoms of 8 rows x 128 B, 16-byte chunk c of row r stored at
@@ -178,9 +194,10 @@ __device__ __forceinline__ float exp2_approx(float x) {
 // tile (both halves land in its shared memory). K's map is 4-D (d, then the row, head and batch
 // dimensions in the order `pos` gives: slot 1..3 of each).
 __device__ __forceinline__ void issue_k(unsigned sK, const TmapT* tmk, int j, int hk, int b,
-                                        unsigned rank, unsigned mbar, int pos_row, int pos_head) {
+                                        unsigned rank, unsigned mbar, int pos_row, int pos_head,
+                                        int row0) {
     mbar_expect_tx(mbar, KTILE);
-    const int row = j * BN + (int)rank * (BN / 2);
+    const int row = row0 + j * BN + (int)rank * (BN / 2);
     int c[4];
     c[1] = pos_row == 1 ? row : (pos_head == 1 ? hk : b);
     c[2] = pos_row == 2 ? row : (pos_head == 2 ? hk : b);
@@ -193,9 +210,11 @@ __device__ __forceinline__ void issue_k(unsigned sK, const TmapT* tmk, int j, in
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
     const __grid_constant__ TmapT tmk, const __grid_constant__ TmapT tmv,
-    const u16* __restrict__ Q, u16* __restrict__ O, float* __restrict__ LSE, int sq, int skv,
-    int hq, int group, int dqk, int dv, i64 q_sb, i64 q_sh, i64 q_ss, i64 o_sb, i64 o_sh,
-    i64 o_ss, i64 off, i64 left, i64 right, float scale_log2, int pos_row, int pos_head) {
+    const u16* __restrict__ Q, u16* __restrict__ O, float* __restrict__ LSE, int sq_all,
+    int skv_all, int hq, int group, int dqk, int dv, i64 q_sb, i64 q_sh, i64 q_ss, i64 o_sb,
+    i64 o_sh, i64 o_ss, i64 off_all, i64 left, i64 right, float scale_log2, int pos_row,
+    int pos_head, float cap_in, float cap_out, int sink_mode, const float* __restrict__ sink,
+    const int* __restrict__ seqtab, i64 lse_rows) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
     const unsigned sbase = (raw + 1023u) & ~1023u;
@@ -211,7 +230,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
 #define PFULL(s) (bars + 64 + 8 * (s))
 #define PEMPTY(s) (bars + 80 + 8 * (s))
 
-    const int b = blockIdx.x / hq, h = blockIdx.x % hq, hk = h / group;
+#if SEQ
+    // One sequence of the table per group of hq CTAs along x; rows and keys are the sequence's
+    // own (0 at its first token), q0 / k0 its first rows in the tensors.
+    const int* te = seqtab + SEQ_INTS * (blockIdx.x / hq);
+    const int b = te[0], q0 = te[1], sq = te[2], k0 = te[3], skv = te[4];
+    const i64 off = te[5];
+#define KROW0 k0
+#else
+    const int b = blockIdx.x / hq;
+    const int sq = sq_all, skv = skv_all;
+    const i64 off = off_all;
+#define KROW0 0
+#endif
+    const int h = blockIdx.x % hq, hk = h / group;
     const int hkv = hq / group;
     const int m0 = (int)(gridDim.y - 1 - blockIdx.y) * BM;
     const unsigned rank = cluster_rank();
@@ -227,7 +259,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
     row_range(pair_end - 1, off, left, right, skv, &lo1, &hi1);
     const int jlo = (int)(lo0 / BN);
     const int jhi = hi1 > lo0 ? (int)((hi1 + BN - 1) / BN) : jlo;
+#if SEQ
+    // The grid covers the longest sequence: pairs past this one's rows have nothing to do.
+    const int ntiles = pair_lo < sq ? jhi - jlo : 0;
+#else
     const int ntiles = jhi - jlo;
+#endif
 
     if (tid == 0) {
         // Arrival counts: "full" barriers one (the local expect_tx; TMA adds the bytes), K and V
@@ -250,8 +287,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
     if (wg == 0) {
         // ---- Score warpgroup ----
         if (t == 0 && ntiles > 0) {
-            issue_k(sK, &tmk, jlo, hk, b, rank, KFULL(0), pos_row, pos_head);
-            if (ntiles > 1) issue_k(sK + KTILE, &tmk, jlo + 1, hk, b, rank, KFULL(1), pos_row, pos_head);
+            issue_k(sK, &tmk, jlo, hk, b, rank, KFULL(0), pos_row, pos_head, KROW0);
+            if (ntiles > 1) issue_k(sK + KTILE, &tmk, jlo + 1, hk, b, rank, KFULL(1), pos_row, pos_head, KROW0);
         }
         __syncwarp();  // wgmma (.aligned) needs the warp converged again
         // This thread's two rows and their key ranges (empty past the end).
@@ -266,7 +303,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
         }
         // Q columns [0, QR) as wgmma A fragments: k-step kk, register 4kk + 2 half + rr holds row
         // lrow0 + 8 rr, columns 16 kk + 8 half + 2 (lane % 4) + {0, 1}. Zero past the ends.
+#if SEQ
+        const u16* q = Q + b * q_sb + h * q_sh + (i64)q0 * q_ss;
+#else
         const u16* q = Q + b * q_sb + h * q_sh;
+#endif
         unsigned qa[QREGS];
 #pragma unroll
         for (int kk = 0; kk < QR / 16; kk++) {
@@ -322,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
             if (t == 0 && it >= 1 && j + 1 < jhi) {
                 const int ps = (it - 1) & 1;
                 mbar_wait(KEMPTY(ps), (unsigned)((it - 1) >> 1) & 1u);
-                issue_k(sK + ps * KTILE, &tmk, j + 1, hk, b, rank, KFULL(ps), pos_row, pos_head);
+                issue_k(sK + ps * KTILE, &tmk, j + 1, hk, b, rank, KFULL(ps), pos_row, pos_head, KROW0);
             }
             __syncwarp();
             wg_wait0();
@@ -333,6 +374,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
                 mbar_arrive_cluster(KEMPTY(ks), 0);
                 mbar_arrive_cluster(KEMPTY(ks), 1);
             }
+#if SOFTCAP
+            // Soft-capping before the mask: s becomes c tanh(scale s / c) in log2 units
+            // (cap_in = scale / c, cap_out = c log2(e)); the host passes scale_log2 = 1.
+#pragma unroll
+            for (int i = 0; i < 32; i++) s[i] = cap_out * tanhf(s[i] * cap_in);
+#endif
 
             // Mask, online softmax (base 2), on raw scores: p = 2^(s * scale_log2 - m) with m the
             // running max of s * scale_log2. Element 4i+e: row rr = e >> 1, key
@@ -412,6 +459,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
             if (lane == 0) mbar_arrive(PFULL(ps));
         }
         // LSE = ln(sum exp), -inf for rows with no admitted key; 1 / l for the output warpgroups.
+        // A sink (sink_mode 1: logit 0, 2: sink[h]) adds exp(s_h) to the sum of every row that
+        // admits a key, taken relative to max(m, s_h) so a large sink cannot overflow.
+        const float sink_l2 = sink_mode == 2 ? sink[h] * LOG2E : 0.f;
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             float l = lrow[rr];
@@ -419,10 +469,22 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             if ((lane & 3) == 0) {
                 const int row = m0 + lrow0 + 8 * rr;
-                linv_s[lrow0 + 8 * rr] = l > 0.f ? 1.f / l : 0.f;
+                float linv = l > 0.f ? 1.f / l : 0.f;
+                float lse = l > 0.f ? (mrow[rr] + log2f(l)) * LN2 : NEG_INF;
+                if (sink_mode != 0 && l > 0.f) {
+                    const float mm = fmaxf(mrow[rr], sink_l2);
+                    const float sc = exp2_approx(mrow[rr] - mm);
+                    const float lt = fmaf(l, sc, exp2_approx(sink_l2 - mm));
+                    linv = sc / lt;
+                    lse = (mm + log2f(lt)) * LN2;
+                }
+                linv_s[lrow0 + 8 * rr] = linv;
                 if (row < sq) {
-                    LSE[((i64)b * hq + h) * sq + row] =
-                        l > 0.f ? (mrow[rr] + log2f(l)) * LN2 : NEG_INF;
+#if SEQ
+                    LSE[((i64)b * hq + h) * lse_rows + q0 + row] = lse;
+#else
+                    LSE[((i64)b * hq + h) * sq + row] = lse;
+#endif
                 }
             }
         }
@@ -437,7 +499,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
         const bool lead = t == 0;
         if (lead && ntiles > 0) {
             mbar_expect_tx(VFULL(g), DVH * BN * 2);
-            if ((int)rank == g) tma3_mc(vdst, &tmv, jlo * BN, g * DVH, bh, VFULL(g));
+            if ((int)rank == g) tma3_mc(vdst, &tmv, KROW0 + jlo * BN, g * DVH, bh, VFULL(g));
         }
         const unsigned dP0 = sdesc_lo(sP), dV0 = sdesc_lo(vdst);
         float o[OREGS];
@@ -478,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
                 mbar_expect_tx(VFULL(g), DVH * BN * 2);
                 if ((int)rank == g) {
                     mbar_wait(VEMPTY(g), (unsigned)it & 1u);
-                    tma3_mc(vdst, &tmv, (j + 1) * BN, g * DVH, bh, VFULL(g));
+                    tma3_mc(vdst, &tmv, KROW0 + (j + 1) * BN, g * DVH, bh, VFULL(g));
                 }
             }
             __syncwarp();
@@ -486,7 +548,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
         all_warpgroups_sync();
         // Epilogue: O = acc / l (0 for rows with no admitted key).
         const float inv[2] = {linv_s[lrow0], linv_s[lrow0 + 8]};
+#if SEQ
+        u16* ob = O + b * o_sb + h * o_sh + (i64)q0 * o_ss;
+#else
         u16* ob = O + b * o_sb + h * o_sh;
+#endif
 #pragma unroll
         for (int i = 0; i < OREGS / 4; i++) {
             const int col = g * DVH + 8 * i + 2 * (lane & 3);
@@ -510,25 +576,189 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
 #undef VEMPTY
 #undef PFULL
 #undef PEMPTY
+#undef KROW0
 }
 
 // V [b, h_kv, s_kv, dv] (strides sb, sh, ss; dv contiguous) -> V^T [b, h_kv, dv, skv_pad]
 // contiguous, keys past s_kv zero. Block 32 x 8, one 32 x 32 tile.
+// With per-sequence lengths in padded tensors (`seqtab` non-null), batch b's keys outside its
+// sequence are zero too: their probabilities are 0, but 0 times a NaN in padding memory is not.
 extern "C" __global__ void __launch_bounds__(256) transpose_v(
     const u16* __restrict__ V, u16* __restrict__ Vt, int skv, int skv_pad, int dv, int hkv,
-    i64 sb, i64 sh, i64 ss) {
+    i64 sb, i64 sh, i64 ss, const int* __restrict__ seqtab) {
     __shared__ u16 tile[32][34];
     const int bh = blockIdx.z, b = bh / hkv, h = bh % hkv;
     const int key0 = blockIdx.x * 32, d0 = blockIdx.y * 32;
     const u16* v = V + b * sb + h * sh;
     u16* out = Vt + (i64)bh * dv * skv_pad;
+    int klo = 0, khi = skv;
+    if (seqtab != nullptr) {
+        klo = seqtab[SEQ_INTS * b + 3];
+        khi = klo + seqtab[SEQ_INTS * b + 4];
+    }
     for (int y = threadIdx.y; y < 32; y += 8) {
         const int key = key0 + y, d = d0 + threadIdx.x;
-        tile[y][threadIdx.x] = (key < skv && d < dv) ? v[(i64)key * ss + d] : (u16)0;
+        tile[y][threadIdx.x] = (key >= klo && key < khi && d < dv) ? v[(i64)key * ss + d] : (u16)0;
     }
     __syncthreads();
     for (int y = threadIdx.y; y < 32; y += 8) {
         const int d = d0 + y, key = key0 + threadIdx.x;
         if (d < dv && key < skv_pad) out[(i64)d * skv_pad + key] = tile[threadIdx.x][y];
     }
+}
+
+// ---- Per-sequence lengths, sinks: small kernels around the main ones ----
+
+// One chunk of the sequence table (SEQ_INTS ints per sequence), passed by value and written to
+// device memory the call's workspace holds: capture-safe, no host copy.
+#define SEQ_CHUNK_INTS 896
+struct SeqChunk {
+    int v[SEQ_CHUNK_INTS];
+};
+extern "C" __global__ void seq_table_write(int* __restrict__ dst, int n, const SeqChunk chunk) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = chunk.v[i];
+}
+
+__device__ __forceinline__ float lowf(u16 x) {
+#if LOWP_BF16
+    return __uint_as_float((unsigned)x << 16);
+#else
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+#endif
+}
+
+// Does row `row` of tensor batch `b` belong to a sequence with queries and keys (side 0: query
+// rows, 1: key rows)? Padded tensors: sequence b; packed: the last sequence starting at or
+// before the row (starts do not decrease).
+__device__ __forceinline__ bool seq_row_live(const int* tab, int nseq, int packed, int b, int row,
+                                             int side) {
+    int s = b;
+    if (packed) {
+        int lo = 0, hi = nseq - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (tab[SEQ_INTS * mid + 1 + 2 * side] <= row) lo = mid; else hi = mid - 1;
+        }
+        s = lo;
+    }
+    const int* te = tab + SEQ_INTS * s;
+    const int st = te[1 + 2 * side], len = te[2 + 2 * side];
+    return row >= st && row < st + len && te[2] > 0 && te[4] > 0;
+}
+
+// Padding rows of padded tensors (outside batch b's sequence): O = 0, LSE = -inf.
+extern "C" __global__ void __launch_bounds__(256) seq_pad_fwd(
+    u16* __restrict__ O, float* __restrict__ LSE, const int* __restrict__ seqtab, int nb, int hq,
+    int rows, int dv, i64 sb, i64 sh, i64 ss) {
+    const int chunks = dv / 8;
+    const i64 total = (i64)nb * hq * rows * chunks;
+    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (i64)gridDim.x * blockDim.x) {
+        const int c = (int)(idx % chunks);
+        i64 r = idx / chunks;
+        const int row = (int)(r % rows);
+        r /= rows;
+        const int h = (int)(r % hq), b = (int)(r / hq);
+        const int* te = seqtab + SEQ_INTS * b;
+        if (row >= te[1] && row < te[1] + te[2]) continue;
+        *reinterpret_cast<uint4*>(O + b * sb + h * sh + (i64)row * ss + 8 * c) =
+            make_uint4(0u, 0u, 0u, 0u);
+        if (c == 0) LSE[((i64)b * hq + h) * rows + row] = NEG_INF;
+    }
+}
+
+// Gradient rows no per-sequence backward writes (padding, sequences without queries or keys):
+// zero. `side` 0: dQ (query rows), 1: dK / dV (key rows).
+extern "C" __global__ void __launch_bounds__(256) seq_zero_rows(
+    u16* __restrict__ X, const int* __restrict__ seqtab, int nseq, int packed, int side, int nb,
+    int heads, int rows, int dim, i64 sb, i64 sh, i64 ss) {
+    const int chunks = dim / 8;
+    const i64 total = (i64)nb * heads * rows * chunks;
+    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (i64)gridDim.x * blockDim.x) {
+        const int c = (int)(idx % chunks);
+        i64 r = idx / chunks;
+        const int row = (int)(r % rows);
+        r /= rows;
+        const int h = (int)(r % heads), b = (int)(r / heads);
+        if (seq_row_live(seqtab, nseq, packed, b, row, side)) continue;
+        *reinterpret_cast<uint4*>(X + b * sb + h * sh + (i64)row * ss + 8 * c) =
+            make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// One sequence's LSE rows, contiguous [hq, qlen], for its per-sequence backward.
+extern "C" __global__ void seq_lse_gather(const float* __restrict__ lse, float* __restrict__ out,
+                                          int hq, i64 lse_rows, int b, int q0, int qlen) {
+    const i64 total = (i64)hq * qlen;
+    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (i64)gridDim.x * blockDim.x) {
+        const int h = (int)(idx / qlen), i = (int)(idx % qlen);
+        out[idx] = lse[((i64)b * hq + h) * lse_rows + q0 + i];
+    }
+}
+
+// Learnable sink gradient, d s_h = -sum_i exp(s_h - LSE_i) D_i with D_i = rowsum(dO_i O_i), over
+// the rows that admit a key (finite LSE) and, in padded tensors, lie in their sequence.
+// Deterministic: block (h, c) sums rows [c per, (c + 1) per) of the flattened (batch, row)
+// range, warp w the rows w, w + 8, ... in order, then the warps in order; sink_grad_final adds
+// the chunks in order. No atomics.
+#define SINK_CHUNKS 64
+extern "C" __global__ void __launch_bounds__(256) sink_grad_partial(
+    const u16* __restrict__ O, const u16* __restrict__ dO, const float* __restrict__ lse,
+    const float* __restrict__ sink, float* __restrict__ part, const int* __restrict__ seqtab,
+    int packed, int nb, int hq, int rows, int dv, i64 sb, i64 sh, i64 ss) {
+    __shared__ float wsum[8];
+    const int h = blockIdx.x, c = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 total = (i64)nb * rows;
+    const i64 per = (total + SINK_CHUNKS - 1) / SINK_CHUNKS;
+    const i64 g0 = c * per;
+    const i64 g1 = g0 + per < total ? g0 + per : total;
+    const float sl = sink[h];
+    float acc = 0.f;
+    for (i64 g = g0 + warp; g < g1; g += 8) {
+        const int b = (int)(g / rows), row = (int)(g % rows);
+        if (seqtab != nullptr && !packed) {
+            const int* te = seqtab + SEQ_INTS * b;
+            if (row < te[1] || row >= te[1] + te[2]) continue;
+        }
+        const float L = lse[((i64)b * hq + h) * rows + row];
+        if (L == NEG_INF) continue;
+        const i64 base = b * sb + h * sh + (i64)row * ss;
+        const uint4* o4 = reinterpret_cast<const uint4*>(O + base);
+        const uint4* d4 = reinterpret_cast<const uint4*>(dO + base);
+        float dot = 0.f;
+        for (int v = lane; v < (dv >> 3); v += 32) {
+            const uint4 x = o4[v], y = d4[v];
+            const unsigned xs[4] = {x.x, x.y, x.z, x.w};
+            const unsigned ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                dot += lowf((u16)(xs[k] & 0xffff)) * lowf((u16)(ys[k] & 0xffff));
+                dot += lowf((u16)(xs[k] >> 16)) * lowf((u16)(ys[k] >> 16));
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        acc += expf(sl - L) * dot;
+    }
+    if (lane == 0) wsum[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int w = 0; w < 8; w++) t += wsum[w];
+        part[(i64)h * SINK_CHUNKS + c] = t;
+    }
+}
+
+extern "C" __global__ void sink_grad_final(const float* __restrict__ part,
+                                           float* __restrict__ d_sink, int hq) {
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= hq) return;
+    float t = 0.f;
+    for (int c = 0; c < SINK_CHUNKS; c++) t += part[(i64)h * SINK_CHUNKS + c];
+    d_sink[h] = -t;
 }

@@ -2,8 +2,8 @@
 //! and exact gate ([`check_problem`]): what `mod.rs`, the CUDA build (`enabled.rs`) and its
 //! stand-in (`disabled.rs`) share. It names none of them (no circle of files).
 
-use crate::executor::{DeviceKind, HeadDimRange, Manifest, Unsupported};
-use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
+use crate::executor::{DeviceKind, Features, HeadDimRange, Manifest, Unsupported};
+use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind, SeqPacking, SoftmaxKind};
 
 /// Registry name.
 pub const NAME: &str = "fused";
@@ -51,11 +51,45 @@ pub fn backward_shared_bytes() -> usize {
     5 * (128 * 64 * 2 + 128 * 64 * 2) + 2 * 128 * 128 * 2 + 10 * 8 + 1024
 }
 
-/// Bytes of the forward's workspace: the transposed V, `[b, h_kv, d_v, round_up(s_kv, 64)]`.
-pub fn forward_workspace_bytes(p: &AttentionProblem) -> u64 {
-    let skv_pad = p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N;
-    let bytes = (p.batch * p.heads_kv * p.head_dim_v) as u64 * skv_pad as u64 * 2;
+/// Ints per sequence of the per-sequence table (`SEQ_INTS` in `kernels.cu`): tensor batch, q
+/// start, q len, kv start, kv len, diagonal offset, two spare.
+pub const SEQ_TABLE_INTS: usize = 8;
+
+/// The per-sequence table the kernels read from device memory (empty without `seqlens`):
+/// [`SEQ_TABLE_INTS`] ints per sequence, from [`AttentionProblem::seq_rows`] and
+/// [`AttentionProblem::seq_mask`] (the window bounds are the same for every sequence and
+/// travel as kernel parameters). [`check_problem`] keeps every value within `i32`.
+pub fn seq_table(p: &AttentionProblem) -> Vec<i32> {
+    if p.seqlens.is_none() {
+        return Vec::new();
+    }
+    let mut t = Vec::with_capacity(p.batch * SEQ_TABLE_INTS);
+    for b in 0..p.batch {
+        let (q, kv) = p.seq_rows(b);
+        let m = p.seq_mask(b);
+        let v = [q.batch, q.start, q.len, kv.start, kv.len];
+        t.extend(v.iter().map(|&x| x as i32));
+        t.extend([m.offset as i32, 0, 0]);
+    }
+    t
+}
+
+/// Bytes of the per-sequence table in a workspace (256-byte aligned; 0 without `seqlens`).
+pub fn seq_table_bytes(p: &AttentionProblem) -> u64 {
+    let n = if p.seqlens.is_some() { p.batch } else { 0 };
+    ((n * SEQ_TABLE_INTS * 4) as u64).div_ceil(256) * 256
+}
+
+/// Bytes of the forward's transposed V, `[batch_dim, h_kv, d_v, round_up(rows_kv, 64)]`.
+pub fn transposed_v_bytes(p: &AttentionProblem) -> u64 {
+    let skv_pad = p.rows_kv().div_ceil(BLOCK_N) * BLOCK_N;
+    let bytes = (p.batch_dim() * p.heads_kv * p.head_dim_v) as u64 * skv_pad as u64 * 2;
     bytes.div_ceil(256) * 256
+}
+
+/// Bytes of the forward's workspace: the transposed V, then the per-sequence table.
+pub fn forward_workspace_bytes(p: &AttentionProblem) -> u64 {
+    transposed_v_bytes(p) + seq_table_bytes(p)
 }
 
 /// The fused executor's manifest.
@@ -92,7 +126,15 @@ pub fn manifest() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: true,
-        features: crate::executor::Features::none(),
+        features: Features {
+            softcap: true,
+            sinks: vec![SoftmaxKind::OffByOne, SoftmaxKind::Learnable],
+            seqlens: vec![
+                SeqPacking::PaddedRight,
+                SeqPacking::PaddedLeft,
+                SeqPacking::Packed,
+            ],
+        },
         notes: vec![
             "SM90 only (wgmma, sm_90a); NVRTC at run time, no headers".into(),
             "backward: P and dS from a fused score kernel, dQ/dK/dV by cuBLAS GEMMs (chunked plan)"
@@ -104,6 +146,12 @@ pub fn manifest() -> Manifest {
                 .into(),
             "strides and base pointers must be multiples of 8 elements (16 bytes)".into(),
             "deterministic: no atomics, fixed reduction order".into(),
+            "soft-capping, off-by-one and learnable sinks: kernel variants (the plain kernel is \
+             unchanged); d_sink by a fixed-order reduction"
+                .into(),
+            "per-sequence lengths (padded either side, packed THD): forward in one launch from a \
+             per-sequence table in the workspace; backward one chunked backward plan per sequence"
+                .into(),
         ],
     }
 }
@@ -121,10 +169,17 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
             "batch * heads_q = {rows} above 2^31-1 (grid x)"
         )));
     }
-    let kv_heads = p.batch * p.heads_kv;
+    let kv_heads = p.batch_dim() * p.heads_kv;
     if kv_heads > 65535 {
         return Err(Unsupported::new(format!(
             "batch * heads_kv = {kv_heads} above 65535 (the V transpose's grid z)"
+        )));
+    }
+    // Token indices of packed tensors are 32-bit in the kernels (and TMA coordinates).
+    let tokens = p.rows_q().max(p.rows_kv());
+    if tokens.div_ceil(BLOCK_N) * BLOCK_N > i32::MAX as usize {
+        return Err(Unsupported::new(format!(
+            "{tokens} packed tokens above 2^31-1 (32-bit token indices)"
         )));
     }
     let (dqk, dv) = padded_dims(p.head_dim_qk, p.head_dim_v);

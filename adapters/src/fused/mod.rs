@@ -25,8 +25,8 @@
 mod limits;
 pub use limits::{
     BLOCK_M, BLOCK_N, COMPUTE_CAPABILITY, MAX_HEAD_DIM, MAX_SEQLEN, MAX_SHARED_BYTES, MIN_HEAD_DIM,
-    NAME, backward_shared_bytes, check_problem, forward_workspace_bytes, manifest, padded_dims,
-    shared_bytes,
+    NAME, SEQ_TABLE_INTS, backward_shared_bytes, check_problem, forward_workspace_bytes, manifest,
+    padded_dims, seq_table, seq_table_bytes, shared_bytes, transposed_v_bytes,
 };
 
 #[cfg(feature = "cuda")]
@@ -34,7 +34,7 @@ mod enabled;
 #[cfg(feature = "cuda")]
 use enabled as runtime;
 #[cfg(feature = "cuda")]
-pub use enabled::{compile_only, kernel_source};
+pub use enabled::{VariantKey, compile_only, kernel_source, kernel_source_for};
 
 #[cfg(not(feature = "cuda"))]
 mod disabled;
