@@ -230,8 +230,11 @@ impl SeqHead<'_> {
             let sum: f64 = (lo..hi).map(|j| (row[j] - mx).exp()).sum::<f64>() + sink_term;
             f.lse[i] = mx + sum.ln();
             f.psink[i] = rd.r(sink_term / sum);
-            for j in lo..hi {
-                f.probs[i * skv + j] = rd.r((row[j] - mx).exp() / sum);
+            for (pj, s) in f.probs[i * skv + lo..i * skv + hi]
+                .iter_mut()
+                .zip(&row[lo..hi])
+            {
+                *pj = rd.r((s - mx).exp() / sum);
             }
             let oi = &mut f.o[i * dv..(i + 1) * dv];
             for j in lo..hi {
