@@ -561,3 +561,427 @@ fn backward_is_bitwise_deterministic_and_matches_the_stream_path_and_a_graph_rep
     replay_twice_in_a_graph(&side, || unsafe { plan.enqueue(&args(&g3), &launch) });
     assert_eq!(first, read(&g3), "graph replay differs");
 }
+
+// ---- Features: soft-capping, sinks, per-sequence lengths ----
+
+/// Soft-capping, sinks and per-sequence lengths on the device path (outputs NaN-filled first),
+/// against the float64 oracle; determinism; the host path with a learnable sink.
+#[cfg(feature = "cuda")]
+mod features {
+    use super::{fresh_seed, gpu, gpu_with, small_chunks};
+    use attn_policy_adapters::chunked::DeviceBuffer;
+    use attn_policy_adapters::fused::Fused;
+    use attn_policy_adapters::trial::{RandomInputs, random_inputs, verify};
+    use attn_policy_adapters::{
+        AttentionProblem, BackwardInputs, BackwardOutput, DType, DeviceBackwardArgs,
+        DeviceForwardArgs, DeviceIo, DiagonalAlignment, Direction, ExecError, Executor,
+        ForwardInputs, HostTensor, LayoutKind, MaskSpec, SeqLens, SeqPacking, SoftmaxKind,
+        run_backward, run_forward,
+    };
+    use std::sync::Arc;
+
+    /// A padded (either side) or packed batch of `q` / `kv` lengths, bshd strides.
+    #[allow(clippy::too_many_arguments)]
+    fn seq_problem(
+        packing: SeqPacking,
+        hq: usize,
+        hkv: usize,
+        q: &[usize],
+        kv: &[usize],
+        d: usize,
+        dv: usize,
+        dtype: DType,
+    ) -> AttentionProblem {
+        let (sq, skv) = (
+            q.iter().copied().max().unwrap_or(1),
+            kv.iter().copied().max().unwrap_or(1),
+        );
+        let p = AttentionProblem::new(q.len(), hq, hkv, sq, skv, d, dv, dtype);
+        let lens = match packing {
+            SeqPacking::Packed => SeqLens {
+                packing,
+                q: q.to_vec(),
+                kv: kv.to_vec(),
+            },
+            side => SeqLens::padded(side, q.to_vec(), kv.to_vec()),
+        };
+        p.with_seqlens(lens, LayoutKind::Bshd)
+    }
+
+    fn feature_cases() -> Vec<(AttentionProblem, String)> {
+        use SeqPacking::{Packed, PaddedLeft, PaddedRight};
+        let bf = DType::BF16;
+        let mut out = Vec::new();
+        // Soft-capping alone: a cap the scores reach (scale 0.5 at d 512: scores ~ N(0, 11)).
+        let mut p = AttentionProblem::new(1, 8, 4, 300, 420, 512, 512, bf)
+            .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+        p.softmax_scale = 0.5;
+        p.softcap = Some(5.0);
+        out.push((p, "softcap 5 d512 gqa8/4 causal_br 300x420".into()));
+        let mut p = AttentionProblem::new(2, 2, 2, 256, 256, 320, 320, DType::F16);
+        p.softcap = Some(1.5);
+        out.push((p, "softcap 1.5 d320 fp16 mha b2 256x256".into()));
+        // Sinks alone.
+        let mut p = AttentionProblem::new(1, 8, 4, 333, 333, 320, 320, bf)
+            .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+        p.softmax = SoftmaxKind::OffByOne;
+        out.push((p, "off-by-one d320 gqa8/4 causal_tl 333x333".into()));
+        let mut p = AttentionProblem::new(2, 8, 4, 260, 500, 512, 512, bf)
+            .with_mask(MaskSpec::window(100, 20, DiagonalAlignment::BottomRight));
+        p.softmax = SoftmaxKind::Learnable;
+        out.push((p, "learnable d512 gqa8/4 window(100,20) b2 260x500".into()));
+        // Per-sequence lengths alone: uneven lengths, a sequence with no query, one with no key.
+        let p = seq_problem(
+            PaddedRight,
+            8,
+            4,
+            &[300, 77, 0, 64],
+            &[300, 200, 50, 0],
+            512,
+            512,
+            bf,
+        )
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+        out.push((
+            p,
+            "padded right d512 gqa8/4 causal_br q[300,77,0,64] kv[300,200,50,0]".into(),
+        ));
+        let p = seq_problem(
+            PaddedLeft,
+            4,
+            4,
+            &[256, 130],
+            &[400, 129],
+            320,
+            320,
+            DType::F16,
+        )
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+        out.push((
+            p,
+            "padded left d320 fp16 mha causal_br q[256,130] kv[400,129]".into(),
+        ));
+        let p = seq_problem(
+            Packed,
+            8,
+            4,
+            &[256, 130, 511],
+            &[300, 130, 600],
+            512,
+            512,
+            bf,
+        )
+        .with_mask(MaskSpec::window(64, 0, DiagonalAlignment::BottomRight));
+        out.push((
+            p,
+            "packed d512 gqa8/4 window(64,0) q[256,130,511] kv[300,130,600]".into(),
+        ));
+        let p = seq_problem(Packed, 8, 4, &[1024, 200], &[1024, 333], 320, 320, bf)
+            .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+        out.push((
+            p,
+            "packed d320 gqa8/4 causal_tl q[1024,200] kv[1024,333]".into(),
+        ));
+        // Combinations.
+        let mut p = seq_problem(Packed, 8, 4, &[400, 1, 257], &[700, 64, 257], 512, 512, bf)
+            .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+        p.softcap = Some(3.0);
+        p.softmax = SoftmaxKind::Learnable;
+        out.push((
+            p,
+            "packed + softcap 3 + learnable d512 gqa8/4 causal_br".into(),
+        ));
+        let mut p = seq_problem(
+            PaddedRight,
+            8,
+            4,
+            &[512, 100, 333],
+            &[512, 700, 90],
+            320,
+            320,
+            bf,
+        )
+        .with_mask(MaskSpec::window(128, 0, DiagonalAlignment::TopLeft));
+        p.softmax = SoftmaxKind::OffByOne;
+        out.push((
+            p,
+            "padded right + off-by-one d320 gqa8/4 window(128,0)".into(),
+        ));
+        let mut p = seq_problem(
+            PaddedLeft,
+            8,
+            4,
+            &[256, 600],
+            &[800, 600],
+            512,
+            456,
+            DType::F16,
+        );
+        p.softcap = Some(2.0);
+        p.softmax = SoftmaxKind::Learnable;
+        out.push((
+            p,
+            "padded left + softcap 2 + learnable d512/456 fp16 no mask".into(),
+        ));
+        let mut p = AttentionProblem::new(1, 8, 4, 1000, 1000, 512, 512, bf)
+            .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+        p.softcap = Some(20.0);
+        p.softmax_scale = 0.3;
+        p.softmax = SoftmaxKind::OffByOne;
+        out.push((
+            p,
+            "softcap 20 + off-by-one d512 gqa8/4 causal 1000x1000".into(),
+        ));
+        out
+    }
+
+    /// Device buffers of a call, outputs pre-filled with NaN (0xFF bytes) so an element the
+    /// executor leaves unwritten shows.
+    struct DevCall {
+        q: DeviceBuffer,
+        k: DeviceBuffer,
+        v: DeviceBuffer,
+        d_o: DeviceBuffer,
+        sink: Option<DeviceBuffer>,
+    }
+
+    fn upload_f32(bufs: &attn_policy_adapters::chunked::Chunked, x: &[f32]) -> DeviceBuffer {
+        let bits: Vec<u16> = x
+            .iter()
+            .flat_map(|v| [v.to_bits() as u16, (v.to_bits() >> 16) as u16])
+            .collect();
+        bufs.upload(&bits).unwrap()
+    }
+
+    impl DevCall {
+        fn new(ex: &Fused, inp: &RandomInputs) -> DevCall {
+            let bufs = ex.buffers();
+            DevCall {
+                q: bufs.upload(&inp.q.data).unwrap(),
+                k: bufs.upload(&inp.k.data).unwrap(),
+                v: bufs.upload(&inp.v.data).unwrap(),
+                d_o: bufs.upload(&inp.d_o.data).unwrap(),
+                sink: inp.sink.as_ref().map(|s| upload_f32(bufs, s)),
+            }
+        }
+
+        fn sink_ptr(&self) -> u64 {
+            self.sink.as_ref().map_or(0, |s| s.ptr())
+        }
+
+        /// The forward on the device path: O and LSE (NaN-filled before the call).
+        fn forward(&self, ex: &Arc<Fused>, p: &AttentionProblem) -> (HostTensor, Vec<f32>) {
+            let bufs = ex.buffers();
+            let o = bufs.alloc(2 * p.o_span()).unwrap();
+            let lse = bufs.alloc(4 * p.lse_len()).unwrap();
+            bufs.poison(&o, 0xFF).unwrap();
+            bufs.poison(&lse, 0xFF).unwrap();
+            let io = DeviceIo::Forward(DeviceForwardArgs {
+                q: self.q.ptr(),
+                k: self.k.ptr(),
+                v: self.v.ptr(),
+                o: o.ptr(),
+                lse: lse.ptr(),
+                sink: self.sink_ptr(),
+            });
+            let plan = ex.plan(p, Direction::Forward).unwrap();
+            // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the call, which synchronises.
+            unsafe { plan.run_device(&io) }.unwrap();
+            (
+                HostTensor {
+                    dtype: p.dtype,
+                    data: bufs.download_u16(&o, p.o_span()).unwrap(),
+                },
+                bufs.download_f32(&lse, p.lse_len()).unwrap(),
+            )
+        }
+
+        /// The backward on the device path from the forward's O and LSE: dQ, dK, dV, d_sink
+        /// (NaN-filled before the call).
+        fn backward(
+            &self,
+            ex: &Arc<Fused>,
+            p: &AttentionProblem,
+            o: &HostTensor,
+            lse: &[f32],
+        ) -> BackwardOutput {
+            let bufs = ex.buffers();
+            let o = bufs.upload(&o.data).unwrap();
+            let lse = upload_f32(bufs, lse);
+            let g = [
+                bufs.alloc(2 * p.q_span()).unwrap(),
+                bufs.alloc(2 * p.k_span()).unwrap(),
+                bufs.alloc(2 * p.v_span()).unwrap(),
+                bufs.alloc(4 * p.heads_q).unwrap(),
+            ];
+            for b in &g {
+                bufs.poison(b, 0xFF).unwrap();
+            }
+            let learnable = p.softmax == SoftmaxKind::Learnable;
+            let io = DeviceIo::Backward(DeviceBackwardArgs {
+                q: self.q.ptr(),
+                k: self.k.ptr(),
+                v: self.v.ptr(),
+                o: o.ptr(),
+                d_o: self.d_o.ptr(),
+                lse: lse.ptr(),
+                dq: g[0].ptr(),
+                dk: g[1].ptr(),
+                dv: g[2].ptr(),
+                sink: self.sink_ptr(),
+                d_sink: if learnable { g[3].ptr() } else { 0 },
+            });
+            let plan = ex.plan(p, Direction::Backward).unwrap();
+            // SAFETY: every buffer was allocated on this device for this problem's spans and lives to the end of the call, which synchronises.
+            let stats = unsafe { plan.run_device(&io) }.unwrap();
+            let t = |b: &DeviceBuffer, n: usize| HostTensor {
+                dtype: p.dtype,
+                data: bufs.download_u16(b, n).unwrap(),
+            };
+            BackwardOutput {
+                dq: t(&g[0], p.q_span()),
+                dk: t(&g[1], p.k_span()),
+                dv: t(&g[2], p.v_span()),
+                d_sink: if learnable {
+                    bufs.download_f32(&g[3], p.heads_q).unwrap()
+                } else {
+                    Vec::new()
+                },
+                stats,
+            }
+        }
+    }
+
+    #[test]
+    fn features_meet_the_flash_attention_criterion_and_write_every_padding_element() {
+        let Some(big) = gpu() else { return };
+        let Some(small) = gpu_with(small_chunks()) else {
+            return;
+        };
+        let seed = fresh_seed();
+        let mut lines = Vec::new();
+        let mut failed = Vec::new();
+        for (i, (p, label)) in feature_cases().into_iter().enumerate() {
+            assert_eq!(big.check(&p), Ok(()), "{label}");
+            let inp = random_inputs(&p, seed.wrapping_add(i as u64 * 104_729));
+            // Every other case crosses backward chunk boundaries (200 rows) inside sequences.
+            let ex = if i % 2 == 1 { &small } else { &big };
+            let call = DevCall::new(ex, &inp);
+            let (o, lse) = call.forward(ex, &p);
+            let b = call.backward(ex, &p, &o, &lse);
+            let v = verify(&p, &inp, &o, &lse, Some(&b));
+            let mut line = format!("| {label} |");
+            for c in &v.checks {
+                line += &format!(" {} {:.2e} / {:.2e} |", c.name, c.err, c.naive_err);
+            }
+            line += &format!(
+                " lse {:.1e} | {} |",
+                v.lse_rel_err,
+                if v.passed { "pass" } else { "FAIL" }
+            );
+            // The learnable sink's gradient is checked (the oracle returns it).
+            if p.softmax == SoftmaxKind::Learnable {
+                assert!(v.checks.iter().any(|c| c.name == "d_sink"), "{label}");
+            }
+            if !v.passed {
+                failed.push(line.clone());
+            }
+            lines.push(line);
+        }
+        println!("\n| case | checks (err / naive) | LSE rel err | result |");
+        for l in &lines {
+            println!("{l}");
+        }
+        assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
+    }
+
+    #[test]
+    fn feature_backward_is_bitwise_deterministic_and_the_host_path_carries_the_sink() {
+        let Some(ex) = gpu_with(small_chunks()) else {
+            return;
+        };
+        let seed = fresh_seed();
+        let mut p = seq_problem(
+            SeqPacking::Packed,
+            8,
+            4,
+            &[500, 90, 300],
+            &[640, 90, 280],
+            512,
+            512,
+            DType::BF16,
+        )
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
+        p.softcap = Some(4.0);
+        p.softmax = SoftmaxKind::Learnable;
+        let inp = random_inputs(&p, seed);
+        let call = DevCall::new(&ex, &inp);
+        let (o, lse) = call.forward(&ex, &p);
+        let (o2, lse2) = call.forward(&ex, &p);
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(o.data, o2.data, "two forward runs differ");
+        assert_eq!(bits(&lse), bits(&lse2), "two forward runs differ (LSE)");
+        let b1 = call.backward(&ex, &p, &o, &lse);
+        let b2 = call.backward(&ex, &p, &o, &lse);
+        for (x, y, name) in [
+            (&b1.dq, &b2.dq, "dQ"),
+            (&b1.dk, &b2.dk, "dK"),
+            (&b1.dv, &b2.dv, "dV"),
+        ] {
+            assert!(x.data.iter().any(|&e| e != 0), "{name} is all zeros");
+            assert_eq!(x.data, y.data, "two backward runs differ in {name}");
+        }
+        assert_eq!(b1.d_sink.len(), p.heads_q);
+        assert!(b1.d_sink.iter().all(|x| x.is_finite() && *x != 0.0));
+        assert_eq!(bits(&b1.d_sink), bits(&b2.d_sink), "d_sink differs");
+
+        // The host path uploads the sink logits and returns their gradient: the same bits.
+        let sink = inp.sink.as_deref();
+        let f = run_forward(
+            &ex,
+            &p,
+            &ForwardInputs {
+                q: &inp.q,
+                k: &inp.k,
+                v: &inp.v,
+                sink,
+            },
+        )
+        .unwrap();
+        assert_eq!(f.o.data, o.data, "host path O differs");
+        let hb = run_backward(
+            &ex,
+            &p,
+            &BackwardInputs {
+                q: &inp.q,
+                k: &inp.k,
+                v: &inp.v,
+                o: &o,
+                d_o: &inp.d_o,
+                lse: &lse,
+                sink,
+            },
+        )
+        .unwrap();
+        assert_eq!(hb.dq.data, b1.dq.data, "host path dQ differs");
+        assert_eq!(
+            bits(&hb.d_sink),
+            bits(&b1.d_sink),
+            "host path d_sink differs"
+        );
+
+        // A learnable sink without its logits is refused, typed, never run as a plain softmax.
+        let e = run_forward(
+            &ex,
+            &p,
+            &ForwardInputs {
+                q: &inp.q,
+                k: &inp.k,
+                v: &inp.v,
+                sink: None,
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
+    }
+}

@@ -2,17 +2,16 @@
 //! (dtype, padded head dims), compiled on first use of a shape and cached.
 
 use super::{
-    BLOCK_M, BLOCK_N, NAME, backward_shared_bytes, padded_dims, seq_table,
-    seq_table_bytes, shared_bytes, transposed_v_bytes,
+    BLOCK_M, BLOCK_N, NAME, backward_shared_bytes, padded_dims, seq_table, seq_table_bytes,
+    shared_bytes, transposed_v_bytes,
 };
 use crate::chunked::plan::{BwdScoresArgs, ScoreKernel};
 use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer, StreamKernels, StreamPlan};
 use crate::device::{Availability, cuda_devices, device_identity};
 use crate::executor::{
     DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, Direction, ExecError, ExecStats, Executor,
-    HostIo, HostOutput, Manifest, Plan,
-    StreamLaunch, Unsupported, direction_mismatch, validate_backward_inputs,
-    validate_forward_inputs,
+    HostIo, HostOutput, Manifest, Plan, StreamLaunch, Unsupported, direction_mismatch,
+    validate_backward_inputs, validate_forward_inputs,
 };
 use crate::problem::{AttentionProblem, DType, SoftmaxKind, Strides};
 use cudarc::driver::{CudaFunction, DriverError, result as drv_result, sys as drv_sys};
@@ -215,11 +214,9 @@ fn compile(key: VariantKey) -> Result<cudarc::nvrtc::Ptx, ExecError> {
         )),
         ..Default::default()
     };
-    compile_ptx_with_opts(kernel_source_for(key), opts).map_err(|e| {
-        ExecError::Backend {
-            library: "nvrtc",
-            message: format!("{e:?}"),
-        }
+    compile_ptx_with_opts(kernel_source_for(key), opts).map_err(|e| ExecError::Backend {
+        library: "nvrtc",
+        message: format!("{e:?}"),
     })
 }
 
@@ -378,13 +375,12 @@ impl Fused {
         let plan = match &p.seqlens {
             None => self.buffers.fused_scores_workspace_bytes(p)?,
             Some(s) => {
-                let mut shapes: Vec<(usize, usize)> = s
-                    .q
-                    .iter()
-                    .zip(&s.kv)
-                    .filter(|(q, kv)| **q > 0 && **kv > 0)
-                    .map(|(q, kv)| (*q, *kv))
-                    .collect();
+                let mut shapes: Vec<(usize, usize)> =
+                    s.q.iter()
+                        .zip(&s.kv)
+                        .filter(|(q, kv)| **q > 0 && **kv > 0)
+                        .map(|(q, kv)| (*q, *kv))
+                        .collect();
                 shapes.sort_unstable();
                 shapes.dedup();
                 let mut most = 0;
@@ -397,7 +393,10 @@ impl Fused {
         };
         let align = |x: u64| x.div_ceil(256) * 256;
         let table = seq_table_bytes(p);
-        let max_q = p.seqlens.as_ref().map_or(0, |s| s.q.iter().copied().max().unwrap_or(0));
+        let max_q = p
+            .seqlens
+            .as_ref()
+            .map_or(0, |s| s.q.iter().copied().max().unwrap_or(0));
         let lse = align((p.heads_q * max_q * 4) as u64);
         let sink = if p.softmax == SoftmaxKind::Learnable {
             align((p.heads_q * SINK_CHUNKS * 4) as u64)
@@ -622,8 +621,10 @@ impl Fused {
                 continue;
             }
             let sub = seq_problem_of(p, qr.len, kr.len);
-            let at_q = |base: u64, st: Strides| base + 2 * st.offset(qr.batch, 0, qr.start, 0) as u64;
-            let at_k = |base: u64, st: Strides| base + 2 * st.offset(kr.batch, 0, kr.start, 0) as u64;
+            let at_q =
+                |base: u64, st: Strides| base + 2 * st.offset(qr.batch, 0, qr.start, 0) as u64;
+            let at_k =
+                |base: u64, st: Strides| base + 2 * st.offset(kr.batch, 0, kr.start, 0) as u64;
             let sa = DeviceBackwardArgs {
                 q: at_q(a.q, lq),
                 k: at_k(a.k, lk),
@@ -854,7 +855,9 @@ impl ScoreLaunch {
             ),
             scale_log2: (p.softmax_scale * std::f64::consts::LOG2_E) as f32,
             cap_in: p.softcap.map_or(0.0, |c| (p.softmax_scale / c) as f32),
-            cap_out: p.softcap.map_or(0.0, |c| (c * std::f64::consts::LOG2_E) as f32),
+            cap_out: p
+                .softcap
+                .map_or(0.0, |c| (c * std::f64::consts::LOG2_E) as f32),
             sm_count,
         })
     }
@@ -1261,7 +1264,11 @@ impl StreamKernels for Fused {
             let os = p.layout.o;
             let (osb, osh, oss) = (os.batch as i64, os.head as i64, os.seq as i64);
             let part = ws + lay.sink_off;
-            let table = if p.seqlens.is_some() { ws + lay.table_off } else { 0 };
+            let table = if p.seqlens.is_some() {
+                ws + lay.table_off
+            } else {
+                0
+            };
             let packed = i32::from(p.is_packed());
             let (nb, hq) = (p.batch_dim() as i32, p.heads_q as i32);
             let (rows, dv) = (p.rows_q() as i32, p.head_dim_v as i32);
@@ -1276,8 +1283,8 @@ impl StreamKernels for Fused {
                     0,
                     stream,
                     &mut params![
-                        a.o, a.d_o, a.lse, a.sink, part, table, packed, nb, hq, rows, dv, osb,
-                        osh, oss
+                        a.o, a.d_o, a.lse, a.sink, part, table, packed, nb, hq, rows, dv, osb, osh,
+                        oss
                     ],
                 )?;
                 launch_raw(
