@@ -863,6 +863,8 @@ mod features {
         let mut failed = Vec::new();
         for (i, (p, label)) in feature_cases().into_iter().enumerate() {
             assert_eq!(big.check(&p), Ok(()), "{label}");
+            // Named before it runs, so a crash in a kernel says which case.
+            println!("case {i}: {label}");
             let inp = random_inputs(&p, seed.wrapping_add(i as u64 * 104_729));
             // Every other case crosses backward chunk boundaries (200 rows) inside sequences.
             let ex = if i % 2 == 1 { &small } else { &big };

@@ -3,7 +3,7 @@
 
 use super::{
     BLOCK_M, BLOCK_N, NAME, backward_shared_bytes, padded_dims, seq_table, seq_table_bytes,
-    shared_bytes, transposed_v_bytes,
+    seq_v_columns, shared_bytes, transposed_v_bytes,
 };
 use crate::chunked::plan::{BwdScoresArgs, ScoreKernel};
 use crate::chunked::{Chunked, ChunkedConfig, DeviceBuffer, StreamKernels, StreamPlan};
@@ -274,6 +274,7 @@ pub fn compile_only() -> Result<Vec<String>, ExecError> {
 struct Variant {
     fwd: CudaFunction,
     transpose: CudaFunction,
+    transpose_seq: CudaFunction,
     /// Per-sequence lengths and sinks: the table's upload, padding rows, LSE gather, d_sink.
     seq_table: CudaFunction,
     seq_pad_fwd: CudaFunction,
@@ -473,6 +474,7 @@ impl Fused {
         let v = Arc::new(Variant {
             fwd,
             transpose,
+            transpose_seq: m.load_function("transpose_v_seq").map_err(drv)?,
             seq_table: m.load_function("seq_table_write").map_err(drv)?,
             seq_pad_fwd: m.load_function("seq_pad_fwd").map_err(drv)?,
             seq_zero_rows: m.load_function("seq_zero_rows").map_err(drv)?,
@@ -699,6 +701,7 @@ impl TensorMaps {
         k: u64,
         vt: u64,
         skv_pad: u64,
+        slabs: u64,
     ) -> Result<TensorMaps, ExecError> {
         let (kmap, kpos) = row_map(
             p,
@@ -714,7 +717,7 @@ impl TensorMaps {
         let vmap = encode_tiled(
             p.dtype,
             vt,
-            &[skv_pad, dv, (p.batch_dim() * p.heads_kv) as u64],
+            &[skv_pad, dv, slabs],
             &[2 * skv_pad, 2 * skv_pad * dv],
             &[BLOCK_N as u32, (dv_pad / 2) as u32, 1],
         )?;
@@ -1123,30 +1126,50 @@ impl StreamKernels for Fused {
             self.write_table(&var, stream, tab, &table)?;
         }
         let padded = p.seqlens.is_some() && !p.is_packed();
-        let rows_kv = p.rows_kv();
-        let skv = rows_kv as i32;
-        let skv_pad = (rows_kv.div_ceil(BLOCK_N) * BLOCK_N) as i32;
         let dv = p.head_dim_v as i32;
         let hkv = p.heads_kv as i32;
         let (vs, qs, os) = (p.layout.v, p.layout.q, p.layout.o);
         let (vsb, vsh, vss) = (vs.batch as i64, vs.head as i64, vs.seq as i64);
-        // Padded tensors: the transpose zeroes each batch's keys outside its sequence.
-        let vtab: u64 = if padded { tab } else { 0 };
-        // SAFETY: argument list matches `transpose_v`; V spans its strides, the workspace holds
-        // batch_dim*h_kv*dv*skv_pad elements and then the table (checked above).
-        unsafe {
-            launch_raw(
-                &var.transpose,
-                (
-                    (skv_pad as u32).div_ceil(32),
-                    (dv as u32).div_ceil(32),
-                    (p.batch_dim() * p.heads_kv) as u32,
-                ),
-                (32, 8, 1),
-                0,
-                stream,
-                &mut params![a.v, vt, skv, skv_pad, dv, hkv, vsb, vsh, vss, vtab],
-            )?;
+        // V^T columns (keys) and slabs: [b * h_kv] slabs of round_up(s_kv, 64) columns, or with
+        // per-sequence lengths [h_kv] slabs of every sequence's keys from a multiple of 64.
+        let (vcols, vslabs) = if table.is_empty() {
+            (p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N, p.batch * p.heads_kv)
+        } else {
+            (seq_v_columns(p), p.heads_kv)
+        };
+        let vgrid = (
+            (vcols as u32).div_ceil(32),
+            (dv as u32).div_ceil(32),
+            vslabs as u32,
+        );
+        if table.is_empty() {
+            let (skv, skv_pad) = (p.seqlen_kv as i32, vcols as i32);
+            // SAFETY: argument list matches `transpose_v`; V spans its strides, the workspace
+            // holds b*h_kv*dv*skv_pad elements (checked above).
+            unsafe {
+                launch_raw(
+                    &var.transpose,
+                    vgrid,
+                    (32, 8, 1),
+                    0,
+                    stream,
+                    &mut params![a.v, vt, skv, skv_pad, dv, hkv, vsb, vsh, vss],
+                )?;
+            }
+        } else {
+            let (cols, nseq) = (vcols as i32, p.batch as i32);
+            // SAFETY: argument list matches `transpose_v_seq`; V spans its strides, the
+            // workspace holds h_kv*dv*cols elements and then the table (written above).
+            unsafe {
+                launch_raw(
+                    &var.transpose_seq,
+                    vgrid,
+                    (32, 8, 1),
+                    0,
+                    stream,
+                    &mut params![a.v, vt, cols, dv, tab, nseq, vsb, vsh, vss],
+                )?;
+            }
         }
         let (osb, osh, oss) = (os.batch as i64, os.head as i64, os.seq as i64);
         let hq = p.heads_q as i32;
@@ -1192,7 +1215,7 @@ impl StreamKernels for Fused {
         let seqtab: u64 = if table.is_empty() { 0 } else { tab };
         let lse_rows = p.rows_q() as i64;
         let (qsb, qsh, qss) = (qs.batch as i64, qs.head as i64, qs.seq as i64);
-        let maps = TensorMaps::encode(p, a.k, vt, skv_pad as u64)?;
+        let maps = TensorMaps::encode(p, a.k, vt, vcols as u64, vslabs as u64)?;
         let (pos_row, pos_head) = (maps.pos_row, maps.pos_head);
         // Query tiles (of the longest sequence) rounded up to whole clusters of two.
         let longest = p

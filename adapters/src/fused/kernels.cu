@@ -5,7 +5,8 @@
 //   DV          V head dim padded to a multiple of 64 (each output warpgroup owns DV/2 columns)
 //   SMEM_BYTES  the dynamic shared memory the launch allocates (fused::shared_bytes)
 //   SEQ         1: per-sequence lengths (a table in device memory, 8 ints per sequence: tensor
-//               batch, q start, q len, kv start, kv len, diagonal offset; fused::SEQ_TABLE_INTS)
+//               batch, q start, q len, kv start, kv len, diagonal offset, first V^T column;
+//               fused::SEQ_TABLE_INTS)
 //   SOFTCAP     1: scores become c tanh(scale s / c) before the mask and the softmax
 // (both 0 for the plain kernel, whose code is unchanged by them)
 //   wg_rs_s / wg_ss_s / wg_ss_o: the wgmma wrappers (generated: their operand lists are 32..128
@@ -52,7 +53,8 @@
 #define SOFTCAP 0
 #endif
 // Ints per sequence of the table (fused::SEQ_TABLE_INTS): tensor batch, q start, q len,
-// kv start, kv len, diagonal offset (kv len - q len for a bottom-right diagonal), two spare.
+// kv start, kv len, diagonal offset (kv len - q len for a bottom-right diagonal), first column
+// of the sequence's keys in V^T (transpose_v_seq), one spare.
 #define SEQ_INTS 8
 
 // Shared memory (bytes from a 1024-aligned base). Operand tiles use the 128-byte swizzle wgmma
@@ -237,11 +239,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
     const int b = te[0], q0 = te[1], sq = te[2], k0 = te[3], skv = te[4];
     const i64 off = te[5];
 #define KROW0 k0
+// V^T columns of the sequence start at te[6] (a multiple of 64), one [dv, cols] slab per KV head.
+#define VCOL0 te[6]
+#define VBH hk
 #else
     const int b = blockIdx.x / hq;
     const int sq = sq_all, skv = skv_all;
     const i64 off = off_all;
 #define KROW0 0
+#define VCOL0 0
+#define VBH (b * hkv + hk)
 #endif
     const int h = blockIdx.x % hq, hk = h / group;
     const int hkv = hq / group;
@@ -492,14 +499,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
     } else {
         // ---- Output warpgroup 1 + g: O[:, g*DVH .. (g+1)*DVH) ----
         const int g = wg - 1;
-        const int bh = b * hkv + hk;
+        const int bh = VBH;
         const unsigned vdst = sV + g * DVH * 128;
         // Thread 0 of the warpgroup posts the expected bytes of each V half-tile on its CTA's
         // barrier; in CTA `g` it also issues the load, multicast to both CTAs.
         const bool lead = t == 0;
         if (lead && ntiles > 0) {
             mbar_expect_tx(VFULL(g), DVH * BN * 2);
-            if ((int)rank == g) tma3_mc(vdst, &tmv, KROW0 + jlo * BN, g * DVH, bh, VFULL(g));
+            if ((int)rank == g) tma3_mc(vdst, &tmv, VCOL0 + jlo * BN, g * DVH, bh, VFULL(g));
         }
         const unsigned dP0 = sdesc_lo(sP), dV0 = sdesc_lo(vdst);
         float o[OREGS];
@@ -540,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
                 mbar_expect_tx(VFULL(g), DVH * BN * 2);
                 if ((int)rank == g) {
                     mbar_wait(VEMPTY(g), (unsigned)it & 1u);
-                    tma3_mc(vdst, &tmv, KROW0 + (j + 1) * BN, g * DVH, bh, VFULL(g));
+                    tma3_mc(vdst, &tmv, VCOL0 + (j + 1) * BN, g * DVH, bh, VFULL(g));
                 }
             }
             __syncwarp();
@@ -577,28 +584,23 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
 #undef PFULL
 #undef PEMPTY
 #undef KROW0
+#undef VCOL0
+#undef VBH
 }
 
 // V [b, h_kv, s_kv, dv] (strides sb, sh, ss; dv contiguous) -> V^T [b, h_kv, dv, skv_pad]
 // contiguous, keys past s_kv zero. Block 32 x 8, one 32 x 32 tile.
-// With per-sequence lengths in padded tensors (`seqtab` non-null), batch b's keys outside its
-// sequence are zero too: their probabilities are 0, but 0 times a NaN in padding memory is not.
 extern "C" __global__ void __launch_bounds__(256) transpose_v(
     const u16* __restrict__ V, u16* __restrict__ Vt, int skv, int skv_pad, int dv, int hkv,
-    i64 sb, i64 sh, i64 ss, const int* __restrict__ seqtab) {
+    i64 sb, i64 sh, i64 ss) {
     __shared__ u16 tile[32][34];
     const int bh = blockIdx.z, b = bh / hkv, h = bh % hkv;
     const int key0 = blockIdx.x * 32, d0 = blockIdx.y * 32;
     const u16* v = V + b * sb + h * sh;
     u16* out = Vt + (i64)bh * dv * skv_pad;
-    int klo = 0, khi = skv;
-    if (seqtab != nullptr) {
-        klo = seqtab[SEQ_INTS * b + 3];
-        khi = klo + seqtab[SEQ_INTS * b + 4];
-    }
     for (int y = threadIdx.y; y < 32; y += 8) {
         const int key = key0 + y, d = d0 + threadIdx.x;
-        tile[y][threadIdx.x] = (key >= klo && key < khi && d < dv) ? v[(i64)key * ss + d] : (u16)0;
+        tile[y][threadIdx.x] = (key < skv && d < dv) ? v[(i64)key * ss + d] : (u16)0;
     }
     __syncthreads();
     for (int y = threadIdx.y; y < 32; y += 8) {
@@ -608,6 +610,43 @@ extern "C" __global__ void __launch_bounds__(256) transpose_v(
 }
 
 // ---- Per-sequence lengths, sinks: small kernels around the main ones ----
+
+// Per-sequence lengths: V -> V^T [h_kv, dv, cols], sequence s in columns [vcol_s, vcol_s +
+// round_up(kv_len_s, 64)) (table entry 6), so every key tile starts at a multiple of 64 columns:
+// a TMA box must start 16-byte aligned in its innermost dimension, which a sequence's first key
+// in the tensors need not be. Columns past a sequence's keys are zero (their probabilities are
+// 0, but 0 times a NaN in padding memory would not be).
+extern "C" __global__ void __launch_bounds__(256) transpose_v_seq(
+    const u16* __restrict__ V, u16* __restrict__ Vt, int cols, int dv, const int* __restrict__ tab,
+    int nseq, i64 sb, i64 sh, i64 ss) {
+    __shared__ u16 tile[32][34];
+    const int hk = blockIdx.z;
+    const int col0 = blockIdx.x * 32, d0 = blockIdx.y * 32;
+    u16* out = Vt + (i64)hk * dv * cols;
+    for (int y = threadIdx.y; y < 32; y += 8) {
+        const int col = col0 + y, d = d0 + threadIdx.x;
+        u16 x = 0;
+        if (col < cols && d < dv) {
+            // The last sequence whose columns start at or before col owns it.
+            int lo = 0, hi = nseq - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (tab[SEQ_INTS * mid + 6] <= col) lo = mid; else hi = mid - 1;
+            }
+            const int* te = tab + SEQ_INTS * lo;
+            const int key = col - te[6];
+            if (key >= 0 && key < te[4]) {
+                x = V[te[0] * sb + hk * sh + (i64)(te[3] + key) * ss + d];
+            }
+        }
+        tile[y][threadIdx.x] = x;
+    }
+    __syncthreads();
+    for (int y = threadIdx.y; y < 32; y += 8) {
+        const int d = d0 + y, col = col0 + threadIdx.x;
+        if (d < dv && col < cols) out[(i64)d * cols + col] = tile[threadIdx.x][y];
+    }
+}
 
 // One chunk of the sequence table (SEQ_INTS ints per sequence), passed by value and written to
 // device memory the call's workspace holds: capture-safe, no host copy.

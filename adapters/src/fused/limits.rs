@@ -52,7 +52,8 @@ pub fn backward_shared_bytes() -> usize {
 }
 
 /// Ints per sequence of the per-sequence table (`SEQ_INTS` in `kernels.cu`): tensor batch, q
-/// start, q len, kv start, kv len, diagonal offset, two spare.
+/// start, q len, kv start, kv len, diagonal offset, first column of the sequence's keys in the
+/// transposed V ([`seq_v_columns`]), one spare.
 pub const SEQ_TABLE_INTS: usize = 8;
 
 /// The per-sequence table the kernels read from device memory (empty without `seqlens`):
@@ -64,14 +65,26 @@ pub fn seq_table(p: &AttentionProblem) -> Vec<i32> {
         return Vec::new();
     }
     let mut t = Vec::with_capacity(p.batch * SEQ_TABLE_INTS);
+    let mut col = 0usize;
     for b in 0..p.batch {
         let (q, kv) = p.seq_rows(b);
         let m = p.seq_mask(b);
         let v = [q.batch, q.start, q.len, kv.start, kv.len];
         t.extend(v.iter().map(|&x| x as i32));
-        t.extend([m.offset as i32, 0, 0]);
+        t.extend([m.offset as i32, col as i32, 0]);
+        col += kv.len.div_ceil(BLOCK_N) * BLOCK_N;
     }
     t
+}
+
+/// Columns of the transposed V with per-sequence lengths: each sequence's keys start at a
+/// multiple of 64 (a TMA box starts 16-byte aligned in its innermost dimension; a sequence's
+/// first key in the tensors need not be), at least one tile.
+pub fn seq_v_columns(p: &AttentionProblem) -> usize {
+    let cols: usize = p.seqlens.as_ref().map_or(0, |s| {
+        s.kv.iter().map(|l| l.div_ceil(BLOCK_N) * BLOCK_N).sum()
+    });
+    cols.max(BLOCK_N)
 }
 
 /// Bytes of the per-sequence table in a workspace (256-byte aligned; 0 without `seqlens`).
@@ -80,10 +93,15 @@ pub fn seq_table_bytes(p: &AttentionProblem) -> u64 {
     ((n * SEQ_TABLE_INTS * 4) as u64).div_ceil(256) * 256
 }
 
-/// Bytes of the forward's transposed V, `[batch_dim, h_kv, d_v, round_up(rows_kv, 64)]`.
+/// Bytes of the forward's transposed V: `[b, h_kv, d_v, round_up(s_kv, 64)]`, or with
+/// per-sequence lengths `[h_kv, d_v, seq_v_columns]`.
 pub fn transposed_v_bytes(p: &AttentionProblem) -> u64 {
-    let skv_pad = p.rows_kv().div_ceil(BLOCK_N) * BLOCK_N;
-    let bytes = (p.batch_dim() * p.heads_kv * p.head_dim_v) as u64 * skv_pad as u64 * 2;
+    let bytes = if p.seqlens.is_some() {
+        (p.heads_kv * p.head_dim_v) as u64 * seq_v_columns(p) as u64 * 2
+    } else {
+        let skv_pad = p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N;
+        (p.batch * p.heads_kv * p.head_dim_v) as u64 * skv_pad as u64 * 2
+    };
     bytes.div_ceil(256) * 256
 }
 
@@ -176,7 +194,7 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
         )));
     }
     // Token indices of packed tensors are 32-bit in the kernels (and TMA coordinates).
-    let tokens = p.rows_q().max(p.rows_kv());
+    let tokens = p.rows_q().max(p.rows_kv()).max(seq_v_columns(p));
     if tokens.div_ceil(BLOCK_N) * BLOCK_N > i32::MAX as usize {
         return Err(Unsupported::new(format!(
             "{tokens} packed tokens above 2^31-1 (32-bit token indices)"
