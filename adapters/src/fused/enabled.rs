@@ -1133,7 +1133,10 @@ impl StreamKernels for Fused {
         // V^T columns (keys) and slabs: [b * h_kv] slabs of round_up(s_kv, 64) columns, or with
         // per-sequence lengths [h_kv] slabs of every sequence's keys from a multiple of 64.
         let (vcols, vslabs) = if table.is_empty() {
-            (p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N, p.batch * p.heads_kv)
+            (
+                p.seqlen_kv.div_ceil(BLOCK_N) * BLOCK_N,
+                p.batch * p.heads_kv,
+            )
         } else {
             (seq_v_columns(p), p.heads_kv)
         };

@@ -291,6 +291,39 @@ mod tests {
     }
 
     #[test]
+    fn the_sequence_table_holds_rows_masks_and_aligned_v_columns() {
+        use crate::problem::{SeqLens, SeqPacking};
+        let p = AttentionProblem::new(3, 8, 4, 300, 700, 512, 512, DType::BF16)
+            .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT)
+            .with_seqlens(
+                SeqLens {
+                    packing: SeqPacking::Packed,
+                    q: vec![300, 0, 130],
+                    kv: vec![700, 64, 1],
+                },
+                LayoutKind::Bshd,
+            );
+        assert_eq!(check_problem(&p), Ok(()));
+        let t = seq_table(&p);
+        // batch, q start, q len, kv start, kv len, offset (kv - q), V^T column, spare.
+        assert_eq!(&t[..8], &[0, 0, 300, 0, 700, 400, 0, 0]);
+        assert_eq!(&t[8..16], &[0, 300, 0, 700, 64, 64, 704, 0]);
+        assert_eq!(&t[16..], &[0, 300, 130, 764, 1, -129, 768, 0]);
+        assert_eq!(seq_v_columns(&p), 704 + 64 + 64);
+        // V^T [h_kv, d_v, columns], then the table (3 x 32 bytes, one 256-byte block).
+        assert_eq!(forward_workspace_bytes(&p), 4 * 512 * 832 * 2 + 256);
+        // Padded: each sequence in its own batch row, left padding before it.
+        let p = AttentionProblem::new(2, 2, 2, 100, 90, 320, 320, DType::F16).with_seqlens(
+            SeqLens::padded(SeqPacking::PaddedLeft, vec![100, 7], vec![90, 33]),
+            LayoutKind::Bshd,
+        );
+        let t = seq_table(&p);
+        assert_eq!(&t[8..16], &[1, 93, 7, 57, 33, 0, 128, 0]);
+        assert_eq!(seq_table(&problem(512, 512)), Vec::<i32>::new());
+        assert_eq!(seq_table_bytes(&problem(512, 512)), 0);
+    }
+
+    #[test]
     fn the_workspace_is_the_transposed_v_padded_to_whole_key_tiles() {
         let mut p = problem(512, 384);
         p.seqlen_kv = 1000;
