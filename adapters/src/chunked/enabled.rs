@@ -450,7 +450,7 @@ impl Chunked {
     }
 
     /// fp32 values to the device (as pairs of 16-bit halves, little-endian).
-    fn upload_f32(&self, x: &[f32]) -> Result<DeviceBuffer, ExecError> {
+    pub fn upload_f32(&self, x: &[f32]) -> Result<DeviceBuffer, ExecError> {
         let bits: Vec<u16> = x
             .iter()
             .flat_map(|x| [x.to_bits() as u16, (x.to_bits() >> 16) as u16])

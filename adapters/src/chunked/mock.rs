@@ -91,7 +91,14 @@ impl Mock {
             let (x, t) = Mock::score(s, scale, softcap);
             let pv = (x - lse).exp();
             let dsv = pv * (dp - d);
-            (pv, if softcap.is_some() { dsv * (1.0 - t * t) } else { dsv })
+            (
+                pv,
+                if softcap.is_some() {
+                    dsv * (1.0 - t * t)
+                } else {
+                    dsv
+                },
+            )
         });
         self.set(p + 2 * at as u64, Elem::Low, pv as f64);
         self.set(ds + 2 * at as u64, Elem::Low, dsv as f64);
@@ -171,7 +178,11 @@ impl Ops for Mock {
                 }
                 .filter(|_| lo < hi)
                 .map(|s| s * l2e);
-                let mx = xs.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
+                let mx = xs
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f32::NEG_INFINITY, f32::max);
                 let sum: f32 = xs.iter().chain(&sink).map(|x| (x - mx).exp2()).sum();
                 for c in 0..a.lds {
                     let v = if c >= lo && c < hi {
@@ -378,7 +389,10 @@ fn run_mock(
     let (sink_a, d_sink_a) = if sink.is_empty() {
         (0, 0)
     } else {
-        let (a, d) = (m.alloc(4 * sink.len() as u64), m.alloc(4 * sink.len() as u64));
+        let (a, d) = (
+            m.alloc(4 * sink.len() as u64),
+            m.alloc(4 * sink.len() as u64),
+        );
         for (i, &x) in sink.iter().enumerate() {
             m.set(a + 4 * i as u64, Elem::F32, x as f64);
             m.set(d + 4 * i as u64, Elem::F32, f64::NAN);
@@ -515,7 +529,9 @@ mod tests {
         // Batch of 3: a full-length sequence, a short one, and one without query rows (its
         // keys still get dK = dV = 0).
         match packing {
-            SeqPacking::Packed => SeqLens::from_cu_seqlens(&[0, 13, 18, 18], &[0, 9, 20, 24]).unwrap(),
+            SeqPacking::Packed => {
+                SeqLens::from_cu_seqlens(&[0, 13, 18, 18], &[0, 9, 20, 24]).unwrap()
+            }
             side => SeqLens::padded(side, vec![13, 5, 0], vec![9, 11, 4]),
         }
     }
@@ -536,8 +552,8 @@ mod tests {
             ] {
                 for mask in masks {
                     for dtype in [DType::BF16, DType::F16] {
-                        let mut p = AttentionProblem::new(2, 4, 2, 11, 14, 16, 8, dtype)
-                            .with_mask(mask);
+                        let mut p =
+                            AttentionProblem::new(2, 4, 2, 11, 14, 16, 8, dtype).with_mask(mask);
                         p.softcap = softcap;
                         p.softmax = softmax;
                         // Larger scores so the cap bites (tanh well away from linear).
@@ -612,11 +628,10 @@ mod tests {
 
     #[test]
     fn mock_learnable_sink_gradient_is_deterministic_and_overwritten() {
-        let mut p = AttentionProblem::new(2, 4, 2, 9, 12, 16, 16, DType::BF16)
-            .with_seqlens(
-                SeqLens::padded(SeqPacking::PaddedLeft, vec![9, 6], vec![12, 7]),
-                LayoutKind::Bshd,
-            );
+        let mut p = AttentionProblem::new(2, 4, 2, 9, 12, 16, 16, DType::BF16).with_seqlens(
+            SeqLens::padded(SeqPacking::PaddedLeft, vec![9, 6], vec![12, 7]),
+            LayoutKind::Bshd,
+        );
         p.softmax = SoftmaxKind::Learnable;
         let a = check_features(&p, 4, 41);
         let b = check_features(&p, 4, 41);

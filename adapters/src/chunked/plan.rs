@@ -292,10 +292,16 @@ pub(crate) struct BwdScoresArgs {
     pub lse: u64,
     pub dvec: u64,
     pub head_stride: usize,
+    // The fused executor's kernel reads none of these: it refuses per-sequence lengths and
+    // soft-capping (its manifest), so its mask is the problem's and there is no cap.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub mask: EffectiveMask,
+    #[cfg_attr(not(test), allow(dead_code))]
     pub seq_q0: usize,
+    #[cfg_attr(not(test), allow(dead_code))]
     pub seq_kv0: usize,
     /// Soft-capping (see [`BwdArgs`]).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub softcap: Option<f32>,
 }
 

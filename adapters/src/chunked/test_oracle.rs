@@ -74,7 +74,11 @@ pub fn oracle(
                 let mut s = Vec::with_capacity(hi_k - lo_k);
                 let mut t = Vec::with_capacity(hi_k - lo_k);
                 for j in lo_k..hi_k {
-                    let dot: f64 = qi.iter().zip(&k[koff(j)..koff(j) + dqk]).map(|(a, b)| a * b).sum();
+                    let dot: f64 = qi
+                        .iter()
+                        .zip(&k[koff(j)..koff(j) + dqk])
+                        .map(|(a, b)| a * b)
+                        .sum();
                     let x = r(r(dot) * scale);
                     match p.softcap {
                         Some(c) => {
@@ -88,9 +92,13 @@ pub fn oracle(
                         }
                     }
                 }
-                let mx = s.iter().copied().chain(s_h).fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 =
-                    s.iter().map(|x| (x - mx).exp()).sum::<f64>() + s_h.map_or(0.0, |x| (x - mx).exp());
+                let mx = s
+                    .iter()
+                    .copied()
+                    .chain(s_h)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = s.iter().map(|x| (x - mx).exp()).sum::<f64>()
+                    + s_h.map_or(0.0, |x| (x - mx).exp());
                 let lse = mx + sum.ln();
                 out.lse[p.lse_index(qr.batch, h, row)] = lse;
                 let pr: Vec<f64> = s.iter().map(|x| r((x - mx).exp() / sum)).collect();
@@ -106,18 +114,30 @@ pub fn oracle(
                 }
                 // Backward: D from this computation's O.
                 let doi = &d_o[oo..oo + dv];
-                let dsum: f64 = doi.iter().zip(&out.o[oo..oo + dv]).map(|(a, b)| a * b).sum();
+                let dsum: f64 = doi
+                    .iter()
+                    .zip(&out.o[oo..oo + dv])
+                    .map(|(a, b)| a * b)
+                    .sum();
                 if p.softmax == SoftmaxKind::Learnable {
                     let w = (sink[h] - lse).exp();
                     out.d_sink[h] -= w * dsum;
-                    let dabs: f64 = doi.iter().zip(&out.o[oo..oo + dv]).map(|(a, b)| (a * b).abs()).sum();
+                    let dabs: f64 = doi
+                        .iter()
+                        .zip(&out.o[oo..oo + dv])
+                        .map(|(a, b)| (a * b).abs())
+                        .sum();
                     out.d_sink_abs[h] += w * dabs;
                 }
                 let mut dqi = vec![0.0; dqk];
                 for (jj, pj) in pr.iter().enumerate() {
                     let j = lo_k + jj;
                     let (ko, vo) = (koff(j), voff(j));
-                    let dp = r(doi.iter().zip(&v[vo..vo + dv]).map(|(a, b)| a * b).sum::<f64>());
+                    let dp = r(doi
+                        .iter()
+                        .zip(&v[vo..vo + dv])
+                        .map(|(a, b)| a * b)
+                        .sum::<f64>());
                     let mut ds = r(pj * (dp - dsum));
                     if p.softcap.is_some() {
                         ds = r(ds * (1.0 - t[jj] * t[jj]));
@@ -149,12 +169,7 @@ pub fn oracle(
 
 /// Max |got - want| over the elements of a strided tensor (`[batch_dim, h, rows, d]`); NaN
 /// counts as infinite.
-fn oracle_err(
-    st: &Strides,
-    dims: (usize, usize, usize, usize),
-    got: &[f64],
-    want: &[f64],
-) -> f64 {
+fn oracle_err(st: &Strides, dims: (usize, usize, usize, usize), got: &[f64], want: &[f64]) -> f64 {
     let mut e = 0.0f64;
     for b in 0..dims.0 {
         for h in 0..dims.1 {
@@ -188,19 +203,29 @@ pub fn oracle_verify(
     lse: &[f32],
     grads: Option<(&HostTensor, &HostTensor, &HostTensor, &[f32])>,
 ) -> (Vec<OracleCheck>, bool) {
-    let dec = |t: &HostTensor| -> Vec<f64> { t.data.iter().map(|&b| t.dtype.from_bits(b)).collect() };
+    let dec =
+        |t: &HostTensor| -> Vec<f64> { t.data.iter().map(|&b| t.dtype.from_bits(b)).collect() };
     let [q, k, v, d_o] = inputs.map(dec);
     let sink: Vec<f64> = sink.iter().map(|&x| x as f64).collect();
     let exact = oracle(p, &q, &k, &v, &d_o, &sink, None);
     let naive = oracle(p, &q, &k, &v, &d_o, &sink, Some(p.dtype));
     let (bd, rq, rk) = (p.batch_dim(), p.rows_q(), p.rows_kv());
     // The dtype's unit roundoff (half an ulp, relative).
-    let u = if p.dtype == DType::F16 { 2f64.powi(-11) } else { 2f64.powi(-8) };
+    let u = if p.dtype == DType::F16 {
+        2f64.powi(-11)
+    } else {
+        2f64.powi(-8)
+    };
     // Small problems: both results end rounded to the dtype, and which way one output rounds
     // is a coin toss against the other's, so the floor admits half an ulp of the largest value.
     let max_abs = |x: &[f64]| x.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let mk = |name: &'static str, err: f64, naive_err: f64, want: &[f64]| -> OracleCheck {
-        (name, err, naive_err, err <= 2.0 * naive_err + u * max_abs(want) + 1e-6)
+        (
+            name,
+            err,
+            naive_err,
+            err <= 2.0 * naive_err + u * max_abs(want) + 1e-6,
+        )
     };
     let od = (bd, p.heads_q, rq, p.head_dim_v);
     let mut checks = vec![mk(
@@ -217,7 +242,11 @@ pub fn oracle_verify(
             continue;
         }
         let x = (g as f64 - w).abs() / w.abs().max(1.0);
-        lse_err = if x.is_nan() { f64::INFINITY } else { lse_err.max(x) };
+        lse_err = if x.is_nan() {
+            f64::INFINITY
+        } else {
+            lse_err.max(x)
+        };
     }
     checks.push(("lse", lse_err, 1e-5, inf_ok && lse_err <= 1e-5));
     if let Some((dq, dk, dv, d_sink)) = grads {
@@ -236,11 +265,19 @@ pub fn oracle_verify(
                 want,
             ));
         }
-        let mut err = if d_sink.len() == exact.d_sink.len() { 0.0f64 } else { f64::INFINITY };
+        let mut err = if d_sink.len() == exact.d_sink.len() {
+            0.0f64
+        } else {
+            f64::INFINITY
+        };
         let mut nerr = 0.0f64;
         for ((g, w), n) in d_sink.iter().zip(&exact.d_sink).zip(&naive.d_sink) {
             let x = (*g as f64 - w).abs();
-            err = if x.is_nan() { f64::INFINITY } else { err.max(x) };
+            err = if x.is_nan() {
+                f64::INFINITY
+            } else {
+                err.max(x)
+            };
             nerr = nerr.max((n - w).abs());
         }
         let floor = 2.0 * u * exact.d_sink_abs.iter().copied().fold(0.0, f64::max);
