@@ -100,5 +100,11 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
     if strides.iter().any(|s| s.seq > i32::MAX as usize) {
         return Err(Unsupported::new("sequence stride above 2^31-1 elements"));
     }
+    // The kernels take the tensors' row count (packed: all tokens) as a 32-bit int.
+    if p.rows_q().max(p.rows_kv()) > i32::MAX as usize {
+        return Err(Unsupported::new(
+            "more than 2^31-1 rows (tokens) in a tensor",
+        ));
+    }
     Ok(())
 }

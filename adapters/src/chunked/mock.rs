@@ -643,6 +643,27 @@ mod tests {
     }
 
     #[test]
+    fn the_gate_admits_the_features_it_serves() {
+        for packing in [
+            SeqPacking::PaddedRight,
+            SeqPacking::PaddedLeft,
+            SeqPacking::Packed,
+        ] {
+            for softmax in [SoftmaxKind::OffByOne, SoftmaxKind::Learnable] {
+                let mut p = AttentionProblem::new(3, 4, 2, 13, 11, 16, 8, DType::BF16)
+                    .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT)
+                    .with_seqlens(seqlens(packing), LayoutKind::Bshd);
+                p.softmax = softmax;
+                p.softcap = Some(30.0);
+                assert_eq!(super::super::check_problem(&p), Ok(()), "{p:?}");
+                // What it cannot do stays refused, features or not.
+                p.head_dim_qk = 12;
+                assert!(super::super::check_problem(&p).is_err());
+            }
+        }
+    }
+
+    #[test]
     fn mock_refuses_a_learnable_sink_without_logits() {
         let mut p = AttentionProblem::new(1, 2, 1, 8, 8, 16, 16, DType::BF16);
         p.softmax = SoftmaxKind::Learnable;
