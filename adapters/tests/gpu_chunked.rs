@@ -8,7 +8,8 @@
 //! - soft-capping, off-by-one and learnable sinks (d_sink), padded (right, left) and packed
 //!   sequences, alone and combined: the same criterion against a float64 oracle
 //!   (`src/chunked/test_oracle.rs`), outputs pre-filled with NaN, padding rows O = 0,
-//!   LSE = -inf, dQ = 0 and padding keys dK = dV = 0, d_sink bitwise reproducible.
+//!   LSE = -inf, dQ = 0 and padding keys dK = dV = 0, d_sink bitwise reproducible, the stream
+//!   path bitwise equal to the synchronous one and a learnable call without its sink refused.
 
 use attn_policy_adapters::chunked::{Chunked, ChunkedConfig};
 use attn_policy_adapters::trial::{random_inputs, verify};
@@ -933,4 +934,119 @@ fn host_path_learnable_sink() {
     );
     assert!(passed, "{checks:?}");
     println!("host path: learnable sink and d_sink pass: {checks:?}");
+}
+
+/// The stream path with the features (packed THD, soft-capping, learnable sink): bitwise equal
+/// to the synchronous path, d_sink included, and a learnable problem without its sink or
+/// d_sink pointer refused before any launch.
+#[cfg(feature = "cuda")]
+#[test]
+fn stream_path_serves_the_features() {
+    use attn_policy_adapters::{
+        DeviceBackwardArgs, DeviceForwardArgs, DeviceIo, Direction, SeqLens, SoftmaxKind,
+        StreamLaunch,
+    };
+    let Some(ex) = gpu(small_chunks()) else {
+        return;
+    };
+    let seed = fresh_seed();
+    let lens = SeqLens::from_cu_seqlens(&[0, 90, 91, 200], &[0, 120, 150, 190]).unwrap();
+    let mut p = AttentionProblem::new(3, 8, 2, 109, 120, 128, 128, DType::BF16)
+        .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT)
+        .with_seqlens(lens, LayoutKind::Bshd);
+    p.softcap = Some(30.0);
+    p.softmax = SoftmaxKind::Learnable;
+    let inp = random_inputs(&p, seed);
+    let sink = sink_logits(&p, seed);
+    let (o1, l1, dq1, dk1, dv1, ds1) = device_run(&ex, &p, &inp, &sink);
+    let up = |t: &HostTensor| ex.upload(&t.data).unwrap();
+    let (q, k, v, d_o, o) = (up(&inp.q), up(&inp.k), up(&inp.v), up(&inp.d_o), up(&o1));
+    let lse = ex.upload_f32(&l1).unwrap();
+    let s = ex.upload_f32(&sink).unwrap();
+    let nan = |bytes: usize| {
+        let b = ex.alloc(bytes).unwrap();
+        ex.poison(&b, 0xff).unwrap();
+        b
+    };
+    let (o2, l2) = (nan(2 * p.o_span()), nan(4 * p.lse_len()));
+    let (dq, dk, dv, ds) = (
+        nan(2 * p.q_span()),
+        nan(2 * p.k_span()),
+        nan(2 * p.v_span()),
+        nan(4 * p.heads_q),
+    );
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let side = ctx.new_stream().unwrap();
+    let launch_for = |plan: &Arc<dyn attn_policy_adapters::Plan>| {
+        let bytes = plan.workspace_bytes().unwrap();
+        let ws = ex.alloc(bytes as usize).unwrap();
+        let l = StreamLaunch {
+            device: 0,
+            stream: side.cu_stream() as u64,
+            workspace: ws.ptr(),
+            workspace_bytes: bytes,
+        };
+        (ws, l)
+    };
+    let fplan = ex.plan(&p, Direction::Forward).unwrap();
+    let (_fws, fl) = launch_for(&fplan);
+    let fa = |sink| {
+        DeviceIo::Forward(DeviceForwardArgs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            o: o2.ptr(),
+            lse: l2.ptr(),
+            sink,
+        })
+    };
+    // SAFETY: every buffer was allocated on this device for this problem's spans and lives to
+    // the end of the test; the stream is synchronised before reading.
+    let e = unsafe { fplan.enqueue(&fa(0), &fl) }.unwrap_err();
+    assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
+    // SAFETY: as above.
+    unsafe { fplan.enqueue(&fa(s.ptr()), &fl) }.unwrap();
+    let bplan = ex.plan(&p, Direction::Backward).unwrap();
+    let (_bws, bl) = launch_for(&bplan);
+    let ba = |d_sink| {
+        DeviceIo::Backward(DeviceBackwardArgs {
+            q: q.ptr(),
+            k: k.ptr(),
+            v: v.ptr(),
+            o: o.ptr(),
+            d_o: d_o.ptr(),
+            lse: lse.ptr(),
+            dq: dq.ptr(),
+            dk: dk.ptr(),
+            dv: dv.ptr(),
+            sink: s.ptr(),
+            d_sink,
+        })
+    };
+    // SAFETY: as above.
+    let e = unsafe { bplan.enqueue(&ba(0), &bl) }.unwrap_err();
+    assert!(matches!(e, ExecError::InvalidInput { .. }), "{e}");
+    // SAFETY: as above.
+    unsafe { bplan.enqueue(&ba(ds.ptr()), &bl) }.unwrap();
+    side.synchronize().unwrap();
+    let t = |b, n| HostTensor {
+        dtype: p.dtype,
+        data: ex.download_u16(b, n).unwrap(),
+    };
+    let bits = |x: Vec<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(o1, t(&o2, p.o_span()), "O");
+    assert_eq!(
+        bits(l1),
+        bits(ex.download_f32(&l2, p.lse_len()).unwrap()),
+        "LSE"
+    );
+    assert_eq!(dq1, t(&dq, p.q_span()), "dQ");
+    assert_eq!(dk1, t(&dk, p.k_span()), "dK");
+    assert_eq!(dv1, t(&dv, p.v_span()), "dV");
+    assert_eq!(
+        bits(ds1),
+        bits(ex.download_f32(&ds, p.sink_len()).unwrap()),
+        "d_sink"
+    );
+    println!("stream path with features: bitwise equal to the synchronous path");
 }
