@@ -7,7 +7,7 @@
 //! - validation: mismatched inputs are refused before any launch;
 //! - soft-capping, off-by-one and learnable sinks (d_sink), padded (right, left) and packed
 //!   sequences, alone and combined: the same criterion against a float64 oracle
-//!   (`src/chunked/test_oracle.rs`), outputs pre-filled with NaN, padding rows O = 0,
+//!   (the reference's, through `src/chunked/test_oracle.rs`), outputs pre-filled with NaN, padding rows O = 0,
 //!   LSE = -inf, dQ = 0 and padding keys dK = dV = 0, d_sink bitwise reproducible, the stream
 //!   path bitwise equal to the synchronous one and a learnable call without its sink refused.
 
@@ -542,6 +542,7 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
 // ---- Soft-capping, sinks and per-sequence lengths ----------------------------------------
 
 mod oracle {
+    use attn_policy_adapters::reference;
     use attn_policy_adapters::{AttentionProblem, DType, HostTensor, SoftmaxKind, Strides};
     include!("../src/chunked/test_oracle.rs");
 }
@@ -637,12 +638,6 @@ fn feature_cases() -> Vec<(String, AttentionProblem)> {
         }
     }
     out
-}
-
-/// Random learnable sink logits (standard normal), else none.
-fn sink_logits(p: &AttentionProblem, seed: u64) -> Vec<f32> {
-    let mut rng = attn_policy_adapters::rng::Rng::new(seed ^ 0x5151);
-    (0..p.sink_len()).map(|_| rng.normal() as f32).collect()
 }
 
 /// Forward and backward through the device path with every output buffer pre-filled with
@@ -767,7 +762,7 @@ fn features_meet_the_flash_attention_criterion() {
                     let e = if i.is_multiple_of(2) { &ex } else { &big };
                     let s = seed.wrapping_add(i as u64 * 7919);
                     let inp = random_inputs(p, s);
-                    let sink = sink_logits(p, s);
+                    let sink = inp.sink.clone().unwrap_or_default();
                     let (o, lse, dq, dk, dv, d_sink) = device_run(e, p, &inp, &sink);
                     let (checks, passed) = oracle::oracle_verify(
                         p,
@@ -817,7 +812,7 @@ fn padding_rows_and_keys_are_written_and_d_sink_is_deterministic() {
         p.softmax = SoftmaxKind::Learnable;
         p.softcap = Some(10.0);
         let inp = random_inputs(&p, seed);
-        let sink = sink_logits(&p, seed);
+        let sink = inp.sink.clone().unwrap_or_default();
         let (o, lse, dq, dk, dv, d_sink) = device_run(&ex, &p, &inp, &sink);
         let mut pad_rows = 0;
         for b in 0..p.batch {
@@ -899,7 +894,7 @@ fn host_path_learnable_sink() {
         .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
     p.softmax = SoftmaxKind::Learnable;
     let inp = random_inputs(&p, seed);
-    let sink = sink_logits(&p, seed);
+    let sink = inp.sink.clone().unwrap_or_default();
     let fin = |sink| ForwardInputs {
         q: &inp.q,
         k: &inp.k,
@@ -957,7 +952,7 @@ fn stream_path_serves_the_features() {
     p.softcap = Some(30.0);
     p.softmax = SoftmaxKind::Learnable;
     let inp = random_inputs(&p, seed);
-    let sink = sink_logits(&p, seed);
+    let sink = inp.sink.clone().unwrap_or_default();
     let (o1, l1, dq1, dk1, dv1, ds1) = device_run(&ex, &p, &inp, &sink);
     let up = |t: &HostTensor| ex.upload(&t.data).unwrap();
     let (q, k, v, d_o, o) = (up(&inp.q), up(&inp.k), up(&inp.v), up(&inp.d_o), up(&o1));

@@ -462,6 +462,7 @@ mod tests {
     mod oracle {
         use crate::executor::HostTensor;
         use crate::problem::{AttentionProblem, DType, SoftmaxKind, Strides};
+        use crate::reference;
         include!("test_oracle.rs");
     }
 
@@ -493,18 +494,13 @@ mod tests {
         }
     }
 
-    /// Random sink logits of a learnable problem (else none).
-    fn sinks(p: &AttentionProblem, seed: u64) -> Vec<f32> {
-        let mut rng = crate::rng::Rng::new(seed ^ 0x5eed);
-        (0..p.sink_len()).map(|_| rng.normal() as f32).collect()
-    }
-
     /// The features' check: both backward plans against the test oracle (FlashAttention
     /// criterion for O, dQ, dK, dV, d_sink; LSE to 1e-5 with -inf exactly in padding and fully
     /// masked rows), outputs written everywhere (they start as garbage); returns d_sink.
     fn check_features(p: &AttentionProblem, chunk: usize, seed: u64) -> Vec<f32> {
         let inp = random_inputs(p, seed);
-        let sink = sinks(p, seed);
+        // A learnable problem's random logits (else none).
+        let sink = inp.sink.clone().unwrap_or_default();
         let mut d_sinks = Vec::new();
         for kind in [PlanKind::Backward, PlanKind::BackwardFusedScores] {
             let r = run_mock(p, &cfg(chunk), kind, &inp, &sink);
