@@ -584,6 +584,20 @@ mod tests {
                     seed += 1;
                     check_features(&p, 4, seed);
                 }
+                // A sequence with query rows and no keys (its rows are empty: O = 0,
+                // LSE = -inf), next to a one-token one.
+                let lens = match packing {
+                    SeqPacking::Packed => {
+                        SeqLens::from_cu_seqlens(&[0, 6, 7, 20], &[0, 0, 1, 12]).unwrap()
+                    }
+                    side => SeqLens::padded(side, vec![6, 1, 13], vec![0, 1, 11]),
+                };
+                let mut p = AttentionProblem::new(3, 2, 1, 13, 11, 8, 16, DType::F16)
+                    .with_mask(mask)
+                    .with_seqlens(lens, LayoutKind::Bshd);
+                p.softmax = SoftmaxKind::Learnable;
+                seed += 1;
+                check_features(&p, 5, seed);
             }
         }
     }
