@@ -212,8 +212,7 @@ pub fn problem_from_facts(facts: &Facts) -> Result<AttentionProblem, NotExpressi
     p.set_layout(layout);
     if let Some(c) = facts.get("softcap") {
         match c {
-            Value::Float(c) if c == 0.0 => {}
-            Value::Int(0) => {}
+            Value::Float(0.0) | Value::Int(0) => {}
             Value::Float(c) => p.softcap = Some(c),
             Value::Int(c) => p.softcap = Some(c as f64),
             other => {
