@@ -542,8 +542,8 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
 // ---- Soft-capping, sinks and per-sequence lengths ----------------------------------------
 
 mod oracle {
-    use attn_policy_adapters::reference;
     use attn_policy_adapters::{AttentionProblem, DType, HostTensor, SoftmaxKind, Strides};
+    use attn_policy_adapters::{reference, trial};
     include!("../src/chunked/test_oracle.rs");
 }
 

@@ -462,7 +462,7 @@ mod tests {
     mod oracle {
         use crate::executor::HostTensor;
         use crate::problem::{AttentionProblem, DType, SoftmaxKind, Strides};
-        use crate::reference;
+        use crate::{reference, trial};
         include!("test_oracle.rs");
     }
 
