@@ -15,8 +15,10 @@ from ._decision import InvalidInput
 from ._tensors import _bhsd, _contiguous_strides, _lse_shape, _o_shape
 
 
-# `thd` (index 3): packed sequences, `[tokens, heads, head dim]`, with `cu_seqlens`.
-LAYOUTS = ("bhsd", "bshd", "sbhd", "thd")
+# The padded layouts (4-D), and with them `thd` (index 3): packed sequences, `[tokens, heads,
+# head dim]`, with `cu_seqlens` (attention() only: context parallelism takes the padded ones).
+LAYOUTS = ("bhsd", "bshd", "sbhd")
+ALL_LAYOUTS = LAYOUTS + ("thd",)
 THD = 3
 DIAGONALS = ("top_left", "bottom_right")
 _ON_DECLINE = ("raise", "fallback")
@@ -176,7 +178,7 @@ class _Call:
         return {
             "qkv_type": "Tensor",
             "qkv_dtype": _FACT_DTYPES[self.dtype],
-            "qkv_layout": _LAYOUT_TE[LAYOUTS[self.layout]],
+            "qkv_layout": _LAYOUT_TE[ALL_LAYOUTS[self.layout]],
             "batch_size": self.b,
             "num_heads": self.hq,
             "num_gqa_groups": self.hkv,
@@ -289,6 +291,6 @@ def _window_args(window, is_causal: bool) -> Tuple[int, int]:
 
 
 def _layout_index(layout: Any) -> int:
-    if layout not in LAYOUTS:
-        raise PolicyError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}")
-    return LAYOUTS.index(layout)
+    if layout not in ALL_LAYOUTS:
+        raise PolicyError(f"layout must be one of {', '.join(ALL_LAYOUTS)}, found {layout!r}")
+    return ALL_LAYOUTS.index(layout)

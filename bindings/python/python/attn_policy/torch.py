@@ -61,8 +61,8 @@ from ._model import ExecutorAttempt, Explanation, deprecated_alias  # noqa: F401
 # it (the private names too: tests and benchmarks reach some of them).
 from ._autograd import _backward, _Eager, _eager_apply, _setup_context  # noqa: F401
 from ._call import (  # noqa: F401
-    _DTYPE_NAMES, _FACT_DTYPES, _LAYOUT_TE, _ON_DECLINE, DIAGONALS, LAYOUTS, PACKED, PADDINGS, SOFTMAX_TYPES, THD,
-    _Call, _check_backward, _check_inputs, _check_storage, _layout_index, _tensor_arg, _window_args,
+    _DTYPE_NAMES, _FACT_DTYPES, _LAYOUT_TE, _ON_DECLINE, ALL_LAYOUTS, DIAGONALS, LAYOUTS, PACKED, PADDINGS,
+    SOFTMAX_TYPES, THD, _Call, _check_backward, _check_inputs, _check_storage, _layout_index, _tensor_arg, _window_args,
     _with_features, te_window_fact,
 )
 from ._chain import (  # noqa: F401
@@ -236,9 +236,9 @@ def attention(
 def _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline, no_substitute, training):
     """The op's arguments after the checks (bad options are ``PolicyError``s)."""
     try:
-        li = LAYOUTS.index(layout)
+        li = ALL_LAYOUTS.index(layout)
     except ValueError:
-        raise PolicyError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}") from None
+        raise PolicyError(f"layout must be one of {', '.join(ALL_LAYOUTS)}, found {layout!r}") from None
     if diagonal not in DIAGONALS:
         raise PolicyError(f"diagonal must be one of {', '.join(DIAGONALS)}, found {diagonal!r}")
     if on_decline not in _ON_DECLINE:
