@@ -136,7 +136,7 @@ class _NativeRunner(_Runner):
             self._fwd(
                 q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                 (_avail(q), _avail(k), _avail(v), _avail(o), _avail(lse)),
-                ws.data_ptr() if n else 0, n, self._stream(self.index), sink=s32.data_ptr(),
+                ws.data_ptr() if n else 0, n, self._stream(self.index), sink=s32.data_ptr(), sink_avail=_avail(s32),
             )
         return o, lse
 
@@ -161,7 +161,8 @@ class _NativeRunner(_Runner):
             self._bwd(*args)
             return dq, dk, dv
         d_sink = torch.zeros(self.hq, dtype=_F32, device=dev)
-        self._bwd(*args, sink=s32.data_ptr(), d_sink=d_sink.data_ptr())
+        self._bwd(*args, sink=s32.data_ptr(), d_sink=d_sink.data_ptr(), sink_avail=_avail(s32),
+                  d_sink_avail=_avail(d_sink))
         return dq, dk, dv, d_sink.to(sink.dtype)
 
     def _forward_through_host(self, q, k, v, sink=None):
@@ -171,7 +172,10 @@ class _NativeRunner(_Runner):
         q, k, v = q.cpu(), k.cpu(), v.cpu()
         o = torch.empty(_o_shape(q, v), dtype=q.dtype)
         lse = torch.empty(self.lse_shape, dtype=self.lse_dtype)
-        extra = {} if s32 is None else {"sink": (s32 := s32.cpu()).data_ptr()}
+        extra = {}
+        if s32 is not None:
+            s32 = s32.cpu()
+            extra = {"sink": s32.data_ptr(), "sink_avail": _avail(s32)}
         self._fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                   tuple(_avail(t) for t in (q, k, v, o, lse)), **extra)
         return o.to(dev), lse.to(dev)
@@ -185,7 +189,8 @@ class _NativeRunner(_Runner):
         extra, d_sink = {}, None
         if s32 is not None:
             s32, d_sink = s32.cpu(), torch.zeros(self.hq, dtype=_F32)
-            extra = {"sink": s32.data_ptr(), "d_sink": d_sink.data_ptr()}
+            extra = {"sink": s32.data_ptr(), "d_sink": d_sink.data_ptr(), "sink_avail": _avail(s32),
+                     "d_sink_avail": _avail(d_sink)}
         self._bwd(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
             dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
