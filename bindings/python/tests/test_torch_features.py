@@ -289,6 +289,31 @@ def test_gradcheck_packed_thd():
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_features_meet_the_flash_attention_criterion(dtype):
+    # err(attn_policy, float64) <= 2 x err(naive same-dtype, float64), O and every gradient
+    # (the sink's included), with every feature but packing at once (left padding, soft-cap,
+    # a learnable sink, causal bottom-right, GQA).
+    lo = [t.to(dtype) for t in qkv(b=2, hq=4, hkv=2, sq=12, skv=16, d=16, layout="bshd", seed=11)]
+    sink32 = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float32)
+    kw = dict(causal=True, bottom_right=True, softcap=4.0, lens_q=[12, 5], lens_kv=[16, 7], padding="left")
+    ours_in = [t.clone().requires_grad_(True) for t in lo] + [sink32.clone().requires_grad_(True)]
+    o = apt.attention(*ours_in[:3], layout="bshd", is_causal=True, diagonal="bottom_right", softcap=4.0,
+                      sink=ours_in[3], seqlens_q=kw["lens_q"], seqlens_kv=kw["lens_kv"], padding="left")
+    ex_in = [t.detach().double().requires_grad_(True) for t in ours_in]
+    exact = reference(*ex_in[:3], "bshd", sink=ex_in[3], **kw)
+    nv_in = [t.detach().clone().requires_grad_(True) for t in lo] + [sink32.to(dtype).requires_grad_(True)]
+    naive = reference(*nv_in[:3], "bshd", sink=nv_in[3], **kw)
+    g = rand(*o.shape, seed=12).to(dtype)
+    got = (o, *torch.autograd.grad(o, ours_in, g))
+    want = (exact, *torch.autograd.grad(exact, ex_in, g.double()))
+    base = (naive, *torch.autograd.grad(naive, nv_in, g))
+    for name, a, w, n in zip(("O", "dQ", "dK", "dV", "d_sink"), got, want, base):
+        err = (a.double() - w).abs().max().item()
+        naive_err = (n.double() - w).abs().max().item()
+        assert err <= 2 * naive_err + 1e-6, (name, err, naive_err)
+
+
 # ---------------------------------------------------------------------------------------------
 # The cache: same shapes, other lengths.
 
@@ -412,6 +437,20 @@ def test_compile_fullgraph_traces_a_call_without_features():
     q, k, v = qkv(b=1, hq=2, hkv=2, sq=4, skv=4, d=8)
     f = torch.compile(lambda q, k, v: apt.attention(q, k, v, is_causal=True), fullgraph=True, backend="eager")
     close(f(q, k, v), reference(q, k, v, causal=True))
+
+
+def test_compile_fullgraph_traces_a_call_with_features_given_as_lists():
+    # Lengths as lists (a tensor of lengths is read to the host: a graph break under compile).
+    q, k, v = qkv(b=2, hq=4, hkv=2, sq=6, skv=6, d=8, grad=True)
+    sink = torch.tensor([0.5, -1.0, 0.25, 2.0], dtype=torch.float64, requires_grad=True)
+
+    def f(q, k, v, sink):
+        return apt.attention(q, k, v, is_causal=True, softcap=3.0, sink=sink, seqlens_q=[6, 3], padding="left")
+
+    eager, compiled = f(q, k, v, sink), torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, sink)
+    close(compiled, eager, 0)
+    for a, b in zip(grads(compiled, (q, k, v, sink)), grads(eager, (q, k, v, sink))):
+        close(a, b, 0)
 
 
 def test_the_op_carries_the_sink_and_returns_its_gradient():

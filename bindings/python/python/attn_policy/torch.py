@@ -407,8 +407,9 @@ def _attention_features(q, k, v, layout, is_causal, diagonal, window, scale, dro
     signature, lengths included) and run through the Python autograd Function (eager) or the
     op (compiling, tensor subclasses, modes)."""
     li = _layout_index(layout)
-    # (While tracing, fake tensors have no storage to check; the op's kernel checks the real ones.)
-    _check_inputs(q, k, v, li, storage=not _is_compiling())
+    if not _is_compiling():
+        # (While tracing, the op's fake checks the shapes: nothing here is traced into the graph.)
+        _check_inputs(q, k, v, li)
     cap, softmax, sink_t, packing, lq, lkv = _features(q, k, li, softcap, sink, seqlens_q, seqlens_kv, padding,
                                                        cu_seqlens_q, cu_seqlens_kv)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
