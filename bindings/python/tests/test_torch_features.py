@@ -36,9 +36,10 @@ def _one(q, k, v, causal, bottom_right, window, scale, softcap, sink):
     s = (q @ k.transpose(-1, -2)) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(sq)[:, None] + ((skv - sq) if bottom_right else 0)
-    j = torch.arange(skv)[None, :]
-    ok = torch.ones(sq, skv, dtype=torch.bool)
+    dev = q.device
+    i = torch.arange(sq, device=dev)[:, None] + ((skv - sq) if bottom_right else 0)
+    j = torch.arange(skv, device=dev)[None, :]
+    ok = torch.ones(sq, skv, dtype=torch.bool, device=dev)
     left, right = window if window is not None else (-1, -1)
     if causal:
         right = 0 if right < 0 else min(right, 0)
@@ -63,7 +64,8 @@ def reference(q, k, v, layout="bhsd", causal=False, bottom_right=False, window=N
     """O of the call, from float64 tensor ops (differentiable: its gradients are the reference's)."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if isinstance(sink, str):
-        sink = torch.zeros(q.shape[-2] if layout == "thd" else _to_bhsd(q, layout).shape[1], dtype=torch.float64)
+        sink = torch.zeros(q.shape[-2] if layout == "thd" else _to_bhsd(q, layout).shape[1], dtype=torch.float64,
+                           device=q.device)
     if layout == "thd":
         outs = []
         for b in range(len(cu_q) - 1):
