@@ -336,8 +336,8 @@ MANIFEST_FIELDS = {
     "name", "device", "min_compute_capability", "max_compute_capability", "dtypes", "head_dim_qk", "head_dim_v", "head_dim_v_may_differ",
     "masks", "windows", "rectangular", "layouts", "arbitrary_strides", "stride_multiple_of", "gqa", "max_seqlen",
     "max_score_elements", "backward", "deterministic", "notes",
-    # The features an executor serves (soft-capping, sinks, per-sequence lengths): the random
-    # calls here use none, so every manifest admits them on this count.
+    # Soft-capping, sinks, per-sequence lengths: the calls drawn here use none, and a manifest's
+    # `features` only refuses calls that use one (test_torch_features.py covers those).
     "features",
 }
 _DT = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
