@@ -455,6 +455,17 @@ def test_compile_fullgraph_traces_a_call_with_features_given_as_lists():
         close(a, b, 0)
 
 
+def test_opcheck_passes_for_calls_with_features():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 6, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    sink = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    args = apt._op_args(q, "bhsd", True, "top_left", None, None, 0.0, None, "raise", False, True)
+    torch.library.opcheck(torch.ops.attn_policy.attention.default, (q, q, q, *args, 2.0, 2, sink, 1, [6, 3], [6, 3]))
+    t = torch.randn(9, 4, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    args = apt._op_args(t, "thd", True, "top_left", None, None, 0.0, None, "raise", False, True)
+    torch.library.opcheck(torch.ops.attn_policy.attention.default, (t, t, t, *args, 0.0, 1, None, 3, [4, 5], [4, 5]))
+
+
 def test_the_op_carries_the_sink_and_returns_its_gradient():
     q, k, v = qkv(b=1, hq=2, hkv=2, sq=4, skv=4, d=8, grad=True)
     sink = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
