@@ -7,7 +7,7 @@
 //! - validation: mismatched inputs are refused before any launch;
 //! - soft-capping, off-by-one and learnable sinks (d_sink), padded (right, left) and packed
 //!   sequences, alone and combined: the same criterion against a float64 oracle
-//!   (the reference's, through `src/chunked/test_oracle.rs`), outputs pre-filled with NaN, padding rows O = 0,
+//!   (the reference's, through `chunked::test_oracle`), outputs pre-filled with NaN, padding rows O = 0,
 //!   LSE = -inf, dQ = 0 and padding keys dK = dV = 0, d_sink bitwise reproducible, the stream
 //!   path bitwise equal to the synchronous one and a learnable call without its sink refused.
 
@@ -541,11 +541,7 @@ fn stream_path_on_a_foreign_stream_matches_the_synchronous_path() {
 
 // ---- Soft-capping, sinks and per-sequence lengths ----------------------------------------
 
-mod oracle {
-    use attn_policy_adapters::{AttentionProblem, DType, HostTensor, SoftmaxKind, Strides};
-    use attn_policy_adapters::{reference, trial};
-    include!("../src/chunked/test_oracle.rs");
-}
+use attn_policy_adapters::chunked::test_oracle as oracle;
 
 /// A problem with the features: soft-capping, sink, per-sequence lengths.
 #[cfg(feature = "cuda")]

@@ -459,12 +459,7 @@ mod tests {
     };
     use crate::trial::{random_inputs, verify};
 
-    mod oracle {
-        use crate::executor::HostTensor;
-        use crate::problem::{AttentionProblem, DType, SoftmaxKind, Strides};
-        use crate::{reference, trial};
-        include!("test_oracle.rs");
-    }
+    use super::super::test_oracle as oracle;
 
     fn cfg(chunk: usize) -> ChunkedConfig {
         ChunkedConfig {

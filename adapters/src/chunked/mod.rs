@@ -33,6 +33,9 @@ pub(crate) mod plan;
 #[cfg(test)]
 mod mock;
 
+#[doc(hidden)]
+pub mod test_oracle;
+
 #[cfg(feature = "cuda")]
 mod enabled;
 #[cfg(feature = "cuda")]

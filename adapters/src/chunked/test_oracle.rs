@@ -1,18 +1,16 @@
-// Test-only check of the chunked executor's outputs against the float64 reference
-// (`reference::forward_f64_sink` / `backward_f64_sink`) and the naive same-dtype baseline
-// (`naive_forward_sink` / `naive_backward_sink`), with soft-capping, sinks and per-sequence
-// lengths. `include!`d by the CPU mock tests and the GPU tests: the includer brings
-// `AttentionProblem`, `DType`, `HostTensor`, `SoftmaxKind`, `Strides`, `reference` and `trial` into
-// scope.
+//! The chunked tests' check of outputs against the float64 reference
+//! (`reference::forward_f64_sink` / `backward_f64_sink`) and the naive same-dtype baseline
+//! (`naive_forward_sink` / `naive_backward_sink`), with soft-capping, sinks and per-sequence
+//! lengths: used by the CPU mock tests and the GPU tests (adapters/tests/gpu_chunked.rs). Not
+//! part of the API (hidden from the docs).
+
+use crate::executor::HostTensor;
+use crate::problem::{AttentionProblem, DType, SoftmaxKind, Strides};
+use crate::{reference, trial};
 
 /// Max |got - want| over the elements of a strided tensor (`[batch_dim, h, rows, d]`); NaN
 /// counts as infinite.
-fn oracle_err(
-    st: &Strides,
-    dims: (usize, usize, usize, usize),
-    got: &[f64],
-    want: &[f64],
-) -> f64 {
+fn oracle_err(st: &Strides, dims: (usize, usize, usize, usize), got: &[f64], want: &[f64]) -> f64 {
     let mut e = 0.0f64;
     for b in 0..dims.0 {
         for h in 0..dims.1 {
@@ -118,7 +116,11 @@ pub fn oracle_verify(
         let mut nerr = 0.0f64;
         for ((g, w), n) in d_sink.iter().zip(&exact.d_sink).zip(&naive.d_sink) {
             let x = (*g as f64 - w).abs();
-            err = if x.is_nan() { f64::INFINITY } else { err.max(x) };
+            err = if x.is_nan() {
+                f64::INFINITY
+            } else {
+                err.max(x)
+            };
             nerr = nerr.max((n - w).abs());
         }
         let floor = trial::d_sink_rounding_floor(p, &d_o, &o_ref, &lse_ref, &sink64);
