@@ -319,7 +319,8 @@ pub fn te_admits(m: &crate::executor::Manifest) -> String {
             MaskKind::CausalTopLeft => "padding_causal",
             MaskKind::CausalBottomRight => "padding_causal_bottom_right",
         };
-        [k.rule_name(), padded]
+        // The padding kinds only where the executor takes per-sequence lengths at all.
+        std::iter::once(k.rule_name()).chain((!m.features.seqlens.is_empty()).then_some(padded))
     })
     .collect();
     parts.push(format!("attn_mask_type in [{}]", quoted(masks)));
@@ -329,7 +330,7 @@ pub fn te_admits(m: &crate::executor::Manifest) -> String {
     if !f.seqlens.contains(&SeqPacking::Packed) {
         parts.push(r#"qkv_layout != "thd_thd_thd""#.into());
     }
-    if !f.seqlens.contains(&SeqPacking::PaddedRight) {
+    if !f.seqlens.is_empty() && !f.seqlens.contains(&SeqPacking::PaddedRight) {
         parts.push(
             r#"(qkv_layout == "thd_thd_thd" or not (attn_mask_type in ["padding", "padding_causal", "padding_causal_bottom_right"]))"#
                 .into(),
@@ -362,9 +363,9 @@ pub fn te_admits(m: &crate::executor::Manifest) -> String {
         .map(|(_, name)| name)
         // A packed batch has bshd's strides (batch stride 0).
         .chain(
-            m.layouts
-                .contains(&LayoutKind::Bshd)
-                .then_some("thd_thd_thd"),
+            (m.layouts.contains(&LayoutKind::Bshd)
+                && m.features.seqlens.contains(&SeqPacking::Packed))
+            .then_some("thd_thd_thd"),
         )
         .collect();
         parts.push(format!("qkv_layout in [{}]", quoted(layouts)));
