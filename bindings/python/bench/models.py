@@ -117,11 +117,14 @@ def family(name, tiny):
         from transformers import Gemma2Config, Gemma2ForCausalLM
         hd2 = 32 if tiny else 256
         n = 2 if tiny else 4
+        # Gemma 2's cap, 50, leaves the scores of a tiny random model (|s| < 1) as they are
+        # (dropping the cap passed unnoticed): the tiny one caps at 1 so that capping shows.
+        cap = 1.0 if tiny else 50.0
         cfg = Gemma2Config(hidden_size=h, intermediate_size=inter, num_hidden_layers=n,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=hd2, query_pre_attn_scalar=hd2,
-                           sliding_window=win, layer_types=alternate(n), attn_logit_softcapping=50.0,
+                           sliding_window=win, layer_types=alternate(n), attn_logit_softcapping=cap,
                            final_logit_softcapping=30.0, **common)
-        return Gemma2ForCausalLM, cfg, f"softcap 50.0, head_dim {hd2}, window {win} on alternate layers", "eager"
+        return Gemma2ForCausalLM, cfg, f"softcap {cap}, head_dim {hd2}, window {win} on alternate layers", "eager"
     if name == "gemma3":
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
         hd3 = 32 if tiny else 256
@@ -186,10 +189,11 @@ def make_batches(vocab, n_batches, batch, seq, device, seed, unpadded=False):
 
 
 def prompts_left_padded(batches, prompt, device, unpadded=False):
-    """4 prompts: prefixes (lengths prompt, prompt-3, prompt-5, prompt-2) of training rows,
-    left-padded; returns (input_ids, attention_mask, lengths, the training continuations).
-    ``unpadded``: all of length ``prompt`` (and the mask is None)."""
-    rows = [(b, r) for b in range(len(batches)) for r in range(batches[b]["input_ids"].shape[0])][:4]
+    """4 prompts: prefixes (lengths prompt, prompt-3, prompt-5, prompt-2) of the 4 longest
+    training rows, left-padded; returns (input_ids, attention_mask, lengths, the training
+    continuations). ``unpadded``: all of length ``prompt`` (and the mask is None)."""
+    rows = sorted(((b, r) for b in range(len(batches)) for r in range(len(batches[b]["lens"]))),
+                  key=lambda br: -batches[br[0]]["lens"][br[1]])[:4]
     lens = [prompt] * 4 if unpadded else [prompt, prompt - 3, prompt - 5, prompt - 2]
     ids = torch.zeros(4, prompt, dtype=torch.long)
     mask = torch.zeros(4, prompt, dtype=torch.long)
@@ -198,7 +202,7 @@ def prompts_left_padded(batches, prompt, device, unpadded=False):
         row = batches[b]["input_ids"][r].cpu()
         ids[i, prompt - n:] = row[:n]
         mask[i, prompt - n:] = 1
-        conts.append(row[n:].tolist())
+        conts.append(row[n: batches[b]["lens"][r]].tolist())
     return ids.to(device), None if unpadded else mask.to(device), lens, conts
 
 
@@ -276,8 +280,6 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
         t0 = time.perf_counter()
         r = _e2e.train(m, fwd, steps, device, lr=a.lr, clip=a.clip, warmup=a.warmup,
                        ctx=_e2e.sdpa_backend(backend), name=f"{name} {key}")
-        if i == 0:
-            ref1_state = _e2e.clone_state(m)
         del m
         runs[key] = r
         dt = time.perf_counter() - t0
@@ -314,6 +316,7 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
         if a.verbose:
             traceback.print_exc()
         res["problems"].append(f"attn_policy training: {msg}")
+        aptf.register(policy=policy, log_decisions=False, on_decline="raise")
         res["decisions"] = layer_summary(aptf.decision_log)
         res["step_ms"] = {k: median_ms(r["times"]) for k, r in runs.items()}
         res["peak_bytes"] = {k: r["peak"] for k, r in runs.items()}
@@ -341,20 +344,21 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
                                f"{envelope[worst]:.3g}, floor {floors[worst]:.3g})")
 
     # Greedy generation with a KV cache of a left-padded batch, attn_policy's trained weights
-    # under attn_policy and under the first reference.
+    # under attn_policy and under both references (the second: for the logits' bound).
     ids, mask, plens, conts = prompts_left_padded(batches, a.prompt, device, a.unpadded)
-    gen = {}
+    gen, scores = {}, {}
     aptf.register(policy=policy, log_decisions=True, on_decline="raise")
     aptf.decision_log.clear()
-    for impl, backend, key in [("attn_policy", None, "attn_policy"), (refs[0][0], refs[0][1], keys[0])]:
+    for impl, backend, key in [("attn_policy", None, "attn_policy")] + [(i, b, k) for (i, b), k in zip(refs, keys)]:
         gm = _e2e.make_model(cls, cfg, impl, dtype, device, ap_state).eval()
         gm.generation_config.eos_token_id = None
         gm.generation_config.pad_token_id = 0
         try:
             with torch.no_grad(), _e2e.sdpa_backend(backend)():
-                out = gm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=a.new_tokens,
-                                  do_sample=False, use_cache=True)
-            gen[key] = out[:, a.prompt:].tolist()
+                out = gm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=a.new_tokens, do_sample=False,
+                                  use_cache=True, output_scores=True, return_dict_in_generate=True)
+            gen[key] = out.sequences[:, a.prompt:].tolist()
+            scores[key] = torch.stack(out.scores).float()
         except Exception as e:
             msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             print(f"# generate under {key}: FAILED: {msg}")
@@ -370,6 +374,25 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
     if ga is not None and gb is not None and not gen_ok:
         diffs = [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in zip(ga, gb)]
         res["problems"].append(f"generate: tokens differ from {keys[0]} (first difference per prompt {diffs})")
+    # The generated steps' logits (same tokens fed back, so comparable): attn_policy's largest
+    # difference from the first reference within 1.5 x the references' own (floor: --logit-floor
+    # x max(1, the largest logit)). Tokens alone miss defects a memorised model outvotes (a
+    # padding mask ignored in the left-padded prompts: tested).
+    logit = None
+    if gen_ok and gen.get(keys[1]) is not None:
+        # Up to the first step where the second reference chose another token (inclusive: that
+        # step's logits came from the same tokens).
+        g2 = gen[keys[1]]
+        n = next((t for t in range(len(gb[0])) if any(r1[t] != r2[t] for r1, r2 in zip(gb, g2))), len(gb[0]) - 1) + 1
+        s1 = scores[keys[0]][:n]
+        d_ap = (scores["attn_policy"][:n] - s1).abs().max().item()
+        d_ref = (scores[keys[1]][:n] - s1).abs().max().item()
+        floor = a.logit_floor * max(1.0, s1.abs().max().item())
+        logit = {"ap": d_ap, "refs": d_ref, "floor": floor, "ratio": d_ap / max(d_ref, floor)}
+        if logit["ratio"] > 1.5:
+            res["problems"].append(f"generate: logits differ from {keys[0]} by {d_ap:.3g}, past 1.5 x the references' "
+                                   f"{d_ref:.3g} (floor {floor:.3g})")
+        logit["steps"] = n
     memorised = ([sum(int(x == y) for x, y in zip(g, c)) for g, c in zip(ga, conts)] if ga is not None else None)
 
     if watch.fallbacks:
@@ -382,23 +405,23 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
         steps=steps, losses={k: r["losses"] for k, r in runs.items()}, ref_gap=ref_gap, ref_gap_envelope=envelope, deviation=dev,
         floors=floors, max_ratio=ratio[worst], worst_step=worst, loss_ok=loss_ok,
         generate={"attn_policy": ga, keys[0]: gb, "prompt_lengths": plens, "memorised_tokens": memorised},
-        generate_ok=gen_ok, decisions=layer_summary(first_step), decisions_generate=layer_summary(gen_records),
+        generate_ok=gen_ok, generate_logits=logit, decisions=layer_summary(first_step), decisions_generate=layer_summary(gen_records),
         per_layer=first_step, substitutes=subs,
         step_ms={k: median_ms(r["times"]) for k, r in runs.items()},
         peak_bytes={k: r["peak"] for k, r in runs.items()},
         step_ratio=median_ms(ours["times"]) / median_ms(ref1["times"]),
         peak_ratio=(ours["peak"] / ref1["peak"]) if ref1["peak"] else None,
     )
-    del ref1_state
     res["verdict"] = "PASS" if not res["problems"] else "FAIL"
     print(f"# loss: worst |ap - {keys[0]}| / max(|{keys[1]} - {keys[0]}|, floor) = {ratio[worst]:.2f} at step {worst}; "
-          f"generate identical: {gen_ok} (tokens equal to the training continuation: {memorised}); "
-          f"decisions: {res['decisions']}; verdict {res['verdict']}", flush=True)
+          f"generate identical: {gen_ok} (tokens equal to the training continuation: {memorised}), logits "
+          + (f"{logit['ap']:.3g} vs the references' {logit['refs']:.3g} (floor {logit['floor']:.3g}); " if logit else "-; ")
+          + f"decisions: {res['decisions']}; verdict {res['verdict']}", flush=True)
     return res
 
 
 def fmt_table(results):
-    lines = ["| family | steps | max loss dev / ref gap | generate == ref1 | decisions per layer (first step) | "
+    lines = ["| family | steps | max loss dev / ref gap | generate == ref1 (logit dev / ref gap) | decisions per layer (first step) | "
              "step ms ap / ref1 | peak MiB ap / ref1 | verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r["verdict"] == "skipped" or "max_ratio" not in r:
@@ -414,7 +437,9 @@ def fmt_table(results):
         subs = f"; substitutes: {', '.join(r['substitutes'])}" if r["substitutes"] else ""
         lines.append(
             f"| {r['family']} | {r['steps']} | {r['max_ratio']:.2f} (step {r['worst_step']}) | "
-            f"{'yes' if r['generate_ok'] else 'NO'} | {r['decisions']}{subs} | "
+            f"{'yes' if r['generate_ok'] else 'NO'}"
+            + (f" (logits {r['generate_logits']['ratio']:.2f}x)" if r.get("generate_logits") else "")
+            + f" | {r['decisions']}{subs} | "
             f"{sm['attn_policy']:.1f} / {sm[ref1]:.1f} ({r['step_ratio']:.2f}x) | {peak} | {r['verdict']}"
             + (f": {'; '.join(r['problems'])}" if r["problems"] else "") + " |")
     return "\n".join(lines)
@@ -444,6 +469,9 @@ def main(argv=None) -> int:
                     "(eager, eager_fp32); auto: sdpa where SDPA computes the model, else eager")
     ap.add_argument("--gap-window", type=int, default=5,
                     help="the reference gap of step i is the largest within i-W..i+W (0: that step's own)")
+    ap.add_argument("--logit-floor", type=float, default=None,
+                    help="the generate logits' bound floor, relative to max(1, |largest logit|) "
+                    "(default 1e-2 in bf16, 1e-4 in fp32)")
     ap.add_argument("--prompt", type=int, default=None, help="prompt length (default 64, 16 with --tiny)")
     ap.add_argument("--new-tokens", type=int, default=None, help="generated tokens (default 32, 12 with --tiny)")
     ap.add_argument("--chain", action="append", default=[], metavar="BACKEND=EXEC,...",
@@ -462,6 +490,7 @@ def main(argv=None) -> int:
     device = torch.device(a.device)
     a.dtype = a.dtype or ("bf16" if device.type == "cuda" else "fp32")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    a.logit_floor = a.logit_floor or (1e-2 if a.dtype == "bf16" else 1e-4)
     if device.type == "cpu" and a.tiny:
         # Tiny models are bound by per-op overhead: more threads only contend (5x slower on a
         # loaded 2-core machine).
@@ -479,8 +508,7 @@ def main(argv=None) -> int:
     aptf.register(policy=policy, on_decline="raise")
     _e2e.register_eager_fp32()
     watch = LogWatch()
-    for lg in ("attn_policy", "attn_policy.torch", "attn_policy.transformers"):
-        logging.getLogger(lg).addHandler(watch)
+    logging.getLogger("attn_policy").addHandler(watch)  # its modules' loggers propagate to it
     import transformers
 
     print(f"# model families through attn_policy (pack {a.pack}): torch {torch.__version__}, transformers "
