@@ -48,8 +48,16 @@ Checks (a failed one fails the family; the script exits 1 when any family fails)
 2. no decline and no SDPA fallback: declines raise (``on_decline="raise"``), a logged fallback
    fails; an executor-chain substitute (logged) is allowed and reported;
 3. greedy ``generate()`` with a KV cache of a LEFT-padded batch of 4 prompts (prefixes of the
-   training rows, of different lengths) with the weights attn_policy trained (memorised, so
-   the continuation has clear margins) gives the first reference's tokens.
+   longest training rows, of different lengths) with the weights attn_policy trained
+   (memorised, so the continuation has clear margins) gives the first reference's tokens, and
+   its logits at the generated steps differ from the first reference's by at most 1.5 x the
+   second reference's difference (floor ``--logit-floor`` x max(1, largest logit): 1e-2 in
+   bf16, 1e-4 in float32). The tokens alone passed with the padding mask dropped from
+   attn_policy's calls (a memorised model outvotes the pads; right padding under a causal mask
+   hides them in training); the logits caught it (1400x the bound). The loss check (1)
+   caught a sliding window one key wider (60-225x), a dropped sink (226x) and a dropped
+   soft-cap (40x, with the tiny gemma2's cap of 1: a cap of 50 never bites a tiny random
+   model, and dropping it passed).
 Reported: per-layer decisions of the first step (``attn_policy.transformers.register(
 log_decisions=True)``), median step time and peak memory of attn_policy against the first
 reference, and how many generated tokens equal the training continuation.
