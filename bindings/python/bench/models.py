@@ -226,7 +226,7 @@ class LogWatch(logging.Handler):
         if "falling back" in msg or "fallback" in msg.lower():
             self.fallbacks.append(msg)
         elif "substitut" in msg.lower():
-            self.substitutes.append(msg)
+            self.substitutes.append(msg.removeprefix("attn_policy: "))
 
 
 def layer_summary(records):
@@ -294,7 +294,8 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
         print(f"# {key}: {steps} steps in {dt:.1f} s, final loss {r['losses'][-1]:.4f}", flush=True)
         if i == 0 and time.perf_counter() + 2.2 * dt > deadline:
             res.update(verdict="skipped", problems=[f"the references' first run took {dt:.0f} s: the family "
-                                                    "would not finish within --budget-s"])
+                                                    "would not finish within --budget-s"],
+                       step_ms={key: median_ms(r["times"])}, peak_bytes={key: r["peak"]})
             return res
 
     # attn_policy: declines raise; the first step's decisions are logged per layer.
@@ -434,15 +435,17 @@ def fmt_table(results):
     for r in results:
         if r["verdict"] == "skipped" or "max_ratio" not in r:
             sm = r.get("step_ms", {})
+            ref1 = f"{next(iter(sm.values())):.1f}" if sm else "-"
             lines.append(f"| {r['family']} | {r.get('steps', '-')} | - | - | {r.get('decisions', '-')} | "
-                         f"- / {next(iter(sm.values()), float('nan')):.1f} | - | {r['verdict']}"
+                         f"- / {ref1} | - | {r['verdict']}"
                          + (f": {'; '.join(r['problems'])}" if r["problems"] else "") + " |")
             continue
         ref1 = r["references"][0]
         sm, pk = r["step_ms"], r["peak_bytes"]
         peak = (f"{pk['attn_policy'] / 2**20:.0f} / {pk[ref1] / 2**20:.0f} ({r['peak_ratio']:.2f}x)"
                 if r["peak_ratio"] else "n/a (CPU)")
-        subs = f"; substitutes: {', '.join(r['substitutes'])}" if r["substitutes"] else ""
+        # The why of each substitute is in the JSON (and the log): one line each.
+        subs = f" ({len(r['substitutes'])} substitute reason(s))" if r["substitutes"] else ""
         lines.append(
             f"| {r['family']} | {r['steps']} | {r['max_ratio']:.2f} (step {r['worst_step']}) | "
             f"{'yes' if r['generate_ok'] else 'NO'}"
