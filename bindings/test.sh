@@ -60,7 +60,8 @@ torch_suite() {
     "$ROOT/bindings/python/tests/test_torch.py" "$ROOT/bindings/python/tests/test_transformers.py" \
     "$ROOT/bindings/python/tests/test_sdpa.py" "$ROOT/bindings/python/tests/test_context_parallel.py" \
     "$ROOT/bindings/python/tests/test_eager_node.py" "$ROOT/bindings/python/tests/test_torch_inputs.py" \
-    "$ROOT/bindings/python/tests/test_chain_walk.py" "$ROOT/bindings/python/tests/test_call_document.py")
+    "$ROOT/bindings/python/tests/test_chain_walk.py" "$ROOT/bindings/python/tests/test_call_document.py" \
+    "$ROOT/bindings/python/tests/test_torch_features.py")
   TV="$tv"
 }
 

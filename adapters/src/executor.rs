@@ -772,7 +772,30 @@ pub fn validate_forward_inputs(
     p.validate().map_err(ExecError::invalid)?;
     check_tensor("q", p.dtype, p.q_span(), inputs.q)?;
     check_tensor("k", p.dtype, p.k_span(), inputs.k)?;
-    check_tensor("v", p.dtype, p.v_span(), inputs.v)
+    check_tensor("v", p.dtype, p.v_span(), inputs.v)?;
+    validate_sink(p, inputs.sink.map(<[f32]>::len))
+}
+
+/// The sink logits a call carries (`sink_len`: how many, `None` when it carries none) against
+/// the problem's softmax: a learnable sink needs exactly `h_q` logits (without them the call
+/// would silently be a vanilla softmax); the other softmaxes take none (they would be ignored).
+/// Both mismatches are [`ExecError::InvalidInput`].
+pub fn validate_sink(p: &AttentionProblem, sink_len: Option<usize>) -> Result<(), ExecError> {
+    match (p.softmax, sink_len) {
+        (SoftmaxKind::Learnable, Some(n)) if n == p.heads_q => Ok(()),
+        (SoftmaxKind::Learnable, Some(n)) => Err(ExecError::invalid(format!(
+            "sink has {n} logits, expected h_q = {}",
+            p.heads_q
+        ))),
+        (SoftmaxKind::Learnable, None) => Err(ExecError::invalid(
+            "softmax_type learnable needs its sink logits ([h_q] fp32), none given",
+        )),
+        (_, None) => Ok(()),
+        (kind, Some(_)) => Err(ExecError::invalid(format!(
+            "sink logits given for softmax_type {}; only learnable takes them",
+            kind.te_name()
+        ))),
+    }
 }
 
 /// Shared validation of backward host inputs (dO's dtype included, LSE length).
@@ -793,7 +816,7 @@ pub fn validate_backward_inputs(
             p.lse_len()
         )));
     }
-    Ok(())
+    validate_sink(p, inputs.sink.map(<[f32]>::len))
 }
 
 fn check_tensor(name: &str, dtype: DType, span: usize, t: &HostTensor) -> Result<(), ExecError> {

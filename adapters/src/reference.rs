@@ -1,5 +1,15 @@
 //! `reference`: CPU float64 forward and backward for every shape, mask, window, GQA ratio and
-//! layout. It is the oracle of the tests and what `attn-policy run` uses where no GPU is present.
+//! layout, and every feature of the problem: soft-capping, off-by-one and learnable sinks (with
+//! the sink logits' gradient), per-sequence lengths padded either side or packed. It is the
+//! oracle of the tests and what `attn-policy run` uses where no GPU is present.
+//!
+//! The oracle helpers take the sink logits of a learnable sink as `Option<&[f64]>` (`None`
+//! for the other softmaxes) and return every tensor over the problem's full span: padding rows
+//! get `O = 0`, `LSE = -inf`, `dQ = 0`, padding keys `dK = dV = 0` (so do rows with no
+//! admissible key, whatever their sink). [`forward_f64`] / [`backward_f64`] /
+//! [`backward_f64_from_stats`] / [`naive_forward`] / [`naive_backward`] keep their signatures
+//! and serve every problem but a learnable sink (they panic there: it needs logits); the
+//! `*_sink` variants take the logits and the backwards return [`Grads`] with `d_sink`.
 //!
 //! Besides the exact float64 path, [`naive_forward`] / [`naive_backward`] simulate the textbook
 //! attention computed in the problem's low precision (every intermediate a framework would store
@@ -9,9 +19,11 @@
 use crate::executor::{
     BackwardOutput, DeviceIo, DeviceKind, Direction, ExecError, ExecStats, Executor, ForwardOutput,
     HeadDimRange, HostIo, HostOutput, HostTensor, Manifest, Plan, StreamLaunch, Unsupported,
-    direction_mismatch, validate_backward_inputs, validate_forward_inputs,
+    direction_mismatch, validate_backward_inputs, validate_forward_inputs, validate_sink,
 };
-use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind, Strides};
+use crate::problem::{
+    AttentionProblem, DType, EffectiveMask, LayoutKind, MaskKind, SoftmaxKind, Strides,
+};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -56,12 +68,13 @@ pub fn manifest() -> Manifest {
         max_score_elements: Some(MAX_SCORE_ELEMENTS),
         backward: true,
         deterministic: true,
-        features: crate::executor::Features::none(),
+        features: crate::executor::Features::all(),
         notes: vec![
             "float64 arithmetic on the host; inputs decoded from fp16/bf16/fp32/fp64 exactly".into(),
             "outputs rounded once to the problem dtype (LSE to fp32; fp64 for fp64 problems through forward_strided_lse)".into(),
             "fp32/fp64 through the strided-pointer API (forward_strided/backward_strided); host tensors are fp16/bf16".into(),
             format!("refuses b*h_q*s_q*s_kv > {MAX_SCORE_ELEMENTS} (CPU time)"),
+            "learnable sink logits: fp32 [h_q] (host tensors' `sink`, or a host pointer); d_sink fp32 [h_q]".into(),
         ],
     }
 }
@@ -92,221 +105,437 @@ impl Rounding {
     }
 }
 
-/// Gather `[s, d]` of head `(b, h)` from a strided buffer.
-fn gather(x: &[f64], st: &Strides, b: usize, h: usize, s: usize, d: usize) -> Vec<f64> {
-    let mut out = vec![0.0; s * d];
-    for i in 0..s {
-        let o = st.offset(b, h, i, 0);
+/// The sink logit of every query head for `p`'s softmax, from the caller's logits: `None` for
+/// the vanilla softmax, zeros for off-by-one, the given `h_q` logits for a learnable sink.
+/// Logits for a learnable problem are required ([`ExecError::InvalidInput`] without them or
+/// with another count); logits for another softmax are refused (they would be ignored).
+pub fn sink_logits(
+    p: &AttentionProblem,
+    sink: Option<&[f64]>,
+) -> Result<Option<Vec<f64>>, ExecError> {
+    validate_sink(p, sink.map(<[f64]>::len))?;
+    Ok(match p.softmax {
+        SoftmaxKind::Vanilla => None,
+        SoftmaxKind::OffByOne => Some(vec![0.0; p.heads_q]),
+        SoftmaxKind::Learnable => sink.map(<[f64]>::to_vec),
+    })
+}
+
+/// [`sink_logits`] for the oracle helpers, which return plain vectors: a mismatch is the
+/// caller's programming error.
+fn sink_or_panic(p: &AttentionProblem, sink: Option<&[f64]>) -> Option<Vec<f64>> {
+    sink_logits(p, sink).unwrap_or_else(|e| panic!("reference oracle: {e}"))
+}
+
+/// Gather rows `[start, start + len)` of head `(b, h)` (`[len, d]`) from a strided buffer.
+#[allow(clippy::too_many_arguments)]
+fn gather(
+    x: &[f64],
+    st: &Strides,
+    b: usize,
+    h: usize,
+    start: usize,
+    len: usize,
+    d: usize,
+) -> Vec<f64> {
+    let mut out = vec![0.0; len * d];
+    for i in 0..len {
+        let o = st.offset(b, h, start + i, 0);
         out[i * d..(i + 1) * d].copy_from_slice(&x[o..o + d]);
     }
     out
 }
 
-fn scatter(dst: &mut [f64], src: &[f64], st: &Strides, b: usize, h: usize, s: usize, d: usize) {
-    for i in 0..s {
-        let o = st.offset(b, h, i, 0);
+#[allow(clippy::too_many_arguments)]
+fn scatter(
+    dst: &mut [f64],
+    src: &[f64],
+    st: &Strides,
+    b: usize,
+    h: usize,
+    start: usize,
+    len: usize,
+    d: usize,
+) {
+    for i in 0..len {
+        let o = st.offset(b, h, start + i, 0);
         dst[o..o + d].copy_from_slice(&src[i * d..(i + 1) * d]);
     }
 }
 
-/// Per-head forward: returns (P as [sq, skv] probabilities, O [sq, dv], lse [sq]).
-#[allow(clippy::type_complexity)]
-fn head_forward(
-    p: &AttentionProblem,
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-    rd: Rounding,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (sq, skv, dqk, dv) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
-    let m = p.effective_mask();
-    let mut probs = vec![0.0; sq * skv];
-    let mut o = vec![0.0; sq * dv];
-    let mut lse = vec![f64::NEG_INFINITY; sq];
-    let mut row = vec![0.0; skv];
-    for i in 0..sq {
-        let (lo, hi) = m.row_range(i);
-        if lo >= hi {
-            continue;
-        }
-        let (lo, hi) = (lo as usize, hi as usize);
-        let qi = &q[i * dqk..(i + 1) * dqk];
-        let mut mx = f64::NEG_INFINITY;
-        for j in lo..hi {
-            let kj = &k[j * dqk..(j + 1) * dqk];
-            let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-            // A low-precision framework stores Q K^T, then the scaled scores.
-            let s = rd.r(rd.r(dot) * p.softmax_scale);
-            row[j] = s;
-            mx = mx.max(s);
-        }
-        let sum: f64 = (lo..hi).map(|j| (row[j] - mx).exp()).sum();
-        lse[i] = mx + sum.ln();
-        for j in lo..hi {
-            probs[i * skv + j] = rd.r((row[j] - mx).exp() / sum);
-        }
-        let oi = &mut o[i * dv..(i + 1) * dv];
-        for j in lo..hi {
-            let pj = probs[i * skv + j];
-            let vj = &v[j * dv..(j + 1) * dv];
-            for (a, b) in oi.iter_mut().zip(vj) {
-                *a += pj * b;
-            }
-        }
-        for a in oi.iter_mut() {
-            *a = rd.r(*a);
-        }
-    }
-    (probs, o, lse)
+/// One sequence of one head, gathered: its queries and keys in the sequence's own coordinates.
+struct SeqHead<'a> {
+    p: &'a AttentionProblem,
+    /// The sequence's mask (own q and kv lengths).
+    m: EffectiveMask,
+    sq: usize,
+    skv: usize,
+    /// The head's sink logit, if the softmax has one.
+    sink: Option<f64>,
 }
 
+/// What the forward of one sequence of one head keeps for the backward.
+struct HeadFwd {
+    /// Probabilities `[sq, skv]` (0 outside the mask).
+    probs: Vec<f64>,
+    /// O `[sq, dv]`.
+    o: Vec<f64>,
+    /// LSE `[sq]` (sink included; `-inf` for rows with no admissible key).
+    lse: Vec<f64>,
+    /// `1 - tanh^2` of the capped scores `[sq, skv]` (empty without soft-capping).
+    dcap: Vec<f64>,
+    /// Probability of the sink per row `[sq]` (0 without a sink or for empty rows).
+    psink: Vec<f64>,
+}
+
+impl SeqHead<'_> {
+    /// The score of query `qi` and key `kj` after scaling and capping, and `1 - tanh^2` of the
+    /// cap (1 without one); a low-precision framework stores `Q K^T`, the scaled scores, the
+    /// tanh and the capped scores.
+    #[inline]
+    fn score(&self, qi: &[f64], kj: &[f64], rd: Rounding) -> (f64, f64) {
+        let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+        let s = rd.r(rd.r(dot) * self.p.softmax_scale);
+        match self.p.softcap {
+            Some(c) => {
+                let t = rd.r((s / c).tanh());
+                (rd.r(c * t), 1.0 - t * t)
+            }
+            None => (s, 1.0),
+        }
+    }
+
+    fn forward(&self, q: &[f64], k: &[f64], v: &[f64], rd: Rounding) -> HeadFwd {
+        let (sq, skv, dqk, dv) = (self.sq, self.skv, self.p.head_dim_qk, self.p.head_dim_v);
+        let capped = self.p.softcap.is_some();
+        let mut f = HeadFwd {
+            probs: vec![0.0; sq * skv],
+            o: vec![0.0; sq * dv],
+            lse: vec![f64::NEG_INFINITY; sq],
+            dcap: if capped {
+                vec![0.0; sq * skv]
+            } else {
+                Vec::new()
+            },
+            psink: vec![0.0; sq],
+        };
+        let mut row = vec![0.0; skv];
+        for i in 0..sq {
+            let (lo, hi) = self.m.row_range(i);
+            if lo >= hi {
+                // No admissible key: the row is empty, whatever its sink.
+                continue;
+            }
+            let (lo, hi) = (lo as usize, hi as usize);
+            let qi = &q[i * dqk..(i + 1) * dqk];
+            let mut mx = self.sink.unwrap_or(f64::NEG_INFINITY);
+            for j in lo..hi {
+                let (s, dc) = self.score(qi, &k[j * dqk..(j + 1) * dqk], rd);
+                row[j] = s;
+                if capped {
+                    f.dcap[i * skv + j] = dc;
+                }
+                mx = mx.max(s);
+            }
+            let sink_term = self.sink.map_or(0.0, |s| (s - mx).exp());
+            let sum: f64 = (lo..hi).map(|j| (row[j] - mx).exp()).sum::<f64>() + sink_term;
+            f.lse[i] = mx + sum.ln();
+            f.psink[i] = rd.r(sink_term / sum);
+            for (pj, s) in f.probs[i * skv + lo..i * skv + hi]
+                .iter_mut()
+                .zip(&row[lo..hi])
+            {
+                *pj = rd.r((s - mx).exp() / sum);
+            }
+            let oi = &mut f.o[i * dv..(i + 1) * dv];
+            for j in lo..hi {
+                let pj = f.probs[i * skv + j];
+                for (a, b) in oi.iter_mut().zip(&v[j * dv..(j + 1) * dv]) {
+                    *a += pj * b;
+                }
+            }
+            for a in oi.iter_mut() {
+                *a = rd.r(*a);
+            }
+        }
+        f
+    }
+}
+
+/// The (sequence, head) jobs of a problem: every sequence of the batch, every head in `heads`.
+fn jobs(p: &AttentionProblem, heads: usize) -> Vec<(usize, usize)> {
+    (0..p.batch)
+        .flat_map(|bi| (0..heads).map(move |h| (bi, h)))
+        .collect()
+}
+
+fn seq_head<'a>(
+    p: &'a AttentionProblem,
+    bi: usize,
+    sinks: &Option<Vec<f64>>,
+    h: usize,
+) -> SeqHead<'a> {
+    let (qr, kr) = p.seq_rows(bi);
+    SeqHead {
+        p,
+        m: p.seq_mask(bi),
+        sq: qr.len,
+        skv: kr.len,
+        sink: sinks.as_ref().map(|s| s[h]),
+    }
+}
+
+/// Forward of every sequence and head: `(O, LSE)` over the problem's full spans, padding rows
+/// `O = 0`, `LSE = -inf`.
 fn forward_impl(
     p: &AttentionProblem,
     q: &[f64],
     k: &[f64],
     v: &[f64],
+    sinks: &Option<Vec<f64>>,
     rd: Rounding,
 ) -> (Vec<f64>, Vec<f64>) {
-    let (b, hq, sq, skv, dqk, dv) = (
-        p.batch,
-        p.heads_q,
-        p.seqlen_q,
-        p.seqlen_kv,
-        p.head_dim_qk,
-        p.head_dim_v,
-    );
+    let (hq, dqk, dv) = (p.heads_q, p.head_dim_qk, p.head_dim_v);
     let ratio = p.group_size();
     let mut o = vec![0.0; p.o_span()];
     let mut lse = vec![f64::NEG_INFINITY; p.lse_len()];
-    let jobs: Vec<(usize, usize)> = (0..b)
-        .flat_map(|bi| (0..hq).map(move |h| (bi, h)))
-        .collect();
+    let jobs = jobs(p, hq);
     let results = parallel_map(&jobs, |&(bi, h)| {
         let g = h / ratio;
-        let qh = gather(q, &p.layout.q, bi, h, sq, dqk);
-        let kh = gather(k, &p.layout.k, bi, g, skv, dqk);
-        let vh = gather(v, &p.layout.v, bi, g, skv, dv);
-        let (_, oh, lh) = head_forward(p, &qh, &kh, &vh, rd);
-        (oh, lh)
+        let (qr, kr) = p.seq_rows(bi);
+        let qh = gather(q, &p.layout.q, qr.batch, h, qr.start, qr.len, dqk);
+        let kh = gather(k, &p.layout.k, kr.batch, g, kr.start, kr.len, dqk);
+        let vh = gather(v, &p.layout.v, kr.batch, g, kr.start, kr.len, dv);
+        let f = seq_head(p, bi, sinks, h).forward(&qh, &kh, &vh, rd);
+        (f.o, f.lse)
     });
     for (&(bi, h), (oh, lh)) in jobs.iter().zip(results) {
-        scatter(&mut o, &oh, &p.layout.o, bi, h, sq, dv);
-        lse[(bi * hq + h) * sq..(bi * hq + h + 1) * sq].copy_from_slice(&lh);
+        let (qr, _) = p.seq_rows(bi);
+        scatter(&mut o, &oh, &p.layout.o, qr.batch, h, qr.start, qr.len, dv);
+        for (i, l) in lh.into_iter().enumerate() {
+            lse[p.lse_index(qr.batch, h, qr.start + i)] = l;
+        }
     }
     (o, lse)
 }
 
-#[allow(clippy::type_complexity)]
+/// Gradients of the reference's backward: dQ, dK, dV over the problem's full spans (strides of
+/// Q, K, V; padding rows and keys 0) and the gradient of the sink logits `[h_q]` (learnable
+/// sink only, else empty).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grads {
+    /// dQ, strides of Q.
+    pub dq: Vec<f64>,
+    /// dK, strides of K.
+    pub dk: Vec<f64>,
+    /// dV, strides of V.
+    pub dv: Vec<f64>,
+    /// d(sink logits) `[h_q]` of a learnable sink; empty for the other softmaxes.
+    pub d_sink: Vec<f64>,
+}
+
+/// One (sequence, KV group) job's gradients: dQ of each query head in the group, dK, dV, and
+/// the sink gradient of each query head in the group.
+struct GroupGrads {
+    dqs: Vec<Vec<f64>>,
+    dk: Vec<f64>,
+    dv: Vec<f64>,
+    dsink: Vec<f64>,
+}
+
+/// dS of one row from P, dP - D and the cap's derivative, and the row's contributions to dQ,
+/// dK, dV (shared by both backwards: they differ in where P comes from).
+struct RowGrad<'a> {
+    qi: &'a [f64],
+    doi: &'a [f64],
+    dsum: f64,
+    dqi: &'a mut [f64],
+}
+
+impl RowGrad<'_> {
+    /// Accumulate key `j`'s contribution with probability `pij` and cap derivative `dcap`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn key(
+        &mut self,
+        pij: f64,
+        dcap: f64,
+        kj: &[f64],
+        vj: &[f64],
+        dkj: &mut [f64],
+        dvj: &mut [f64],
+        rd: Rounding,
+    ) {
+        let dp = rd.r(self.doi.iter().zip(vj).map(|(a, b)| a * b).sum::<f64>());
+        let mut ds = rd.r(pij * (dp - self.dsum));
+        if dcap != 1.0 {
+            ds = rd.r(ds * dcap);
+        }
+        for (a, b) in dvj.iter_mut().zip(self.doi) {
+            *a += pij * b;
+        }
+        if ds == 0.0 {
+            return;
+        }
+        for (a, b) in self.dqi.iter_mut().zip(kj) {
+            *a += ds * b;
+        }
+        for (a, b) in dkj.iter_mut().zip(self.qi) {
+            *a += ds * b;
+        }
+    }
+}
+
+#[inline]
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
 fn backward_impl(
     p: &AttentionProblem,
     q: &[f64],
     k: &[f64],
     v: &[f64],
     d_o: &[f64],
+    sinks: &Option<Vec<f64>>,
     rd: Rounding,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (b, hkv, sq, skv, dqk, dv) = (
-        p.batch,
-        p.heads_kv,
-        p.seqlen_q,
-        p.seqlen_kv,
-        p.head_dim_qk,
-        p.head_dim_v,
-    );
+) -> Grads {
+    let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
     let ratio = p.group_size();
     let scale = p.softmax_scale;
-    let jobs: Vec<(usize, usize)> = (0..b)
-        .flat_map(|bi| (0..hkv).map(move |g| (bi, g)))
-        .collect();
+    let jobs = jobs(p, p.heads_kv);
     let results = parallel_map(&jobs, |&(bi, g)| {
-        let kh = gather(k, &p.layout.k, bi, g, skv, dqk);
-        let vh = gather(v, &p.layout.v, bi, g, skv, dv);
-        let mut dk = vec![0.0; skv * dqk];
-        let mut dvv = vec![0.0; skv * dv];
-        let mut dqs = Vec::with_capacity(ratio);
+        let (qr, kr) = p.seq_rows(bi);
+        let (sq, skv) = (qr.len, kr.len);
+        let kh = gather(k, &p.layout.k, kr.batch, g, kr.start, skv, dqk);
+        let vh = gather(v, &p.layout.v, kr.batch, g, kr.start, skv, dv);
+        let mut gg = GroupGrads {
+            dqs: Vec::with_capacity(ratio),
+            dk: vec![0.0; skv * dqk],
+            dv: vec![0.0; skv * dv],
+            dsink: vec![0.0; ratio],
+        };
         for r in 0..ratio {
             let h = g * ratio + r;
-            let qh = gather(q, &p.layout.q, bi, h, sq, dqk);
-            let doh = gather(d_o, &p.layout.o, bi, h, sq, dv);
-            let (probs, oh, _) = head_forward(p, &qh, &kh, &vh, rd);
+            let qh = gather(q, &p.layout.q, qr.batch, h, qr.start, sq, dqk);
+            let doh = gather(d_o, &p.layout.o, qr.batch, h, qr.start, sq, dv);
+            let f = seq_head(p, bi, sinks, h).forward(&qh, &kh, &vh, rd);
             let mut dq = vec![0.0; sq * dqk];
-            let mut ds_row = vec![0.0; skv];
             for i in 0..sq {
+                if f.lse[i] == f64::NEG_INFINITY {
+                    continue;
+                }
                 let doi = &doh[i * dv..(i + 1) * dv];
-                // D = rowsum(dO * O); equals rowsum(P * dP) in exact arithmetic.
-                let dsum: f64 = doi
-                    .iter()
-                    .zip(&oh[i * dv..(i + 1) * dv])
-                    .map(|(a, b)| a * b)
-                    .sum();
+                // D = rowsum(dO * O); equals rowsum(P * dP) in exact arithmetic (the sink adds
+                // no term: it has no value row).
+                let dsum = dot(doi, &f.o[i * dv..(i + 1) * dv]);
+                // d(sink) = sum over rows of dS of the sink column = P_sink * (0 - D).
+                gg.dsink[r] -= rd.r(f.psink[i] * dsum);
+                let mut row = RowGrad {
+                    qi: &qh[i * dqk..(i + 1) * dqk],
+                    doi,
+                    dsum,
+                    dqi: &mut dq[i * dqk..(i + 1) * dqk],
+                };
                 for j in 0..skv {
-                    let pij = probs[i * skv + j];
+                    let pij = f.probs[i * skv + j];
                     if pij == 0.0 {
-                        ds_row[j] = 0.0;
                         continue;
                     }
-                    let vj = &vh[j * dv..(j + 1) * dv];
-                    let dp = rd.r(doi.iter().zip(vj).map(|(a, b)| a * b).sum::<f64>());
-                    ds_row[j] = rd.r(pij * (dp - dsum));
-                    for (a, b) in dvv[j * dv..(j + 1) * dv].iter_mut().zip(doi) {
-                        *a += pij * b;
-                    }
+                    let dcap = if f.dcap.is_empty() {
+                        1.0
+                    } else {
+                        f.dcap[i * skv + j]
+                    };
+                    row.key(
+                        pij,
+                        dcap,
+                        &kh[j * dqk..(j + 1) * dqk],
+                        &vh[j * dv..(j + 1) * dv],
+                        &mut gg.dk[j * dqk..(j + 1) * dqk],
+                        &mut gg.dv[j * dv..(j + 1) * dv],
+                        rd,
+                    );
                 }
-                let qi = &qh[i * dqk..(i + 1) * dqk];
-                let dqi = &mut dq[i * dqk..(i + 1) * dqk];
-                for j in 0..skv {
-                    let ds = ds_row[j];
-                    if ds == 0.0 {
-                        continue;
-                    }
-                    let kj = &kh[j * dqk..(j + 1) * dqk];
-                    for (a, b) in dqi.iter_mut().zip(kj) {
-                        *a += ds * b;
-                    }
-                    for (a, b) in dk[j * dqk..(j + 1) * dqk].iter_mut().zip(qi) {
-                        *a += ds * b;
-                    }
-                }
-                for a in dqi.iter_mut() {
+                for a in row.dqi.iter_mut() {
                     *a = rd.r(*a * scale);
                 }
             }
-            dqs.push(dq);
+            gg.dqs.push(dq);
         }
-        for a in dk.iter_mut() {
+        for a in gg.dk.iter_mut() {
             *a = rd.r(*a * scale);
         }
-        for a in dvv.iter_mut() {
+        for a in gg.dv.iter_mut() {
             *a = rd.r(*a);
         }
-        (dqs, dk, dvv)
+        gg
     });
-    scatter_group_grads(p, &jobs, results)
+    scatter_group_grads(p, &jobs, results, rd)
 }
 
-/// One (batch, KV group) job's gradients: dQ of each query head in the group, then dK and dV.
-type GroupGrads = (Vec<Vec<f64>>, Vec<f64>, Vec<f64>);
-
-/// Writes every job's gradients into full-size dQ, dK, dV in the problem's strides (shared by
-/// both backward passes: they differ in the math, not in where the results go).
+/// Writes every job's gradients into full-size dQ, dK, dV in the problem's strides and sums the
+/// sink gradients over the sequences (shared by both backward passes: they differ in the math,
+/// not in where the results go).
 fn scatter_group_grads(
     p: &AttentionProblem,
     jobs: &[(usize, usize)],
     results: Vec<GroupGrads>,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (sq, skv, dqk, dv) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    rd: Rounding,
+) -> Grads {
+    let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
     let ratio = p.group_size();
-    let mut dq = vec![0.0; p.q_span()];
-    let mut dk = vec![0.0; p.k_span()];
-    let mut dvo = vec![0.0; p.v_span()];
-    for (&(bi, g), (dqs, dkh, dvh)) in jobs.iter().zip(results) {
-        for (r, dqh) in dqs.iter().enumerate() {
-            scatter(&mut dq, dqh, &p.layout.q, bi, g * ratio + r, sq, dqk);
+    let mut out = Grads {
+        dq: vec![0.0; p.q_span()],
+        dk: vec![0.0; p.k_span()],
+        dv: vec![0.0; p.v_span()],
+        d_sink: vec![0.0; p.sink_len()],
+    };
+    for (&(bi, g), gg) in jobs.iter().zip(results) {
+        let (qr, kr) = p.seq_rows(bi);
+        for (r, dqh) in gg.dqs.iter().enumerate() {
+            let h = g * ratio + r;
+            scatter(
+                &mut out.dq,
+                dqh,
+                &p.layout.q,
+                qr.batch,
+                h,
+                qr.start,
+                qr.len,
+                dqk,
+            );
         }
-        scatter(&mut dk, &dkh, &p.layout.k, bi, g, skv, dqk);
-        scatter(&mut dvo, &dvh, &p.layout.v, bi, g, skv, dv);
+        scatter(
+            &mut out.dk,
+            &gg.dk,
+            &p.layout.k,
+            kr.batch,
+            g,
+            kr.start,
+            kr.len,
+            dqk,
+        );
+        scatter(
+            &mut out.dv,
+            &gg.dv,
+            &p.layout.v,
+            kr.batch,
+            g,
+            kr.start,
+            kr.len,
+            dv,
+        );
+        if !out.d_sink.is_empty() {
+            for (r, d) in gg.dsink.iter().enumerate() {
+                out.d_sink[g * ratio + r] += d;
+            }
+        }
     }
-    (dq, dk, dvo)
+    for d in out.d_sink.iter_mut() {
+        *d = rd.r(*d);
+    }
+    out
 }
 
 /// Cores available to this process, read once: `available_parallelism` reads cgroup files on
@@ -348,13 +577,39 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
     out.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Exact float64 forward on strided f64 buffers (Q/K/V/O strides from the problem).
-/// Returns `(O, LSE)`; LSE natural log, `-inf` for rows with no admissible key.
+/// Exact float64 forward on strided f64 buffers (Q/K/V/O strides from the problem), every
+/// feature of the problem served (soft-capping, off-by-one sink, per-sequence lengths).
+/// Returns `(O, LSE)` over the full spans (`O`: `p.o_span()` elements, strides of O; LSE
+/// `[batch_dim, h_q, rows_q]`, natural log, sink included); padding rows and rows with no
+/// admissible key get `O = 0`, `LSE = -inf`.
+///
+/// # Panics
+/// For a learnable-sink problem (it needs logits: use [`forward_f64_sink`]).
 pub fn forward_f64(p: &AttentionProblem, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    forward_impl(p, q, k, v, Rounding::Exact)
+    forward_f64_sink(p, q, k, v, None)
 }
 
-/// Exact float64 backward: `(dQ, dK, dV)` for upstream gradient `d_o` (strides of O).
+/// [`forward_f64`] with the sink logits `[h_q]` of a learnable sink (`None` for the other
+/// softmaxes).
+///
+/// # Panics
+/// When `sink` does not fit the problem ([`sink_logits`]: learnable without `h_q` logits, or
+/// logits for another softmax).
+pub fn forward_f64_sink(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    sink: Option<&[f64]>,
+) -> (Vec<f64>, Vec<f64>) {
+    forward_impl(p, q, k, v, &sink_or_panic(p, sink), Rounding::Exact)
+}
+
+/// Exact float64 backward: `(dQ, dK, dV)` for upstream gradient `d_o` (strides of O), full
+/// spans, padding rows and keys 0.
+///
+/// # Panics
+/// For a learnable-sink problem (use [`backward_f64_sink`], which also returns d_sink).
 pub fn backward_f64(
     p: &AttentionProblem,
     q: &[f64],
@@ -362,15 +617,37 @@ pub fn backward_f64(
     v: &[f64],
     d_o: &[f64],
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    backward_impl(p, q, k, v, d_o, Rounding::Exact)
+    let g = backward_f64_sink(p, q, k, v, d_o, None);
+    (g.dq, g.dk, g.dv)
+}
+
+/// Exact float64 backward with the sink logits of a learnable sink (`None` otherwise): dQ, dK,
+/// dV and, for a learnable sink, `d_sink` `[h_q]` (`-sum_i exp(s_h - LSE_i) * D_i` over every
+/// sequence's non-empty rows of head `h`).
+///
+/// # Panics
+/// When `sink` does not fit the problem (see [`forward_f64_sink`]).
+pub fn backward_f64_sink(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    sink: Option<&[f64]>,
+) -> Grads {
+    backward_impl(p, q, k, v, d_o, &sink_or_panic(p, sink), Rounding::Exact)
 }
 
 /// Exact float64 backward from the forward's statistics, as the GPU executors compute it:
-/// `P = exp(scale * Q K^T - LSE)` on admissible keys and `D = rowsum(dO * O)` with the given `o`
-/// (strides of O) and `lse` (`[b, h_q, s_q]`, natural log). With the call's own O and LSE this is
-/// [`backward_f64`]; with the O and LSE of a larger softmax that this call is one key block of
-/// (a context-parallel ring step), it is that softmax's gradient restricted to the block, which a
-/// recomputing backward cannot give. Rows whose LSE is `-inf` contribute nothing.
+/// `P = exp(S - LSE)` on admissible keys (`S` the scaled, capped scores) and
+/// `D = rowsum(dO * O)` with the given `o` (strides of O) and `lse` (`[batch_dim, h_q, rows_q]`,
+/// natural log, sink included). With the call's own O and LSE this is [`backward_f64`]; with
+/// the O and LSE of a larger softmax that this call is one key block of (a context-parallel
+/// ring step), it is that softmax's gradient restricted to the block, which a recomputing
+/// backward cannot give. Rows whose LSE is `-inf` contribute nothing.
+///
+/// # Panics
+/// For a learnable-sink problem (use [`backward_f64_from_stats_sink`]).
 pub fn backward_f64_from_stats(
     p: &AttentionProblem,
     q: &[f64],
@@ -380,82 +657,146 @@ pub fn backward_f64_from_stats(
     lse: &[f64],
     d_o: &[f64],
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (b, hkv, sq, dqk, dv) = (p.batch, p.heads_kv, p.seqlen_q, p.head_dim_qk, p.head_dim_v);
-    let (hq, ratio, scale) = (p.heads_q, p.group_size(), p.softmax_scale);
-    let m = p.effective_mask();
-    let jobs: Vec<(usize, usize)> = (0..b)
-        .flat_map(|bi| (0..hkv).map(move |g| (bi, g)))
-        .collect();
+    let g = backward_f64_from_stats_sink(p, q, k, v, o, lse, d_o, None);
+    (g.dq, g.dk, g.dv)
+}
+
+/// [`backward_f64_from_stats`] with the sink logits of a learnable sink (`None` otherwise),
+/// returning `d_sink` too (`-sum_i exp(s_h - LSE_i) * D_i`, from the given LSE).
+///
+/// # Panics
+/// When `sink` does not fit the problem (see [`forward_f64_sink`]).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_f64_from_stats_sink(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    o: &[f64],
+    lse: &[f64],
+    d_o: &[f64],
+    sink: Option<&[f64]>,
+) -> Grads {
+    from_stats_impl(p, q, k, v, o, lse, d_o, &sink_or_panic(p, sink))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn from_stats_impl(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    o: &[f64],
+    lse: &[f64],
+    d_o: &[f64],
+    sinks: &Option<Vec<f64>>,
+) -> Grads {
+    let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
+    let (ratio, scale) = (p.group_size(), p.softmax_scale);
+    let rd = Rounding::Exact;
+    let jobs = jobs(p, p.heads_kv);
     let results = parallel_map(&jobs, |&(bi, g)| {
-        let skv = p.seqlen_kv;
-        let kh = gather(k, &p.layout.k, bi, g, skv, dqk);
-        let vh = gather(v, &p.layout.v, bi, g, skv, dv);
-        let mut dk = vec![0.0; skv * dqk];
-        let mut dvv = vec![0.0; skv * dv];
-        let mut dqs = Vec::with_capacity(ratio);
+        let (qr, kr) = p.seq_rows(bi);
+        let (sq, skv) = (qr.len, kr.len);
+        let kh = gather(k, &p.layout.k, kr.batch, g, kr.start, skv, dqk);
+        let vh = gather(v, &p.layout.v, kr.batch, g, kr.start, skv, dv);
+        let mut gg = GroupGrads {
+            dqs: Vec::with_capacity(ratio),
+            dk: vec![0.0; skv * dqk],
+            dv: vec![0.0; skv * dv],
+            dsink: vec![0.0; ratio],
+        };
         for r in 0..ratio {
             let h = g * ratio + r;
-            let qh = gather(q, &p.layout.q, bi, h, sq, dqk);
-            let oh = gather(o, &p.layout.o, bi, h, sq, dv);
-            let doh = gather(d_o, &p.layout.o, bi, h, sq, dv);
-            let lh = &lse[(bi * hq + h) * sq..(bi * hq + h + 1) * sq];
+            let sh = seq_head(p, bi, sinks, h);
+            let qh = gather(q, &p.layout.q, qr.batch, h, qr.start, sq, dqk);
+            let oh = gather(o, &p.layout.o, qr.batch, h, qr.start, sq, dv);
+            let doh = gather(d_o, &p.layout.o, qr.batch, h, qr.start, sq, dv);
             let mut dq = vec![0.0; sq * dqk];
             for i in 0..sq {
-                let (lo, hi) = m.row_range(i);
-                if lo >= hi || lh[i] == f64::NEG_INFINITY {
+                let (lo, hi) = sh.m.row_range(i);
+                let li = lse[p.lse_index(qr.batch, h, qr.start + i)];
+                if lo >= hi || li == f64::NEG_INFINITY {
                     continue;
                 }
-                let qi = &qh[i * dqk..(i + 1) * dqk];
                 let doi = &doh[i * dv..(i + 1) * dv];
-                let dsum: f64 = doi
-                    .iter()
-                    .zip(&oh[i * dv..(i + 1) * dv])
-                    .map(|(a, b)| a * b)
-                    .sum();
-                let dqi = &mut dq[i * dqk..(i + 1) * dqk];
+                let dsum = dot(doi, &oh[i * dv..(i + 1) * dv]);
+                if let Some(s) = sh.sink {
+                    gg.dsink[r] -= (s - li).exp() * dsum;
+                }
+                let qi = &qh[i * dqk..(i + 1) * dqk];
+                let mut row = RowGrad {
+                    qi,
+                    doi,
+                    dsum,
+                    dqi: &mut dq[i * dqk..(i + 1) * dqk],
+                };
                 for j in lo as usize..hi as usize {
                     let kj = &kh[j * dqk..(j + 1) * dqk];
-                    let vj = &vh[j * dv..(j + 1) * dv];
-                    let s: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() * scale;
-                    let pij = (s - lh[i]).exp();
-                    let dp: f64 = doi.iter().zip(vj).map(|(a, b)| a * b).sum();
-                    let ds = pij * (dp - dsum);
-                    for (a, b) in dvv[j * dv..(j + 1) * dv].iter_mut().zip(doi) {
-                        *a += pij * b;
-                    }
-                    for (a, b) in dqi.iter_mut().zip(kj) {
-                        *a += ds * b;
-                    }
-                    for (a, b) in dk[j * dqk..(j + 1) * dqk].iter_mut().zip(qi) {
-                        *a += ds * b;
-                    }
+                    let (s, dcap) = sh.score(qi, kj, rd);
+                    row.key(
+                        (s - li).exp(),
+                        dcap,
+                        kj,
+                        &vh[j * dv..(j + 1) * dv],
+                        &mut gg.dk[j * dqk..(j + 1) * dqk],
+                        &mut gg.dv[j * dv..(j + 1) * dv],
+                        rd,
+                    );
                 }
-                for a in dqi.iter_mut() {
+                for a in row.dqi.iter_mut() {
                     *a *= scale;
                 }
             }
-            dqs.push(dq);
+            gg.dqs.push(dq);
         }
-        for a in dk.iter_mut() {
+        for a in gg.dk.iter_mut() {
             *a *= scale;
         }
-        (dqs, dk, dvv)
+        gg
     });
-    scatter_group_grads(p, &jobs, results)
+    scatter_group_grads(p, &jobs, results, rd)
 }
 
-/// Textbook attention with every stored intermediate (scores, probabilities, dP, dS, outputs)
-/// rounded to `p.dtype`: the "naive same-dtype" baseline. Returns `(O, LSE)`.
+/// Textbook attention with every stored intermediate (scores, capped scores, probabilities,
+/// dP, dS, outputs) rounded to `p.dtype`: the "naive same-dtype" baseline. Returns `(O, LSE)`.
+///
+/// # Panics
+/// For a learnable-sink problem (use [`naive_forward_sink`]).
 pub fn naive_forward(
     p: &AttentionProblem,
     q: &[f64],
     k: &[f64],
     v: &[f64],
 ) -> (Vec<f64>, Vec<f64>) {
-    forward_impl(p, q, k, v, Rounding::Dtype(p.dtype))
+    naive_forward_sink(p, q, k, v, None)
+}
+
+/// [`naive_forward`] with the sink logits of a learnable sink (`None` otherwise).
+///
+/// # Panics
+/// When `sink` does not fit the problem (see [`forward_f64_sink`]).
+pub fn naive_forward_sink(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    sink: Option<&[f64]>,
+) -> (Vec<f64>, Vec<f64>) {
+    forward_impl(
+        p,
+        q,
+        k,
+        v,
+        &sink_or_panic(p, sink),
+        Rounding::Dtype(p.dtype),
+    )
 }
 
 /// Backward of [`naive_forward`], same rounding. Returns `(dQ, dK, dV)`.
+///
+/// # Panics
+/// For a learnable-sink problem (use [`naive_backward_sink`]).
 pub fn naive_backward(
     p: &AttentionProblem,
     q: &[f64],
@@ -463,7 +804,32 @@ pub fn naive_backward(
     v: &[f64],
     d_o: &[f64],
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    backward_impl(p, q, k, v, d_o, Rounding::Dtype(p.dtype))
+    let g = naive_backward_sink(p, q, k, v, d_o, None);
+    (g.dq, g.dk, g.dv)
+}
+
+/// [`naive_backward`] with the sink logits of a learnable sink (`None` otherwise), returning
+/// `d_sink` too (each row's term and the sum rounded to the dtype).
+///
+/// # Panics
+/// When `sink` does not fit the problem (see [`forward_f64_sink`]).
+pub fn naive_backward_sink(
+    p: &AttentionProblem,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    sink: Option<&[f64]>,
+) -> Grads {
+    backward_impl(
+        p,
+        q,
+        k,
+        v,
+        d_o,
+        &sink_or_panic(p, sink),
+        Rounding::Dtype(p.dtype),
+    )
 }
 
 /// Decode a host tensor into f64.
@@ -573,7 +939,7 @@ fn compact(p: &AttentionProblem) -> AttentionProblem {
 
 /// Forward on host memory of any strides (in elements, head dim contiguous) and any dtype of
 /// the manifest (fp16, bf16, fp32, fp64), float64 inside: writes O (strides `p.layout.o`,
-/// rounded once to `p.dtype`) and LSE (`[b, h_q, s_q]` contiguous fp32, natural log, `-inf`
+/// rounded once to `p.dtype`) and LSE (`[batch_dim, h_q, rows_q]` contiguous fp32, natural log, `-inf`
 /// for rows with no admissible key). This is how framework CPU tensors reach the reference.
 ///
 /// # Safety
@@ -591,7 +957,8 @@ pub unsafe fn forward_strided(
     unsafe { forward_strided_lse(p, q, k, v, o, LseOut::F32(lse)) }
 }
 
-/// Where a strided call writes LSE (`[b, h_q, s_q]`, contiguous, natural log).
+/// Where a strided call writes LSE (`[batch_dim, h_q, rows_q]`, contiguous, natural log:
+/// `[b, h_q, s_q]` unless packed).
 #[derive(Clone, Copy, Debug)]
 pub enum LseOut {
     /// fp32, the convention of every executor.
@@ -622,6 +989,44 @@ pub unsafe fn forward_strided_lse(
     o: *mut u8,
     lse: LseOut,
 ) -> Result<(), ExecError> {
+    // SAFETY: per the contract (no sink pointer).
+    unsafe { forward_strided_sink(p, q, k, v, o, lse, std::ptr::null()) }
+}
+
+/// Reads the `h_q` sink logits at `sink` (null: none) and resolves them for `p`
+/// ([`sink_logits`]).
+///
+/// # Safety
+/// A non-null `sink` must be readable for `p.heads_q` floats.
+unsafe fn read_sinks(
+    p: &AttentionProblem,
+    sink: *const f32,
+) -> Result<Option<Vec<f64>>, ExecError> {
+    let given = (!sink.is_null()).then(|| {
+        (0..p.heads_q)
+            // SAFETY: per the contract.
+            .map(|i| unsafe { sink.add(i).read_unaligned() } as f64)
+            .collect::<Vec<f64>>()
+    });
+    sink_logits(p, given.as_deref())
+}
+
+/// [`forward_strided_lse`] with the sink logits `[h_q]` fp32 of a learnable sink at `sink`
+/// (null for the other softmaxes; a learnable problem without them is
+/// [`ExecError::InvalidInput`]). Every element of O and LSE is written, padding rows included
+/// (`O = 0`, `LSE = -inf`).
+///
+/// # Safety
+/// As for [`forward_strided_lse`]; a non-null `sink` readable for `p.heads_q` floats.
+pub unsafe fn forward_strided_sink(
+    p: &AttentionProblem,
+    q: *const u8,
+    k: *const u8,
+    v: *const u8,
+    o: *mut u8,
+    lse: LseOut,
+    sink: *const f32,
+) -> Result<(), ExecError> {
     manifest().admits(p)?;
     let lse_null = match lse {
         LseOut::F32(x) => x.is_null(),
@@ -630,8 +1035,10 @@ pub unsafe fn forward_strided_lse(
     if [q, k, v].iter().any(|x| x.is_null()) || o.is_null() || lse_null {
         return Err(ExecError::invalid("null pointer"));
     }
-    let (b, hq, hkv) = (p.batch, p.heads_q, p.heads_kv);
-    let (sq, skv, dqk, dv) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    // SAFETY: per the contract.
+    let sinks = unsafe { read_sinks(p, sink)? };
+    let (b, hq, hkv) = (p.batch_dim(), p.heads_q, p.heads_kv);
+    let (sq, skv, dqk, dv) = (p.rows_q(), p.rows_kv(), p.head_dim_qk, p.head_dim_v);
     // SAFETY: per the contract.
     let (qc, kc, vc) = unsafe {
         (
@@ -641,7 +1048,7 @@ pub unsafe fn forward_strided_lse(
         )
     };
     let c = compact(p);
-    let (oc, lc) = forward_f64(&c, &qc, &kc, &vc);
+    let (oc, lc) = forward_impl(&c, &qc, &kc, &vc, &sinks, Rounding::Exact);
     // SAFETY: per the contract.
     unsafe {
         scatter_raw(o, p.dtype, &p.layout.o, (b, hq, sq, dv), &oc);
@@ -677,8 +1084,11 @@ pub unsafe fn backward_strided(
     if [q, k, v, d_o].iter().any(|x| x.is_null()) || [dq, dk, dv].iter().any(|x| x.is_null()) {
         return Err(ExecError::invalid("null pointer"));
     }
-    let (b, hq, hkv) = (p.batch, p.heads_q, p.heads_kv);
-    let (sq, skv, dqk, dvd) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    // No sink logits here: a learnable problem is refused (backward_strided_from_stats_sink
+    // takes them).
+    let sinks = sink_logits(p, None)?;
+    let (b, hq, hkv) = (p.batch_dim(), p.heads_q, p.heads_kv);
+    let (sq, skv, dqk, dvd) = (p.rows_q(), p.rows_kv(), p.head_dim_qk, p.head_dim_v);
     // SAFETY: per the contract.
     let (qc, kc, vc, doc) = unsafe {
         (
@@ -689,7 +1099,8 @@ pub unsafe fn backward_strided(
         )
     };
     let c = compact(p);
-    let (gq, gk, gv) = backward_f64(&c, &qc, &kc, &vc, &doc);
+    let g = backward_impl(&c, &qc, &kc, &vc, &doc, &sinks, Rounding::Exact);
+    let (gq, gk, gv) = (g.dq, g.dk, g.dv);
     // SAFETY: per the contract.
     unsafe {
         scatter_raw(dq, p.dtype, &p.layout.q, (b, hq, sq, dqk), &gq);
@@ -700,7 +1111,7 @@ pub unsafe fn backward_strided(
 }
 
 /// Backward on host memory of any strides and dtype from the forward's statistics (see
-/// [`backward_f64_from_stats`]): reads O (strides of O) and LSE (`[b, h_q, s_q]` contiguous,
+/// [`backward_f64_from_stats`]): reads O (strides of O) and LSE (`[batch_dim, h_q, rows_q]` contiguous,
 /// fp32 or fp64) instead of recomputing them, as the GPU executors do. This is what
 /// `attn_policy.torch` calls, so a key block of a larger softmax (a context-parallel step) gets
 /// that softmax's gradient.
@@ -721,6 +1132,48 @@ pub unsafe fn backward_strided_from_stats(
     dk: *mut u8,
     dv: *mut u8,
 ) -> Result<(), ExecError> {
+    // SAFETY: per the contract (no sink pointers).
+    unsafe {
+        backward_strided_from_stats_sink(
+            p,
+            q,
+            k,
+            v,
+            o,
+            d_o,
+            lse,
+            dq,
+            dk,
+            dv,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// [`backward_strided_from_stats`] with the sink logits `[h_q]` fp32 of a learnable sink at
+/// `sink` and its gradient written to `d_sink` (`[h_q]` fp32, overwritten); both null for the
+/// other softmaxes. A learnable problem without either is [`ExecError::InvalidInput`]. Every
+/// element of dQ, dK, dV is written, padding rows and keys included (0).
+///
+/// # Safety
+/// As for [`backward_strided_from_stats`]; non-null `sink` readable and `d_sink` writable for
+/// `p.heads_q` floats.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn backward_strided_from_stats_sink(
+    p: &AttentionProblem,
+    q: *const u8,
+    k: *const u8,
+    v: *const u8,
+    o: *const u8,
+    d_o: *const u8,
+    lse: LseIn,
+    dq: *mut u8,
+    dk: *mut u8,
+    dv: *mut u8,
+    sink: *const f32,
+    d_sink: *mut f32,
+) -> Result<(), ExecError> {
     manifest().admits(p)?;
     let lse_null = match lse {
         LseIn::F32(x) => x.is_null(),
@@ -732,8 +1185,15 @@ pub unsafe fn backward_strided_from_stats(
     {
         return Err(ExecError::invalid("null pointer"));
     }
-    let (b, hq, hkv) = (p.batch, p.heads_q, p.heads_kv);
-    let (sq, skv, dqk, dvd) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    // SAFETY: per the contract.
+    let sinks = unsafe { read_sinks(p, sink)? };
+    if p.softmax == SoftmaxKind::Learnable && d_sink.is_null() {
+        return Err(ExecError::invalid(
+            "a learnable sink's backward needs its d_sink output",
+        ));
+    }
+    let (b, hq, hkv) = (p.batch_dim(), p.heads_q, p.heads_kv);
+    let (sq, skv, dqk, dvd) = (p.rows_q(), p.rows_kv(), p.head_dim_qk, p.head_dim_v);
     // SAFETY: per the contract.
     let (qc, kc, vc, oc, doc, lc) = unsafe {
         (
@@ -751,12 +1211,18 @@ pub unsafe fn backward_strided_from_stats(
         )
     };
     let c = compact(p);
-    let (gq, gk, gv) = backward_f64_from_stats(&c, &qc, &kc, &vc, &oc, &lc, &doc);
+    let g = from_stats_impl(&c, &qc, &kc, &vc, &oc, &lc, &doc, &sinks);
+    let (gq, gk, gv) = (g.dq, g.dk, g.dv);
     // SAFETY: per the contract.
     unsafe {
         scatter_raw(dq, p.dtype, &p.layout.q, (b, hq, sq, dqk), &gq);
         scatter_raw(dk, p.dtype, &p.layout.k, (b, hkv, skv, dqk), &gk);
         scatter_raw(dv, p.dtype, &p.layout.v, (b, hkv, skv, dvd), &gv);
+        if p.softmax == SoftmaxKind::Learnable {
+            for (i, x) in g.d_sink.iter().enumerate() {
+                d_sink.add(i).write_unaligned(*x as f32);
+            }
+        }
     }
     Ok(())
 }
@@ -812,8 +1278,9 @@ impl Plan for ReferencePlan {
         Ok(0)
     }
 
-    /// Runs on host memory of any strides and dtype, synchronously: [`forward_strided_lse`] /
-    /// [`backward_strided_from_stats`], the LSE fp64 for fp64 problems and fp32 otherwise.
+    /// Runs on host memory of any strides and dtype, synchronously: [`forward_strided_sink`] /
+    /// [`backward_strided_from_stats_sink`], the LSE fp64 for fp64 problems and fp32 otherwise;
+    /// `sink` / `d_sink` are host pointers to `[h_q]` fp32 (0 unless the sink is learnable).
     /// `launch` is ignored (the host has no stream).
     unsafe fn enqueue(&self, io: &DeviceIo, launch: &StreamLaunch) -> Result<(), ExecError> {
         let _ = launch;
@@ -831,13 +1298,14 @@ impl Plan for ReferencePlan {
                 };
                 // SAFETY: the caller's contract (host pointers covering the problem's spans).
                 unsafe {
-                    forward_strided_lse(
+                    forward_strided_sink(
                         p,
                         a.q as *const u8,
                         a.k as *const u8,
                         a.v as *const u8,
                         a.o as *mut u8,
                         lse,
+                        a.sink as *const f32,
                     )
                 }
             }
@@ -849,7 +1317,7 @@ impl Plan for ReferencePlan {
                 };
                 // SAFETY: the caller's contract (host pointers covering the problem's spans).
                 unsafe {
-                    backward_strided_from_stats(
+                    backward_strided_from_stats_sink(
                         p,
                         a.q as *const u8,
                         a.k as *const u8,
@@ -860,6 +1328,8 @@ impl Plan for ReferencePlan {
                         a.dq as *mut u8,
                         a.dk as *mut u8,
                         a.dv as *mut u8,
+                        a.sink as *const f32,
+                        a.d_sink as *mut f32,
                     )
                 }
             }
@@ -877,8 +1347,11 @@ impl Plan for ReferencePlan {
             HostIo::Forward(inputs) => {
                 validate_forward_inputs(p, &inputs)?;
                 let (q, k, v) = (decode(inputs.q), decode(inputs.k), decode(inputs.v));
+                let sink: Option<Vec<f64>> =
+                    inputs.sink.map(|s| s.iter().map(|&x| x as f64).collect());
+                let sinks = sink_logits(p, sink.as_deref())?;
                 let t = Instant::now();
-                let (o, lse) = forward_f64(p, &q, &k, &v);
+                let (o, lse) = forward_impl(p, &q, &k, &v, &sinks, Rounding::Exact);
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 Ok(HostOutput::Forward(ForwardOutput {
                     o: encode(p.dtype, &o),
@@ -894,15 +1367,18 @@ impl Plan for ReferencePlan {
                     decode(inputs.v),
                     decode(inputs.d_o),
                 );
+                let sink: Option<Vec<f64>> =
+                    inputs.sink.map(|s| s.iter().map(|&x| x as f64).collect());
+                let sinks = sink_logits(p, sink.as_deref())?;
                 let t = Instant::now();
-                let (dq, dk, dv) = backward_f64(p, &q, &k, &v, &d_o);
+                let g = backward_impl(p, &q, &k, &v, &d_o, &sinks, Rounding::Exact);
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 Ok(HostOutput::Backward(BackwardOutput {
-                    dq: encode(p.dtype, &dq),
-                    dk: encode(p.dtype, &dk),
-                    dv: encode(p.dtype, &dv),
+                    dq: encode(p.dtype, &g.dq),
+                    dk: encode(p.dtype, &g.dk),
+                    dv: encode(p.dtype, &g.dv),
                     stats: host_stats(ms),
-                    d_sink: Vec::new(),
+                    d_sink: g.d_sink.iter().map(|&x| x as f32).collect(),
                 }))
             }
         }

@@ -13,7 +13,7 @@ use crate::executor::{
     BackwardInputs, DeviceKind, Direction, ExecError, Executor, ForwardInputs, HostIo, HostTensor,
     Plan, validate_backward_inputs, validate_forward_inputs,
 };
-use crate::problem::AttentionProblem;
+use crate::problem::{AttentionProblem, DType};
 use crate::reference;
 use crate::registry::Registry;
 use crate::rng::Rng;
@@ -66,7 +66,7 @@ impl Default for RunOptions {
 /// Error of one output against float64, next to the naive same-dtype baseline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ErrCheck {
-    /// Output name (`o`, `dq`, `dk`, `dv`).
+    /// Output name (`o`, `dq`, `dk`, `dv`, `d_sink`).
     pub name: String,
     /// max |executor - fp64|.
     pub err: f64,
@@ -79,7 +79,8 @@ pub struct ErrCheck {
 /// Result of verification.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Verification {
-    /// Per-output checks (O, then dQ, dK, dV when the backward ran).
+    /// Per-output checks (O, then dQ, dK, dV and a learnable sink's d_sink when the backward
+    /// ran).
     pub checks: Vec<ErrCheck>,
     /// max |lse - lse_fp64| / max(|lse_fp64|, 1) over rows with finite reference LSE.
     pub lse_rel_err: f64,
@@ -125,22 +126,28 @@ pub struct RandomInputs {
     pub v: HostTensor,
     /// dO (strides of O).
     pub d_o: HostTensor,
+    /// Sink logits `[h_q]` (standard normal, fp32) of a learnable sink; `None` otherwise.
+    pub sink: Option<Vec<f32>>,
 }
 
-/// Draw [`RandomInputs`] for `p` from `seed`. Padding elements between rows are random too, so
-/// an executor that reads them is caught.
+/// Draw [`RandomInputs`] for `p` from `seed`. Padding elements between rows, and the rows of
+/// padded sequences outside their lengths, are random too, so an executor that reads them is
+/// caught. A learnable sink gets fresh random logits.
 pub fn random_inputs(p: &AttentionProblem, seed: u64) -> RandomInputs {
     let mut rng = Rng::new(seed);
     let mut t = |n: usize| HostTensor {
         dtype: p.dtype,
         data: (0..n).map(|_| p.dtype.to_bits(rng.normal())).collect(),
     };
-    RandomInputs {
-        q: t(p.q_span()),
-        k: t(p.k_span()),
-        v: t(p.v_span()),
-        d_o: t(p.o_span()),
-    }
+    let (q, k, v, d_o) = (t(p.q_span()), t(p.k_span()), t(p.v_span()), t(p.o_span()));
+    // A stream of its own, so adding the sink leaves the tensors of a seed unchanged.
+    let mut srng = Rng::new(seed ^ 0x5151_4b5f_6c6f_6769);
+    let sink = (p.sink_len() > 0).then(|| {
+        (0..p.sink_len())
+            .map(|_| srng.normal() as f32)
+            .collect::<Vec<f32>>()
+    });
+    RandomInputs { q, k, v, d_o, sink }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -171,6 +178,9 @@ fn max_abs_err(
 }
 
 fn lse_check(got: &[f32], want: &[f64]) -> (f64, bool) {
+    if got.len() != want.len() {
+        return (f64::INFINITY, false);
+    }
     let mut err = 0.0f64;
     let mut inf_ok = true;
     for (&g, &w) in got.iter().zip(want) {
@@ -278,7 +288,7 @@ pub fn run_planned(
         q: &inputs.q,
         k: &inputs.k,
         v: &inputs.v,
-        sink: None,
+        sink: inputs.sink.as_deref(),
     };
     validate_forward_inputs(p, &fin)?;
     let forward = || plans.forward.run_host(HostIo::Forward(fin))?.into_forward();
@@ -306,7 +316,7 @@ pub fn run_planned(
             o: &fwd.o,
             d_o: &inputs.d_o,
             lse: &fwd.lse,
-            sink: None,
+            sink: inputs.sink.as_deref(),
         };
         validate_backward_inputs(p, &bin)?;
         let backward = || bplan.run_host(HostIo::Backward(bin))?.into_backward();
@@ -357,7 +367,10 @@ pub fn run_planned(
     })
 }
 
-/// Compare outputs with the float64 reference and the naive same-dtype baseline.
+/// Compare outputs with the float64 reference and the naive same-dtype baseline: O, LSE and,
+/// when the backward ran, dQ, dK, dV and (learnable sink) d_sink. Every element of the tensors
+/// is compared, padding rows included (the reference has `O = 0`, `LSE = -inf` and zero
+/// gradients there).
 pub fn verify(
     p: &AttentionProblem,
     inputs: &RandomInputs,
@@ -368,37 +381,54 @@ pub fn verify(
     let q = reference::decode(&inputs.q);
     let k = reference::decode(&inputs.k);
     let v = reference::decode(&inputs.v);
-    let (o_ref, lse_ref) = reference::forward_f64(p, &q, &k, &v);
-    let (o_naive, _) = reference::naive_forward(p, &q, &k, &v);
-    let odims = (p.batch, p.heads_q, p.seqlen_q, p.head_dim_v);
+    let sink: Option<Vec<f64>> = inputs
+        .sink
+        .as_ref()
+        .map(|s| s.iter().map(|&x| x as f64).collect());
+    let sink = sink.as_deref();
+    let (o_ref, lse_ref) = reference::forward_f64_sink(p, &q, &k, &v, sink);
+    let (o_naive, _) = reference::naive_forward_sink(p, &q, &k, &v, sink);
+    let (b, rq, rkv) = (p.batch_dim(), p.rows_q(), p.rows_kv());
+    let odims = (b, p.heads_q, rq, p.head_dim_v);
     let mut checks = vec![mk_check(
         "o",
         max_abs_err(&p.layout.o, odims, &reference::decode(o), &o_ref),
         max_abs_err(&p.layout.o, odims, &o_naive, &o_ref),
     )];
     let (lse_rel_err, lse_passed) = lse_check(lse, &lse_ref);
-    if let Some(b) = bwd {
+    if let Some(bw) = bwd {
         let d_o = reference::decode(&inputs.d_o);
-        let (dq_r, dk_r, dv_r) = reference::backward_f64(p, &q, &k, &v, &d_o);
-        let (dq_n, dk_n, dv_n) = reference::naive_backward(p, &q, &k, &v, &d_o);
-        let qd = (p.batch, p.heads_q, p.seqlen_q, p.head_dim_qk);
-        let kd = (p.batch, p.heads_kv, p.seqlen_kv, p.head_dim_qk);
-        let vd = (p.batch, p.heads_kv, p.seqlen_kv, p.head_dim_v);
+        let r = reference::backward_f64_sink(p, &q, &k, &v, &d_o, sink);
+        let n = reference::naive_backward_sink(p, &q, &k, &v, &d_o, sink);
+        let qd = (b, p.heads_q, rq, p.head_dim_qk);
+        let kd = (b, p.heads_kv, rkv, p.head_dim_qk);
+        let vd = (b, p.heads_kv, rkv, p.head_dim_v);
         let got = [
-            reference::decode(&b.dq),
-            reference::decode(&b.dk),
-            reference::decode(&b.dv),
+            reference::decode(&bw.dq),
+            reference::decode(&bw.dk),
+            reference::decode(&bw.dv),
         ];
         for (name, st, dims, g, r, n) in [
-            ("dq", &p.layout.q, qd, &got[0], &dq_r, &dq_n),
-            ("dk", &p.layout.k, kd, &got[1], &dk_r, &dk_n),
-            ("dv", &p.layout.v, vd, &got[2], &dv_r, &dv_n),
+            ("dq", &p.layout.q, qd, &got[0], &r.dq, &n.dq),
+            ("dk", &p.layout.k, kd, &got[1], &r.dk, &n.dk),
+            ("dv", &p.layout.v, vd, &got[2], &r.dv, &n.dv),
         ] {
             checks.push(mk_check(
                 name,
                 max_abs_err(st, dims, g, r),
                 max_abs_err(st, dims, n, r),
             ));
+        }
+        if !r.d_sink.is_empty() {
+            let got: Vec<f64> = bw.d_sink.iter().map(|&x| x as f64).collect();
+            let mut c = mk_check(
+                "d_sink",
+                vec_abs_err(&got, &r.d_sink),
+                vec_abs_err(&n.d_sink, &r.d_sink),
+            );
+            let floor = d_sink_rounding_floor(p, &d_o, &o_ref, &lse_ref, sink.unwrap_or(&[]));
+            c.passed |= c.err <= 2.0 * c.naive_err + floor + ABS_FLOOR;
+            checks.push(c);
         }
     }
     let passed = lse_passed && checks.iter().all(|c| c.passed);
@@ -408,6 +438,56 @@ pub fn verify(
         lse_passed,
         passed,
     }
+}
+
+/// What storing O in the dtype alone can move d_sink by: d_sink sums `exp(s_h - LSE_i) D_i`
+/// with `D_i = rowsum(dO_i O_i)` over every row of a head, and an executor's D is that of its
+/// own rounded O, so its error is O's rounding, however the rows' errors happen to add up (the
+/// naive baseline's may cancel by luck). Returns `2 u max_h sum_i exp(s_h - LSE_i) sum_d |dO
+/// O|`, `u` the dtype's unit roundoff: the d_sink check's floor.
+pub fn d_sink_rounding_floor(
+    p: &AttentionProblem,
+    d_o: &[f64],
+    o_ref: &[f64],
+    lse_ref: &[f64],
+    sink: &[f64],
+) -> f64 {
+    let u = match p.dtype {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        DType::F32 => 2f64.powi(-24),
+        DType::F64 => 2f64.powi(-53),
+    };
+    let mut worst = 0.0f64;
+    for (h, &s_h) in sink.iter().enumerate().take(p.sink_len()) {
+        let mut acc = 0.0;
+        for b in 0..p.batch_dim() {
+            for row in 0..p.rows_q() {
+                let l = lse_ref[p.lse_index(b, h, row)];
+                if l == f64::NEG_INFINITY {
+                    continue;
+                }
+                let at = p.layout.o.offset(b, h, row, 0);
+                let dot: f64 = (at..at + p.head_dim_v)
+                    .map(|i| (d_o[i] * o_ref[i]).abs())
+                    .sum();
+                acc += (s_h - l).exp() * dot;
+            }
+        }
+        worst = worst.max(acc);
+    }
+    2.0 * u * worst
+}
+
+/// Max |a - b| of two vectors; infinite when their lengths differ (a missing output).
+fn vec_abs_err(got: &[f64], want: &[f64]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    got.iter().zip(want).fold(0.0f64, |e, (a, b)| {
+        let x = (a - b).abs();
+        if x.is_nan() { f64::INFINITY } else { e.max(x) }
+    })
 }
 
 fn mk_check(name: &str, err: f64, naive_err: f64) -> ErrCheck {
