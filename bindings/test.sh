@@ -60,7 +60,8 @@ torch_suite() {
     "$ROOT/bindings/python/tests/test_torch.py" "$ROOT/bindings/python/tests/test_transformers.py" \
     "$ROOT/bindings/python/tests/test_sdpa.py" "$ROOT/bindings/python/tests/test_context_parallel.py" \
     "$ROOT/bindings/python/tests/test_eager_node.py" "$ROOT/bindings/python/tests/test_torch_inputs.py" \
-    "$ROOT/bindings/python/tests/test_chain_walk.py" "$ROOT/bindings/python/tests/test_call_document.py")
+    "$ROOT/bindings/python/tests/test_chain_walk.py" "$ROOT/bindings/python/tests/test_call_document.py" \
+    "$ROOT/bindings/python/tests/test_torch_features.py")
   TV="$tv"
 }
 
@@ -68,6 +69,10 @@ if [[ "${TORCH_TESTS:-1}" == 1 ]]; then
   # The oldest supported torch and the newest the registry serves (issue 30, part 5).
   stage "attn_policy.torch: torch 2.11.0 (oldest supported), CPU suite"
   torch_suite 2.11.0 5.17.0
+  # Every model family end to end (issue 33) in tiny configs on the CPU: training against two
+  # transformers references, generate() of a left-padded batch; exit 1 on any failure.
+  (cd "$WORK" && "$TV/bin/python" "$ROOT/bindings/python/bench/models.py" --tiny --device cpu \
+    --json "$WORK/models.json")
   stage "attn_policy.torch: torch 2.15.0 (newest), CPU suite"
   torch_suite 2.15.0 5.25.0
   # The context-parallel self-check over gloo, on the newest torch (exit 1 on any failed case).

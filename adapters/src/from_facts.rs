@@ -8,7 +8,10 @@ use attn_policy::Facts;
 use attn_policy::facts::Value;
 use thiserror::Error;
 
-use crate::problem::{AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskSpec};
+use crate::problem::{
+    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskSpec, SeqLens, SeqPacking,
+    SoftmaxKind,
+};
 
 /// A fact whose value no executor problem can express (a layout, dtype or mask kind the
 /// executors do not run, or a size that is not a positive integer).
@@ -33,9 +36,10 @@ fn refuse(fact: &str, value: impl ToString, why: &str) -> NotExpressible {
 
 type FeatureCheck = fn(&Facts, Value) -> bool;
 
-/// Facts whose other values change the result (bias, dropout, soft-capping, sink softmax, FP8,
-/// a KV cache, context parallelism, THD padding, score_mod, extra outputs): the executors
-/// compute plain softmax attention, so these must hold.
+/// Facts whose other values change the result (bias, dropout, FP8, a KV cache, context
+/// parallelism, THD padding between sequences, score_mod, extra outputs): no executor computes
+/// them, so these must hold. (Soft-capping, sinks and padding are in the problem, and each
+/// executor's manifest says whether it serves them.)
 const FEATURES: &[(&str, FeatureCheck, &str)] = &[
     (
         "core_attention_bias_type",
@@ -55,16 +59,6 @@ const FEATURES: &[(&str, FeatureCheck, &str)] = &[
                 || f.get("is_training") == Some(Value::Bool(false))
         },
         "executors apply no dropout",
-    ),
-    (
-        "softcap",
-        |_, v| v == Value::Float(0.0) || v == Value::Int(0),
-        "executors apply no soft-capping",
-    ),
-    (
-        "softmax_type",
-        |f, _| f.text("softmax_type") == Some("vanilla"),
-        "executors compute the vanilla softmax (no sink)",
     ),
     (
         "fp8",
@@ -148,18 +142,19 @@ pub fn problem_from_facts(facts: &Facts) -> Result<AttentionProblem, NotExpressi
         size("head_dim_v")?,
         dtype,
     );
-    p.set_layout(match text("qkv_layout") {
-        "bshd_bshd_bshd" => LayoutKind::Bshd,
-        "sbhd_sbhd_sbhd" => LayoutKind::Sbhd,
-        "bhsd_bhsd_bhsd" => LayoutKind::Bhsd,
+    let (layout, packed) = match text("qkv_layout") {
+        "bshd_bshd_bshd" => (LayoutKind::Bshd, false),
+        "sbhd_sbhd_sbhd" => (LayoutKind::Sbhd, false),
+        "bhsd_bhsd_bhsd" => (LayoutKind::Bhsd, false),
+        "thd_thd_thd" => (LayoutKind::Bshd, true),
         other => {
             return Err(refuse(
                 "qkv_layout",
                 other,
-                "executors run separate q/k/v tensors in bshd, sbhd or bhsd",
+                "executors run separate q/k/v tensors in bshd, sbhd, bhsd or thd",
             ));
         }
-    });
+    };
     // `window` is TE's normalised window (derived from window_size and the mask).
     let (left, right) = match (facts.get("window.left"), facts.get("window.right")) {
         (Some(Value::Int(l)), Some(Value::Int(r))) => (l, r),
@@ -170,21 +165,74 @@ pub fn problem_from_facts(facts: &Facts) -> Result<AttentionProblem, NotExpressi
     } else {
         DiagonalAlignment::TopLeft
     };
-    p.mask = match text("attn_mask_type") {
-        "no_mask" => MaskSpec::window(left, right, alignment),
-        "causal" => MaskSpec {
-            window_left: left,
-            ..MaskSpec::CAUSAL_TOP_LEFT
-        },
-        "causal_bottom_right" => MaskSpec {
-            window_left: left,
-            ..MaskSpec::CAUSAL_BOTTOM_RIGHT
-        },
+    let mask_type = text("attn_mask_type");
+    let (padding, causal) = match mask_type {
+        "no_mask" => (false, None),
+        "padding" => (true, None),
+        "causal" => (false, Some(MaskSpec::CAUSAL_TOP_LEFT)),
+        "padding_causal" => (true, Some(MaskSpec::CAUSAL_TOP_LEFT)),
+        "causal_bottom_right" => (false, Some(MaskSpec::CAUSAL_BOTTOM_RIGHT)),
+        "padding_causal_bottom_right" => (true, Some(MaskSpec::CAUSAL_BOTTOM_RIGHT)),
         other => {
             return Err(refuse(
                 "attn_mask_type",
                 other,
-                "executors run no_mask, causal and causal_bottom_right (with windows)",
+                "executors run no_mask, causal and causal_bottom_right (with windows), with or \
+                 without padding",
+            ));
+        }
+    };
+    p.mask = match causal {
+        None => MaskSpec::window(left, right, alignment),
+        Some(c) => MaskSpec {
+            window_left: left,
+            ..c
+        },
+    };
+    // The facts say a batch is padded (a padding mask) or packed (THD), not the lengths: the
+    // problem gets a fixed pattern of them, sequence b holding `max - b * max / (2 * batch)`
+    // tokens (from the full length down to about half), so a run exercises uneven sequences.
+    if padding || packed {
+        let lens = |max: usize| -> Vec<usize> {
+            (0..p.batch)
+                .map(|b| (max - b * max / (2 * p.batch)).max(1))
+                .collect()
+        };
+        let packing = if packed {
+            SeqPacking::Packed
+        } else {
+            SeqPacking::PaddedRight
+        };
+        p.seqlens = Some(SeqLens::padded(
+            packing,
+            lens(p.seqlen_q),
+            lens(p.seqlen_kv),
+        ));
+    }
+    p.set_layout(layout);
+    if let Some(c) = facts.get("softcap") {
+        match c {
+            Value::Float(0.0) | Value::Int(0) => {}
+            Value::Float(c) => p.softcap = Some(c),
+            Value::Int(c) => p.softcap = Some(c as f64),
+            other => {
+                return Err(refuse(
+                    "softcap",
+                    value_text(facts, "softcap", other),
+                    "must be a number",
+                ));
+            }
+        }
+    }
+    p.softmax = match facts.text("softmax_type").unwrap_or("vanilla") {
+        "vanilla" => SoftmaxKind::Vanilla,
+        "off-by-one" => SoftmaxKind::OffByOne,
+        "learnable" => SoftmaxKind::Learnable,
+        other => {
+            return Err(refuse(
+                "softmax_type",
+                other,
+                "executors compute vanilla, off-by-one and learnable softmaxes",
             ));
         }
     };
@@ -210,15 +258,16 @@ pub fn problem_from_facts(facts: &Facts) -> Result<AttentionProblem, NotExpressi
 
 /// What [`problem_from_facts`] accepts, as a condition of the te family's rule language: the
 /// layouts, dtypes and masks it expresses and the features it refuses.
-const TE_EXPRESSIBLE: &str = r#"qkv_layout in ["bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd"]
-    and attn_mask_type in ["no_mask", "causal", "causal_bottom_right"]
+const TE_EXPRESSIBLE: &str = r#"qkv_layout in ["bshd_bshd_bshd", "sbhd_sbhd_sbhd", "bhsd_bhsd_bhsd", "thd_thd_thd"]
+    and attn_mask_type in ["no_mask", "causal", "causal_bottom_right", "padding", "padding_causal", "padding_causal_bottom_right"]
     and batch_size > 0 and num_heads > 0 and num_gqa_groups > 0 and num_heads % num_gqa_groups == 0
     and max_seqlen_q > 0 and max_seqlen_kv > 0 and head_dim_qk > 0 and head_dim_v > 0
     and window.left >= -1 and (attn_mask_type != "no_mask" or window.right >= -1)
     and (softmax_scale == null or softmax_scale > 0)
     and core_attention_bias_type == "no_bias" and alibi_slopes_shape == null
-    and (attention_dropout == 0 or not is_training) and softcap == 0
-    and softmax_type == "vanilla" and not fp8 and not fp8_output and qkv_type == "Tensor"
+    and (attention_dropout == 0 or not is_training)
+    and softmax_type in ["vanilla", "off-by-one", "learnable"]
+    and not fp8 and not fp8_output and qkv_type == "Tensor"
     and inference == null and not context_parallel and not pad_between_seqs
     and not has_score_mod and not return_max_logit"#;
 
@@ -264,9 +313,37 @@ pub fn te_admits(m: &crate::executor::Manifest) -> String {
     ]
     .into_iter()
     .filter(|k| m.masks.contains(k))
-    .map(MaskKind::rule_name)
+    .flat_map(|k| {
+        let padded = match k {
+            MaskKind::NoMask => "padding",
+            MaskKind::CausalTopLeft => "padding_causal",
+            MaskKind::CausalBottomRight => "padding_causal_bottom_right",
+        };
+        // The padding kinds only where the executor takes per-sequence lengths at all.
+        std::iter::once(k.rule_name()).chain((!m.features.seqlens.is_empty()).then_some(padded))
+    })
     .collect();
     parts.push(format!("attn_mask_type in [{}]", quoted(masks)));
+    // Per-sequence lengths: a padding mask on bshd/sbhd/bhsd is a right-padded batch, THD a
+    // packed one (problem_from_facts).
+    let f = &m.features;
+    if !f.seqlens.contains(&SeqPacking::Packed) {
+        parts.push(r#"qkv_layout != "thd_thd_thd""#.into());
+    }
+    if !f.seqlens.is_empty() && !f.seqlens.contains(&SeqPacking::PaddedRight) {
+        parts.push(
+            r#"(qkv_layout == "thd_thd_thd" or not (attn_mask_type in ["padding", "padding_causal", "padding_causal_bottom_right"]))"#
+                .into(),
+        );
+    }
+    if !f.softcap {
+        parts.push("softcap == 0".into());
+    }
+    let sinks: Vec<&str> = std::iter::once(SoftmaxKind::Vanilla)
+        .chain(f.sinks.iter().copied())
+        .map(SoftmaxKind::te_name)
+        .collect();
+    parts.push(format!("softmax_type in [{}]", quoted(sinks)));
     if !m.windows {
         parts.push(
             r#"window.left < 0 and (attn_mask_type != "no_mask" or window.right < 0)"#.into(),
@@ -284,6 +361,12 @@ pub fn te_admits(m: &crate::executor::Manifest) -> String {
         .into_iter()
         .filter(|(k, _)| m.layouts.contains(k))
         .map(|(_, name)| name)
+        // A packed batch has bshd's strides (batch stride 0).
+        .chain(
+            (m.layouts.contains(&LayoutKind::Bshd)
+                && m.features.seqlens.contains(&SeqPacking::Packed))
+            .then_some("thd_thd_thd"),
+        )
         .collect();
         parts.push(format!("qkv_layout in [{}]", quoted(layouts)));
     }
@@ -348,7 +431,19 @@ mod tests {
     #[test]
     fn te_admits_agrees_with_the_conversion_and_the_manifest() {
         use attn_policy::eval::program::Truth;
+        // One manifest serving every feature, one serving some: the conditions for the
+        // features are checked against `admits` whatever the executors serve today.
+        let mut all = crate::reference::manifest();
+        all.features = crate::executor::Features::all();
+        let mut some = crate::chunked::manifest();
+        some.features = crate::executor::Features {
+            softcap: true,
+            sinks: vec![SoftmaxKind::OffByOne],
+            seqlens: vec![SeqPacking::Packed],
+        };
         let manifests = [
+            all,
+            some,
             crate::reference::manifest(),
             crate::chunked::manifest(),
             crate::cudnn::manifest(),
@@ -376,6 +471,9 @@ mod tests {
                             ("causal_bottom_right", json!([64, 0])),
                             ("no_mask", json!([32, 32])),
                             ("padding", json!(null)),
+                            ("padding_causal", json!(null)),
+                            ("padding_causal_bottom_right", json!([16, 0])),
+                            ("arbitrary", json!(null)),
                         ] {
                             for (sq, skv, hkv, sm, det, extra) in [
                                 (64, 64, 2, [9, 0], false, json!({})),
@@ -383,6 +481,23 @@ mod tests {
                                 (8192, 8192, 1, [10, 0], false, json!({})),
                                 (64, 64, 2, [9, 0], false, json!({"attention_dropout": 0.1})),
                                 (64, 64, 2, [7, 5], false, json!({"softmax_scale": 0.5})),
+                                (64, 64, 2, [9, 0], false, json!({"softcap": 30.0})),
+                                (
+                                    64,
+                                    96,
+                                    2,
+                                    [9, 0],
+                                    false,
+                                    json!({"softmax_type": "learnable"}),
+                                ),
+                                (
+                                    64,
+                                    64,
+                                    4,
+                                    [9, 0],
+                                    true,
+                                    json!({"softmax_type": "off-by-one"}),
+                                ),
                             ] {
                                 let mut c = json!({"qkv_dtype": dtype, "qkv_layout": layout,
                                     "attn_mask_type": mask, "window_size": window,
@@ -427,22 +542,21 @@ mod tests {
 
     #[test]
     fn inexpressible_facts_are_named() {
-        let e = problem_from_facts(&facts(json!({"qkv_layout": "thd_thd_thd"}))).unwrap_err();
+        let e = problem_from_facts(&facts(json!({"qkv_layout": "thd_bshd_bshd"}))).unwrap_err();
         assert_eq!(
             (e.fact.as_str(), e.value.as_str()),
-            ("qkv_layout", "thd_thd_thd")
+            ("qkv_layout", "thd_bshd_bshd")
         );
         let e = problem_from_facts(&facts(json!({"qkv_dtype": "fp32"}))).unwrap_err();
         assert_eq!(e.fact, "qkv_dtype");
         let e = problem_from_facts(&facts(json!({
-            "qkv_layout": "bshd_bshd_bshd", "attn_mask_type": "padding"})))
+            "qkv_layout": "bshd_bshd_bshd", "attn_mask_type": "arbitrary"})))
         .unwrap_err();
         assert_eq!(e.fact, "attn_mask_type");
         for (fact, value) in [
             ("attention_dropout", json!(0.1)),
-            ("softcap", json!(30.0)),
             ("core_attention_bias_type", json!("post_scale_bias")),
-            ("softmax_type", json!("learnable")),
+            ("pad_between_seqs", json!(true)),
             ("fp8", json!(true)),
             ("context_parallel", json!(true)),
             ("return_max_logit", json!(true)),

@@ -900,3 +900,61 @@ impl AttentionProblem {
         Ok(())
     }
 }
+
+/// One line for reports: sizes, dtype, mask, and every feature the problem uses
+/// (`b2 hq8 hkv2 s_q 64 s_kv 64 d_qk 64 d_v 64 bf16 causal window (127, 0), padded right
+/// (q 64,48; kv 64,48), sink learnable, deterministic`).
+impl fmt::Display for AttentionProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "b{} hq{} hkv{} s_q {} s_kv {} d_qk {} d_v {} {} {}",
+            self.batch,
+            self.heads_q,
+            self.heads_kv,
+            self.seqlen_q,
+            self.seqlen_kv,
+            self.head_dim_qk,
+            self.head_dim_v,
+            self.dtype,
+            self.mask.kind.rule_name()
+        )?;
+        if self.mask.has_window() {
+            write!(
+                f,
+                " window ({}, {})",
+                self.mask.window_left, self.mask.window_right
+            )?;
+        }
+        if self.mask.kind == MaskKind::NoMask
+            && self.mask.alignment == DiagonalAlignment::BottomRight
+        {
+            f.write_str(" bottom-right")?;
+        }
+        if let Some(s) = &self.seqlens {
+            let list = |v: &[usize]| {
+                v.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            write!(
+                f,
+                ", {} (q {}; kv {})",
+                s.packing.describe(),
+                list(&s.q),
+                list(&s.kv)
+            )?;
+        }
+        if let Some(c) = self.softcap {
+            write!(f, ", softcap {c}")?;
+        }
+        if self.softmax != SoftmaxKind::Vanilla {
+            write!(f, ", sink {}", self.softmax.te_name())?;
+        }
+        if self.deterministic {
+            f.write_str(", deterministic")?;
+        }
+        Ok(())
+    }
+}

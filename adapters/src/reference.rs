@@ -1,5 +1,15 @@
 //! `reference`: CPU float64 forward and backward for every shape, mask, window, GQA ratio and
-//! layout. It is the oracle of the tests and what `attn-policy run` uses where no GPU is present.
+//! layout, and every feature of the problem: soft-capping, off-by-one and learnable sinks (with
+//! the sink logits' gradient), per-sequence lengths padded either side or packed. It is the
+//! oracle of the tests and what `attn-policy run` uses where no GPU is present.
+//!
+//! The oracle helpers take the sink logits of a learnable sink as `Option<&[f64]>` (`None`
+//! for the other softmaxes) and return every tensor over the problem's full span: padding rows
+//! get `O = 0`, `LSE = -inf`, `dQ = 0`, padding keys `dK = dV = 0` (so do rows with no
+//! admissible key, whatever their sink). [`forward_f64`] / [`backward_f64`] /
+//! [`backward_f64_from_stats`] / [`naive_forward`] / [`naive_backward`] keep their signatures
+//! and serve every problem but a learnable sink (they panic there: it needs logits); the
+//! `*_sink` variants take the logits and the backwards return [`Grads`] with `d_sink`.
 //!
 //! Besides the exact float64 path, [`naive_forward`] / [`naive_backward`] simulate the textbook
 //! attention computed in the problem's low precision (every intermediate a framework would store
@@ -64,6 +74,7 @@ pub fn manifest() -> Manifest {
             "outputs rounded once to the problem dtype (LSE to fp32; fp64 for fp64 problems through forward_strided_lse)".into(),
             "fp32/fp64 through the strided-pointer API (forward_strided/backward_strided); host tensors are fp16/bf16".into(),
             format!("refuses b*h_q*s_q*s_kv > {MAX_SCORE_ELEMENTS} (CPU time)"),
+            "learnable sink logits: fp32 [h_q] (host tensors' `sink`, or a host pointer); d_sink fp32 [h_q]".into(),
         ],
     }
 }
@@ -928,7 +939,7 @@ fn compact(p: &AttentionProblem) -> AttentionProblem {
 
 /// Forward on host memory of any strides (in elements, head dim contiguous) and any dtype of
 /// the manifest (fp16, bf16, fp32, fp64), float64 inside: writes O (strides `p.layout.o`,
-/// rounded once to `p.dtype`) and LSE (`[b, h_q, s_q]` contiguous fp32, natural log, `-inf`
+/// rounded once to `p.dtype`) and LSE (`[batch_dim, h_q, rows_q]` contiguous fp32, natural log, `-inf`
 /// for rows with no admissible key). This is how framework CPU tensors reach the reference.
 ///
 /// # Safety
@@ -946,7 +957,8 @@ pub unsafe fn forward_strided(
     unsafe { forward_strided_lse(p, q, k, v, o, LseOut::F32(lse)) }
 }
 
-/// Where a strided call writes LSE (`[b, h_q, s_q]`, contiguous, natural log).
+/// Where a strided call writes LSE (`[batch_dim, h_q, rows_q]`, contiguous, natural log:
+/// `[b, h_q, s_q]` unless packed).
 #[derive(Clone, Copy, Debug)]
 pub enum LseOut {
     /// fp32, the convention of every executor.
@@ -1099,7 +1111,7 @@ pub unsafe fn backward_strided(
 }
 
 /// Backward on host memory of any strides and dtype from the forward's statistics (see
-/// [`backward_f64_from_stats`]): reads O (strides of O) and LSE (`[b, h_q, s_q]` contiguous,
+/// [`backward_f64_from_stats`]): reads O (strides of O) and LSE (`[batch_dim, h_q, rows_q]` contiguous,
 /// fp32 or fp64) instead of recomputing them, as the GPU executors do. This is what
 /// `attn_policy.torch` calls, so a key block of a larger softmax (a context-parallel step) gets
 /// that softmax's gradient.

@@ -145,6 +145,45 @@ fn numerics_forward_backward_against_float64() {
     );
 }
 
+/// MLA's head dims (DeepSeek-V3: q/k 192, v 128): the graphs take V and O with their own head
+/// dim. Forward and backward meet the FlashAttention criterion against float64.
+#[test]
+fn mla_head_dims_forward_backward_against_float64() {
+    let Some(ex) = executor() else { return };
+    let opts = RunOptions {
+        backward: true,
+        verify: VerifyMode::Always,
+        warmup: 0,
+        iters: 1,
+        ..Default::default()
+    };
+    let mut failures = Vec::new();
+    for (i, (hq, hk, sq, skv, mask, dtype)) in [
+        (8, 8, 128, 128, MaskSpec::CAUSAL_TOP_LEFT, DType::BF16),
+        (8, 2, 96, 200, MaskSpec::CAUSAL_BOTTOM_RIGHT, DType::BF16),
+        (4, 4, 136, 136, MaskSpec::NONE, DType::F16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = AttentionProblem::new(2, hq, hk, sq, skv, 192, 128, dtype).with_mask(mask);
+        match run_on(&ex, &p, 2000 + i as u64, &opts) {
+            Ok(rep) => {
+                let v = rep.verification.expect("verification requested");
+                println!(
+                    "MLA case {i} ({p}): {}",
+                    if v.passed { "PASS" } else { "FAIL" }
+                );
+                if !v.passed {
+                    failures.push(format!("case {i}: {v:?}"));
+                }
+            }
+            Err(e) => failures.push(format!("case {i} ({p}): {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn deterministic_backward_is_bitwise_reproducible() {
     let Some(ex) = executor() else { return };

@@ -886,12 +886,27 @@ fn the_trial_draws_sink_logits_and_checks_d_sink() {
         verify: VerifyMode::Always,
         ..RunOptions::default()
     };
-    let r = run_random("reference", &p, 5, &opts).unwrap();
-    let v = r.verification.unwrap();
-    assert!(v.passed, "{v:?}");
-    let names: Vec<&str> = v.checks.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["o", "dq", "dk", "dv", "d_sink"]);
-    assert!(v.checks.iter().all(|c| c.naive_err > 0.0), "{v:?}");
+    for packing in [
+        SeqPacking::PaddedRight,
+        SeqPacking::PaddedLeft,
+        SeqPacking::Packed,
+    ] {
+        for softmax in [SoftmaxKind::OffByOne, SoftmaxKind::Learnable] {
+            let mut p = featured(packing, window(), vec![5, 2, 7], vec![6, 8, 3]);
+            p.dtype = DType::BF16;
+            p.softmax = softmax;
+            let r = run_random("reference", &p, 5, &opts).unwrap();
+            let v = r.verification.unwrap();
+            assert!(v.passed, "{packing:?} {softmax:?}: {v:?}");
+            let names: Vec<&str> = v.checks.iter().map(|c| c.name.as_str()).collect();
+            let mut want = vec!["o", "dq", "dk", "dv"];
+            if softmax == SoftmaxKind::Learnable {
+                want.push("d_sink");
+            }
+            assert_eq!(names, want);
+            assert!(v.checks.iter().all(|c| c.naive_err > 0.0), "{v:?}");
+        }
+    }
     // The naive same-dtype variants serve the features: close to the oracle, not equal.
     let d = data(&p, 3);
     let sink = d.sink.as_deref();

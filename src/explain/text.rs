@@ -66,6 +66,7 @@ impl Explanation {
                 );
             }
         }
+        self.write_features(&mut out);
         let width = self
             .backends
             .iter()
@@ -79,6 +80,42 @@ impl Explanation {
             self.write_executors(&mut out, color);
         }
         out
+    }
+
+    /// The `features:` line: what the call computes beyond plain softmax attention over full
+    /// sequences (padding or packed sequences, soft-capping, a sink, head_dim_qk !=
+    /// head_dim_v), whether or not a rule fired on it, so a model's explanation says what
+    /// the model asks for. Nothing is written for a plain call.
+    fn write_features(&self, out: &mut String) {
+        let get = |path: &str| self.input.iter().find(|(p, _)| *p == path).map(|(_, v)| v);
+        let name = |path: &str| match get(path) {
+            Some(FactValue::Enum(s)) => Some(s.as_str()),
+            _ => None,
+        };
+        let mut parts = Vec::new();
+        if let Some(m) = name("attn_mask_type").filter(|m| m.starts_with("padding")) {
+            parts.push(format!("attn_mask_type = {m:?} (per-sequence lengths)"));
+        }
+        if let Some(l) = name("qkv_layout").filter(|l| l.contains("thd")) {
+            parts.push(format!("qkv_layout = {l:?} (packed sequences)"));
+        }
+        match get("softcap") {
+            Some(FactValue::Float(c)) if *c != 0.0 => parts.push(format!("softcap = {c:?}")),
+            Some(FactValue::Int(c)) if *c != 0 => parts.push(format!("softcap = {c}")),
+            _ => {}
+        }
+        if let Some(t) = name("softmax_type").filter(|t| *t != "vanilla") {
+            parts.push(format!("softmax_type = {t:?} (attention sink)"));
+        }
+        if let (Some(FactValue::Int(qk)), Some(FactValue::Int(v))) =
+            (get("head_dim_qk"), get("head_dim_v"))
+            && qk != v
+        {
+            parts.push(format!("head_dim_qk = {qk} != head_dim_v = {v}"));
+        }
+        if !parts.is_empty() {
+            let _ = writeln!(out, "features: {}", parts.join(", "));
+        }
     }
 
     /// The first line: the selected backend and variant, and the preference that chose it.

@@ -62,6 +62,22 @@ fn gemma4_sliding() -> Json {
     )
 }
 
+/// An H100 with PyTorch's cuDNN 9.19 and no flash-attn (the GPU machine this project tests
+/// on), training a right-padded batch of 4 sequences of up to 4096 tokens, causal, bf16, bshd:
+/// what `attn_policy.transformers` tells the policy for one layer of a fine-tuning step.
+fn h100_padded_train(model: Json) -> Json {
+    merge(
+        json!({
+            "device_compute_capability": [9, 0], "cudnn_version": [9, 19, 0],
+            "flash_attn_versions": {"v2": null, "v3": null, "v4": null},
+            "qkv_dtype": "bf16", "qkv_layout": "bshd_bshd_bshd", "batch_size": 4,
+            "max_seqlen_q": 4096, "max_seqlen_kv": 4096, "attn_mask_type": "padding_causal",
+            "is_training": true, "probe": {"fused_attn_graph": true},
+        }),
+        model,
+    )
+}
+
 fn cp(base: Json, comm: &str) -> Json {
     let (size, a2a) = if comm == "a2a+p2p" { (4, 2) } else { (2, 1) };
     merge(
@@ -145,6 +161,73 @@ pub static PRESETS: &[Preset] = &[
                 "head_dim_v": 128, "attn_mask_type": "causal", "softmax_scale": 0.08838834764831843,
                 "probe": {"fused_attn_graph": true},
             })
+        },
+    },
+    Preset {
+        family: "te",
+        name: "qwen3",
+        about: "Qwen3-8B layer, right-padded training batch on H100: d128 GQA 32/8, padding_causal",
+        config: || {
+            h100_padded_train(
+                json!({"num_heads": 32, "num_gqa_groups": 8, "head_dim_qk": 128,
+                "head_dim_v": 128, "softmax_scale": 0.08838834764831843}),
+            )
+        },
+    },
+    Preset {
+        family: "te",
+        name: "mistral",
+        about: "Mistral-7B layer, right-padded training batch on H100: d128 GQA 32/8, sliding window 4096",
+        config: || {
+            h100_padded_train(
+                json!({"num_heads": 32, "num_gqa_groups": 8, "head_dim_qk": 128,
+                "head_dim_v": 128, "window_size": [4095, 0], "softmax_scale": 0.08838834764831843}),
+            )
+        },
+    },
+    Preset {
+        family: "te",
+        name: "gemma2",
+        about: "Gemma-2-9B sliding layer, right-padded training batch on H100: d256 GQA 16/8, softcap 50, window 4096",
+        config: || {
+            h100_padded_train(
+                json!({"num_heads": 16, "num_gqa_groups": 8, "head_dim_qk": 256,
+                "head_dim_v": 256, "window_size": [4095, 0], "softcap": 50.0, "softmax_scale": 0.0625}),
+            )
+        },
+    },
+    Preset {
+        family: "te",
+        name: "gemma3",
+        about: "Gemma-3-12B sliding layer, right-padded training batch on H100: d256 GQA 16/8, window 1024",
+        config: || {
+            h100_padded_train(
+                json!({"num_heads": 16, "num_gqa_groups": 8, "head_dim_qk": 256,
+                "head_dim_v": 256, "window_size": [1023, 0], "softmax_scale": 0.0625}),
+            )
+        },
+    },
+    Preset {
+        family: "te",
+        name: "gpt-oss",
+        about: "gpt-oss-20b sliding layer, right-padded training batch on H100: d64 GQA 64/8, learnable sinks, window 128",
+        config: || {
+            h100_padded_train(
+                json!({"num_heads": 64, "num_gqa_groups": 8, "head_dim_qk": 64,
+                "head_dim_v": 64, "window_size": [127, 0], "softmax_type": "learnable",
+                "softmax_scale": 0.125}),
+            )
+        },
+    },
+    Preset {
+        family: "te",
+        name: "deepseek-v3",
+        about: "DeepSeek-V3 MLA layer, right-padded training batch on H100: 128 heads, head_dim_qk 192, head_dim_v 128",
+        config: || {
+            h100_padded_train(
+                json!({"num_heads": 128, "num_gqa_groups": 128, "head_dim_qk": 192,
+                "head_dim_v": 128, "softmax_scale": 0.07216878364870323}),
+            )
         },
     },
     Preset {

@@ -2,7 +2,7 @@
 //! exact gate ([`check_problem`]): what `mod.rs`, the CUDA build (`enabled.rs`), its stand-in
 //! (`disabled.rs`) and the plan share. It names none of them (no circle of files).
 
-use crate::executor::{DeviceKind, HeadDimRange, Manifest, Unsupported};
+use crate::executor::{DeviceKind, Features, HeadDimRange, Manifest, Unsupported};
 use crate::problem::{AttentionProblem, DType, LayoutKind, MaskKind};
 
 /// Registry name.
@@ -78,12 +78,16 @@ pub fn manifest() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: true,
-        features: crate::executor::Features::none(),
+        // Soft-capping and sinks in the softmax / backward kernels (d_sink by a deterministic
+        // per-head reduction); per-sequence lengths by computing each sequence on its own rows.
+        features: Features::all(),
         notes: vec![
             "cuBLAS GEMMs (fp32 accumulation) over query chunks + NVRTC softmax kernels".into(),
             "workspace O(chunk * s_kv), bounded by a budget (default 1 GiB); never O(s^2)".into(),
             "strides and base pointers must be multiples of 8 elements (16 bytes)".into(),
             "deterministic: fixed chunk order, GEMM beta=1 accumulation, no atomics".into(),
+            "soft-capping, off-by-one and learnable sinks (d_sink), padded and packed sequences"
+                .into(),
         ],
     }
 }
@@ -95,6 +99,12 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
     let strides = [p.layout.q, p.layout.k, p.layout.v, p.layout.o];
     if strides.iter().any(|s| s.seq > i32::MAX as usize) {
         return Err(Unsupported::new("sequence stride above 2^31-1 elements"));
+    }
+    // The kernels take the tensors' row count (packed: all tokens) as a 32-bit int.
+    if p.rows_q().max(p.rows_kv()) > i32::MAX as usize {
+        return Err(Unsupported::new(
+            "more than 2^31-1 rows (tokens) in a tensor",
+        ));
     }
     Ok(())
 }

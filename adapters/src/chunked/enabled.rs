@@ -2,7 +2,7 @@
 
 use super::plan::{
     self, BwdArgs, BwdScoresArgs, CastArgs, CublasGemm, Elem, FillF32Args, Ops, PlanKind,
-    RowDotArgs, ScoreKernel, SoftmaxArgs, ZeroRowsArgs,
+    RowDotArgs, ScoreKernel, SinkArg, SinkGradArgs, SoftmaxArgs, ZeroRowsArgs,
 };
 use super::{ChunkedConfig, NAME};
 use crate::device::{Availability, cuda_devices};
@@ -57,6 +57,7 @@ struct Kernels {
     zero: CudaFunction,
     fill: CudaFunction,
     normal: CudaFunction,
+    sink_grad: CudaFunction,
 }
 
 impl Kernels {
@@ -81,6 +82,7 @@ impl Kernels {
             zero: f("zero_rows")?,
             fill: f("fill_f32")?,
             normal: f("fill_normal")?,
+            sink_grad: f("sink_grad")?,
         })
     }
 }
@@ -361,13 +363,14 @@ impl Chunked {
         let o = self.alloc(2 * p.o_span())?;
         self.poison(&o, 0)?;
         let lse = self.alloc(4 * p.lse_len())?;
+        let sink = self.upload_sink(p, inputs.sink)?;
         let args = DeviceForwardArgs {
             q: q.ptr,
             k: k.ptr,
             v: v.ptr,
             o: o.ptr,
             lse: lse.ptr,
-            sink: 0,
+            sink: sink.as_ref().map_or(0, |s| s.ptr),
         };
         let stats = run(&args)?;
         Ok(ForwardOutput {
@@ -394,12 +397,17 @@ impl Chunked {
         let v = self.upload(&inputs.v.data[..p.v_span()])?;
         let o = self.upload(&inputs.o.data[..p.o_span()])?;
         let d_o = self.upload(&inputs.d_o.data[..p.o_span()])?;
-        let lse_bits: Vec<u16> = inputs
-            .lse
-            .iter()
-            .flat_map(|x| [x.to_bits() as u16, (x.to_bits() >> 16) as u16])
-            .collect();
-        let lse = self.upload(&lse_bits)?;
+        let lse = self.upload_f32(inputs.lse)?;
+        let sink = self.upload_sink(p, inputs.sink)?;
+        // The sink gradient is overwritten: NaN first shows a missed write.
+        let d_sink = match &sink {
+            Some(_) => {
+                let b = self.alloc(4 * p.sink_len())?;
+                self.poison(&b, 0xff)?;
+                Some(b)
+            }
+            None => None,
+        };
         let dq = self.alloc(2 * p.q_span())?;
         let dk = self.alloc(2 * p.k_span())?;
         let dv = self.alloc(2 * p.v_span())?;
@@ -416,8 +424,8 @@ impl Chunked {
             dq: dq.ptr,
             dk: dk.ptr,
             dv: dv.ptr,
-            sink: 0,
-            d_sink: 0,
+            sink: sink.as_ref().map_or(0, |s| s.ptr),
+            d_sink: d_sink.as_ref().map_or(0, |s| s.ptr),
         };
         let stats = run(&args)?;
         Ok(BackwardOutput {
@@ -434,8 +442,43 @@ impl Chunked {
                 data: self.download_u16(&dv, p.v_span())?,
             },
             stats,
-            d_sink: Vec::new(),
+            d_sink: match &d_sink {
+                Some(b) => self.download_f32(b, p.sink_len())?,
+                None => Vec::new(),
+            },
         })
+    }
+
+    /// fp32 values to the device (as pairs of 16-bit halves, little-endian).
+    pub fn upload_f32(&self, x: &[f32]) -> Result<DeviceBuffer, ExecError> {
+        let bits: Vec<u16> = x
+            .iter()
+            .flat_map(|x| [x.to_bits() as u16, (x.to_bits() >> 16) as u16])
+            .collect();
+        self.upload(&bits)
+    }
+
+    /// The sink logits of a learnable-sink problem on the device (`None` for other problems);
+    /// a learnable problem without `h_q` logits is invalid input, never a vanilla softmax.
+    fn upload_sink(
+        &self,
+        p: &AttentionProblem,
+        sink: Option<&[f32]>,
+    ) -> Result<Option<DeviceBuffer>, ExecError> {
+        if p.sink_len() == 0 {
+            return Ok(None);
+        }
+        match sink {
+            Some(s) if s.len() == p.sink_len() => self.upload_f32(s).map(Some),
+            Some(s) => Err(ExecError::invalid(format!(
+                "sink has {} logits, a learnable sink needs h_q = {}",
+                s.len(),
+                p.sink_len()
+            ))),
+            None => Err(ExecError::invalid(
+                "a learnable sink needs its logits (inputs.sink)",
+            )),
+        }
     }
 
     /// Streaming multiprocessors of the device.
@@ -817,6 +860,11 @@ fn mask_args(m: &EffectiveMask) -> (i64, i64, i64, i64) {
     )
 }
 
+/// Soft-capping as the kernels take it: `(scale / c, c log2(e))`, `(0, 0)` without.
+fn cap_args(scale: f32, softcap: Option<f32>) -> (f32, f32) {
+    softcap.map_or((0.0, 0.0), |c| (scale / c, c * std::f32::consts::LOG2_E))
+}
+
 fn i32_of(x: usize, what: &str) -> Result<i32, ExecError> {
     i32::try_from(x).map_err(|_| ExecError::Unsupported {
         reason: format!("{what} {x} >= 2^31"),
@@ -883,13 +931,20 @@ impl Ops for CudaOps<'_> {
         let (lds, rows, n) = (a.lds as i32, a.rows as i32, a.n as i32);
         let (i0, kv_lo, lhs) = (a.i0 as i64, a.kv_lo as i64, a.lse_head_stride as i64);
         let scale_log2 = a.scale * std::f32::consts::LOG2_E;
+        let (cap_in, cap_out) = cap_args(a.scale, a.softcap);
+        let (sink_mode, sink) = match a.sink {
+            SinkArg::None => (0i32, 0u64),
+            SinkArg::Zero => (1, 0),
+            SinkArg::Logits(ptr) => (2, ptr),
+        };
         let cfg = LaunchConfig {
             grid_dim: (a.rows as u32, a.heads as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut args = params![
-            a.s, a.p, lds, rows, n, i0, kv_lo, a.lse, lhs, off, left, right, skv, scale_log2
+            a.s, a.p, lds, rows, n, i0, kv_lo, a.lse, lhs, off, left, right, skv, scale_log2,
+            cap_in, cap_out, sink_mode, sink
         ];
         // SAFETY: argument list matches the kernel signature; buffers sized by the plan.
         unsafe { launch(&self.k.softmax, cfg, self.stream, &mut args) }
@@ -900,6 +955,7 @@ impl Ops for CudaOps<'_> {
         let (lds, rows, n) = (a.lds as i32, a.rows as i32, a.n as i32);
         let (i0, kv_lo, hs) = (a.i0 as i64, a.kv_lo as i64, a.head_stride as i64);
         let scale_log2 = a.scale * std::f32::consts::LOG2_E;
+        let (cap_in, cap_out) = cap_args(a.scale, a.softcap);
         let cfg = LaunchConfig {
             grid_dim: (a.rows as u32, a.heads as u32, 1),
             block_dim: (256, 1, 1),
@@ -907,7 +963,7 @@ impl Ops for CudaOps<'_> {
         };
         let mut args = params![
             a.s, a.dp, a.p, a.ds, lds, rows, n, i0, kv_lo, a.lse, a.dvec, hs, off, left, right,
-            skv, scale_log2
+            skv, scale_log2, cap_in, cap_out
         ];
         // SAFETY: as above.
         unsafe { launch(&self.k.bwd, cfg, self.stream, &mut args) }
@@ -956,6 +1012,19 @@ impl Ops for CudaOps<'_> {
         let mut args = params![a.dst, ld, rows, cols, a.value];
         // SAFETY: as above.
         unsafe { launch(&self.k.fill, cfg, self.stream, &mut args) }
+    }
+
+    fn sink_grad(&mut self, a: &SinkGradArgs) -> Result<(), ExecError> {
+        let cfg = LaunchConfig {
+            grid_dim: (a.heads as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (batch, heads) = (i32_of(a.batch, "batch")?, i32_of(a.heads, "heads")?);
+        let rows = a.rows as i64;
+        let mut args = params![a.lse, a.dvec, a.sink, a.d_sink, batch, heads, rows];
+        // SAFETY: as above; LSE and D hold batch x heads x rows floats, sink and d_sink heads.
+        unsafe { launch(&self.k.sink_grad, cfg, self.stream, &mut args) }
     }
 
     fn fork(&mut self, lanes: usize) -> Result<(), ExecError> {

@@ -37,12 +37,23 @@ __device__ __forceinline__ void merge(float& m, float& l, float om, float ol) {
     m = nm;
 }
 
+// A raw score x = q.k in log2 units: x * scale * log2(e), or soft-capped
+// c * tanh(scale * x / c) * log2(e) when cap_in = scale / c > 0 (cap_out = c * log2(e)).
+__device__ __forceinline__ float score_log2(float x, float scale_log2, float cap_in,
+                                            float cap_out) {
+    return cap_in > 0.f ? cap_out * tanhf(x * cap_in) : x * scale_log2;
+}
+
 // One block (256 threads) per score row. S rows of lds floats (lds % 8 == 0, 32-byte aligned).
 // Writes P (all lds columns; zero outside the admitted range) and LSE (natural log, fp32).
+// Sink (sink_mode 1: logit 0, 2: logit sink[r] of block head r): exp(s - max) joins the
+// denominator of every row with an admitted key (LSE includes it); empty rows stay P = 0,
+// LSE = -inf.
 extern "C" __global__ void __launch_bounds__(256) softmax_fwd(
     const float* __restrict__ S, u16* __restrict__ P, int lds, int rows, int n, i64 i0,
     i64 kv_lo, float* __restrict__ lse, i64 lse_head_stride, i64 off, i64 left, i64 right,
-    i64 skv, float scale_log2) {
+    i64 skv, float scale_log2, float cap_in, float cap_out, int sink_mode,
+    const float* __restrict__ sink) {
     const int row = blockIdx.x;
     const int r = blockIdx.y;
     const size_t base = ((size_t)r * rows + row) * (size_t)lds;
@@ -62,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(256) softmax_fwd(
         for (int t = 0; t < 4; t++) {
             int c = 4 * g + t;
             // Select, never multiply: columns past n are uninitialised.
-            x[t] = (c >= a && c < b) ? x[t] * scale_log2 : NEG_INF;
+            x[t] = (c >= a && c < b) ? score_log2(x[t], scale_log2, cap_in, cap_out) : NEG_INF;
             lm = fmaxf(lm, x[t]);
         }
         // Every group in [g0, g1) holds at least one admitted column, so lm is finite.
@@ -100,8 +111,12 @@ extern "C" __global__ void __launch_bounds__(256) softmax_fwd(
         }
     }
     __syncthreads();
-    const float M = sm[0];
-    const float L = sl[0];
+    float M = sm[0];
+    float L = sl[0];
+    if (sink_mode != 0 && a < b) {
+        // The sink's term, base 2: M stays finite (the row has an admitted key).
+        merge(M, L, (sink_mode == 2 ? sink[r] : 0.f) * LOG2E, 1.f);
+    }
     const float inv = a < b ? 1.f / L : 0.f;
     for (int g = threadIdx.x; g < (lds >> 2); g += blockDim.x) {
         float y[4] = {0.f, 0.f, 0.f, 0.f};
@@ -111,7 +126,9 @@ extern "C" __global__ void __launch_bounds__(256) softmax_fwd(
 #pragma unroll
             for (int t = 0; t < 4; t++) {
                 int c = 4 * g + t;
-                y[t] = (c >= a && c < b) ? exp2f(x[t] * scale_log2 - M) * inv : 0.f;
+                y[t] = (c >= a && c < b)
+                           ? exp2f(score_log2(x[t], scale_log2, cap_in, cap_out) - M) * inv
+                           : 0.f;
             }
         }
         p2[g] = make_uint2(pack2(y[0], y[1]), pack2(y[2], y[3]));
@@ -122,11 +139,13 @@ extern "C" __global__ void __launch_bounds__(256) softmax_fwd(
 }
 
 // Backward elementwise, one block per score row: P = exp(scale S - lse), dS = P (dP - D).
+// Soft-capped (cap_in > 0): P = exp(c t - lse) and dS = P (dP - D) (1 - t^2) with
+// t = tanh(scale S / c): the gradient with respect to scale S (the GEMMs apply scale).
 extern "C" __global__ void __launch_bounds__(256) bwd_elementwise(
     const float* __restrict__ S, const float* __restrict__ dP, u16* __restrict__ P,
     u16* __restrict__ dS, int lds, int rows, int n, i64 i0, i64 kv_lo,
     const float* __restrict__ lse, const float* __restrict__ Dv, i64 head_stride, i64 off,
-    i64 left, i64 right, i64 skv, float scale_log2) {
+    i64 left, i64 right, i64 skv, float scale_log2, float cap_in, float cap_out) {
     const int row = blockIdx.x;
     const int r = blockIdx.y;
     const size_t base = ((size_t)r * rows + row) * (size_t)lds;
@@ -152,13 +171,51 @@ extern "C" __global__ void __launch_bounds__(256) bwd_elementwise(
             for (int t = 0; t < 4; t++) {
                 int c = 4 * g + t;
                 if (c >= a && c < b) {
-                    p[t] = exp2f(x[t] * scale_log2 - l2);
-                    ds[t] = p[t] * (y[t] - d);
+                    if (cap_in > 0.f) {
+                        const float th = tanhf(x[t] * cap_in);
+                        p[t] = exp2f(cap_out * th - l2);
+                        ds[t] = p[t] * (y[t] - d) * ((1.f - th) * (1.f + th));
+                    } else {
+                        p[t] = exp2f(x[t] * scale_log2 - l2);
+                        ds[t] = p[t] * (y[t] - d);
+                    }
                 }
             }
         }
         p2[g] = make_uint2(pack2(p[0], p[1]), pack2(p[2], p[3]));
         ds2[g] = make_uint2(pack2(ds[0], ds[1]), pack2(ds[2], ds[3]));
+    }
+}
+
+// d_sink[h] = -sum over (b, i) of exp(sink[h] - lse) * D, rows with a finite LSE and a
+// non-zero D only (fully masked rows have LSE = -inf, padding rows D = 0). One block per head,
+// each thread a fixed stride of rows, then a fixed tree: bitwise reproducible, no atomics.
+// Overwrites d_sink[h].
+extern "C" __global__ void __launch_bounds__(256) sink_grad(
+    const float* __restrict__ lse, const float* __restrict__ Dv, const float* __restrict__ sink,
+    float* __restrict__ d_sink, int batch, int heads, i64 rows) {
+    const int h = blockIdx.x;
+    const float s = sink[h];
+    float acc = 0.f;
+    for (int bb = 0; bb < batch; bb++) {
+        const i64 base = ((i64)bb * heads + h) * rows;
+        for (i64 i = threadIdx.x; i < rows; i += blockDim.x) {
+            const float l = lse[base + i];
+            const float d = Dv[base + i];
+            if (l != NEG_INF && d != 0.f) acc += expf(s - l) * d;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    __shared__ float part[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) d_sink[h] = -acc;
     }
 }
 

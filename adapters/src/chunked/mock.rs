@@ -6,7 +6,7 @@
 use super::ChunkedConfig;
 use super::plan::{
     self, BwdArgs, BwdScoresArgs, CastArgs, CublasGemm, Elem, FillF32Args, Ops, PlanKind,
-    RowDotArgs, SoftmaxArgs, ZeroRowsArgs,
+    RowDotArgs, SinkArg, SinkGradArgs, SoftmaxArgs, ZeroRowsArgs,
 };
 use crate::executor::{DeviceBackwardArgs, DeviceForwardArgs, ExecError, HostTensor};
 use crate::problem::{AttentionProblem, DType};
@@ -23,7 +23,7 @@ struct Mock {
 impl Mock {
     fn alloc(&mut self, bytes: u64) -> u64 {
         let at = (self.mem.len() as u64).div_ceil(256) * 256 + 256;
-        self.mem.resize((at + bytes) as usize, 0xAB);
+        self.mem.resize((at + bytes) as usize, 0xFF);
         at
     }
     fn get(&self, addr: u64, e: Elem) -> f64 {
@@ -64,20 +64,41 @@ impl Mock {
     fn row_range(a_i0: usize, m: &crate::problem::EffectiveMask, row: usize) -> (i64, i64) {
         m.row_range(a_i0 + row)
     }
-    /// Element `at` of P and dS: `P = exp(scale S - lse)`, `dS = P (dP - D)` from the fp32
-    /// scores `(S, dP)` of an admitted key, zeros for a masked one (`None`). `stats` is
-    /// `(scale, lse, D)`. Shared by `bwd_elementwise` and `bwd_scores`.
+    /// A raw score in natural units as the kernels compute it in fp32: `scale x`, or
+    /// `c tanh(scale x / c)` soft-capped; with `t = tanh(..)` (0 without capping).
+    fn score(x: f32, scale: f32, softcap: Option<f32>) -> (f32, f32) {
+        match softcap {
+            Some(c) => {
+                let t = (x * (scale / c)).tanh();
+                (c * t, t)
+            }
+            None => (x * scale, 0.0),
+        }
+    }
+    /// Element `at` of P and dS: `P = exp(score(S) - lse)`, `dS = P (dP - D)` (times `1 - t^2`
+    /// soft-capped) from the fp32 scores `(S, dP)` of an admitted key, zeros for a masked one
+    /// (`None`). `stats` is `(scale, softcap, lse, D)`. Shared by `bwd_elementwise` and
+    /// `bwd_scores`.
     fn store_p_ds(
         &mut self,
         p: u64,
         ds: u64,
         at: usize,
         scores: Option<(f32, f32)>,
-        (scale, lse, d): (f32, f32, f32),
+        (scale, softcap, lse, d): (f32, Option<f32>, f32, f32),
     ) {
         let (pv, dsv) = scores.map_or((0.0, 0.0), |(s, dp)| {
-            let pv = (s * scale - lse).exp();
-            (pv, pv * (dp - d))
+            let (x, t) = Mock::score(s, scale, softcap);
+            let pv = (x - lse).exp();
+            let dsv = pv * (dp - d);
+            (
+                pv,
+                if softcap.is_some() {
+                    dsv * (1.0 - t * t)
+                } else {
+                    dsv
+                },
+            )
         });
         self.set(p + 2 * at as u64, Elem::Low, pv as f64);
         self.set(ds + 2 * at as u64, Elem::Low, dsv as f64);
@@ -144,10 +165,25 @@ impl Ops for Mock {
                 let lo = (lo - a.kv_lo as i64).max(0) as usize;
                 let hi = (hi - a.kv_lo as i64).clamp(0, a.n as i64) as usize;
                 let xs: Vec<f32> = (lo..hi)
-                    .map(|c| self.get(a.s + 4 * (row + c) as u64, Elem::F32) as f32 * a.scale * l2e)
+                    .map(|c| {
+                        let s = self.get(a.s + 4 * (row + c) as u64, Elem::F32) as f32;
+                        Mock::score(s, a.scale, a.softcap).0 * l2e
+                    })
                     .collect();
-                let mx = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = xs.iter().map(|x| (x - mx).exp2()).sum();
+                // The sink joins non-empty rows only (an empty row stays LSE = -inf).
+                let sink = match a.sink {
+                    SinkArg::None => None,
+                    SinkArg::Zero => Some(0.0),
+                    SinkArg::Logits(ptr) => Some(self.get(ptr + 4 * r as u64, Elem::F32) as f32),
+                }
+                .filter(|_| lo < hi)
+                .map(|s| s * l2e);
+                let mx = xs
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = xs.iter().chain(&sink).map(|x| (x - mx).exp2()).sum();
                 for c in 0..a.lds {
                     let v = if c >= lo && c < hi {
                         (xs[c - lo] - mx).exp2() / sum
@@ -188,7 +224,7 @@ impl Ops for Mock {
                             self.get(a.dp + 4 * (row + c) as u64, Elem::F32) as f32,
                         )
                     });
-                    self.store_p_ds(a.p, a.ds, row + c, scores, (a.scale, lse, d));
+                    self.store_p_ds(a.p, a.ds, row + c, scores, (a.scale, a.softcap, lse, d));
                 }
             }
         }
@@ -249,6 +285,29 @@ impl Ops for Mock {
         Ok(())
     }
 
+    /// fp32 sums as the kernel's (rows with a finite LSE and a non-zero D), overwriting.
+    fn sink_grad(&mut self, a: &SinkGradArgs) -> Result<(), ExecError> {
+        self.launches += 1;
+        for h in 0..a.heads {
+            let s = self.get(a.sink + 4 * h as u64, Elem::F32) as f32;
+            let mut acc = 0.0f32;
+            for b in 0..a.batch {
+                for i in 0..a.rows {
+                    let at = 4 * ((b * a.heads + h) * a.rows + i) as u64;
+                    let (l, d) = (
+                        self.get(a.lse + at, Elem::F32) as f32,
+                        self.get(a.dvec + at, Elem::F32) as f32,
+                    );
+                    if l != f32::NEG_INFINITY && d != 0.0 {
+                        acc += (s - l).exp() * d;
+                    }
+                }
+            }
+            self.set(a.d_sink + 4 * h as u64, Elem::F32, -acc as f64);
+        }
+        Ok(())
+    }
+
     /// What the fused score kernel computes: S and dP with fp32 results, then P and dS as in
     /// `bwd_elementwise`, every column up to `lds`.
     fn bwd_scores(&mut self, a: &BwdScoresArgs) -> Result<(), ExecError> {
@@ -259,7 +318,7 @@ impl Ops for Mock {
             .ok_or_else(|| ExecError::Unsupported {
                 reason: "mock: no problem for bwd_scores".into(),
             })?;
-        let (m, scale) = (p.effective_mask(), p.softmax_scale as f32);
+        let (m, scale) = (a.mask, p.softmax_scale as f32);
         let (lq, lk, lv, lo) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
         let dot = |mm: &Mock, x: u64, y: u64, dim: usize| -> f32 {
             (0..dim as u64)
@@ -270,14 +329,15 @@ impl Ops for Mock {
             let h = a.h0 + r;
             for i in 0..a.rows {
                 let row = (r * a.rows + i) * a.lds;
-                let (lo_k, hi_k) = m.row_range(a.i0 + i);
+                let (lo_k, hi_k) = m.row_range(a.i0 + i - a.seq_q0);
                 let lse = self.get(a.lse + 4 * (r * a.head_stride + i) as u64, Elem::F32) as f32;
                 let d = self.get(a.dvec + 4 * (r * a.head_stride + i) as u64, Elem::F32) as f32;
                 let q = io.q + 2 * lq.offset(a.batch, h, a.i0 + i, 0) as u64;
                 let d_o = io.d_o + 2 * lo.offset(a.batch, h, a.i0 + i, 0) as u64;
                 for c in 0..a.lds {
                     let key = a.kv_lo + c;
-                    let scores = ((key as i64) >= lo_k && (key as i64) < hi_k).then(|| {
+                    let local = key as i64 - a.seq_kv0 as i64;
+                    let scores = (local >= lo_k && local < hi_k).then(|| {
                         let k = io.k + 2 * lk.offset(a.batch, a.kv_head, key, 0) as u64;
                         let v = io.v + 2 * lv.offset(a.batch, a.kv_head, key, 0) as u64;
                         (
@@ -285,7 +345,7 @@ impl Ops for Mock {
                             dot(self, d_o, v, p.head_dim_v),
                         )
                     });
-                    self.store_p_ds(a.p, a.ds, row + c, scores, (scale, lse, d));
+                    self.store_p_ds(a.p, a.ds, row + c, scores, (scale, a.softcap, lse, d));
                 }
             }
         }
@@ -293,17 +353,25 @@ impl Ops for Mock {
     }
 }
 
-/// Chunked forward + backward on the CPU mock: `(O, LSE, dQ, dK, dV)`.
-#[allow(clippy::type_complexity)]
+/// What [`run_mock`] returns: forward O and LSE, backward dQ, dK, dV and d_sink.
+struct MockOut {
+    o: HostTensor,
+    lse: Vec<f32>,
+    dq: HostTensor,
+    dk: HostTensor,
+    dv: HostTensor,
+    d_sink: Vec<f32>,
+}
+
+/// Chunked forward + backward on the CPU mock. Every output buffer starts as garbage (0xFF
+/// bytes: NaN in every dtype) so unwritten elements are caught.
 fn run_mock(
     p: &AttentionProblem,
     cfg: &ChunkedConfig,
     backward: PlanKind,
-    q: &HostTensor,
-    k: &HostTensor,
-    v: &HostTensor,
-    d_o: &HostTensor,
-) -> (HostTensor, Vec<f32>, HostTensor, HostTensor, HostTensor) {
+    inp: &crate::trial::RandomInputs,
+    sink: &[f32],
+) -> MockOut {
     let mut m = Mock {
         mem: Vec::new(),
         dtype: p.dtype,
@@ -311,14 +379,26 @@ fn run_mock(
         scores_of: None,
     };
     let (qa, ka, va, doa) = (
-        m.put_tensor(q),
-        m.put_tensor(k),
-        m.put_tensor(v),
-        m.put_tensor(d_o),
+        m.put_tensor(&inp.q),
+        m.put_tensor(&inp.k),
+        m.put_tensor(&inp.v),
+        m.put_tensor(&inp.d_o),
     );
-    // Outputs start as garbage (0xAB) so unwritten elements are caught.
     let oa = m.alloc(2 * p.o_span() as u64);
     let lsea = m.alloc(4 * p.lse_len() as u64);
+    let (sink_a, d_sink_a) = if sink.is_empty() {
+        (0, 0)
+    } else {
+        let (a, d) = (
+            m.alloc(4 * sink.len() as u64),
+            m.alloc(4 * sink.len() as u64),
+        );
+        for (i, &x) in sink.iter().enumerate() {
+            m.set(a + 4 * i as u64, Elem::F32, x as f64);
+            m.set(d + 4 * i as u64, Elem::F32, f64::NAN);
+        }
+        (a, d)
+    };
     let fplan = plan::make_plan(p, cfg, PlanKind::Forward).unwrap();
     let ws = m.alloc(fplan.bytes);
     let fio = DeviceForwardArgs {
@@ -327,7 +407,7 @@ fn run_mock(
         v: va,
         o: oa,
         lse: lsea,
-        sink: 0,
+        sink: sink_a,
     };
     plan::forward(&mut m, p, &fplan, &fio, ws).unwrap();
     let bplan = plan::make_plan(p, cfg, backward).unwrap();
@@ -347,52 +427,270 @@ fn run_mock(
         dq: dqa,
         dk: dka,
         dv: dva,
-        sink: 0,
-        d_sink: 0,
+        sink: sink_a,
+        d_sink: d_sink_a,
     };
     m.scores_of = Some((p.clone(), bio));
     plan::backward(&mut m, p, &bplan, &bio, ws).unwrap();
-    let lse = (0..p.lse_len())
-        .map(|i| m.get(lsea + 4 * i as u64, Elem::F32) as f32)
-        .collect();
-    (
-        m.take_tensor(oa, p.o_span()),
-        lse,
-        m.take_tensor(dqa, p.q_span()),
-        m.take_tensor(dka, p.k_span()),
-        m.take_tensor(dva, p.v_span()),
-    )
+    let f32s = |m: &Mock, a: u64, n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| m.get(a + 4 * i as u64, Elem::F32) as f32)
+            .collect()
+    };
+    MockOut {
+        o: m.take_tensor(oa, p.o_span()),
+        lse: f32s(&m, lsea, p.lse_len()),
+        dq: m.take_tensor(dqa, p.q_span()),
+        dk: m.take_tensor(dka, p.k_span()),
+        dv: m.take_tensor(dva, p.v_span()),
+        d_sink: if sink.is_empty() {
+            Vec::new()
+        } else {
+            f32s(&m, d_sink_a, sink.len())
+        },
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{DiagonalAlignment, LayoutKind, MaskSpec, Strides};
+    use crate::problem::{
+        DiagonalAlignment, LayoutKind, MaskSpec, SeqLens, SeqPacking, SoftmaxKind, Strides,
+    };
     use crate::trial::{random_inputs, verify};
 
-    fn check(p: &AttentionProblem, chunk: usize, seed: u64) {
-        let cfg = ChunkedConfig {
+    use super::super::test_oracle as oracle;
+
+    fn cfg(chunk: usize) -> ChunkedConfig {
+        ChunkedConfig {
             max_chunk_rows: chunk,
             min_chunk_rows: 1,
             target_rows_per_gemm: chunk,
             workspace_budget: 1 << 30,
             fused_score_lanes: 2,
-        };
+        }
+    }
+
+    fn check(p: &AttentionProblem, chunk: usize, seed: u64) {
         let inp = random_inputs(p, seed);
         // Both backward plans: fp32 scores through GEMMs, and P/dS from the fused executor's
         // score kernel (as the mock computes it).
         for kind in [PlanKind::Backward, PlanKind::BackwardFusedScores] {
-            let (o, lse, dq, dk, dv) = run_mock(p, &cfg, kind, &inp.q, &inp.k, &inp.v, &inp.d_o);
+            let r = run_mock(p, &cfg(chunk), kind, &inp, &[]);
             let bwd = crate::executor::BackwardOutput {
-                dq,
-                dk,
-                dv,
+                dq: r.dq,
+                dk: r.dk,
+                dv: r.dv,
                 stats: Default::default(),
                 d_sink: Vec::new(),
             };
-            let v = verify(p, &inp, &o, &lse, Some(&bwd));
+            let v = verify(p, &inp, &r.o, &r.lse, Some(&bwd));
             assert!(v.passed, "{p:?} chunk {chunk} {kind:?}: {v:#?}");
         }
+    }
+
+    /// The features' check: both backward plans against the test oracle (FlashAttention
+    /// criterion for O, dQ, dK, dV, d_sink; LSE to 1e-5 with -inf exactly in padding and fully
+    /// masked rows), outputs written everywhere (they start as garbage); returns d_sink.
+    fn check_features(p: &AttentionProblem, chunk: usize, seed: u64) -> Vec<f32> {
+        let inp = random_inputs(p, seed);
+        // A learnable problem's random logits (else none).
+        let sink = inp.sink.clone().unwrap_or_default();
+        let mut d_sinks = Vec::new();
+        for kind in [PlanKind::Backward, PlanKind::BackwardFusedScores] {
+            let r = run_mock(p, &cfg(chunk), kind, &inp, &sink);
+            let (checks, passed) = oracle::oracle_verify(
+                p,
+                [&inp.q, &inp.k, &inp.v, &inp.d_o],
+                &sink,
+                &r.o,
+                &r.lse,
+                Some((&r.dq, &r.dk, &r.dv, &r.d_sink)),
+            );
+            assert!(passed, "{p:?} chunk {chunk} {kind:?}: {checks:#?}");
+            assert_eq!(r.d_sink.len(), p.sink_len());
+            d_sinks.push(r.d_sink);
+        }
+        // Same sums in the same order whichever plan made dS.
+        assert_eq!(d_sinks[0], d_sinks[1]);
+        d_sinks.swap_remove(0)
+    }
+
+    fn seqlens(packing: SeqPacking) -> SeqLens {
+        // Batch of 3: a full-length sequence, a short one, and one without query rows (its
+        // keys still get dK = dV = 0).
+        match packing {
+            SeqPacking::Packed => {
+                SeqLens::from_cu_seqlens(&[0, 13, 18, 18], &[0, 9, 20, 24]).unwrap()
+            }
+            side => SeqLens::padded(side, vec![13, 5, 0], vec![9, 11, 4]),
+        }
+    }
+
+    #[test]
+    fn mock_serves_softcap_and_sinks() {
+        let mut seed = 100;
+        let masks = [
+            MaskSpec::NONE,
+            MaskSpec::CAUSAL_BOTTOM_RIGHT,
+            MaskSpec::window(3, 2, DiagonalAlignment::TopLeft),
+        ];
+        for softcap in [None, Some(2.5)] {
+            for softmax in [
+                SoftmaxKind::Vanilla,
+                SoftmaxKind::OffByOne,
+                SoftmaxKind::Learnable,
+            ] {
+                for mask in masks {
+                    for dtype in [DType::BF16, DType::F16] {
+                        let mut p =
+                            AttentionProblem::new(2, 4, 2, 11, 14, 16, 8, dtype).with_mask(mask);
+                        p.softcap = softcap;
+                        p.softmax = softmax;
+                        // Larger scores so the cap bites (tanh well away from linear).
+                        p.softmax_scale = 0.6;
+                        seed += 1;
+                        check_features(&p, 4, seed);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mock_serves_padded_and_packed_sequences() {
+        let mut seed = 200;
+        let masks = [
+            MaskSpec::NONE,
+            MaskSpec::CAUSAL_TOP_LEFT,
+            MaskSpec::CAUSAL_BOTTOM_RIGHT,
+            MaskSpec::window(4, 1, DiagonalAlignment::BottomRight),
+        ];
+        for packing in [
+            SeqPacking::PaddedRight,
+            SeqPacking::PaddedLeft,
+            SeqPacking::Packed,
+        ] {
+            for mask in masks {
+                for layout in [LayoutKind::Bshd, LayoutKind::Sbhd, LayoutKind::Bhsd] {
+                    let p = AttentionProblem::new(3, 4, 2, 13, 11, 16, 8, DType::BF16)
+                        .with_mask(mask)
+                        .with_seqlens(seqlens(packing), layout);
+                    seed += 1;
+                    check_features(&p, 4, seed);
+                }
+                // A sequence with query rows and no keys (its rows are empty: O = 0,
+                // LSE = -inf), next to a one-token one.
+                let lens = match packing {
+                    SeqPacking::Packed => {
+                        SeqLens::from_cu_seqlens(&[0, 6, 7, 20], &[0, 0, 1, 12]).unwrap()
+                    }
+                    side => SeqLens::padded(side, vec![6, 1, 13], vec![0, 1, 11]),
+                };
+                let mut p = AttentionProblem::new(3, 2, 1, 13, 11, 8, 16, DType::F16)
+                    .with_mask(mask)
+                    .with_seqlens(lens, LayoutKind::Bshd);
+                p.softmax = SoftmaxKind::Learnable;
+                seed += 1;
+                check_features(&p, 5, seed);
+            }
+        }
+    }
+
+    #[test]
+    fn mock_serves_combined_features() {
+        // Everything at once: GQA, MQA, d_qk != d_v, softcap, sinks, sequences, windows.
+        let mut seed = 300;
+        for (hq, hkv, dqk, dv) in [(4, 2, 24, 8), (3, 1, 8, 16), (2, 2, 16, 16)] {
+            for packing in [
+                SeqPacking::PaddedRight,
+                SeqPacking::PaddedLeft,
+                SeqPacking::Packed,
+            ] {
+                for (softmax, softcap) in [
+                    (SoftmaxKind::Learnable, Some(1.5)),
+                    (SoftmaxKind::OffByOne, Some(4.0)),
+                    (SoftmaxKind::Learnable, None),
+                ] {
+                    for mask in [
+                        MaskSpec::CAUSAL_BOTTOM_RIGHT,
+                        MaskSpec::window(2, 3, DiagonalAlignment::TopLeft),
+                    ] {
+                        let mut p = AttentionProblem::new(3, hq, hkv, 13, 11, dqk, dv, DType::F16)
+                            .with_mask(mask)
+                            .with_seqlens(seqlens(packing), LayoutKind::Bshd);
+                        p.softmax = softmax;
+                        p.softcap = softcap;
+                        seed += 1;
+                        for chunk in [3, 64] {
+                            check_features(&p, chunk, seed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mock_learnable_sink_gradient_is_deterministic_and_overwritten() {
+        let mut p = AttentionProblem::new(2, 4, 2, 9, 12, 16, 16, DType::BF16).with_seqlens(
+            SeqLens::padded(SeqPacking::PaddedLeft, vec![9, 6], vec![12, 7]),
+            LayoutKind::Bshd,
+        );
+        p.softmax = SoftmaxKind::Learnable;
+        let a = check_features(&p, 4, 41);
+        let b = check_features(&p, 4, 41);
+        assert_eq!(
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert!(a.iter().all(|x| x.is_finite() && *x != 0.0), "{a:?}");
+    }
+
+    #[test]
+    fn the_gate_admits_the_features_it_serves() {
+        for packing in [
+            SeqPacking::PaddedRight,
+            SeqPacking::PaddedLeft,
+            SeqPacking::Packed,
+        ] {
+            for softmax in [SoftmaxKind::OffByOne, SoftmaxKind::Learnable] {
+                let mut p = AttentionProblem::new(3, 4, 2, 13, 11, 16, 8, DType::BF16)
+                    .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT)
+                    .with_seqlens(seqlens(packing), LayoutKind::Bshd);
+                p.softmax = softmax;
+                p.softcap = Some(30.0);
+                assert_eq!(super::super::check_problem(&p), Ok(()), "{p:?}");
+                // What it cannot do stays refused, features or not.
+                p.head_dim_qk = 12;
+                assert!(super::super::check_problem(&p).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn mock_refuses_a_learnable_sink_without_logits() {
+        let mut p = AttentionProblem::new(1, 2, 1, 8, 8, 16, 16, DType::BF16);
+        p.softmax = SoftmaxKind::Learnable;
+        let mut m = Mock {
+            mem: Vec::new(),
+            dtype: p.dtype,
+            launches: 0,
+            scores_of: None,
+        };
+        let plan = plan::make_plan(&p, &cfg(4), PlanKind::Forward).unwrap();
+        let ws = m.alloc(plan.bytes);
+        let io = DeviceForwardArgs {
+            q: 256,
+            k: 256,
+            v: 256,
+            o: 256,
+            lse: 256,
+            sink: 0,
+        };
+        let r = plan::forward(&mut m, &p, &plan, &io, ws);
+        assert!(matches!(r, Err(ExecError::InvalidInput { .. })), "{r:?}");
+        assert_eq!(m.launches, 0);
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //!   `dK += scale dS^T Q_c`, `dV += P^T dO_c` into fp32 accumulators (GEMM `beta = 1`, chunks in a
 //!   fixed order: deterministic, no atomics), cast once per group.
 //!
+//! Soft-capping is applied in those two kernels (the GEMMs stay plain), a sink joins the softmax
+//! kernel's row denominator (and a learnable sink's gradient comes from one deterministic
+//! per-head reduction), and per-sequence lengths run each sequence on its own rows and keys,
+//! writing padding rows and keys explicitly (docs/executors.md).
+//!
 //! Only the key range the chunk's mask admits is computed (fully masked KV ranges are skipped),
 //! the workspace is `O(C * s_kv)` per group (bounded by [`ChunkedConfig::workspace_budget`]),
 //! and inputs are read in place through their strides (bshd, sbhd, bhsd or any strides with a
@@ -27,6 +32,9 @@ pub(crate) mod plan;
 
 #[cfg(test)]
 mod mock;
+
+#[doc(hidden)]
+pub mod test_oracle;
 
 #[cfg(feature = "cuda")]
 mod enabled;

@@ -5,7 +5,7 @@
 
 use super::ChunkedConfig;
 use crate::executor::{DeviceBackwardArgs, DeviceForwardArgs, ExecError};
-use crate::problem::{AttentionProblem, EffectiveMask};
+use crate::problem::{AttentionProblem, EffectiveMask, SeqRows, SoftmaxKind};
 
 /// Element kind of a GEMM operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,9 +118,36 @@ pub(crate) struct SoftmaxArgs {
     pub lse_head_stride: usize,
     pub mask: EffectiveMask,
     pub scale: f32,
+    /// Soft-capping `c` (scores `c tanh(scale S / c)`), `None`: none.
+    pub softcap: Option<f32>,
+    /// The sink of the block's heads.
+    pub sink: SinkArg,
 }
 
-/// Fused backward elementwise: `P = exp(scale S - lse)`, `dS = P (dP - D)`, both dtype.
+/// The sink a softmax adds to each row's denominator (`exp(s_h - max)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SinkArg {
+    None,
+    /// Logit 0 for every head (off-by-one).
+    Zero,
+    /// fp32 logits, the block's head `r` at `ptr + 4 r` (learnable).
+    Logits(u64),
+}
+
+impl SinkArg {
+    /// The sink of the heads `h0..` of `p` whose logits (learnable) are at `sink`.
+    fn of(p: &AttentionProblem, sink: u64, h0: usize) -> SinkArg {
+        match p.softmax {
+            SoftmaxKind::Vanilla => SinkArg::None,
+            SoftmaxKind::OffByOne => SinkArg::Zero,
+            SoftmaxKind::Learnable => SinkArg::Logits(sink + 4 * h0 as u64),
+        }
+    }
+}
+
+/// Fused backward elementwise: `P = exp(scale S - lse)`, `dS = P (dP - D)`, both dtype; with
+/// soft-capping `P = exp(c t - lse)`, `dS = P (dP - D) (1 - t^2)`, `t = tanh(scale S / c)` (the
+/// gradient with respect to `scale S`: the dQ / dK GEMMs multiply by `scale`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BwdArgs {
     pub s: u64,
@@ -139,6 +166,22 @@ pub(crate) struct BwdArgs {
     pub head_stride: usize,
     pub mask: EffectiveMask,
     pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+/// `d_sink[h] = -sum_(b, i) exp(s_h - LSE[b, h, i]) D[b, h, i]` over the rows whose LSE is
+/// finite and D non-zero (padding rows have D = 0, fully masked ones LSE = -inf), for the
+/// `[batch, heads, rows]` contiguous LSE and D: overwrites `d_sink[0..heads]` (fp32), fixed
+/// reduction order (deterministic).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SinkGradArgs {
+    pub lse: u64,
+    pub dvec: u64,
+    pub sink: u64,
+    pub d_sink: u64,
+    pub batch: usize,
+    pub heads: usize,
+    pub rows: usize,
 }
 
 /// `D[b, h, i] = sum_d dO[b,h,i,d] * O[b,h,i,d]` into a contiguous `[b, h_q, s_q]` fp32 buffer.
@@ -197,6 +240,7 @@ pub(crate) trait Ops {
     fn cast_rows(&mut self, a: &CastArgs) -> Result<(), ExecError>;
     fn zero_rows(&mut self, a: &ZeroRowsArgs) -> Result<(), ExecError>;
     fn fill_f32(&mut self, a: &FillF32Args) -> Result<(), ExecError>;
+    fn sink_grad(&mut self, a: &SinkGradArgs) -> Result<(), ExecError>;
     /// Only plans of kind [`PlanKind::BackwardFusedScores`] call it.
     fn bwd_scores(&mut self, a: &BwdScoresArgs) -> Result<(), ExecError>;
     /// Start `lanes` lanes, each ordered after everything enqueued so far; operations go to
@@ -227,7 +271,10 @@ pub(crate) trait ScoreKernel {
 /// head `kv_head` in batch `batch`, rows `i0..i0 + rows` and keys `kv_lo..kv_lo + n`, write
 /// `P = exp(scale S - lse)` and `dS = P (dP - D)` (dtype, zero outside the mask) with the same
 /// indexing as [`BwdArgs`]: head `r`, row `i`, column `c` at element `(r * rows + i) * lds + c`,
-/// all `lds` columns.
+/// all `lds` columns. `batch`, `i0` and `kv_lo` are tensor coordinates (batch index, physical
+/// rows); the mask is the sequence's (`seq_mask`), in its own coordinates: row `i0 + i` is the
+/// sequence's row `i0 + i - seq_q0`, key `kv_lo + c` its key `kv_lo + c - seq_kv0` (both 0
+/// without per-sequence lengths).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BwdScoresArgs {
     pub batch: usize,
@@ -245,6 +292,17 @@ pub(crate) struct BwdScoresArgs {
     pub lse: u64,
     pub dvec: u64,
     pub head_stride: usize,
+    // The fused executor's kernel reads none of these: it refuses per-sequence lengths and
+    // soft-capping (its manifest), so its mask is the problem's and there is no cap.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub mask: EffectiveMask,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub seq_q0: usize,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub seq_kv0: usize,
+    /// Soft-capping (see [`BwdArgs`]).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub softcap: Option<f32>,
 }
 
 /// What a plan is for; it decides which workspace buffers exist.
@@ -417,7 +475,30 @@ fn chunk_range(m: &EffectiveMask, i0: usize, rows: usize, skv: usize) -> Option<
     (lo < hi).then_some((lo, hi))
 }
 
-/// Run the forward pass: O and LSE.
+/// The rows `[lo, hi)` of a padded tensor's sequence dimension (`total` rows) outside sequence
+/// `seq`: its padding, at most two ranges. Packed tensors have none.
+fn padding(p: &AttentionProblem, seq: SeqRows, total: usize) -> Vec<(usize, usize)> {
+    if p.is_packed() {
+        return Vec::new();
+    }
+    [(0, seq.start), (seq.start + seq.len, total)]
+        .into_iter()
+        .filter(|(a, b)| a < b)
+        .collect()
+}
+
+/// A learnable sink's device pointer: present and fp32-aligned, never a silent vanilla softmax.
+fn sink_ptr(ptr: u64, what: &str) -> Result<(), ExecError> {
+    if ptr == 0 || !ptr.is_multiple_of(4) {
+        return Err(ExecError::invalid(format!(
+            "learnable sink: {what} pointer {ptr:#x} is null or not 4-byte aligned"
+        )));
+    }
+    Ok(())
+}
+
+/// Run the forward pass: O and LSE. Each sequence is computed on its own rows and keys only
+/// (per-sequence lengths); padding rows get O = 0, LSE = -inf.
 pub(crate) fn forward(
     ops: &mut impl Ops,
     p: &AttentionProblem,
@@ -425,26 +506,46 @@ pub(crate) fn forward(
     io: &DeviceForwardArgs,
     ws: u64,
 ) -> Result<(), ExecError> {
-    let (hq, sq, skv, dqk, dv) = (
-        p.heads_q,
-        p.seqlen_q,
-        p.seqlen_kv,
-        p.head_dim_qk,
-        p.head_dim_v,
-    );
+    let (hq, dqk, dv) = (p.heads_q, p.head_dim_qk, p.head_dim_v);
+    let rows_q = p.rows_q();
     let ratio = p.group_size();
     let (lq, lk, lv, lo_) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
-    let m = p.effective_mask();
+    if p.softmax == SoftmaxKind::Learnable {
+        sink_ptr(io.sink, "sink")?;
+    }
+    let softcap = p.softcap.map(|c| c as f32);
     let (s_buf, p_buf) = (ws + plan.off_s, ws + plan.off_p);
+    let lse_at = |b: usize, h: usize, row: usize| io.lse + 4 * p.lse_index(b, h, row) as u64;
     for b in 0..p.batch {
+        let (qr, kr) = p.seq_rows(b);
+        let m = p.seq_mask(b);
+        for (r0, r1) in padding(p, qr, rows_q) {
+            ops.zero_rows(&ZeroRowsArgs {
+                dst: at(io.o, &lo_, qr.batch, 0, r0),
+                row_stride: lo_.seq,
+                head_stride: lo_.head,
+                rows: r1 - r0,
+                heads: hq,
+                cols: dv,
+            })?;
+            ops.fill_f32(&FillF32Args {
+                dst: lse_at(qr.batch, 0, r0),
+                ld: rows_q,
+                rows: hq,
+                cols: r1 - r0,
+                value: f32::NEG_INFINITY,
+            })?;
+        }
         for g in 0..p.heads_kv {
             let h0 = g * ratio;
-            for i0 in (0..sq).step_by(plan.chunk_rows) {
-                let rows = plan.chunk_rows.min(sq - i0);
-                let lse_ptr = io.lse + 4 * ((b * hq + h0) * sq + i0) as u64;
-                let Some((klo, khi)) = chunk_range(&m, i0, rows, skv) else {
+            // i0: the chunk's first row in the sequence; row: in the tensors.
+            for i0 in (0..qr.len).step_by(plan.chunk_rows) {
+                let rows = plan.chunk_rows.min(qr.len - i0);
+                let row = qr.start + i0;
+                let lse_ptr = lse_at(qr.batch, h0, row);
+                let Some((klo, khi)) = chunk_range(&m, i0, rows, kr.len) else {
                     ops.zero_rows(&ZeroRowsArgs {
-                        dst: at(io.o, &lo_, b, h0, i0),
+                        dst: at(io.o, &lo_, qr.batch, h0, row),
                         row_stride: lo_.seq,
                         head_stride: lo_.head,
                         rows,
@@ -453,7 +554,7 @@ pub(crate) fn forward(
                     })?;
                     ops.fill_f32(&FillF32Args {
                         dst: lse_ptr,
-                        ld: sq,
+                        ld: rows_q,
                         rows: ratio,
                         cols: rows,
                         value: f32::NEG_INFINITY,
@@ -471,12 +572,12 @@ pub(crate) fn forward(
                     n,
                     dqk,
                     RowMajor {
-                        ptr: at(io.q, &lq, b, h0, i0),
+                        ptr: at(io.q, &lq, qr.batch, h0, row),
                         ld: ld(lq.seq, dqk),
                         stride: lq.head,
                     },
                     RowMajor {
-                        ptr: at(io.k, &lk, b, g, klo),
+                        ptr: at(io.k, &lk, kr.batch, g, kr.start + klo),
                         ld: ld(lk.seq, dqk),
                         stride: 0,
                     },
@@ -500,9 +601,11 @@ pub(crate) fn forward(
                     i0,
                     kv_lo: klo,
                     lse: lse_ptr,
-                    lse_head_stride: sq,
+                    lse_head_stride: rows_q,
                     mask: m,
                     scale: p.softmax_scale as f32,
+                    softcap,
+                    sink: SinkArg::of(p, io.sink, h0),
                 })?;
                 // O_c = P V.
                 ops.gemm(&gemm_rm(
@@ -517,12 +620,12 @@ pub(crate) fn forward(
                         stride: blk,
                     },
                     RowMajor {
-                        ptr: at(io.v, &lv, b, g, klo),
+                        ptr: at(io.v, &lv, kr.batch, g, kr.start + klo),
                         ld: ld(lv.seq, dv),
                         stride: 0,
                     },
                     RowMajor {
-                        ptr: at(io.o, &lo_, b, h0, i0),
+                        ptr: at(io.o, &lo_, qr.batch, h0, row),
                         ld: ld(lo_.seq, dv),
                         stride: lo_.head,
                     },
@@ -537,7 +640,8 @@ pub(crate) fn forward(
     Ok(())
 }
 
-/// Run the backward pass: dQ, dK, dV.
+/// Run the backward pass: dQ, dK, dV (and d_sink of a learnable sink). Padding rows get
+/// dQ = 0, padding keys dK = dV = 0.
 pub(crate) fn backward(
     ops: &mut impl Ops,
     p: &AttentionProblem,
@@ -545,43 +649,87 @@ pub(crate) fn backward(
     io: &DeviceBackwardArgs,
     ws: u64,
 ) -> Result<(), ExecError> {
-    let (hq, sq, dv) = (p.heads_q, p.seqlen_q, p.head_dim_v);
+    let (hq, hkv, dqk, dv) = (p.heads_q, p.heads_kv, p.head_dim_qk, p.head_dim_v);
+    let (rows_q, rows_kv) = (p.rows_q(), p.rows_kv());
     let ratio = p.group_size();
-    let lo_ = p.layout.o;
-    let m = p.effective_mask();
+    let (lq, lk, lv, lo_) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
+    let learnable = p.softmax == SoftmaxKind::Learnable;
+    if learnable {
+        sink_ptr(io.sink, "sink")?;
+        sink_ptr(io.d_sink, "d_sink")?;
+    }
     let scale = p.softmax_scale as f32;
     let d_buf = ws + plan.off_d;
     ops.row_dot(&RowDotArgs {
         o: io.o,
         d_o: io.d_o,
         out: d_buf,
-        batch: p.batch,
+        batch: p.batch_dim(),
         heads: hq,
-        seqlen: sq,
+        seqlen: rows_q,
         dim: dv,
         stride_b: lo_.batch,
         stride_h: lo_.head,
         stride_s: lo_.seq,
     })?;
+    // Padding: dQ rows and dK / dV keys are zeros; D = 0 there, so d_sink ignores those rows
+    // whatever LSE the caller passes for them.
+    for b in 0..p.batch {
+        let (qr, kr) = p.seq_rows(b);
+        for (r0, r1) in padding(p, qr, rows_q) {
+            ops.zero_rows(&ZeroRowsArgs {
+                dst: at(io.dq, &lq, qr.batch, 0, r0),
+                row_stride: lq.seq,
+                head_stride: lq.head,
+                rows: r1 - r0,
+                heads: hq,
+                cols: dqk,
+            })?;
+            if learnable {
+                ops.fill_f32(&FillF32Args {
+                    dst: d_buf + 4 * p.lse_index(qr.batch, 0, r0) as u64,
+                    ld: rows_q,
+                    rows: hq,
+                    cols: r1 - r0,
+                    value: 0.0,
+                })?;
+            }
+        }
+        for (r0, r1) in padding(p, kr, rows_kv) {
+            for (buf, st, cols) in [(io.dk, lk, dqk), (io.dv, lv, dv)] {
+                ops.zero_rows(&ZeroRowsArgs {
+                    dst: at(buf, &st, kr.batch, 0, r0),
+                    row_stride: st.seq,
+                    head_stride: st.head,
+                    rows: r1 - r0,
+                    heads: hkv,
+                    cols,
+                })?;
+            }
+        }
+    }
     let c = Bwd {
         p,
         plan,
         io,
         ratio,
-        m,
         scale,
+        softcap: p.softcap.map(|c| c as f32),
         d_buf,
     };
     // Groups go round-robin to the lanes; within a lane everything is in order, so every sum
     // keeps its order (deterministic) whatever the lanes' relative timing.
     ops.fork(plan.lanes)?;
     for b in 0..p.batch {
+        let (qr, kr) = p.seq_rows(b);
         for g in 0..p.heads_kv {
             let lane = (b * p.heads_kv + g) % plan.lanes;
             ops.lane(lane)?;
             let base = ws + lane as u64 * plan.lane_bytes;
             let grp = BwdGroup {
-                b,
+                qr,
+                kr,
+                m: p.seq_mask(b),
                 g,
                 h0: g * ratio,
                 s_buf: base + plan.off_s,
@@ -595,6 +743,17 @@ pub(crate) fn backward(
         }
     }
     ops.join()?;
+    if learnable {
+        ops.sink_grad(&SinkGradArgs {
+            lse: io.lse,
+            dvec: d_buf,
+            sink: io.sink,
+            d_sink: io.d_sink,
+            batch: p.batch_dim(),
+            heads: hq,
+            rows: rows_q,
+        })?;
+    }
     Ok(())
 }
 
@@ -605,16 +764,18 @@ struct Bwd<'a> {
     io: &'a DeviceBackwardArgs,
     /// Query heads per KV head.
     ratio: usize,
-    m: EffectiveMask,
     scale: f32,
-    /// `D = rowsum(dO * O)`, fp32 per query row.
+    softcap: Option<f32>,
+    /// `D = rowsum(dO * O)`, fp32 per query row (LSE's indexing).
     d_buf: u64,
 }
 
-/// One (batch, KV head) group of the backward pass: its first query head and its lane's
-/// buffers.
+/// One (sequence, KV head) group of the backward pass: the sequence's rows and keys and its
+/// mask, its first query head and its lane's buffers.
 struct BwdGroup {
-    b: usize,
+    qr: SeqRows,
+    kr: SeqRows,
+    m: EffectiveMask,
     g: usize,
     h0: usize,
     s_buf: u64,
@@ -625,10 +786,12 @@ struct BwdGroup {
     acc_dv: u64,
 }
 
-/// One chunk of query rows from `i0` and the key range `klo..klo + n` its mask admits, with
-/// the score block's row length `lds`, batch stride `blk` and the rows' offset into LSE / D.
+/// One chunk of query rows from `i0` (in the sequence; `row` in the tensors) and the key range
+/// `klo..klo + n` (in the sequence) its mask admits, with the score block's row length `lds`,
+/// batch stride `blk` and the rows' byte offset into LSE / D.
 struct BwdChunk {
     i0: usize,
+    row: usize,
     rows: usize,
     klo: usize,
     n: usize,
@@ -640,41 +803,46 @@ struct BwdChunk {
 /// One group: zero the fp32 dK / dV accumulators, every chunk in order, cast dK and dV once.
 fn backward_group(ops: &mut impl Ops, c: &Bwd<'_>, grp: &BwdGroup) -> Result<(), ExecError> {
     let (p, plan, io) = (c.p, c.plan, c.io);
-    let (sq, skv, dqk, dv) = (p.seqlen_q, p.seqlen_kv, p.head_dim_qk, p.head_dim_v);
+    let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
     let (lk, lv) = (p.layout.k, p.layout.v);
-    let (b, g) = (grp.b, grp.g);
+    let (qr, kr, g) = (grp.qr, grp.kr, grp.g);
+    let skv = kr.len;
     let (acc_dk, acc_dv) = (grp.acc_dk, grp.acc_dv);
-    ops.fill_f32(&FillF32Args {
-        dst: acc_dk,
-        ld: skv * dqk,
-        rows: 1,
-        cols: skv * dqk,
-        value: 0.0,
-    })?;
-    ops.fill_f32(&FillF32Args {
-        dst: acc_dv,
-        ld: skv * dv,
-        rows: 1,
-        cols: skv * dv,
-        value: 0.0,
-    })?;
-    for i0 in (0..sq).step_by(plan.chunk_rows) {
+    if skv > 0 {
+        ops.fill_f32(&FillF32Args {
+            dst: acc_dk,
+            ld: skv * dqk,
+            rows: 1,
+            cols: skv * dqk,
+            value: 0.0,
+        })?;
+        ops.fill_f32(&FillF32Args {
+            dst: acc_dv,
+            ld: skv * dv,
+            rows: 1,
+            cols: skv * dv,
+            value: 0.0,
+        })?;
+    }
+    for i0 in (0..qr.len).step_by(plan.chunk_rows) {
         backward_chunk(ops, c, grp, i0)?;
     }
-    ops.cast_rows(&CastArgs {
-        src: acc_dk,
-        dst: at(io.dk, &lk, b, g, 0),
-        dst_ld: lk.seq,
-        rows: skv,
-        cols: dqk,
-    })?;
-    ops.cast_rows(&CastArgs {
-        src: acc_dv,
-        dst: at(io.dv, &lv, b, g, 0),
-        dst_ld: lv.seq,
-        rows: skv,
-        cols: dv,
-    })?;
+    if skv > 0 {
+        ops.cast_rows(&CastArgs {
+            src: acc_dk,
+            dst: at(io.dk, &lk, kr.batch, g, kr.start),
+            dst_ld: lk.seq,
+            rows: skv,
+            cols: dqk,
+        })?;
+        ops.cast_rows(&CastArgs {
+            src: acc_dv,
+            dst: at(io.dv, &lv, kr.batch, g, kr.start),
+            dst_ld: lv.seq,
+            rows: skv,
+            cols: dv,
+        })?;
+    }
     Ok(())
 }
 
@@ -687,13 +855,14 @@ fn backward_chunk(
     i0: usize,
 ) -> Result<(), ExecError> {
     let (p, plan, io, ratio, scale) = (c.p, c.plan, c.io, c.ratio, c.scale);
-    let (hq, sq, skv, dqk) = (p.heads_q, p.seqlen_q, p.seqlen_kv, p.head_dim_qk);
+    let dqk = p.head_dim_qk;
     let (lq, lk) = (p.layout.q, p.layout.k);
-    let (b, g, h0) = (grp.b, grp.g, grp.h0);
-    let rows = plan.chunk_rows.min(sq - i0);
-    let Some((klo, khi)) = chunk_range(&c.m, i0, rows, skv) else {
+    let (qr, kr, g, h0) = (grp.qr, grp.kr, grp.g, grp.h0);
+    let rows = plan.chunk_rows.min(qr.len - i0);
+    let row = qr.start + i0;
+    let Some((klo, khi)) = chunk_range(&grp.m, i0, rows, kr.len) else {
         ops.zero_rows(&ZeroRowsArgs {
-            dst: at(io.dq, &lq, b, h0, i0),
+            dst: at(io.dq, &lq, qr.batch, h0, row),
             row_stride: lq.seq,
             head_stride: lq.head,
             rows,
@@ -705,9 +874,10 @@ fn backward_chunk(
     let n = khi - klo;
     let lds = lds_for(n);
     let blk = rows * lds;
-    let row_off = 4 * ((b * hq + h0) * sq + i0) as u64;
+    let row_off = 4 * p.lse_index(qr.batch, h0, row) as u64;
     let ch = BwdChunk {
         i0,
+        row,
         rows,
         klo,
         n,
@@ -717,20 +887,24 @@ fn backward_chunk(
     };
     if plan.kind == PlanKind::BackwardFusedScores {
         ops.bwd_scores(&BwdScoresArgs {
-            batch: b,
+            batch: qr.batch,
             kv_head: g,
             h0,
             heads: ratio,
-            i0,
+            i0: row,
             rows,
-            kv_lo: klo,
+            kv_lo: kr.start + klo,
             n,
             p: grp.p_buf,
             ds: grp.ds_buf,
             lds,
             lse: io.lse + row_off,
             dvec: c.d_buf + row_off,
-            head_stride: sq,
+            head_stride: p.rows_q(),
+            mask: grp.m,
+            seq_q0: qr.start,
+            seq_kv0: kr.start,
+            softcap: c.softcap,
         })?;
     } else {
         backward_scores(ops, c, grp, &ch)?;
@@ -748,12 +922,12 @@ fn backward_chunk(
             stride: blk,
         },
         RowMajor {
-            ptr: at(io.k, &lk, b, g, klo),
+            ptr: at(io.k, &lk, kr.batch, g, kr.start + klo),
             ld: ld(lk.seq, dqk),
             stride: 0,
         },
         RowMajor {
-            ptr: at(io.dq, &lq, b, h0, i0),
+            ptr: at(io.dq, &lq, qr.batch, h0, row),
             ld: ld(lq.seq, dqk),
             stride: lq.head,
         },
@@ -774,27 +948,27 @@ fn backward_scores(
     ch: &BwdChunk,
 ) -> Result<(), ExecError> {
     let (p, io, ratio) = (c.p, c.io, c.ratio);
-    let (sq, dqk, dv) = (p.seqlen_q, p.head_dim_qk, p.head_dim_v);
+    let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
     let (lq, lk, lv, lo_) = (p.layout.q, p.layout.k, p.layout.v, p.layout.o);
-    let (b, g, h0) = (grp.b, grp.g, grp.h0);
-    let (i0, rows, klo, n, lds, blk) = (ch.i0, ch.rows, ch.klo, ch.n, ch.lds, ch.blk);
+    let (qr, kr, g, h0) = (grp.qr, grp.kr, grp.g, grp.h0);
+    let (row, rows, klo, n, lds, blk) = (ch.row, ch.rows, ch.klo, ch.n, ch.lds, ch.blk);
     let q_c = RowMajor {
-        ptr: at(io.q, &lq, b, h0, i0),
+        ptr: at(io.q, &lq, qr.batch, h0, row),
         ld: ld(lq.seq, dqk),
         stride: lq.head,
     };
     let do_c = RowMajor {
-        ptr: at(io.d_o, &lo_, b, h0, i0),
+        ptr: at(io.d_o, &lo_, qr.batch, h0, row),
         ld: ld(lo_.seq, dv),
         stride: lo_.head,
     };
     let k_r = RowMajor {
-        ptr: at(io.k, &lk, b, g, klo),
+        ptr: at(io.k, &lk, kr.batch, g, kr.start + klo),
         ld: ld(lk.seq, dqk),
         stride: 0,
     };
     let v_r = RowMajor {
-        ptr: at(io.v, &lv, b, g, klo),
+        ptr: at(io.v, &lv, kr.batch, g, kr.start + klo),
         ld: ld(lv.seq, dv),
         stride: 0,
     };
@@ -844,19 +1018,20 @@ fn backward_scores(
         rows,
         heads: ratio,
         n,
-        i0,
+        i0: ch.i0,
         kv_lo: klo,
         lse: io.lse + ch.row_off,
         dvec: c.d_buf + ch.row_off,
-        head_stride: sq,
-        mask: c.m,
+        head_stride: p.rows_q(),
+        mask: grp.m,
         scale: c.scale,
+        softcap: c.softcap,
     })?;
     Ok(())
 }
 
 /// dV += P^T dO_c, dK += scale dS^T Q_c: heads of the group in a fixed order, accumulated in
-/// fp32 by GEMM beta = 1 (deterministic).
+/// fp32 by GEMM beta = 1 (deterministic). The accumulators hold the sequence's keys.
 fn backward_accumulate(
     ops: &mut impl Ops,
     c: &Bwd<'_>,
@@ -866,8 +1041,8 @@ fn backward_accumulate(
     let (p, io, ratio, scale) = (c.p, c.io, c.ratio, c.scale);
     let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
     let (lq, lo_) = (p.layout.q, p.layout.o);
-    let (b, h0) = (grp.b, grp.h0);
-    let (i0, rows, klo, n, lds, blk) = (ch.i0, ch.rows, ch.klo, ch.n, ch.lds, ch.blk);
+    let (qr, h0) = (grp.qr, grp.h0);
+    let (row, rows, klo, n, lds, blk) = (ch.row, ch.rows, ch.klo, ch.n, ch.lds, ch.blk);
     for r in 0..ratio {
         let h = h0 + r;
         let roff = (r * blk) as u64;
@@ -883,7 +1058,7 @@ fn backward_accumulate(
                 stride: 0,
             },
             RowMajor {
-                ptr: at(io.d_o, &lo_, b, h, i0),
+                ptr: at(io.d_o, &lo_, qr.batch, h, row),
                 ld: ld(lo_.seq, dv),
                 stride: 0,
             },
@@ -909,7 +1084,7 @@ fn backward_accumulate(
                 stride: 0,
             },
             RowMajor {
-                ptr: at(io.q, &lq, b, h, i0),
+                ptr: at(io.q, &lq, qr.batch, h, row),
                 ld: ld(lq.seq, dqk),
                 stride: 0,
             },

@@ -25,7 +25,8 @@ pub fn manifest() -> Manifest {
         dtypes: vec![DType::BF16, DType::F16],
         head_dim_qk: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },
         head_dim_v: HeadDimRange { min: 8, max: MAX_HEAD_DIM, multiple_of: 8 },
-        head_dim_v_may_differ: false,
+        // MLA (q/k 192, v 128): the graphs give V, O and their gradients their own head dim.
+        head_dim_v_may_differ: true,
         masks: vec![MaskKind::NoMask, MaskKind::CausalTopLeft, MaskKind::CausalBottomRight],
         windows: true,
         rectangular: true,

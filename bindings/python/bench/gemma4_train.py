@@ -34,16 +34,20 @@ only reports).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import json
+import os
 import statistics
 import sys
 import time
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import attn_policy.transformers as aptf
+import torch  # noqa: E402
+
+import attn_policy.transformers as aptf  # noqa: E402
+from _e2e import clone_state, sdpa_backend, te_with_chains  # noqa: E402
+from _e2e import make_model as _make_model  # noqa: E402
+from _e2e import train as _train  # noqa: E402
 
 
 def build_config(a):
@@ -73,103 +77,33 @@ def register(log: bool) -> None:
     aptf.register(policy=POLICY, log_decisions=log)
 
 
-def te_with_chains(changes):
-    """A copy of the te pack (rules/te of this checkout) with some backends' chains replaced."""
-    import os
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    import attn_policy
-
-    roots = [Path(os.environ["ATTN_POLICY_REPO"])] if os.environ.get("ATTN_POLICY_REPO") else []
-    roots += [Path.cwd(), Path(__file__).resolve().parents[3]]
-    src = next((r / "rules" / "te" for r in roots if (r / "rules" / "te" / "pack.yaml").exists()), None)
-    if src is None:
-        raise SystemExit("--chain needs rules/te (run from the repository root or set ATTN_POLICY_REPO)")
-    te = attn_policy.Policy.load("te")
-    chains = {b: te._p.executor_chain(b) for b in te.backend_names}
-    for c in changes:
-        backend, _, names = c.partition("=")
-        if backend not in chains:
-            raise SystemExit(f"--chain {c}: no backend {backend!r} (backends: {', '.join(chains)})")
-        chains[backend] = [n.strip() for n in names.split(",") if n.strip()]
-    dst = Path(tempfile.mkdtemp()) / "te"
-    shutil.copytree(src, dst)
-    text = (dst / "pack.yaml").read_text()
-    head = text[: text.index("\nexecutors:")]
-    body = "".join(f"  - backend: {b}\n    chain: [{', '.join(c)}]\n" for b, c in chains.items() if c)
-    (dst / "pack.yaml").write_text(head + "\nexecutors:\n" + body)
-    return attn_policy.Policy.load(str(dst)), chains
-
-
 def make_model(cfg, impl, dtype, device, state=None):
     from transformers.models.gemma4 import Gemma4ForCausalLM
 
-    # One config object per model: `_from_config` records the attention implementation on it.
-    m = Gemma4ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation=impl, torch_dtype=dtype)
-    m = m.to(device)
-    if state is not None:
-        m.load_state_dict(state)
-    assert m.config._attn_implementation == impl, m.config._attn_implementation
-    return m
-
-
-def sdpa_backend(name):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if name is None:
-        return contextlib.nullcontext
-    backends = {"efficient": [SDPBackend.EFFICIENT_ATTENTION], "math": [SDPBackend.MATH],
-                "efficient+math": [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]}[name]
-    return lambda: sdpa_kernel(backends)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return _make_model(Gemma4ForCausalLM, cfg, impl, dtype, device, state)
 
 
 def train(cfg, impl, backend, state, data, steps, a, device, dtype, log_first=False):
     """Trains a fresh model from ``state``; returns losses, step times and peak memory."""
     model = make_model(cfg, impl, dtype, device, state)
-    model.train()
-    model.config.use_cache = False
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    # Linear warm-up, then constant (--warmup 0: none).
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / a.warmup) if a.warmup > 0 else 1.0)
-    ctx = sdpa_backend(backend)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    losses, times, per_layer = [], [], []
-    for step in range(steps):
-        if log_first and step == 0:
+    per_layer = []
+
+    def on_step(step, phase):
+        if not (log_first and step == 0):
+            return
+        if phase == "before":
             register(True)
             aptf.decision_log.clear()
-        ids = data[step % len(data)]
-        sync(device)
-        t0 = time.perf_counter()
-        with ctx():
-            out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        if a.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        loss = out.loss.item()  # synchronises
-        times.append(time.perf_counter() - t0)
-        losses.append(loss)
-        if log_first and step == 0:
-            per_layer = [dict(r) for r in aptf.decision_log]
+        else:
+            per_layer.extend(dict(r) for r in aptf.decision_log)
             register(False)
-        if not (loss == loss):
-            raise RuntimeError(f"{impl}/{backend}: loss is NaN at step {step}")
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    trained = {k: v.detach().clone() for k, v in model.state_dict().items()} if impl == "attn_policy" else None
-    del model, opt
-    return {"losses": losses, "times": times, "peak": peak, "per_layer": per_layer, "state": trained}
+
+    r = _train(model, [{"input_ids": ids, "labels": ids} for ids in data], steps, device, lr=a.lr, clip=a.clip,
+               warmup=a.warmup, ctx=sdpa_backend(backend), on_step=on_step, name=f"{impl}/{backend}")
+    r["per_layer"] = per_layer
+    r["state"] = clone_state(model) if impl == "attn_policy" else None
+    del model
+    return r
 
 
 def main(argv=None) -> int:

@@ -40,8 +40,9 @@ echo "== 1. GPU pytest suite (two processes: a broken kernel in one cannot spoil
   "$PY" -m pytest -q -s -p no:cacheprovider gpu/test_gpu_torch.py > "$OUTD/gpu_pytest.log" 2>&1)
 GPU_RC=$?
 echo "gpu pytest (suite) rc=$GPU_RC ($SECONDS s)"
-(cd "$CARRY/tests" && GPU_SUMMARY=/tmp/gpu_summary2.txt timeout "${GPU2_T:-90}" \
-  "$PY" -m pytest -q -s -p no:cacheprovider gpu/test_gpu_torch_executors.py >> "$OUTD/gpu_pytest.log" 2>&1)
+(cd "$CARRY/tests" && GPU_SUMMARY=/tmp/gpu_summary2.txt timeout "${GPU2_T:-120}" \
+  "$PY" -m pytest -q -s -p no:cacheprovider gpu/test_gpu_torch_executors.py gpu/test_gpu_torch_features.py \
+  >> "$OUTD/gpu_pytest.log" 2>&1)
 GPU2_RC=$?
 echo "gpu pytest (executors) rc=$GPU2_RC ($SECONDS s)"
 cat /tmp/gpu_summary1.txt /tmp/gpu_summary2.txt > "$OUTD/gpu_summary.txt" 2>/dev/null

@@ -40,7 +40,8 @@ enum Status {
 /// What the node needs to allocate a forward's outputs.
 #[repr(C)]
 pub struct PlanInfo {
-    /// LSE shape `[batch, heads_q, seqlen_q]`.
+    /// LSE shape `[batch, heads_q, seqlen_q]` (a packed batch: `[1, heads_q, total query
+    /// tokens]`).
     pub batch: i64,
     pub heads_q: i64,
     pub seqlen_q: i64,
@@ -160,9 +161,9 @@ unsafe extern "C" fn info(plan: *const PlanCore, out: *mut PlanInfo) {
     let (plan, out) = unsafe { (&*plan, &mut *out) };
     let p = &plan.p;
     *out = PlanInfo {
-        batch: p.batch as i64,
+        batch: p.batch_dim() as i64,
         heads_q: p.heads_q as i64,
-        seqlen_q: p.seqlen_q as i64,
+        seqlen_q: p.rows_q() as i64,
         lse_f64: i32::from(p.dtype == DType::F64),
         on_host: i32::from(plan.device.is_none()),
         workspace_forward: plan.ws_forward,
@@ -208,8 +209,9 @@ unsafe extern "C" fn forward(
             lse: p[4],
             sink: 0,
         };
-        // SAFETY: the caller's contract.
-        unsafe { plan.forward(&args, avail, workspace, workspace_bytes, stream) }
+        // SAFETY: the caller's contract. The node passes no sink (a learnable plan is refused
+        // there as InvalidInput: its logits are a Python-side input).
+        unsafe { plan.forward(&args, avail, 0, workspace, workspace_bytes, stream) }
     })
 }
 
@@ -246,8 +248,8 @@ unsafe extern "C" fn backward(
             sink: 0,
             d_sink: 0,
         };
-        // SAFETY: the caller's contract.
-        unsafe { plan.backward(&args, avail, workspace, workspace_bytes, stream) }
+        // SAFETY: the caller's contract (no sink, as in `forward`).
+        unsafe { plan.backward(&args, avail, (0, 0), workspace, workspace_bytes, stream) }
     })
 }
 

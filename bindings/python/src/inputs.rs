@@ -7,7 +7,7 @@
 //!
 //! What is refused, with `InvalidInput` (`ShapeMismatch` where two sizes disagree): a tensor
 //! that is not strided, on a device other than CPU or CUDA (a meta tensor holds no data), not
-//! 4-D, of a dtype other than fp16/bf16/fp32/fp64, dtypes or devices that differ, a zero-sized
+//! 4-D (3-D for the packed `thd` layout), of a dtype other than fp16/bf16/fp32/fp64, dtypes or devices that differ, a zero-sized
 //! batch / heads / sequence length / head dim, batch, heads, sequence lengths or head dims that
 //! disagree (no broadcasting: both shapes are named), query heads not a multiple of the KV
 //! heads, and strides that reach outside a tensor's storage; in the backward, dO and O of
@@ -43,7 +43,9 @@ pub type TensorArg = (
     u64,
 );
 
-const LAYOUTS: [&str; 3] = ["bhsd", "bshd", "sbhd"];
+const LAYOUTS: [&str; 4] = ["bhsd", "bshd", "sbhd", "thd"];
+/// Index of the packed layout `thd` (`[tokens, heads, head dim]`, one batch of packed sequences).
+const THD: usize = 3;
 const DIM_NAMES: [&str; 4] = ["batch", "heads", "sequence length", "head dim"];
 const DTYPES: [&str; 4] = [
     "torch.float16",
@@ -142,12 +144,18 @@ fn check_tensor(t: &T) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// (b, h, s, d) of a 4-D tensor in layout `layout`.
+/// Dims of a tensor in layout `layout`: 4 (`bhsd`, `bshd`, `sbhd`) or 3 (`thd`).
+fn rank(layout: usize) -> usize {
+    if layout == THD { 3 } else { 4 }
+}
+
+/// (b, h, s, d) of a tensor in layout `layout` (`thd`: one batch of `t` tokens).
 fn bhsd(t: &T, layout: usize) -> [i64; 4] {
     let s = t.shape;
     match layout {
         0 => [s[0], s[1], s[2], s[3]],
         1 => [s[0], s[2], s[1], s[3]],
+        THD => [1, s[1], s[0], s[2]],
         _ => [s[1], s[2], s[0], s[3]],
     }
 }
@@ -195,9 +203,10 @@ fn check_inputs(layout: usize, q: &T, k: &T, v: &T) -> Result<(), Refusal> {
     for t in named {
         check_tensor(t)?;
     }
-    if named.iter().any(|t| t.shape.len() != 4) {
+    let want = rank(layout);
+    if named.iter().any(|t| t.shape.len() != want) {
         return invalid(format!(
-            "q, k, v must be 4-D ({lname}); found {}, {}, {} dims",
+            "q, k, v must be {want}-D ({lname}); found {}, {}, {} dims",
             q.shape.len(),
             k.shape.len(),
             v.shape.len()
@@ -286,8 +295,10 @@ fn check_backward(layout: usize, ts: &[T; 6]) -> Result<(), Refusal> {
             ));
         }
     }
-    let mut want_o = q.shape[..3].to_vec();
-    want_o.push(v.shape[3]);
+    let last = rank(layout) - 1;
+    let mut want_o = q.shape[..last].to_vec();
+    want_o.push(v.shape[last]);
+    // The LSE is `[b, h_q, s_q]` (`[1, h_q, t_q]` for packed `thd`).
     let [b, hq, sq, _] = bhsd(q, layout);
     let lse_dtype = if q.dtype == "torch.float64" {
         "torch.float64"
@@ -322,7 +333,7 @@ fn check_backward(layout: usize, ts: &[T; 6]) -> Result<(), Refusal> {
 }
 
 /// Checks one call's tensors: Q, K, V (the forward) or Q, K, V, dO, O, LSE (the backward), in
-/// layout `layout` (0 bhsd, 1 bshd, 2 sbhd); `storage_only` checks only that each one's strides
+/// layout `layout` (0 bhsd, 1 bshd, 2 sbhd, 3 thd: `[tokens, heads, head dim]`); `storage_only` checks only that each one's strides
 /// fit inside its storage (a cached call, whose signature fixed everything else). Raises
 /// `InvalidInput` or `ShapeMismatch`.
 #[pyfunction]
@@ -330,7 +341,7 @@ fn check_backward(layout: usize, ts: &[T; 6]) -> Result<(), Refusal> {
 pub fn check_tensors(layout: usize, tensors: Vec<TensorArg>, storage_only: bool) -> PyResult<()> {
     if layout >= LAYOUTS.len() {
         return Err(InvalidInput::new_err(format!(
-            "layout {layout}: 0 (bhsd), 1 (bshd) or 2 (sbhd)"
+            "layout {layout}: 0 (bhsd), 1 (bshd), 2 (sbhd) or 3 (thd)"
         )));
     }
     let ts: Vec<T> = tensors.iter().map(T::of).collect();

@@ -25,8 +25,8 @@ use std::sync::{Arc, LazyLock, OnceLock, RwLock};
 
 use attn_policy_adapters::{
     AttentionProblem, Availability, DType, DeviceBackwardArgs, DeviceForwardArgs, DeviceIo,
-    DiagonalAlignment, Direction, ExecError, Executor, MaskKind, MaskSpec, Plan, Registry,
-    StreamLaunch, Strides, TensorLayouts,
+    DiagonalAlignment, Direction, ExecError, Executor, MaskKind, MaskSpec, Plan, Registry, SeqLens,
+    SeqPacking, SoftmaxKind, StreamLaunch, Strides, TensorLayouts,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -115,12 +115,38 @@ pub struct NativeProblem {
 /// Strides `(batch, head, seq)` in elements.
 type S3 = (usize, usize, usize);
 
+/// Per-sequence lengths as Python passes them: `(packing, q lengths, kv lengths)`.
+type PySeqLens = (String, Vec<usize>, Vec<usize>);
+
 /// Builds a problem. `dims` = (b, h_q, h_kv, s_q, s_kv, d_qk, d_v); `strides` = Q, K, V, O
 /// strides `(batch, head, seq)` in elements (head dim contiguous); `mask` 0 no mask, 1 causal
 /// top-left, 2 causal bottom-right; a window `(left, right)` with -1 unbounded, around the
 /// top-left or bottom-right diagonal.
+///
+/// The features (keywords, all optional; their defaults are plain softmax attention over full
+/// sequences, so callers that pass none get today's problem):
+/// - `softcap`: logit soft-capping, `None` or a finite positive `c`: scores become
+///   `c * tanh(scale * q.k / c)` before mask and softmax (Gemma 2's `attn_logit_softcapping`).
+/// - `softmax`: TransformerEngine's `softmax_type`: `"vanilla"` (default), `"off-by-one"`
+///   (a sink logit 0 per head) or `"learnable"` (a sink logit per query head: the plan's
+///   `forward` / `backward` then need the `sink` pointer, an fp32 `[h_q]` contiguous tensor,
+///   and the backward writes its gradient to `d_sink`, fp32 `[h_q]`). The LSE includes the
+///   sink term; a row with no admissible key stays empty (O = 0, LSE = -inf).
+/// - `seqlens`: `None` (every sequence has `s_q` queries and `s_kv` keys) or
+///   `(packing, q_lens, kv_lens)` with `packing` one of `"padded_right"` (each sequence's
+///   tokens first in its padded row of the batch), `"padded_left"` (padding first, tokens
+///   last: batched generation) or `"packed"` (THD: the sequences one after another along one
+///   token dimension, `cu_seqlens` = prefix sums of the lengths), and `b` lengths each.
+///   Padded: the tensors are `[b, s_q (s_kv), h, d]`-like as without `seqlens`, `s_q` / `s_kv`
+///   their padded lengths (each length at most that). Packed: `b` is the number of sequences,
+///   `s_q` / `s_kv` the longest sequence (`max_seqlen`, at least every length), the tensors
+///   hold `sum(q_lens)` (`sum(kv_lens)`) tokens along their sequence dimension, and the batch
+///   strides are ignored (set to 0: one packed batch). The mask applies per sequence in its
+///   own coordinates (a bottom-right diagonal at `kv_len - q_len` of each sequence). The LSE
+///   is `[b, h_q, s_q]` padded (`[1, h_q, sum(q_lens)]` packed), contiguous; padding rows get
+///   O = 0, LSE = -inf, dQ = 0, padding keys dK = dV = 0.
 #[pyfunction]
-#[pyo3(signature = (dtype, dims, strides, mask, window_left, window_right, bottom_right, scale, deterministic))]
+#[pyo3(signature = (dtype, dims, strides, mask, window_left, window_right, bottom_right, scale, deterministic, softcap=None, softmax="vanilla", seqlens=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn make_problem(
     dtype: &str,
@@ -132,10 +158,24 @@ pub fn make_problem(
     bottom_right: bool,
     scale: f64,
     deterministic: bool,
+    softcap: Option<f64>,
+    softmax: &str,
+    seqlens: Option<PySeqLens>,
 ) -> PyResult<NativeProblem> {
     let (b, hq, hkv, sq, skv, dqk, dv) = dims;
     let mut p = AttentionProblem::new(b, hq, hkv, sq, skv, dqk, dv, dtype_of(dtype)?);
-    let st = |(batch, head, seq): S3| Strides { batch, head, seq };
+    p.softcap = softcap;
+    p.softmax = softmax_of(softmax)?;
+    if let Some((packing, q, kv)) = seqlens {
+        p.seqlens = Some(SeqLens::padded(packing_of(&packing)?, q, kv));
+    }
+    let packed = p.is_packed();
+    let st = |(batch, head, seq): S3| Strides {
+        // A packed batch is one sequence of all tokens: its batch stride is never used.
+        batch: if packed { 0 } else { batch },
+        head,
+        seq,
+    };
     p.layout = TensorLayouts {
         q: st(strides.0),
         k: st(strides.1),
@@ -180,27 +220,88 @@ pub fn make_problem(
     Ok(NativeProblem { p })
 }
 
+fn softmax_of(name: &str) -> PyResult<SoftmaxKind> {
+    Ok(match name {
+        "vanilla" => SoftmaxKind::Vanilla,
+        "off-by-one" => SoftmaxKind::OffByOne,
+        "learnable" => SoftmaxKind::Learnable,
+        other => {
+            return Err(InvalidInput::new_err(format!(
+                "softmax {other:?}: \"vanilla\", \"off-by-one\" or \"learnable\""
+            )));
+        }
+    })
+}
+
+fn packing_of(name: &str) -> PyResult<SeqPacking> {
+    Ok(match name {
+        "padded_right" => SeqPacking::PaddedRight,
+        "padded_left" => SeqPacking::PaddedLeft,
+        "packed" => SeqPacking::Packed,
+        other => {
+            return Err(InvalidInput::new_err(format!(
+                "seqlens packing {other:?}: \"padded_right\", \"padded_left\" or \"packed\""
+            )));
+        }
+    })
+}
+
 /// Bytes of Q, K, V, O and the LSE the problem reads or writes from each tensor's data
 /// pointer (largest offset + 1 element), in u128 so that no product of Python's sizes and
 /// strides overflows. dQ, dK, dV take Q, K, V's; dO takes O's.
 fn spans(p: &AttentionProblem) -> [(&'static str, u128); 5] {
     let span = |s: Strides, h: usize, sl: usize, d: usize| -> u128 {
         let last = |n: usize, stride: usize| (n.saturating_sub(1) as u128) * stride as u128;
-        let elems = last(p.batch, s.batch) + last(h, s.head) + last(sl, s.seq) + d as u128;
+        let elems = last(p.batch_dim(), s.batch) + last(h, s.head) + last(sl, s.seq) + d as u128;
         elems * p.dtype.size_bytes() as u128
     };
     let l = &p.layout;
     let lse_elem: u128 = if p.dtype == DType::F64 { 8 } else { 4 };
     [
-        ("q", span(l.q, p.heads_q, p.seqlen_q, p.head_dim_qk)),
-        ("k", span(l.k, p.heads_kv, p.seqlen_kv, p.head_dim_qk)),
-        ("v", span(l.v, p.heads_kv, p.seqlen_kv, p.head_dim_v)),
-        ("o", span(l.o, p.heads_q, p.seqlen_q, p.head_dim_v)),
+        ("q", span(l.q, p.heads_q, p.rows_q(), p.head_dim_qk)),
+        ("k", span(l.k, p.heads_kv, p.rows_kv(), p.head_dim_qk)),
+        ("v", span(l.v, p.heads_kv, p.rows_kv(), p.head_dim_v)),
+        ("o", span(l.o, p.heads_q, p.rows_q(), p.head_dim_v)),
         (
             "lse",
-            (p.batch as u128) * (p.heads_q as u128) * (p.seqlen_q as u128) * lse_elem,
+            (p.batch_dim() as u128) * (p.heads_q as u128) * (p.rows_q() as u128) * lse_elem,
         ),
     ]
+}
+
+/// The sink pointers of a call (`sink`, and the backward's `d_sink`, `None` for the forward)
+/// against the problem's softmax: a learnable sink needs both, fp32 `[h_q]` each with `avail`
+/// bytes from the pointer; the other softmaxes take neither (0), so that no call silently runs
+/// a vanilla softmax or ignores logits.
+fn check_sink_buffers(
+    p: &AttentionProblem,
+    sink: (u64, u64),
+    d_sink: Option<(u64, u64)>,
+) -> Result<(), ExecError> {
+    let learnable = p.softmax == SoftmaxKind::Learnable;
+    let span = (p.heads_q as u128) * 4;
+    for (name, (ptr, avail)) in [("sink", Some(sink)), ("d_sink", d_sink)]
+        .into_iter()
+        .filter_map(|(n, x)| x.map(|x| (n, x)))
+    {
+        match (learnable, ptr) {
+            (true, _) => check_buffer(name, ptr, avail, span, 4).map_err(|e| match ptr {
+                0 => ExecError::invalid(format!(
+                    "softmax learnable needs {name} (fp32 [h_q = {}]); none given",
+                    p.heads_q
+                )),
+                _ => e,
+            })?,
+            (false, 0) => {}
+            (false, _) => {
+                return Err(ExecError::invalid(format!(
+                    "{name} given for softmax {}; only learnable takes sink logits",
+                    p.softmax.te_name()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a buffer the problem would read or write past: a null pointer (a meta tensor, a
@@ -432,8 +533,10 @@ impl PlanCore {
     }
 
     /// Forward: on CUDA enqueues on `stream`; on the host computes in place. `avail`: the
-    /// bytes each tensor's storage holds from its pointer (Q, K, V, O, LSE); a problem that
-    /// reaches past them, or a null or misaligned pointer, is refused before anything runs.
+    /// bytes each tensor's storage holds from its pointer (Q, K, V, O, LSE; `sink_avail` for
+    /// `args.sink`, the fp32 `[h_q]` sink logits of a learnable sink, 0 otherwise); a problem
+    /// that reaches past them, or a null or misaligned pointer, is refused before anything
+    /// runs.
     ///
     /// # Safety
     /// The pointers are live tensors of the problem's dtype (the LSE fp64 for fp64 problems,
@@ -444,11 +547,13 @@ impl PlanCore {
         &self,
         args: &DeviceForwardArgs,
         avail: &[u64; 5],
+        sink_avail: u64,
         ws: u64,
         ws_bytes: u64,
         stream: u64,
     ) -> Result<(), ExecError> {
         check_forward_buffers(&self.p, args, avail)?;
+        check_sink_buffers(&self.p, (args.sink, sink_avail), None)?;
         let launch = self.launch(ws, ws_bytes, stream);
         // SAFETY: the caller's contract (on the host, the reference's plan reads and writes
         // the tensors' memory in place; the LSE is fp64 for fp64 problems).
@@ -458,7 +563,8 @@ impl PlanCore {
     /// Backward; see `forward`. dQ, dK, dV use the strides of Q, K, V; dO those of O. On the
     /// host too it starts from the given O and LSE, like the GPU executors: a context-parallel
     /// step passes the merged O and LSE of the whole softmax. `avail`: as `forward`'s, for Q,
-    /// K, V, O, dO, LSE, dQ, dK, dV.
+    /// K, V, O, dO, LSE, dQ, dK, dV; `sink_avail` for `args.sink` and `args.d_sink` (the
+    /// learnable sink's logits and their gradient, fp32 `[h_q]`, the gradient overwritten).
     ///
     /// # Safety
     /// As `forward`.
@@ -466,11 +572,17 @@ impl PlanCore {
         &self,
         args: &DeviceBackwardArgs,
         avail: &[u64; 9],
+        sink_avail: (u64, u64),
         ws: u64,
         ws_bytes: u64,
         stream: u64,
     ) -> Result<(), ExecError> {
         check_backward_buffers(&self.p, args, avail)?;
+        check_sink_buffers(
+            &self.p,
+            (args.sink, sink_avail.0),
+            Some((args.d_sink, sink_avail.1)),
+        )?;
         let plan = self.backward_plan()?;
         let launch = self.launch(ws, ws_bytes, stream);
         // SAFETY: the caller's contract (on the host, as `forward`).
@@ -512,8 +624,11 @@ impl NativePlan {
     /// Forward. On CUDA: enqueues on `stream` and returns. On the host: computes in place
     /// (GIL released). Pointers are `data_ptr()`s of tensors of the problem's dtype; `avail`
     /// the bytes each one's storage holds from its pointer (`InvalidInput` where the problem
-    /// reaches past them).
-    #[pyo3(signature = (q, k, v, o, lse, avail, workspace=0, workspace_bytes=0, stream=0))]
+    /// reaches past them). `sink` / `sink_avail`: the `data_ptr()` of the sink logits, an
+    /// fp32 contiguous `[h_q]` tensor on the plan's device, and the bytes its storage holds
+    /// from there: required for a `softmax="learnable"` problem, 0 (the default) for every
+    /// other (`InvalidInput` otherwise).
+    #[pyo3(signature = (q, k, v, o, lse, avail, workspace=0, workspace_bytes=0, stream=0, sink=0, sink_avail=0))]
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -527,13 +642,28 @@ impl NativePlan {
         workspace: u64,
         workspace_bytes: u64,
         stream: u64,
+        sink: u64,
+        sink_avail: u64,
     ) -> PyResult<()> {
-        let args = DeviceForwardArgs { q, k, v, o, lse, sink: 0, };
+        let args = DeviceForwardArgs {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            sink,
+        };
         // SAFETY: the Python caller passes live tensors of the problem's dtype with `avail`
         // bytes from each pointer (see `PlanCore::forward`, which checks the extents).
         let run = || unsafe {
-            self.core
-                .forward(&args, &avail, workspace, workspace_bytes, stream)
+            self.core.forward(
+                &args,
+                &avail,
+                sink_avail,
+                workspace,
+                workspace_bytes,
+                stream,
+            )
         };
         if self.core.device.is_none() {
             py.detach(run).map_err(exec_err)
@@ -543,8 +673,12 @@ impl NativePlan {
     }
 
     /// Backward; see `forward`. dQ, dK, dV use the strides of Q, K, V; dO those of O;
-    /// `avail` is for Q, K, V, O, dO, LSE, dQ, dK, dV.
-    #[pyo3(signature = (q, k, v, o, d_o, lse, dq, dk, dv, avail, workspace=0, workspace_bytes=0, stream=0))]
+    /// `avail` is for Q, K, V, O, dO, LSE, dQ, dK, dV. A `softmax="learnable"` problem also
+    /// needs `sink` (the forward's logits, fp32 `[h_q]`) and `d_sink` (an fp32 contiguous
+    /// `[h_q]` output, overwritten with the logits' gradient: the sum over the batch), with
+    /// the bytes their storages hold in `sink_avail` / `d_sink_avail`; every other problem
+    /// takes neither (0, the defaults).
+    #[pyo3(signature = (q, k, v, o, d_o, lse, dq, dk, dv, avail, workspace=0, workspace_bytes=0, stream=0, sink=0, d_sink=0, sink_avail=0, d_sink_avail=0))]
     #[allow(clippy::too_many_arguments)]
     fn backward(
         &self,
@@ -562,6 +696,10 @@ impl NativePlan {
         workspace: u64,
         workspace_bytes: u64,
         stream: u64,
+        sink: u64,
+        d_sink: u64,
+        sink_avail: u64,
+        d_sink_avail: u64,
     ) -> PyResult<()> {
         let args = DeviceBackwardArgs {
             q,
@@ -573,13 +711,19 @@ impl NativePlan {
             dq,
             dk,
             dv,
-            sink: 0,
-            d_sink: 0,
+            sink,
+            d_sink,
         };
         // SAFETY: as in `forward`.
         let run = || unsafe {
-            self.core
-                .backward(&args, &avail, workspace, workspace_bytes, stream)
+            self.core.backward(
+                &args,
+                &avail,
+                (sink_avail, d_sink_avail),
+                workspace,
+                workspace_bytes,
+                stream,
+            )
         };
         if self.core.device.is_none() {
             py.detach(run).map_err(exec_err)

@@ -281,7 +281,7 @@ def pack_with_chains(tmp_path, chains):
 
 def test_chains_are_the_packs_data(tmp_path):
     te_pack = attn_policy.Policy.load("te")
-    assert apt.executor_chain("te", "FusedAttention") == ("cudnn", "reference")
+    assert apt.executor_chain("te", "FusedAttention") == ("cudnn", "chunked", "reference")
     assert apt.executor_chain(None, "FlashAttention") == ("torch_flash", "cudnn", "chunked", "reference")
     # The declared chain; `fused` is `if_admitted` (in the chain that runs a decision only where
     # its manifest admits it: SM90, head dims 264..512, ...).

@@ -65,7 +65,9 @@ def test_the_one_check_is_native_and_reads_only_what_it_is_given():
     check(0, [qkv[0], _arg("k", (1, 2, 4, 8), nbytes=256), qkv[2]])  # exactly enough
     with pytest.raises(apt.InvalidInput, match="reaches elements 1..64"):
         check(0, [qkv[0], _arg("k", (1, 2, 4, 8), offset=1, nbytes=256), qkv[2]])
-    with pytest.raises(apt.InvalidInput, match=r"layout 3: 0 \(bhsd\), 1 \(bshd\) or 2 \(sbhd\)"):
+    with pytest.raises(apt.InvalidInput, match=r"layout 4: 0 \(bhsd\), 1 \(bshd\), 2 \(sbhd\) or 3 \(thd\)"):
+        check(4, qkv)
+    with pytest.raises(apt.InvalidInput, match=r"q, k, v must be 3-D \(thd\); found 4, 4, 4 dims"):
         check(3, qkv)
     with pytest.raises(apt.InvalidInput, match="takes 3 tensors .* or 6 .*; found 2"):
         check(0, qkv[:2])
@@ -334,6 +336,9 @@ MANIFEST_FIELDS = {
     "name", "device", "min_compute_capability", "max_compute_capability", "dtypes", "head_dim_qk", "head_dim_v", "head_dim_v_may_differ",
     "masks", "windows", "rectangular", "layouts", "arbitrary_strides", "stride_multiple_of", "gqa", "max_seqlen",
     "max_score_elements", "backward", "deterministic", "notes",
+    # Soft-capping, sinks, per-sequence lengths: the calls drawn here use none, and a manifest's
+    # `features` only refuses calls that use one (test_torch_features.py covers those).
+    "features",
 }
 _DT = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
 

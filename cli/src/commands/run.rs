@@ -433,23 +433,7 @@ fn print_report(report: &RunReport, problem: &attn_policy_adapters::AttentionPro
         "ran:       {} on {} (seed {})",
         report.executor, report.device, report.seed
     );
-    println!(
-        "problem:   b{} hq{} hkv{} s_q {} s_kv {} d_qk {} d_v {} {} {} {}",
-        problem.batch,
-        problem.heads_q,
-        problem.heads_kv,
-        problem.seqlen_q,
-        problem.seqlen_kv,
-        problem.head_dim_qk,
-        problem.head_dim_v,
-        problem.dtype,
-        problem.mask.kind.rule_name(),
-        if problem.deterministic {
-            "deterministic"
-        } else {
-            ""
-        }
-    );
+    println!("problem:   {problem}");
     println!(
         "forward:   {:.3} ms ({:.1} TFLOP/s)",
         report.forward_ms, report.forward_tflops

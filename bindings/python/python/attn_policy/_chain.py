@@ -78,10 +78,11 @@ def _policy_of(pid: int) -> Policy:
 
 
 class _Entry:
-    __slots__ = ("runner", "decision")
+    __slots__ = ("runner", "decision", "note")
 
-    def __init__(self, runner: Optional[_Runner], decision: Explanation):
-        self.runner, self.decision = runner, decision
+    def __init__(self, runner: Optional[_Runner], decision: Explanation, note: Optional[str] = None):
+        # note: why a declined call was not run otherwise either (added to the error's message).
+        self.runner, self.decision, self.note = runner, decision, note
 
 
 _cache: Dict[tuple, _Entry] = {}
@@ -133,8 +134,10 @@ def _entry(q, k, v, args) -> _Entry:
     return e
 
 
-def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute) -> _Entry:
-    call = _Call(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training)
+def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, on_decline, no_substitute,
+            softcap=0.0, softmax=0, packing=0, seqlens_q=(), seqlens_kv=()) -> _Entry:
+    call = _Call(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, softcap, softmax, packing,
+                 seqlens_q, seqlens_kv)
     policy = _policy_of(pid)
     env = live_facts(q.device)
     config = call.config()
@@ -187,6 +190,10 @@ def _decide(q, k, v, layout, mask, wl, wr, br, scale, dropout_p, training, pid, 
             why = f"pack {policy.name} selected {backend}; no executor of its chain could run: " + "; ".join(
                 f"{n} {o}: {r}" for n, o, r in walked
             )
+        if on_decline == 1 and call.has_features:
+            # Torch SDPA computes none of them: declined, never run without the feature.
+            return _Entry(None, account(), "the torch SDPA fallback (on_decline='fallback') does not compute "
+                          + ", ".join(call.features()))
         if on_decline == 1:
             logger.warning("attn_policy: %s; falling back to torch SDPA", why)
             return _Entry(_SdpaFallback(call), account(why))
@@ -234,4 +241,4 @@ def _raise_for(e: _Entry, no_substitute: bool) -> None:
     if d.executor is None and d.fallback is None:
         raise AttentionDeclined(d.summary() + "\n" + "\n".join(
             f"  {c.executor}: {c.outcome}: {c.reason}" for c in d.chain
-        ), d)
+        ) + (f"\n  {e.note}" if e.note else ""), d)

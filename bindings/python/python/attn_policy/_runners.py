@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from . import PolicyError, _native, eager_node
-from ._autograd import _eager_apply
-from ._call import _Call
+from ._autograd import _eager_apply, _eager_sink_apply
+from ._call import LEARNABLE, _Call
 from ._decision import InvalidInput
 from ._tensors import (_from_bhsd, _into_layout, _like, _o_shape, _restrided, _restrided_bshd, _to_bhsd,
                        _to_bshd, lse_dtype)
@@ -24,10 +24,14 @@ class _Runner:
     # direct eager path checks the others' storage in Python on every call.
     checks_storage = False
 
-    def forward(self, q, k, v) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, q, k, v, sink=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """O and the LSE. ``sink``: the learnable sink logits ``[h_q]`` (only runners whose
+        executor serves them are given one: the others' manifests refuse the feature)."""
         raise NotImplementedError
 
-    def backward(self, g, q, k, v, o, lse) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def backward(self, g, q, k, v, o, lse, sink=None) -> Tuple[torch.Tensor, ...]:
+        """dQ, dK, dV (and the sink logits' gradient, in the sink's dtype, when ``sink`` is
+        given)."""
         raise NotImplementedError
 
     def apply(self, q, k, v) -> torch.Tensor:
@@ -37,6 +41,10 @@ class _Runner:
     def output(self, q, k, v) -> torch.Tensor:
         """O of an eager call that needs no gradient."""
         return self.forward(q, k, v)[0]
+
+    def apply_sink(self, q, k, v, sink) -> torch.Tensor:
+        """O of an eager call with learnable sink logits that needs gradients (the sink's too)."""
+        return _eager_sink_apply(q, k, v, sink, self)
 
 
 _empty = torch.empty
@@ -67,7 +75,10 @@ class _NativeRunner(_Runner):
         # The plan checks the pointers it is given; a host copy of a CUDA tensor is made by torch.
         self.checks_storage = not host_copy
         self.ws_fwd = plan.workspace_forward
-        self.lse_shape = (call.b, call.hq, call.sq)
+        self.lse_shape = call.lse_shape
+        # A learnable sink: the logits (fp32 [h_q], as the executors read them) come with each
+        # call, and the backward returns their gradient.
+        self.learnable, self.hq = call.softmax == LEARNABLE, call.hq
         self.lse_dtype = lse_dtype(call.dtype)
         self.o_shape = call.o_shape
         self.dtype, self.device = call.dtype, call.device
@@ -75,10 +86,11 @@ class _NativeRunner(_Runner):
         self.index = call.device.index if call.device.index is not None else 0
         self._fwd, self._bwd, self._ws_bwd = plan.forward, plan.backward, plan.workspace_backward
         self._stream = _raw_stream if self.cuda else _no_stream
-        if not host_copy:
+        if not host_copy and not call.has_features:
             # Eager calls through the C++ node where it builds (attn_policy.eager_node): its
             # backward runs no Python, so it takes no GIL on autograd's thread, and its forward
-            # allocates in C++.
+            # allocates in C++. It passes no sink and allocates the LSE of unpacked calls: a
+            # call with features runs through the Python autograd Function.
             node = eager_node.op()
             if node is not None:
                 self.apply = _through_node(node.attention, plan.handle)
@@ -91,60 +103,102 @@ class _NativeRunner(_Runner):
                 "cannot capture (it ran as a substitute for this call: see the decision)"
             )
 
-    def forward(self, q, k, v):
+    def _sink32(self, sink, device) -> Optional[torch.Tensor]:
+        """The sink logits as the executors read them (fp32, contiguous ``[h_q]``), or None.
+        A learnable call without them is refused, never run as a vanilla softmax."""
+        if not self.learnable:
+            if sink is not None:
+                raise InvalidInput("sink logits given for a call whose softmax is not learnable")
+            return None
+        if sink is None:
+            raise InvalidInput("a learnable softmax needs the sink logits (a [h_q] tensor)")
+        if tuple(sink.shape) != (self.hq,) or not sink.is_floating_point() or sink.device != device:
+            raise InvalidInput(f"sink must be a floating-point [{self.hq}] tensor on {device}; found "
+                               f"{sink.dtype} {tuple(sink.shape)} on {sink.device}")
+        return sink.detach().to(_F32).contiguous()
+
+    def forward(self, q, k, v, sink=None):
         if self.host_copy:
-            return self._forward_through_host(q, k, v)
+            return self._forward_through_host(q, k, v, sink)
         dev = self.device
+        s32 = self._sink32(sink, dev)
         o = _empty(self.o_shape, dtype=self.dtype, device=dev)
         lse = _empty(self.lse_shape, dtype=self.lse_dtype, device=dev)
         n = self.ws_fwd
         ws = _empty((n,), dtype=_U8, device=dev) if n else None
-        self._fwd(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-            (_avail(q), _avail(k), _avail(v), _avail(o), _avail(lse)),
-            ws.data_ptr() if n else 0, n, self._stream(self.index),
-        )
+        if s32 is None:
+            self._fwd(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                (_avail(q), _avail(k), _avail(v), _avail(o), _avail(lse)),
+                ws.data_ptr() if n else 0, n, self._stream(self.index),
+            )
+        else:
+            self._fwd(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                (_avail(q), _avail(k), _avail(v), _avail(o), _avail(lse)),
+                ws.data_ptr() if n else 0, n, self._stream(self.index), sink=s32.data_ptr(), sink_avail=_avail(s32),
+            )
         return o, lse
 
-    def backward(self, g, q, k, v, o, lse):
+    def backward(self, g, q, k, v, o, lse, sink=None):
         if self.host_copy:
-            return self._backward_through_host(g, q, k, v, o, lse)
+            return self._backward_through_host(g, q, k, v, o, lse, sink)
         dev, dt = self.device, self.dtype
+        s32 = self._sink32(sink, dev)
         dq = _empty_strided(q.shape, q.stride(), dtype=dt, device=dev)
         dk = _empty_strided(k.shape, k.stride(), dtype=dt, device=dev)
         dv = _empty_strided(v.shape, v.stride(), dtype=dt, device=dev)
         # Per call: the backward plan lives on the calling thread (autograd's), built there once.
         n = self._ws_bwd() if self.cuda else 0
         ws = _empty((n,), dtype=_U8, device=dev) if n else None
-        self._bwd(
+        args = (
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
             dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
             tuple(_avail(t) for t in (q, k, v, o, g, lse, dq, dk, dv)), ws.data_ptr() if n else 0, n,
             self._stream(self.index),
         )
-        return dq, dk, dv
+        if s32 is None:
+            self._bwd(*args)
+            return dq, dk, dv
+        d_sink = torch.zeros(self.hq, dtype=_F32, device=dev)
+        self._bwd(*args, sink=s32.data_ptr(), d_sink=d_sink.data_ptr(), sink_avail=_avail(s32),
+                  d_sink_avail=_avail(d_sink))
+        return dq, dk, dv, d_sink.to(sink.dtype)
 
-    def _forward_through_host(self, q, k, v):
+    def _forward_through_host(self, q, k, v, sink=None):
         self._no_capture()
         dev = q.device
+        s32 = self._sink32(sink, dev)
         q, k, v = q.cpu(), k.cpu(), v.cpu()
         o = torch.empty(_o_shape(q, v), dtype=q.dtype)
         lse = torch.empty(self.lse_shape, dtype=self.lse_dtype)
+        extra = {}
+        if s32 is not None:
+            s32 = s32.cpu()
+            extra = {"sink": s32.data_ptr(), "sink_avail": _avail(s32)}
         self._fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                  tuple(_avail(t) for t in (q, k, v, o, lse)))
+                  tuple(_avail(t) for t in (q, k, v, o, lse)), **extra)
         return o.to(dev), lse.to(dev)
 
-    def _backward_through_host(self, g, q, k, v, o, lse):
+    def _backward_through_host(self, g, q, k, v, o, lse, sink=None):
         self._no_capture()
         dev = q.device
+        s32 = self._sink32(sink, dev)
         g, q, k, v, o, lse = (t.cpu() for t in (g, q, k, v, o, lse))
         dq, dk, dv = _like(q), _like(k), _like(v)
+        extra, d_sink = {}, None
+        if s32 is not None:
+            s32, d_sink = s32.cpu(), torch.zeros(self.hq, dtype=_F32)
+            extra = {"sink": s32.data_ptr(), "d_sink": d_sink.data_ptr(), "sink_avail": _avail(s32),
+                     "d_sink_avail": _avail(d_sink)}
         self._bwd(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), g.data_ptr(), lse.data_ptr(),
             dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-            tuple(_avail(t) for t in (q, k, v, o, g, lse, dq, dk, dv)),
+            tuple(_avail(t) for t in (q, k, v, o, g, lse, dq, dk, dv)), **extra,
         )
-        return dq.to(dev), dk.to(dev), dv.to(dev)
+        if d_sink is None:
+            return dq.to(dev), dk.to(dev), dv.to(dev)
+        return dq.to(dev), dk.to(dev), dv.to(dev), d_sink.to(device=dev, dtype=sink.dtype)
 
 
 _NODE_ERRORS = {
@@ -198,14 +252,14 @@ class _FlashRunner(_Runner):
             return {}
         return {"window_size_left": self.wl, "window_size_right": self.wr}
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, sink=None):
         qb, kb, vb = (_to_bshd(t, self.layout) for t in (q, k, v))
         out = torch.ops.aten._flash_attention_forward(
             qb, kb, vb, None, None, self.sq, self.skv, 0.0, self.causal, False, scale=self.scale, **self._win()
         )
         return _into_layout(out[0], self.o_shape, self.layout, q), out[1].contiguous()
 
-    def backward(self, g, q, k, v, o, lse):
+    def backward(self, g, q, k, v, o, lse, sink=None):
         qb, kb, vb, ob, gb = (_to_bshd(t, self.layout) for t in (q, k, v, o, g))
         # No dropout: the RNG state is unused (uint64, as the forward returns it).
         seed = torch.zeros(2, dtype=torch.uint64, device=q.device)
@@ -232,7 +286,7 @@ class _EfficientRunner(_Runner):
         # The RNG state the forward returns (not read without dropout), as the backward gets it.
         self.rng: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, sink=None):
         qb, kb, vb = (_to_bshd(t, self.layout) for t in (q, k, v))
         out = torch.ops.aten._efficient_attention_forward(
             qb, kb, vb, None, None, None, None, None, 0.0, self.mask_type, True, scale=self.scale
@@ -241,7 +295,7 @@ class _EfficientRunner(_Runner):
         o = _into_layout(out[0], self.o_shape, self.layout, q)
         return o, out[1][:, :, : self.sq].contiguous()
 
-    def backward(self, g, q, k, v, o, lse):
+    def backward(self, g, q, k, v, o, lse, sink=None):
         qb, kb, vb, ob, gb = (_to_bshd(t, self.layout) for t in (q, k, v, o, g))
         lse_k = F.pad(lse, (0, self.lse_rows - self.sq)) if self.lse_rows != self.sq else lse
         seed, offset = self.rng or (torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64))
@@ -267,7 +321,7 @@ class _CudnnSdpaRunner(_Runner):
         # The RNG state the forward returns (not read without dropout), as the backward gets it.
         self.rng: Optional[Tuple[Any, Any]] = None
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, sink=None):
         qh, kh, vh = (_to_bhsd(t, self.layout) for t in (q, k, v))
         out = torch.ops.aten._scaled_dot_product_cudnn_attention(
             qh, kh, vh, None, True, 0.0, self.causal, False, scale=self.scale
@@ -280,7 +334,7 @@ class _CudnnSdpaRunner(_Runner):
             o = o.contiguous()
         return o, lse.reshape(lse.shape[0], lse.shape[1], self.sq).contiguous()
 
-    def backward(self, g, q, k, v, o, lse):
+    def backward(self, g, q, k, v, o, lse, sink=None):
         qh, kh, vh, oh, gh = (_to_bhsd(t, self.layout) for t in (q, k, v, o, g))
         lse_k = lse.reshape(self.lse_shape) if self.lse_shape is not None else lse
         seed, offset = self.rng or (torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64))
@@ -337,11 +391,11 @@ class _MathRunner(_Runner):
         self.layout, self.scale = call.layout, call.scale
         self.mask_args = (call.mask, call.window_left, call.window_right, call.bottom_right)
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, sink=None):
         o, lse = _math_forward(q, k, v, self.layout, self.mask_args, self.scale)
         return o.contiguous(), lse.contiguous()
 
-    def backward(self, g, q, k, v, o, lse):
+    def backward(self, g, q, k, v, o, lse, sink=None):
         with torch.enable_grad():
             qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
             out, _ = _math_forward(qq, kk, vv, self.layout, self.mask_args, self.scale)
@@ -370,11 +424,11 @@ class _SdpaFallback(_Runner):
         )
         return _from_bhsd(o, self.layout)
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, sink=None):
         o = self._sdpa(q, k, v).contiguous()
         return o, torch.full(self.lse_shape, float("nan"), dtype=self.lse_dtype, device=q.device)
 
-    def backward(self, g, q, k, v, o, lse):
+    def backward(self, g, q, k, v, o, lse, sink=None):
         with torch.enable_grad():
             qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
             grads = torch.autograd.grad(self._sdpa(qq, kk, vv), (qq, kk, vv), g)

@@ -1,5 +1,6 @@
 """Shapes, strides and layout views of attention tensors: pure torch helpers, no policy and no
-executor. ``layout`` is an index into ``LAYOUTS`` (0 bhsd, 1 bshd, 2 sbhd)."""
+executor. ``layout`` is an index into ``LAYOUTS`` (0 bhsd, 1 bshd, 2 sbhd, 3 thd: packed
+``[tokens, heads, head dim]``, one batch of ``tokens`` rows)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,22 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _bhsd(t: torch.Tensor, layout: int) -> Tuple[Tuple[int, int, int, int], Tuple[int, int, int]]:
-    """(b, h, s, d) and strides (batch, head, seq) of a tensor in layout ``layout``."""
+    """(b, h, s, d) and strides (batch, head, seq) of a tensor in layout ``layout`` (``thd``:
+    one batch of ``t`` rows, batch stride 0)."""
     sz, st = t.shape, t.stride()
+    if layout == 3:  # thd
+        return (1, sz[1], sz[0], sz[2]), (0, st[1], st[0])
     if layout == 0:  # bhsd
         return (sz[0], sz[1], sz[2], sz[3]), (st[0], st[1], st[2])
     if layout == 1:  # bshd
         return (sz[0], sz[2], sz[1], sz[3]), (st[0], st[2], st[1])
     return (sz[1], sz[2], sz[0], sz[3]), (st[1], st[2], st[0])  # sbhd
+
+
+def _lse_shape(q: torch.Tensor, layout: int) -> Tuple[int, int, int]:
+    """The LSE's shape: ``[b, h_q, s_q]``, ``[1, h_q, t_q]`` for packed ``thd``."""
+    (b, h, s, _), _ = _bhsd(q, layout)
+    return (b, h, s)
 
 
 def _o_shape(q: torch.Tensor, v: torch.Tensor) -> List[int]:

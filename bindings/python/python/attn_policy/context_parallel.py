@@ -295,7 +295,8 @@ def simulate_ring(
     """Runs the p2p ring of ``cp_size`` ranks in this process on full-sequence tensors: shards
     them, runs every rank's steps with the same blocks, op calls and merge as
     :func:`cp_attention`, and reassembles O (and dQ, dK, dV for ``grad_out``, accumulating dK/dV
-    in ring order). Returns ``{"o", "dq", "dk", "dv", "work": [per rank: [StepWork]]}``."""
+    in ring order). Returns ``{"o", "dq", "dk", "dv", "work": [per rank: [StepWork]],
+    "executors": [the executors the per-step calls ran, sorted]}``."""
     li = LAYOUTS.index(layout)
     sd = _seq_dim(layout)
     (b, hq, sq, dqk), _ = _bhsd(q, li)
@@ -321,6 +322,10 @@ def simulate_ring(
             fw[r].step(i, ks[src], vs[src])
     outs = [f.finish() for f in fw]
     res: Dict[str, Any] = {"o": unshard_sequence([o for o, _ in outs], layout), "work": [rn.work for rn in runs]}
+    for r in range(cp_size):
+        # Records every distinct step call's decision (the ring above ran the same calls).
+        _decide_steps(runs[r], qs[r], ks[r], vs[r], {})
+    res["executors"] = sorted({str(d.executor) for rn in runs for d in rn.decisions.values()})
     if grad_out is None:
         return res
     dos = [shard_sequence(grad_out, cp_size, r, layout).contiguous() for r in range(cp_size)]

@@ -50,7 +50,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Optional, Tuple, Union
+import operator
+from typing import Any, List, Optional, Tuple, Union
 
 import torch
 
@@ -60,8 +61,9 @@ from ._model import ExecutorAttempt, Explanation, deprecated_alias  # noqa: F401
 # it (the private names too: tests and benchmarks reach some of them).
 from ._autograd import _backward, _Eager, _eager_apply, _setup_context  # noqa: F401
 from ._call import (  # noqa: F401
-    _DTYPE_NAMES, _FACT_DTYPES, _LAYOUT_TE, _ON_DECLINE, DIAGONALS, LAYOUTS, _Call, _check_backward,
-    _check_inputs, _check_storage, _layout_index, _tensor_arg, _window_args, te_window_fact,
+    _DTYPE_NAMES, _FACT_DTYPES, _LAYOUT_TE, _ON_DECLINE, ALL_LAYOUTS, DIAGONALS, LAYOUTS, PACKED, PADDINGS,
+    SOFTMAX_TYPES, THD, _Call, _check_backward, _check_inputs, _check_storage, _layout_index, _tensor_arg, _window_args,
+    _with_features, te_window_fact,
 )
 from ._chain import (  # noqa: F401
     _CACHE_CAP, _cache, _cache_lock, _decide, _Entry, _entry, _fast, _key, _packs, _policies,
@@ -144,12 +146,20 @@ def attention(
     on_decline: str = "raise",
     no_substitute: bool = False,
     return_decision: bool = False,
+    softcap: Optional[float] = None,
+    sink: Union[None, str, torch.Tensor] = None,
+    seqlens_q: Any = None,
+    seqlens_kv: Any = None,
+    padding: str = "right",
+    cu_seqlens_q: Any = None,
+    cu_seqlens_kv: Any = None,
 ):
     """Scaled dot-product attention whose backend ``policy`` selects (default: the embedded
     ``te`` pack with live facts) and whose executor chain runs it.
 
-    ``layout`` is stated, never inferred: ``"bhsd"`` (SDPA's order, the default), ``"bshd"`` or
-    ``"sbhd"``; any strides with a contiguous head dim are read in place. GQA/MQA by head counts
+    ``layout`` is stated, never inferred: ``"bhsd"`` (SDPA's order, the default), ``"bshd"``,
+    ``"sbhd"``, or ``"thd"`` (packed sequences, ``[t, h, d]``, with ``cu_seqlens_q`` /
+    ``cu_seqlens_kv``); any strides with a contiguous head dim are read in place. GQA/MQA by head counts
     (``h_q`` a multiple of ``h_kv``). ``is_causal`` with ``diagonal`` ``"top_left"`` (SDPA's) or
     ``"bottom_right"`` (FlashAttention's, for KV-cache decoding); ``window=(left, right)``
     keys around that diagonal (-1 or None: unbounded; an int is ``(left, -1)``). ``scale``
@@ -158,9 +168,43 @@ def attention(
     (``on_decline="fallback"``: torch SDPA instead, logged) and :class:`SubstitutionRefused`
     for a substitute executor with ``no_substitute=True``.
 
+    Features (each one the decision's facts state by TransformerEngine's names, and the
+    executors' manifests admit or refuse: a call no executor serves is declined with the
+    reasons, never run without the feature; on the CPU the reference serves them all):
+
+    - ``softcap``: a float > 0, logit soft-capping (``softcap * tanh(scale * q.k / softcap)``
+      before the mask and softmax; fact ``softcap``).
+    - ``sink``: ``"off_by_one"`` (a sink logit of 0 in every row's softmax denominator) or a
+      ``[h_q]`` tensor of learnable sink logits (any float dtype, on the call's device; its
+      gradient flows back through autograd in its dtype; executors compute with it in fp32).
+      Fact ``softmax_type``: ``off-by-one`` / ``learnable``.
+    - ``seqlens_q`` / ``seqlens_kv``: per-sequence lengths of a padded batch (lists of ints or
+      integer tensors of ``[b]``, each within ``0..s``), the tokens of each sequence at the
+      start (``padding="right"``) or at the end (``"left"``) of its rows. Giving one of them
+      means the other is equal, which needs ``s_q == s_kv`` (else give both). The mask kinds
+      apply in each sequence's own coordinates (``diagonal="bottom_right"`` sits at
+      ``seqlens_kv[i] - seqlens_q[i]``). Padding query rows get ``O = 0`` and no gradient;
+      padding keys get ``dK = dV = 0``. Facts: ``attn_mask_type`` ``padding``,
+      ``padding_causal``, ``padding_causal_bottom_right``.
+    - ``cu_seqlens_q`` / ``cu_seqlens_kv``: packed sequences (``layout="thd"``, q/k/v
+      ``[t, h, d]``): ``[b + 1]`` cumulative offsets from 0, nondecreasing, ending at ``t``
+      (one of them alone: the other is equal, which needs ``t_q == t_kv``). The LSE is
+      ``[1, h_q, t_q]``. Facts: ``qkv_layout`` ``thd_thd_thd``, ``batch_size`` the sequences,
+      ``max_seqlen_*`` the longest, ``num_tokens_*``, ``pad_between_seqs`` False.
+
+    Lengths are read to the host once per call (the executors' problem holds them; the
+    per-signature cache key includes them); wrong ones are refused with
+    :class:`InvalidInput`, never read out of bounds. ``on_decline="fallback"`` does not
+    apply to a call with features (torch SDPA computes none of them): it is declined.
+
     Under ``torch.compile`` (and with tensor subclasses, dispatch or function modes, functorch
     transforms) the call goes through ``torch.ops.attn_policy.attention``; in plain eager mode
     a signature seen before runs its cached plan directly (same executor, same results)."""
+    if (softcap is not None or sink is not None or seqlens_q is not None or seqlens_kv is not None
+            or cu_seqlens_q is not None or cu_seqlens_kv is not None or padding != "right"):
+        return _attention_features(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy,
+                                   on_decline, no_substitute, return_decision, softcap, sink, seqlens_q,
+                                   seqlens_kv, padding, cu_seqlens_q, cu_seqlens_kv)
     if _is_compiling():
         return _attention_op(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy,
                              on_decline, no_substitute, return_decision)
@@ -192,9 +236,9 @@ def attention(
 def _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline, no_substitute, training):
     """The op's arguments after the checks (bad options are ``PolicyError``s)."""
     try:
-        li = LAYOUTS.index(layout)
+        li = ALL_LAYOUTS.index(layout)
     except ValueError:
-        raise PolicyError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}") from None
+        raise PolicyError(f"layout must be one of {', '.join(ALL_LAYOUTS)}, found {layout!r}") from None
     if diagonal not in DIAGONALS:
         raise PolicyError(f"diagonal must be one of {', '.join(DIAGONALS)}, found {diagonal!r}")
     if on_decline not in _ON_DECLINE:
@@ -247,6 +291,147 @@ def _attention_first(q, k, v, key, grad, layout, is_causal, diagonal, window, sc
                 _fast.clear()
             _fast[key] = (e.runner, e.decision, qu is not q or ku is not k or vu is not v)
     o = e.runner.apply(qu, ku, vu) if grad else e.runner.output(qu, ku, vu)
+    return (o, e.decision) if return_decision else o
+
+
+def _host_ints(*xs: Any) -> List[Optional[List[int]]]:
+    """Lists of ints from lists or 1-D integer tensors (None stays None): the tensors read to
+    the host together, once."""
+    out: List[Any] = list(xs)
+    tensors = [i for i, x in enumerate(xs) if isinstance(x, torch.Tensor)]
+    for i in tensors:
+        t = xs[i]
+        if t.dim() != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise InvalidInput(f"lengths must be a 1-D integer tensor or a list of ints; found {t.dtype} "
+                               f"of shape {tuple(t.shape)}")
+    if tensors:
+        dev = xs[tensors[0]].device
+        if all(xs[i].device == dev for i in tensors):
+            flat = torch.cat([xs[i].to(torch.int64) for i in tensors]).tolist()  # one host read
+            at = 0
+            for i in tensors:
+                n = xs[i].numel()
+                out[i], at = flat[at:at + n], at + n
+        else:
+            for i in tensors:
+                out[i] = xs[i].tolist()
+    for i, x in enumerate(out):
+        if x is None or i in tensors:
+            continue
+        try:
+            out[i] = [operator.index(n) for n in x]
+        except TypeError:
+            raise InvalidInput(f"lengths must be a 1-D integer tensor or a list of ints; found {x!r}") from None
+    return out
+
+
+def _features(q, k, li: int, softcap, sink, seqlens_q, seqlens_kv, padding, cu_seqlens_q, cu_seqlens_kv):
+    """(softcap, softmax index, the sink tensor or None, packing index, seqlens_q, seqlens_kv)
+    of a call's feature arguments, checked against the tensors (``InvalidInput``)."""
+    if padding not in PADDINGS:
+        raise PolicyError(f"padding must be one of {', '.join(PADDINGS)}, found {padding!r}")
+    (b, hq, sq, _), _ = _bhsd(q, li)
+    if softcap is None:
+        cap = 0.0
+    else:
+        try:
+            cap = float(softcap)
+        except (TypeError, ValueError):
+            raise InvalidInput(f"softcap must be a float > 0; found {softcap!r}") from None
+        if not (math.isfinite(cap) and cap > 0.0):
+            raise InvalidInput(f"softcap must be a finite float > 0 (None: no soft-capping); found {softcap!r}")
+    sink_t = None
+    if sink is None:
+        softmax = 0
+    elif isinstance(sink, str):
+        if sink not in ("off_by_one", "off-by-one"):
+            raise InvalidInput(f"sink must be None, 'off_by_one' or a [h_q] tensor of sink logits; found {sink!r}")
+        softmax = 1
+    elif isinstance(sink, torch.Tensor):
+        if tuple(sink.shape) != (hq,) or not sink.is_floating_point() or sink.device != q.device:
+            raise InvalidInput(f"sink must be a floating-point [{hq}] tensor (h_q) on {q.device}; found "
+                               f"{sink.dtype} {tuple(sink.shape)} on {sink.device}")
+        softmax, sink_t = 2, sink
+    else:
+        raise InvalidInput(f"sink must be None, 'off_by_one' or a [h_q] tensor; found {type(sink).__name__}")
+    packed = cu_seqlens_q is not None or cu_seqlens_kv is not None
+    padded = seqlens_q is not None or seqlens_kv is not None
+    if packed and padded:
+        raise InvalidInput("give either seqlens_q / seqlens_kv (a padded batch) or cu_seqlens_q / cu_seqlens_kv "
+                           "(packed sequences), not both")
+    if packed != (li == THD):
+        raise InvalidInput("packed sequences (cu_seqlens_q / cu_seqlens_kv) take layout 'thd', and layout 'thd' "
+                           "takes cu_seqlens_q / cu_seqlens_kv")
+    if padding != "right" and not padded:
+        raise InvalidInput(f"padding={padding!r} applies to seqlens_q / seqlens_kv, and none is given")
+    if not packed and not padded:
+        return cap, softmax, sink_t, 0, (), ()
+    (_, _, skv, _), _ = _bhsd(k, li)
+    if packed:
+        cq, ckv = _host_ints(cu_seqlens_q, cu_seqlens_kv)
+        if cq is None or ckv is None:
+            if sq != skv:
+                raise InvalidInput(f"give both cu_seqlens_q and cu_seqlens_kv: q holds {sq} tokens, k {skv}")
+            cq = ckv = cq if cq is not None else ckv
+        lens = []
+        for name, cu, t in (("cu_seqlens_q", cq, sq), ("cu_seqlens_kv", ckv, skv)):
+            if len(cu) < 2 or cu[0] != 0:
+                raise InvalidInput(f"{name} must hold b + 1 >= 2 offsets starting at 0; found {cu}")
+            steps = [y - x for x, y in zip(cu, cu[1:])]
+            if any(d < 0 for d in steps):
+                raise InvalidInput(f"{name} must not decrease; found {cu}")
+            if cu[-1] != t:
+                raise InvalidInput(f"{name} must end at t = {t} (the tokens of the tensors); it ends at {cu[-1]}")
+            lens.append(tuple(steps))
+        if len(lens[0]) != len(lens[1]):
+            raise InvalidInput(f"cu_seqlens_q and cu_seqlens_kv describe {len(lens[0])} and {len(lens[1])} sequences")
+        return cap, softmax, sink_t, PACKED, lens[0], lens[1]
+    lq, lkv = _host_ints(seqlens_q, seqlens_kv)
+    if lq is None or lkv is None:
+        if sq != skv:
+            raise InvalidInput(f"give both seqlens_q and seqlens_kv when s_q != s_kv ({sq} vs {skv})")
+        lq = lkv = lq if lq is not None else lkv
+    for name, lens, s_ in (("seqlens_q", lq, sq), ("seqlens_kv", lkv, skv)):
+        if len(lens) != b:
+            raise InvalidInput(f"{name} has {len(lens)} entries for a batch of {b}")
+        bad = [n for n in lens if n < 0 or n > s_]
+        if bad:
+            raise InvalidInput(f"{name} has a length {bad[0]} outside 0..{s_}: {lens}")
+    return cap, softmax, sink_t, 1 if padding == "right" else 2, tuple(lq), tuple(lkv)
+
+
+def _attention_features(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline,
+                        no_substitute, return_decision, softcap, sink, seqlens_q, seqlens_kv, padding,
+                        cu_seqlens_q, cu_seqlens_kv):
+    """A call with features: checked, its lengths read to the host, then decided (cached per
+    signature, lengths included) and run through the Python autograd Function (eager) or the
+    op (compiling, tensor subclasses, modes)."""
+    li = _layout_index(layout)
+    if not _is_compiling():
+        # (While tracing, the op's fake checks the shapes: nothing here is traced into the graph.)
+        _check_inputs(q, k, v, li)
+    cap, softmax, sink_t, packing, lq, lkv = _features(q, k, li, softcap, sink, seqlens_q, seqlens_kv, padding,
+                                                       cu_seqlens_q, cu_seqlens_kv)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (sink_t is not None and sink_t.requires_grad))
+    base = _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, on_decline, no_substitute,
+                    grad)
+    qu, ku, vu = _usable(q), _usable(k), _usable(v)
+    args = _with_features(base, cap, softmax, packing, lq, lkv)
+    plain = (not _is_compiling() and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+             and (sink_t is None or type(sink_t) is _Tensor) and not _dispatch_modes() and not _function_modes()
+             and _functorch_transform() is None)
+    if not plain:
+        o, _ = torch.ops.attn_policy.attention(qu, ku, vu, *base, cap, softmax, sink_t, packing, list(lq), list(lkv))
+        return (o, _entry(qu, ku, vu, args).decision) if return_decision else o
+    e = _entry(qu, ku, vu, args)
+    if e.runner is None:
+        _raise_for(e, no_substitute)
+    r = e.runner
+    if sink_t is None:
+        o = r.apply(qu, ku, vu) if grad else r.output(qu, ku, vu)
+    else:
+        o = r.apply_sink(qu, ku, vu, sink_t) if grad else r.forward(qu, ku, vu, sink_t)[0]
     return (o, e.decision) if return_decision else o
 
 

@@ -150,20 +150,22 @@ def test_world_of_one_every_comm_type(causal):
         criterion(f"world 1 {comm}", got, causal)
 
 
-def test_the_native_pack_runs_the_fused_kernels_per_step(causal):
-    """With the native pack on an sm90 GPU the pre-flight selects the fused backend and every
-    per-step call runs the fused kernels. Inference (torch.no_grad()): O meets the FlashAttention
-    criterion in a world of one (p2p and a2a) and a p2p ring of 4 simulated in this process.
-    Training: O, dQ, dK and dV meet it (world of one, p2p)."""
+@pytest.mark.parametrize("pack", ["native", "te"])
+def test_the_native_and_te_packs_run_the_fused_kernels_per_step(causal, pack):
+    """With the native pack, or the te pack (its UnfusedDotProductAttention chain runs `fused`
+    where the kernel admits the step), on an sm90 GPU the pre-flight selects the fused backend
+    and every per-step call runs the fused kernels. Inference (torch.no_grad()): O meets the
+    FlashAttention criterion in a world of one (p2p and a2a) and p2p rings of 2, 4 and 8
+    simulated in this process. Training: O, dQ, dK and dV meet it (world of one, p2p)."""
     if torch.cuda.get_device_capability(DEV) != (9, 0):
         pytest.skip("the fused kernel runs on sm90 only")
     import attn_policy
 
-    native = attn_policy.Policy.load("native")
+    native = attn_policy.Policy.load(pack)
     init_world_of_one()
     exact = causal["exact"]["o"]
     bound = 2 * (causal["naive"]["o"].double() - exact).abs().max().item()
-    note(f"== inference (no_grad) through the native pack, d{D} GQA causal bf16 s{S}")
+    note(f"== inference (no_grad) through the {pack} pack, d{D} GQA causal bf16 s{S}")
     for comm in ("p2p", "a2a"):
         with torch.no_grad():
             o, d = cp.cp_attention(causal["q"], causal["k"], causal["v"], cp_group=dist.group.WORLD, cp_comm_type=comm,
@@ -173,12 +175,16 @@ def test_the_native_pack_runs_the_fused_kernels_per_step(causal):
         assert d.preflight is not None and d.preflight.selected == "fused", d.summary()
         assert {s.executor for s in d.steps} == {"fused"}, d.summary()
         assert err <= bound
-    with torch.no_grad():
-        r = cp.simulate_ring(causal["q"], causal["k"], causal["v"], 4, layout=LAYOUT, is_causal=True, policy=native)
-    err = (r["o"].double() - exact).abs().max().item()
-    note(f"  ring of 4 in one process: O err {err:.3e} (2 x naive bf16 {bound:.3e})")
-    assert err <= bound
-    note(f"== training through the native pack, d{D} GQA causal bf16 s{S}")
+    for ring in (2, 4, 8):
+        with torch.no_grad():
+            r = cp.simulate_ring(causal["q"], causal["k"], causal["v"], ring, layout=LAYOUT, is_causal=True,
+                                 policy=native)
+        err = (r["o"].double() - exact).abs().max().item()
+        note(f"  ring of {ring} in one process: executors {r['executors']}; O err {err:.3e} "
+             f"(2 x naive bf16 {bound:.3e})")
+        assert r["executors"] == ["fused"], r["executors"]
+        assert err <= bound
+    note(f"== training through the {pack} pack, d{D} GQA causal bf16 s{S}")
     kw = dict(cp_group=dist.group.WORLD, cp_comm_type="p2p", layout=LAYOUT, is_causal=True, policy=native)
     got = with_grads(lambda a, b, c: cp.cp_attention(a, b, c, **kw), causal["q"], causal["k"], causal["v"], causal["do"])
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (causal["q"], causal["k"], causal["v"]))
@@ -186,7 +192,7 @@ def test_the_native_pack_runs_the_fused_kernels_per_step(causal):
     note(f"  p2p: {d.summary()}")
     assert d.preflight is not None and d.preflight.selected == "fused", d.summary()
     assert {s.executor for s in d.steps} == {"fused"}, d.summary()
-    criterion("native pack, world 1 p2p", got, causal)
+    criterion(f"{pack} pack, world 1 p2p", got, causal)
 
 
 def report_work(label, work, heads):
