@@ -374,7 +374,9 @@ impl Fused {
     /// per-sequence problems), then what the features add (none for a plain problem).
     fn backward_layout(&self, p: &AttentionProblem) -> Result<BwdLayout, ExecError> {
         let plan = match &p.seqlens {
-            None => self.buffers.fused_scores_workspace_bytes(p)?,
+            None => self
+                .buffers
+                .fused_scores_workspace_bytes(&plan_problem(p))?,
             Some(s) => {
                 let mut shapes: Vec<(usize, usize)> =
                     s.q.iter()
@@ -688,6 +690,14 @@ fn seq_problem_of(p: &AttentionProblem, q: usize, kv: usize) -> AttentionProblem
     sub.seqlens = None;
     sub.softmax = SoftmaxKind::Vanilla;
     sub
+}
+
+/// The problem the chunked plan runs for a call without per-sequence lengths: `p` without its
+/// sink (LSE holds the sink term, so P and dS are the plain ones; d_sink is computed here).
+fn plan_problem(p: &AttentionProblem) -> AttentionProblem {
+    let mut pp = p.clone();
+    pp.softmax = SoftmaxKind::Vanilla;
+    pp
 }
 
 /// Blocks of a grid-stride kernel of 256 threads over `n` items.
@@ -1281,8 +1291,9 @@ impl StreamKernels for Fused {
         let sm = self.buffers.sm_count();
         if p.seqlens.is_none() {
             let scorer = ScoreLaunch::new(p, var.clone(), a, sm)?;
+            let pp = plan_problem(p);
             self.buffers
-                .enqueue_backward_plan(p, a, &plan_launch, Some(&scorer))?;
+                .enqueue_backward_plan(&pp, a, &plan_launch, Some(&scorer))?;
         } else {
             self.enqueue_bwd_per_sequence(p, a, &var, &lay, &plan_launch)?;
         }
