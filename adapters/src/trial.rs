@@ -155,8 +155,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Max |a - b| over the elements a strided tensor `[b, h, s, d]` actually holds.
-fn max_abs_err(
+/// Max |a - b| over the elements a strided tensor `[b, h, s, d]` actually holds (NaN counts
+/// as infinite).
+pub(crate) fn max_abs_err(
     st: &crate::problem::Strides,
     dims: (usize, usize, usize, usize),
     got: &[f64],
@@ -177,7 +178,9 @@ fn max_abs_err(
     e
 }
 
-fn lse_check(got: &[f32], want: &[f64]) -> (f64, bool) {
+/// LSE's relative error against float64 and whether it passes: within [`LSE_REL_TOL`], and
+/// `-inf` exactly where the reference has it.
+pub(crate) fn lse_check(got: &[f32], want: &[f64]) -> (f64, bool) {
     if got.len() != want.len() {
         return (f64::INFINITY, false);
     }

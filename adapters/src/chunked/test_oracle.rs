@@ -5,26 +5,8 @@
 //! part of the API (hidden from the docs).
 
 use crate::executor::HostTensor;
-use crate::problem::{AttentionProblem, DType, SoftmaxKind, Strides};
+use crate::problem::{AttentionProblem, DType, SoftmaxKind};
 use crate::{reference, trial};
-
-/// Max |got - want| over the elements of a strided tensor (`[batch_dim, h, rows, d]`); NaN
-/// counts as infinite.
-fn oracle_err(st: &Strides, dims: (usize, usize, usize, usize), got: &[f64], want: &[f64]) -> f64 {
-    let mut e = 0.0f64;
-    for b in 0..dims.0 {
-        for h in 0..dims.1 {
-            for s in 0..dims.2 {
-                let o = st.offset(b, h, s, 0);
-                for d in 0..dims.3 {
-                    let x = (got[o + d] - want[o + d]).abs();
-                    e = if x.is_nan() { f64::INFINITY } else { e.max(x) };
-                }
-            }
-        }
-    }
-    e
-}
 
 /// One output's check: `(name, err vs fp64, naive same-dtype err vs fp64, passed)`.
 pub type OracleCheck = (&'static str, f64, f64, bool);
@@ -71,25 +53,12 @@ pub fn oracle_verify(
     let od = (bd, p.heads_q, rq, p.head_dim_v);
     let mut checks = vec![mk(
         "o",
-        oracle_err(&p.layout.o, od, &reference::decode(o), &o_ref),
-        oracle_err(&p.layout.o, od, &o_naive, &o_ref),
+        trial::max_abs_err(&p.layout.o, od, &reference::decode(o), &o_ref),
+        trial::max_abs_err(&p.layout.o, od, &o_naive, &o_ref),
         &o_ref,
     )];
-    let mut lse_err = 0.0f64;
-    let mut inf_ok = lse.len() == lse_ref.len();
-    for (&g, &w) in lse.iter().zip(&lse_ref) {
-        if w == f64::NEG_INFINITY {
-            inf_ok &= g == f32::NEG_INFINITY;
-            continue;
-        }
-        let x = (g as f64 - w).abs() / w.abs().max(1.0);
-        lse_err = if x.is_nan() {
-            f64::INFINITY
-        } else {
-            lse_err.max(x)
-        };
-    }
-    checks.push(("lse", lse_err, 1e-5, inf_ok && lse_err <= 1e-5));
+    let (lse_err, lse_ok) = trial::lse_check(lse, &lse_ref);
+    checks.push(("lse", lse_err, trial::LSE_REL_TOL, lse_ok));
     if let Some((dq, dk, dv, d_sink)) = grads {
         let exact = reference::backward_f64_sink(p, &q, &k, &v, &d_o, logits);
         let naive = reference::naive_backward_sink(p, &q, &k, &v, &d_o, logits);
@@ -103,8 +72,8 @@ pub fn oracle_verify(
         ] {
             checks.push(mk(
                 name,
-                oracle_err(st, dims, &reference::decode(got), want),
-                oracle_err(st, dims, nv, want),
+                trial::max_abs_err(st, dims, &reference::decode(got), want),
+                trial::max_abs_err(st, dims, nv, want),
                 want,
             ));
         }
