@@ -890,3 +890,52 @@ fn why_not_names_the_package_once_and_repeats_no_hint() {
         assert!(!sets[..i].contains(s), "hint on {s:?} repeated: {v}");
     }
 }
+
+/// `--softcap` and `--softmax-type` set TE's facts (explain's `features:` line and its JSON
+/// input show them); a softmax type TE does not have is refused at the flag; the torch family
+/// has no such facts, so the flags are refused there.
+#[test]
+fn softcap_and_softmax_type_flags_set_the_te_facts() {
+    let o = run(&[
+        "explain",
+        "--preset",
+        "llama3-8b-h100",
+        "--softcap",
+        "30",
+        "--softmax-type",
+        "learnable",
+    ]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(
+        o.stdout
+            .contains(r#"features: softcap = 30.0, softmax_type = "learnable" (attention sink)"#),
+        "{}",
+        o.stdout
+    );
+    let o = run(&[
+        "explain",
+        "--preset",
+        "llama3-8b-h100",
+        "--softcap",
+        "30",
+        "--json",
+    ]);
+    let doc: Json = serde_json::from_str(&o.stdout).expect("json");
+    assert_eq!(doc["input"]["softcap"], 30.0);
+    refused(
+        &run(&[
+            "explain",
+            "--preset",
+            "llama3-8b-h100",
+            "--softmax-type",
+            "bogus",
+        ]),
+        "--softmax-type",
+        "softmax_type",
+    );
+    refused(
+        &run(&["explain", "--pack", "torch", "--softcap", "3"]),
+        "--softcap",
+        "te",
+    );
+}

@@ -409,3 +409,40 @@ fn explain_executors_lists_the_chain_run_would_walk() {
     );
     assert_eq!(chain("")["executor_chain"], serde_json::json!([]));
 }
+
+/// The model-feature presets run end to end on the CPU (small sizes): each call is decided
+/// with the facts its family sets, its problem carries the feature (padded sequences, a
+/// soft-cap, a learnable sink, MLA's head dims), and the reference's outputs, learnable
+/// sink gradient included, pass verification against float64.
+#[test]
+fn model_feature_presets_run_with_their_features_and_verify() {
+    for (preset, expect) in [
+        ("gemma2", vec!["padded right", "softcap 50"]),
+        ("gpt-oss", vec!["padded right", "sink learnable"]),
+        ("deepseek-v3", vec!["padded right", "d_qk 192 d_v 128"]),
+    ] {
+        let args =
+            format!("run --pack te --preset {preset} --batch 2 --seqlen 48 --heads 4 --kv-heads 2");
+        let (code, doc) = run_json(&words(&args));
+        assert_eq!(code, 0, "{preset}: {doc:#}");
+        assert_eq!(doc["executor"], "reference", "{preset}");
+        let report = &doc["run"];
+        assert_eq!(
+            report["verification"]["passed"], true,
+            "{preset}: {report:#}"
+        );
+        let checks: Vec<&str> = report["verification"]["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        if preset == "gpt-oss" {
+            assert!(checks.contains(&"d_sink"), "{checks:?}");
+        }
+        let human = text(&run(&words(&args)));
+        for e in expect {
+            assert!(human.contains(e), "{preset}: `{e}` not in\n{human}");
+        }
+    }
+}

@@ -66,6 +66,12 @@ pub struct ConfigArgs {
     /// Context-parallel group size (turns context_parallel on when > 1).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub cp_size: Option<i64>,
+    /// Logit soft-capping: softcap (0 = off), e.g. 50 for Gemma 2.
+    #[arg(long, value_name = "C", allow_negative_numbers = true)]
+    pub softcap: Option<f64>,
+    /// The softmax's sink (softmax_type): vanilla, off-by-one or learnable (gpt-oss).
+    #[arg(long, value_name = "TYPE")]
+    pub softmax_type: Option<String>,
     /// Inference (is_training = false).
     #[arg(long)]
     pub inference: bool,
@@ -123,6 +129,8 @@ const FAMILY_FLAGS: &[(&str, &[&str])] = &[
             "--window",
             "--cp-comm-type",
             "--cp-size",
+            "--softcap",
+            "--softmax-type",
             "--inference",
             "--probe",
         ],
@@ -329,6 +337,8 @@ impl ConfigArgs {
             ("--window", self.window.is_some()),
             ("--cp-comm-type", self.cp_comm_type.is_some()),
             ("--cp-size", self.cp_size.is_some()),
+            ("--softcap", self.softcap.is_some()),
+            ("--softmax-type", self.softmax_type.is_some()),
             ("--inference", self.inference),
             ("--probe", !self.probes.is_empty()),
             ("--attn-mask", self.attn_mask.is_some()),
@@ -594,6 +604,12 @@ impl ConfigArgs {
         if let Some(n) = self.cp_size {
             set("--cp-size", "cp_size", json!(n));
             set("--cp-size", "context_parallel", json!(n > 1));
+        }
+        if let Some(c) = self.softcap {
+            set("--softcap", "softcap", json!(c));
+        }
+        if let Some(t) = &self.softmax_type {
+            set("--softmax-type", "softmax_type", json!(t));
         }
         if self.inference {
             set("--inference", "is_training", json!(false));
