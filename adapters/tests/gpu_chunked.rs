@@ -17,8 +17,10 @@ use attn_policy_adapters::{
     AttentionProblem, BackwardInputs, DType, DiagonalAlignment, ExecError, Executor, ForwardInputs,
     HostTensor, LayoutKind, MaskSpec, Strides, run_backward, run_forward,
 };
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+
+mod common;
+use common::fresh_seed;
 
 fn gpu(config: ChunkedConfig) -> Option<Arc<Chunked>> {
     match Chunked::new(config) {
@@ -32,14 +34,6 @@ fn gpu(config: ChunkedConfig) -> Option<Arc<Chunked>> {
             None
         }
     }
-}
-
-fn fresh_seed() -> u64 {
-    let s = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    println!("seed {s}");
-    s
 }
 
 fn small_chunks() -> ChunkedConfig {
@@ -162,65 +156,50 @@ fn numerics_flash_attention_criterion() {
     };
     let seed = fresh_seed();
     let cases = cases();
-    let rows: Mutex<Vec<(usize, String, bool)>> = Mutex::new(Vec::new());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 8);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(c) = cases.get(i) else { break };
-                    let ex: &Arc<Chunked> = if c.small_chunks { &small } else { &big };
-                    let inp = random_inputs(&c.p, seed.wrapping_add(i as u64 * 7919));
-                    let f = run_forward(
-                        ex,
-                        &c.p,
-                        &ForwardInputs {
-                            q: &inp.q,
-                            k: &inp.k,
-                            v: &inp.v,
-                            sink: None,
-                        },
-                    )
-                    .unwrap_or_else(|e| panic!("{}: forward: {e}", c.label));
-                    let b = run_backward(
-                        ex,
-                        &c.p,
-                        &BackwardInputs {
-                            q: &inp.q,
-                            k: &inp.k,
-                            v: &inp.v,
-                            o: &f.o,
-                            d_o: &inp.d_o,
-                            lse: &f.lse,
-                            sink: None,
-                        },
-                    )
-                    .unwrap_or_else(|e| panic!("{}: backward: {e}", c.label));
-                    let v = verify(&c.p, &inp, &f.o, &f.lse, Some(&b));
-                    let mut line = format!(
-                        "| {} | {} |",
-                        c.label,
-                        if c.small_chunks { "48" } else { "2048" }
-                    );
-                    for ch in &v.checks {
-                        line += &format!(" {:.2e} / {:.2e} |", ch.err, ch.naive_err);
-                    }
-                    line += &format!(
-                        " {:.1e} | {} |",
-                        v.lse_rel_err,
-                        if v.passed { "pass" } else { "FAIL" }
-                    );
-                    rows.lock().unwrap().push((i, line, v.passed));
-                }
-            });
+    let rows = common::in_parallel(&cases, |i, c| {
+        let ex: &Arc<Chunked> = if c.small_chunks { &small } else { &big };
+        let inp = random_inputs(&c.p, seed.wrapping_add(i as u64 * 7919));
+        let f = run_forward(
+            ex,
+            &c.p,
+            &ForwardInputs {
+                q: &inp.q,
+                k: &inp.k,
+                v: &inp.v,
+                sink: None,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{}: forward: {e}", c.label));
+        let b = run_backward(
+            ex,
+            &c.p,
+            &BackwardInputs {
+                q: &inp.q,
+                k: &inp.k,
+                v: &inp.v,
+                o: &f.o,
+                d_o: &inp.d_o,
+                lse: &f.lse,
+                sink: None,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{}: backward: {e}", c.label));
+        let v = verify(&c.p, &inp, &f.o, &f.lse, Some(&b));
+        let mut line = format!(
+            "| {} | {} |",
+            c.label,
+            if c.small_chunks { "48" } else { "2048" }
+        );
+        for ch in &v.checks {
+            line += &format!(" {:.2e} / {:.2e} |", ch.err, ch.naive_err);
         }
+        line += &format!(
+            " {:.1e} | {} |",
+            v.lse_rel_err,
+            if v.passed { "pass" } else { "FAIL" }
+        );
+        (line, v.passed)
     });
-    let mut rows = rows.into_inner().unwrap();
-    rows.sort_by_key(|r| r.0);
     println!(
         "\n| case | chunk rows | O err / naive | dQ err / naive | dK err / naive | dV err / naive | LSE rel err | result |"
     );
@@ -741,45 +720,28 @@ fn features_meet_the_flash_attention_criterion() {
     };
     let seed = fresh_seed();
     let cases = feature_cases();
-    let rows: Mutex<Vec<(usize, String, bool)>> = Mutex::new(Vec::new());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 8);
-    std::thread::scope(|sc| {
-        for _ in 0..workers {
-            sc.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((label, p)) = cases.get(i) else {
-                        break;
-                    };
-                    // Chunks of 48 rows and of up to 2048 in turn.
-                    let e = if i.is_multiple_of(2) { &ex } else { &big };
-                    let s = seed.wrapping_add(i as u64 * 7919);
-                    let inp = random_inputs(p, s);
-                    let sink = inp.sink.clone().unwrap_or_default();
-                    let (o, lse, dq, dk, dv, d_sink) = device_run(e, p, &inp, &sink);
-                    let (checks, passed) = oracle::oracle_verify(
-                        p,
-                        [&inp.q, &inp.k, &inp.v, &inp.d_o],
-                        &sink,
-                        &o,
-                        &lse,
-                        Some((&dq, &dk, &dv, &d_sink)),
-                    );
-                    let mut line = format!("| {label} |");
-                    for c in &checks {
-                        line += &format!(" {:.2e} / {:.2e} |", c.1, c.2);
-                    }
-                    line += if passed { " pass |" } else { " FAIL |" };
-                    rows.lock().unwrap().push((i, line, passed));
-                }
-            });
+    let rows = common::in_parallel(&cases, |i, (label, p)| {
+        // Chunks of 48 rows and of up to 2048 in turn.
+        let e = if i.is_multiple_of(2) { &ex } else { &big };
+        let s = seed.wrapping_add(i as u64 * 7919);
+        let inp = random_inputs(p, s);
+        let sink = inp.sink.clone().unwrap_or_default();
+        let (o, lse, dq, dk, dv, d_sink) = device_run(e, p, &inp, &sink);
+        let (checks, passed) = oracle::oracle_verify(
+            p,
+            [&inp.q, &inp.k, &inp.v, &inp.d_o],
+            &sink,
+            &o,
+            &lse,
+            Some((&dq, &dk, &dv, &d_sink)),
+        );
+        let mut line = format!("| {label} |");
+        for c in &checks {
+            line += &format!(" {:.2e} / {:.2e} |", c.1, c.2);
         }
+        line += if passed { " pass |" } else { " FAIL |" };
+        (line, passed)
     });
-    let mut rows = rows.into_inner().unwrap();
-    rows.sort_by_key(|r| r.0);
     println!("\n| case | O | LSE | dQ | dK | dV | d_sink | result |");
     println!("|---|---|---|---|---|---|---|---|");
     for (_, line, _) in &rows {

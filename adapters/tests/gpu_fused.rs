@@ -18,8 +18,10 @@ use attn_policy_adapters::{
     AttentionProblem, BackwardInputs, DType, DiagonalAlignment, Direction, ExecError, Executor,
     ForwardInputs, HostTensor, LayoutKind, MaskSpec, Strides, run_backward, run_forward,
 };
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+
+mod common;
+use common::fresh_seed;
 
 fn gpu() -> Option<Arc<Fused>> {
     gpu_with(ChunkedConfig::default())
@@ -47,14 +49,6 @@ fn gpu_with(chunks: ChunkedConfig) -> Option<Arc<Fused>> {
             None
         }
     }
-}
-
-fn fresh_seed() -> u64 {
-    let s = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
-    println!("seed {s}");
-    s
 }
 
 type MaskFor = fn(bool) -> MaskSpec;
@@ -155,67 +149,50 @@ fn numerics_flash_attention_criterion_forward_and_backward() {
     };
     let seed = fresh_seed();
     let cases = cases();
-    let rows: Mutex<Vec<(usize, String, bool)>> = Mutex::new(Vec::new());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 8);
-    std::thread::scope(|s| {
-        for _ in 0..workers {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((p, label)) = cases.get(i) else {
-                        break;
-                    };
-                    let inp = random_inputs(p, seed.wrapping_add(i as u64 * 7919));
-                    let small_chunked = i % 2 == 1;
-                    let ex = if small_chunked { &small } else { &big };
-                    let f = run_forward(
-                        ex,
-                        p,
-                        &ForwardInputs {
-                            q: &inp.q,
-                            k: &inp.k,
-                            v: &inp.v,
-                            sink: None,
-                        },
-                    )
-                    .unwrap_or_else(|e| panic!("{label}: forward: {e}"));
-                    let b = run_backward(
-                        ex,
-                        p,
-                        &BackwardInputs {
-                            q: &inp.q,
-                            k: &inp.k,
-                            v: &inp.v,
-                            o: &f.o,
-                            d_o: &inp.d_o,
-                            lse: &f.lse,
-                            sink: None,
-                        },
-                    )
-                    .unwrap_or_else(|e| panic!("{label}: backward: {e}"));
-                    let v = verify(p, &inp, &f.o, &f.lse, Some(&b));
-                    let mut line = format!(
-                        "| {label} | {} |",
-                        if small_chunked { "200" } else { "2048" }
-                    );
-                    for c in &v.checks {
-                        line += &format!(" {:.2e} / {:.2e} |", c.err, c.naive_err);
-                    }
-                    line += &format!(
-                        " {:.1e} | {} |",
-                        v.lse_rel_err,
-                        if v.passed { "pass" } else { "FAIL" }
-                    );
-                    rows.lock().unwrap().push((i, line, v.passed));
-                }
-            });
+    let rows = common::in_parallel(&cases, |i, (p, label)| {
+        let inp = random_inputs(p, seed.wrapping_add(i as u64 * 7919));
+        let small_chunked = i % 2 == 1;
+        let ex = if small_chunked { &small } else { &big };
+        let f = run_forward(
+            ex,
+            p,
+            &ForwardInputs {
+                q: &inp.q,
+                k: &inp.k,
+                v: &inp.v,
+                sink: None,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{label}: forward: {e}"));
+        let b = run_backward(
+            ex,
+            p,
+            &BackwardInputs {
+                q: &inp.q,
+                k: &inp.k,
+                v: &inp.v,
+                o: &f.o,
+                d_o: &inp.d_o,
+                lse: &f.lse,
+                sink: None,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{label}: backward: {e}"));
+        let v = verify(p, &inp, &f.o, &f.lse, Some(&b));
+        let mut line = format!(
+            "| {label} | {} |",
+            if small_chunked { "200" } else { "2048" }
+        );
+        for c in &v.checks {
+            line += &format!(" {:.2e} / {:.2e} |", c.err, c.naive_err);
         }
+        line += &format!(
+            " {:.1e} | {} |",
+            v.lse_rel_err,
+            if v.passed { "pass" } else { "FAIL" }
+        );
+        (line, v.passed)
     });
-    let mut rows = rows.into_inner().unwrap();
-    rows.sort_by_key(|r| r.0);
     println!(
         "\n| case | backward chunk rows | O err / naive | dQ err / naive | dK err / naive | dV err / naive | LSE rel err | result |"
     );
