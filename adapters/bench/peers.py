@@ -2,6 +2,7 @@
 
     python adapters/bench/peers.py --json peers.json            # the whole table (GPU)
     python adapters/bench/peers.py --s 4096 --d 512 --impl fused,ffpa_triton
+    python adapters/bench/peers.py --decode 1,16,64 --s 16384,65536   # decode shapes, forward only
 
 Every row runs in this one process on the same inputs (b2 hq8 hkv4 causal bf16 by default, the
 Gemma 4 global layer's shape), through torch:
@@ -15,6 +16,10 @@ Gemma 4 global layer's shape), through torch:
   unavailable when that is not installed);
 - ``sdpa_efficient``: ``torch.nn.functional.scaled_dot_product_attention`` with the
   memory-efficient backend, K and V expanded to the query heads (SDPA has no GQA for it).
+
+``--decode SQ,...``: decode-shaped calls instead, ``SQ`` new queries against ``s`` cached keys
+(causal aligned bottom-right, as a KV cache is), forward only (inference has no backward);
+FFPA needs equal query and key lengths, so its rows say so.
 
 Columns: median forward and forward+backward milliseconds over ``--iters`` CUDA-event timed
 runs (after two warm-ups), TFLOP/s (causal: only admitted pairs count; backward 2.5x the
@@ -53,6 +58,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-causal", action="store_true", help="no mask (default: causal)")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--iters", type=int, default=10, help="timed runs per figure (median; default 10)")
+    ap.add_argument("--decode", metavar="SQ", default="",
+                    help="decode shapes: query lengths, comma separated, against --s keys (forward only)")
     ap.add_argument("--json", metavar="FILE", help="write every row as JSON")
     return ap.parse_args(argv)
 
@@ -84,8 +91,12 @@ def te_pack_running(executor: str) -> Any:
     return attn_policy.Policy.load(str(dst))
 
 
-def flops(b: int, hq: int, s: int, d: int, causal: bool) -> float:
-    pairs = s * (s + 1) / 2 if causal else s * s
+def flops(b: int, hq: int, sq: int, skv: int, d: int, causal: bool) -> float:
+    """Forward FLOPs; causal (bottom-right) counts only the admitted (query, key) pairs."""
+    if causal:
+        pairs = sum(max(0, min(skv, skv - sq + i + 1)) for i in range(sq)) if sq != skv else skv * (skv + 1) / 2
+    else:
+        pairs = sq * skv
     return 2.0 * b * hq * pairs * (d + d)
 
 
@@ -136,7 +147,9 @@ def make_rows(names: List[str], a: argparse.Namespace) -> Dict[str, Any]:
                 rows[name] = f"unavailable: {type(e).__name__}: {e}"
                 continue
             rows[name] = (lambda pol: lambda q, k, v: apt.attention(
-                q, k, v, layout="bhsd", is_causal=causal, policy=pol, no_substitute=True))(pol)
+                q, k, v, layout="bhsd", is_causal=causal, policy=pol,
+                diagonal="bottom_right" if q.shape[2] != k.shape[2] else "top_left",
+                no_substitute=True))(pol)
         elif name.startswith("ffpa_"):
             try:
                 from ffpa_attn import ffpa_attn_func
@@ -150,7 +163,8 @@ def make_rows(names: List[str], a: argparse.Namespace) -> Dict[str, Any]:
                 except ImportError:
                     rows[name] = "unavailable: nvidia-cutlass-dsl is not installed (FFPA's CuTe-DSL backend needs it)"
                     continue
-            rows[name] = (lambda be: lambda q, k, v: ffpa_attn_func(
+            rows[name] = (lambda be: lambda q, k, v: "FFPA: needs equal query and key lengths" if q.shape[2] != k.shape[2]
+                          else ffpa_attn_func(
                 q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1], forward_backend=be,
                 backward_backend=be))(backend)
         elif name == "sdpa_efficient":
@@ -159,8 +173,14 @@ def make_rows(names: List[str], a: argparse.Namespace) -> Dict[str, Any]:
             def sdpa(q, k, v):
                 rep = q.shape[1] // k.shape[1]
                 ke, ve = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+                sq, skv = q.shape[2], k.shape[2]
+                mask = None
+                if causal and sq != skv:
+                    # SDPA's is_causal is top-left: bottom-right (a KV cache) as an explicit mask.
+                    i = torch.arange(sq, device=q.device)[:, None]
+                    mask = torch.arange(skv, device=q.device)[None, :] <= i + (skv - sq)
                 with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-                    return F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)
+                    return F.scaled_dot_product_attention(q, ke, ve, attn_mask=mask, is_causal=causal and mask is None)
 
             rows[name] = sdpa
         else:
@@ -168,19 +188,23 @@ def make_rows(names: List[str], a: argparse.Namespace) -> Dict[str, Any]:
     return rows
 
 
-def measure(name: str, fwd: Any, s: int, d: int, a: argparse.Namespace, ref_o: Optional[torch.Tensor]) -> Dict[str, Any]:
+def measure(name: str, fwd: Any, s: int, d: int, a: argparse.Namespace, ref_o: Optional[torch.Tensor],
+            sq: Optional[int] = None) -> Dict[str, Any]:
+    """One row; ``sq``: a decode shape (that many queries against ``s`` keys, forward only)."""
     dt = torch.bfloat16 if a.dtype == "bf16" else torch.float16
     causal = not a.no_causal
-    row: Dict[str, Any] = {"impl": name, "s": s, "d": d, "batch": a.batch, "heads": a.heads,
+    decode = sq is not None
+    sq = s if sq is None else sq
+    row: Dict[str, Any] = {"impl": name, "s": s, "sq": sq, "d": d, "batch": a.batch, "heads": a.heads,
                            "kv_heads": a.kv_heads, "causal": causal, "dtype": a.dtype}
     if isinstance(fwd, str):
         row["note"] = fwd
         return row
     gen = torch.Generator(device="cuda").manual_seed(1234 + s + d)
-    q = torch.randn(a.batch, a.heads, s, d, device="cuda", dtype=dt, generator=gen)
+    q = torch.randn(a.batch, a.heads, sq, d, device="cuda", dtype=dt, generator=gen)
     k = torch.randn(a.batch, a.kv_heads, s, d, device="cuda", dtype=dt, generator=gen)
     v = torch.randn(a.batch, a.kv_heads, s, d, device="cuda", dtype=dt, generator=gen)
-    g = torch.randn(a.batch, a.heads, s, d, device="cuda", dtype=dt, generator=gen)
+    g = torch.randn(a.batch, a.heads, sq, d, device="cuda", dtype=dt, generator=gen)
     qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
 
     def forward():
@@ -194,16 +218,19 @@ def measure(name: str, fwd: Any, s: int, d: int, a: argparse.Namespace, ref_o: O
 
     try:
         o = forward()
+        if isinstance(o, str):
+            raise RuntimeError(o)
         if ref_o is not None:
             row["max_abs_diff_vs_fused"] = (o.float() - ref_o.float()).abs().max().item()
         row["out"] = o
         row["fwd_ms"] = median_ms(forward, a.iters)
-        row["fwd_bwd_ms"] = median_ms(forward_backward, a.iters)
         row["peak_extra_mib_fwd"] = peak_extra_mib(forward)
-        row["peak_extra_mib_fwd_bwd"] = peak_extra_mib(forward_backward)
-        f = flops(a.batch, a.heads, s, d, causal)
+        f = flops(a.batch, a.heads, sq, s, d, causal)
         row["fwd_tflops"] = f / (row["fwd_ms"] * 1e-3) / 1e12
-        row["fwd_bwd_tflops"] = 3.5 * f / (row["fwd_bwd_ms"] * 1e-3) / 1e12
+        if not decode:
+            row["fwd_bwd_ms"] = median_ms(forward_backward, a.iters)
+            row["peak_extra_mib_fwd_bwd"] = peak_extra_mib(forward_backward)
+            row["fwd_bwd_tflops"] = 3.5 * f / (row["fwd_bwd_ms"] * 1e-3) / 1e12
     except torch.cuda.OutOfMemoryError as e:
         row["note"] = f"out of memory: {str(e).splitlines()[0]}"
     except Exception as e:  # noqa: BLE001 - a refusal or failure is the row's result
@@ -215,12 +242,12 @@ def measure(name: str, fwd: Any, s: int, d: int, a: argparse.Namespace, ref_o: O
 
 
 def table(rows: List[Dict[str, Any]]) -> str:
-    out = ["| impl | s | d | fwd ms | fwd+bwd ms | TFLOP/s fwd / fwd+bwd | peak extra MiB fwd / fwd+bwd | max abs O diff vs fused | note |",
+    out = ["| impl | s_q x s_kv | d | fwd ms | fwd+bwd ms | TFLOP/s fwd / fwd+bwd | peak extra MiB fwd / fwd+bwd | max abs O diff vs fused | note |",
            "|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, p=2: "-" if x is None else f"{x:.{p}f}"  # noqa: E731
     for r in rows:
         out.append(
-            f"| {r['impl']} | {r['s']} | {r['d']} | {fmt(r.get('fwd_ms'))} | {fmt(r.get('fwd_bwd_ms'))} | "
+            f"| {r['impl']} | {r.get('sq', r['s'])} x {r['s']} | {r['d']} | {fmt(r.get('fwd_ms'))} | {fmt(r.get('fwd_bwd_ms'))} | "
             f"{fmt(r.get('fwd_tflops'), 0)} / {fmt(r.get('fwd_bwd_tflops'), 0)} | "
             f"{fmt(r.get('peak_extra_mib_fwd'), 0)} / {fmt(r.get('peak_extra_mib_fwd_bwd'), 0)} | "
             f"{fmt(r.get('max_abs_diff_vs_fused'), 4)} | {r.get('note', '')} |")
@@ -237,12 +264,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     dev = torch.cuda.get_device_properties(0)
     print(f"device: {dev.name}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}", flush=True)
     rows: List[Dict[str, Any]] = []
+    sqs = [int(x) for x in a.decode.split(",") if x.strip()] or [None]
     for d in (int(x) for x in a.d.split(",")):
-        for s in (int(x) for x in a.s.split(",")):
+        for s, sq in ((int(x), sq) for x in a.s.split(",") for sq in sqs):
             ref_o = None
             # fused first: its output is every other row's sanity reference.
             for name in sorted(names, key=lambda n: n != "fused"):
-                r = measure(name, impls[name], s, d, a, ref_o)
+                r = measure(name, impls[name], s, d, a, ref_o, sq)
                 o = r.pop("out", None)
                 if name == "fused" and o is not None:
                     ref_o = o

@@ -38,26 +38,35 @@ transformers implementations that compute the same model (``--refs``):
   sinks, softmax and weighted sum all in float32. In float32 models the two are one.
 
 Checks (a failed one fails the family; the script exits 1 when any family fails):
-1. loss, at every step i: ``|loss_ap - loss_ref1| <= 1.5 x max(G_i, floor_i)`` with
-   ``G_i`` the largest reference gap ``|loss_ref2 - loss_ref1|`` within ``--gap-window`` steps
-   of i (default 5) and ``floor_i = --loss-floor x max(1, |loss_ref1|)`` (default 5e-4).
-   Why the window: after a few steps the runs diverge chaotically (Adam turns rounding
-   differences into different updates), the two references cross at random steps, and the gap
-   at one step is one sample of a spread (``--gap-window 0``: that step's own gap). Why the
-   floor: at the first steps, and in float32, the references can agree exactly;
+1. loss, at every step i, on shared weights: attn_policy trains, and before each of its steps
+   both references compute the loss of attn_policy's weights of that step on that step's batch
+   (training mode, no gradient). ``|loss_ap - loss_ref2| <= 1.5 x max(G_i, floor_i)`` with
+   ``G_i`` the largest gap ``|loss_ref1 - loss_ref2|`` within ``--gap-window`` steps of i
+   (default 5) and ``floor_i = --loss-floor x max(1, |loss_ref2|)`` (default 5e-4). The anchor
+   is the second reference because it is the float32 one (SDPA's math backend upcasts bf16 on
+   CUDA; ``eager_fp32``): attn_policy's deviation from it and the bf16 first reference's are
+   the same kind of rounding error, as in the FlashAttention criterion. Why shared weights:
+   three free-running trainings diverge chaotically after a few steps (Adam turns rounding
+   differences into different updates), so a per-step comparison of free runs measures the
+   chaos, not the attention: on the H100 (stop 41) five families had 1-3 steps of 100 past
+   1.5x that way, with the second reference just as far from the first at other steps. The
+   free-running ratio is still reported (``free_running_max_ratio``), not checked. Why the
+   window: the gap at one step is one sample of a spread (``--gap-window 0``: that step's own
+   gap). Why the floor: at the first steps, and in float32, the references can agree exactly;
 2. no decline and no SDPA fallback: declines raise (``on_decline="raise"``), a logged fallback
    fails; an executor-chain substitute (logged) is allowed and reported;
 3. greedy ``generate()`` with a KV cache of a LEFT-padded batch of 4 prompts (prefixes of the
    longest training rows, of different lengths) with the weights attn_policy trained
    (memorised, so the continuation has clear margins) gives the first reference's tokens, and
-   its logits at the generated steps differ from the first reference's by at most 1.5 x the
-   second reference's difference (floor ``--logit-floor`` x max(1, largest logit): 1e-2 in
+   its logits at the generated steps differ from the second (float32) reference's by at most
+   1.5 x the first reference's difference (floor ``--logit-floor`` x max(1, largest logit): 1e-2 in
    bf16, 1e-4 in float32). The tokens alone passed with the padding mask dropped from
    attn_policy's calls (a memorised model outvotes the pads; right padding under a causal mask
-   hides them in training); the logits caught it (1400x the bound). The loss check (1)
-   caught a sliding window one key wider (60-225x), a dropped sink (226x) and a dropped
-   soft-cap (40x, with the tiny gemma2's cap of 1: a cap of 50 never bites a tiny random
-   model, and dropping it passed).
+   hides them in training); the logits caught it (1400x the bound). On ``--tiny --device
+   cpu``, the shared-weights loss check (1) catches a sliding window one key wider (mistral,
+   133x the bound), a dropped soft-cap (gemma2 with the tiny cap of 1, 21x: a cap of 50 never
+   bites a tiny random model) and a dropped sink (gpt-oss, 79x); the logits check catches each
+   too (925-3658x).
 Reported: per-layer decisions of the first step (``attn_policy.transformers.register(
 log_decisions=True)``), median step time and peak memory of attn_policy against the first
 reference, and how many generated tokens equal the training continuation.
@@ -302,7 +311,13 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
     aptf.register(policy=policy, log_decisions=False, on_decline="raise")
     first_step = []
 
+    # The weights before each of attn_policy's steps (on the host: they must not count in its
+    # peak memory), for the shared-weights loss check below.
+    snaps = []
+
     def on_step(step, phase):
+        if phase == "before":
+            snaps.append({k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()})
         if step != 0:
             return
         if phase == "before":
@@ -336,21 +351,38 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
     print(f"# attn_policy: {steps} steps in {time.perf_counter() - t0:.1f} s, final loss {ours['losses'][-1]:.4f}",
           flush=True)
     runs["attn_policy"] = ours
-    r1, r2 = runs[keys[0]]["losses"], runs[keys[1]]["losses"]
-    floors = [a.loss_floor * max(1.0, abs(x)) for x in r1]
-    ref_gap = [abs(y - x) for x, y in zip(r1, r2)]
-    # The gap the references show around each step (see the module docstring).
+    # The loss check (see the module docstring): both references on attn_policy's own weights
+    # before each step, on that step's batch, in training mode, no gradient.
+    shared = {k: [] for k in keys}
+    for (impl, backend), key in zip(refs, keys):
+        sm = _e2e.make_model(cls, cfg, impl, dtype, device, state)
+        sm.train()
+        sm.config.use_cache = False
+        for step, snap in enumerate(snaps):
+            sm.load_state_dict(snap)
+            with torch.no_grad(), _e2e.sdpa_backend(backend)():
+                shared[key].append(sm(**fwd[step % len(fwd)]).loss.item())
+        del sm
+    del snaps
+    anchor, other = shared[keys[1]], shared[keys[0]]
+    floors = [a.loss_floor * max(1.0, abs(x)) for x in anchor]
+    ref_gap = [abs(y - x) for x, y in zip(anchor, other)]
     w = a.gap_window
     envelope = [max(ref_gap[max(0, i - w): i + w + 1]) for i in range(steps)]
-    dev = [abs(o - x) for o, x in zip(ours["losses"], r1)]
+    dev = [abs(o - x) for o, x in zip(ours["losses"], anchor)]
     ratio = [d / max(g, f) for d, g, f in zip(dev, envelope, floors)]
     worst = max(range(steps), key=lambda i: ratio[i])
     loss_ok = all(x <= 1.5 for x in ratio)
     if not loss_ok:
         bad = sum(x > 1.5 for x in ratio)
         res["problems"].append(f"loss: {bad} of {steps} steps past 1.5 x the reference gap (worst step {worst}: "
-                               f"|ap - ref1| {dev[worst]:.3g}, |ref2 - ref1| {ref_gap[worst]:.3g}, within {w} steps "
-                               f"{envelope[worst]:.3g}, floor {floors[worst]:.3g})")
+                               f"|ap - {keys[1]}| {dev[worst]:.3g}, |{keys[0]} - {keys[1]}| {ref_gap[worst]:.3g}, "
+                               f"within {w} steps {envelope[worst]:.3g}, floor {floors[worst]:.3g})")
+    # For information (not a check): the free-running trajectories, which diverge chaotically.
+    r1, r2 = runs[keys[0]]["losses"], runs[keys[1]]["losses"]
+    free_gap = [abs(y - x) for x, y in zip(r1, r2)]
+    free_env = [max(free_gap[max(0, i - w): i + w + 1]) for i in range(steps)]
+    free_ratio = max(abs(o - x) / max(g, f) for o, x, g, f in zip(ours["losses"], r1, free_env, floors))
 
     # Greedy generation with a KV cache of a left-padded batch, attn_policy's trained weights
     # under attn_policy and under both references (the second: for the logits' bound).
@@ -384,7 +416,7 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
         diffs = [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in zip(ga, gb)]
         res["problems"].append(f"generate: tokens differ from {keys[0]} (first difference per prompt {diffs})")
     # The generated steps' logits (same tokens fed back, so comparable): attn_policy's largest
-    # difference from the first reference within 1.5 x the references' own (floor: --logit-floor
+    # difference from the second (float32) reference within 1.5 x the first's (floor: --logit-floor
     # x max(1, the largest logit)). Tokens alone miss defects a memorised model outvotes (a
     # padding mask ignored in the left-padded prompts: tested).
     logit = None
@@ -393,13 +425,13 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
         # step's logits came from the same tokens).
         g2 = gen[keys[1]]
         n = next((t for t in range(len(gb[0])) if any(r1[t] != r2[t] for r1, r2 in zip(gb, g2))), len(gb[0]) - 1) + 1
-        s1 = scores[keys[0]][:n]
-        d_ap = (scores["attn_policy"][:n] - s1).abs().max().item()
-        d_ref = (scores[keys[1]][:n] - s1).abs().max().item()
-        floor = a.logit_floor * max(1.0, s1.abs().max().item())
+        s2 = scores[keys[1]][:n]
+        d_ap = (scores["attn_policy"][:n] - s2).abs().max().item()
+        d_ref = (scores[keys[0]][:n] - s2).abs().max().item()
+        floor = a.logit_floor * max(1.0, s2.abs().max().item())
         logit = {"ap": d_ap, "refs": d_ref, "floor": floor, "ratio": d_ap / max(d_ref, floor)}
         if logit["ratio"] > 1.5:
-            res["problems"].append(f"generate: logits differ from {keys[0]} by {d_ap:.3g}, past 1.5 x the references' "
+            res["problems"].append(f"generate: logits differ from {keys[1]} by {d_ap:.3g}, past 1.5 x the references' "
                                    f"{d_ref:.3g} (floor {floor:.3g})")
         logit["steps"] = n
     memorised = ([sum(int(x == y) for x, y in zip(g, c)) for g, c in zip(ga, conts)] if ga is not None else None)
@@ -411,8 +443,9 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
 
     ref1 = runs[keys[0]]
     res.update(
-        steps=steps, losses={k: r["losses"] for k, r in runs.items()}, ref_gap=ref_gap, ref_gap_envelope=envelope, deviation=dev,
-        floors=floors, max_ratio=ratio[worst], worst_step=worst, loss_ok=loss_ok,
+        steps=steps, losses={k: r["losses"] for k, r in runs.items()}, shared_weight_losses=shared,
+        ref_gap=ref_gap, ref_gap_envelope=envelope, deviation=dev, floors=floors, max_ratio=ratio[worst],
+        worst_step=worst, loss_ok=loss_ok, free_running_max_ratio=free_ratio,
         generate={"attn_policy": ga, keys[0]: gb, "prompt_lengths": plens, "memorised_tokens": memorised},
         generate_ok=gen_ok, generate_logits=logit, decisions=layer_summary(first_step), decisions_generate=layer_summary(gen_records),
         per_layer=first_step, substitutes=subs,
@@ -422,7 +455,8 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
         peak_ratio=(ours["peak"] / ref1["peak"]) if ref1["peak"] else None,
     )
     res["verdict"] = "PASS" if not res["problems"] else "FAIL"
-    print(f"# loss: worst |ap - {keys[0]}| / max(|{keys[1]} - {keys[0]}|, floor) = {ratio[worst]:.2f} at step {worst}; "
+    print(f"# loss: worst |ap - {keys[1]}| / max(|{keys[0]} - {keys[1]}|, floor) = {ratio[worst]:.2f} at step {worst} "
+          f"(free-running trajectories, not a check: {free_ratio:.2f}); "
           f"generate identical: {gen_ok} (tokens equal to the training continuation: {memorised}), logits "
           + (f"{logit['ap']:.3g} vs the references' {logit['refs']:.3g} (floor {logit['floor']:.3g}); " if logit else "-; ")
           + f"decisions: {res['decisions']}; verdict {res['verdict']}", flush=True)
@@ -430,7 +464,7 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
 
 
 def fmt_table(results):
-    lines = ["| family | steps | max loss dev / ref gap | generate == ref1 (logit dev / ref gap) | decisions per layer (first step) | "
+    lines = ["| family | steps | max loss dev / ref gap (shared weights; free-running) | generate == ref1 (logit dev / ref gap) | decisions per layer (first step) | "
              "step ms ap / ref1 | peak MiB ap / ref1 | verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r["verdict"] == "skipped" or "max_ratio" not in r:
@@ -447,7 +481,8 @@ def fmt_table(results):
         # The why of each substitute is in the JSON (and the log): one line each.
         subs = f" ({len(r['substitutes'])} substitute reason(s))" if r["substitutes"] else ""
         lines.append(
-            f"| {r['family']} | {r['steps']} | {r['max_ratio']:.2f} (step {r['worst_step']}) | "
+            f"| {r['family']} | {r['steps']} | {r['max_ratio']:.2f} (step {r['worst_step']}); "
+            f"{r['free_running_max_ratio']:.2f} | "
             f"{'yes' if r['generate_ok'] else 'NO'}"
             + (f" (logits {r['generate_logits']['ratio']:.2f}x)" if r.get("generate_logits") else "")
             + f" | {r['decisions']}{subs} | "
