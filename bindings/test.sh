@@ -75,6 +75,9 @@ if [[ "${TORCH_TESTS:-1}" == 1 ]]; then
     --json "$WORK/models.json")
   stage "attn_policy.torch: torch 2.15.0 (newest), CPU suite"
   torch_suite 2.15.0 5.25.0
+  # The model families again against the newest transformers the registry serves.
+  (cd "$WORK" && "$TV/bin/python" "$ROOT/bindings/python/bench/models.py" --tiny --device cpu \
+    --json "$WORK/models-5.25.json")
   # The context-parallel self-check over gloo, on the newest torch (exit 1 on any failed case).
   for n in 2 4; do
     stage "context-parallel self-check: --world-size $n --device cpu (torch 2.15.0)"
