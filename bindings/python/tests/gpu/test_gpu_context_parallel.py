@@ -29,6 +29,7 @@ if not torch.cuda.is_available():
 
 import torch.distributed as dist  # noqa: E402
 
+import attn_policy  # noqa: E402
 import attn_policy.context_parallel as cp  # noqa: E402
 import attn_policy.torch as apt  # noqa: E402
 
@@ -159,8 +160,6 @@ def test_the_native_and_te_packs_run_the_fused_kernels_per_step(causal, pack):
     simulated in this process. Training: O, dQ, dK and dV meet it (world of one, p2p)."""
     if torch.cuda.get_device_capability(DEV) != (9, 0):
         pytest.skip("the fused kernel runs on sm90 only")
-    import attn_policy
-
     native = attn_policy.Policy.load(pack)
     init_world_of_one()
     exact = causal["exact"]["o"]
@@ -211,10 +210,15 @@ def report_work(label, work, heads):
 
 @pytest.mark.parametrize("cp_size", [2, 4, 8])
 def test_ring_steps_in_one_process(causal, cp_size):
+    # The te pack (issue 34): its UnfusedDotProductAttention chain runs `fused` per step, forward
+    # and backward (the backward steps run the forward steps' decisions).
     r = cp.simulate_ring(causal["q"], causal["k"], causal["v"], cp_size, layout=LAYOUT, is_causal=True,
-                         grad_out=causal["do"])
-    note(f"== p2p ring of {cp_size} in one process (sharded tensors, no communication), d{D} GQA causal bf16")
+                         grad_out=causal["do"], policy=attn_policy.Policy.load("te"))
+    note(f"== p2p ring of {cp_size} in one process (sharded tensors, no communication), d{D} GQA causal bf16, "
+         f"te pack: executors {r['executors']}")
     criterion(f"ring {cp_size}", r, causal)
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert r["executors"] == ["fused"], r["executors"]
     per_rank = report_work(f"ring {cp_size}", r["work"], HQ)
     # Balanced: every rank computes the same number of admitted pairs; step 0 is one causal
     # call (the upper chunk pair skipped), every other step one full call over two of its four
