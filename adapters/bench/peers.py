@@ -10,6 +10,8 @@ Gemma 4 global layer's shape), through torch:
 - ``fused``, ``chunked``, ``cudnn``: ``attn_policy.torch.attention`` with a copy of the ``te``
   pack whose every executor chain is that one executor, and ``no_substitute=True``: what the
   row names is what ran, or the row says why the executor refused the shape;
+- ``te``: ``attn_policy.torch.attention`` with the embedded ``te`` pack as it is (its chain
+  chooses; the row's note names the executor that ran): what a te-pack user gets;
 - ``ffpa_triton``: FFPA (``ffpa-attn`` 0.2.4 from the registry, pure Python) through its Triton
   path (``forward_backend="triton"``); install its wheel with ``pip install --no-deps``;
 - ``ffpa_cutedsl``: FFPA's CuTe-DSL backend (needs ``nvidia-cutlass-dsl``; reported as
@@ -44,7 +46,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-IMPLS = ("fused", "chunked", "cudnn", "ffpa_triton", "ffpa_cutedsl", "sdpa_efficient")
+IMPLS = ("te", "fused", "chunked", "cudnn", "ffpa_triton", "ffpa_cutedsl", "sdpa_efficient")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -132,6 +134,10 @@ class Row:
         self.name, self.fwd = name, fwd
 
 
+# (s_q, s_kv, d) -> the executor the te pack's chain ran (the ``te`` row's note).
+RAN: Dict[Any, str] = {}
+
+
 def make_rows(names: List[str], a: argparse.Namespace) -> Dict[str, Any]:
     """Implementation name -> forward callable ``(q, k, v) -> O`` (bhsd), or the reason it is
     unavailable (a string)."""
@@ -150,6 +156,16 @@ def make_rows(names: List[str], a: argparse.Namespace) -> Dict[str, Any]:
                 q, k, v, layout="bhsd", is_causal=causal, policy=pol,
                 diagonal="bottom_right" if q.shape[2] != k.shape[2] else "top_left",
                 no_substitute=True))(pol)
+        elif name == "te":
+            import attn_policy.torch as apt
+
+            def te(q, k, v):
+                o, d = apt.attention(q, k, v, layout="bhsd", is_causal=causal, return_decision=True,
+                                     diagonal="bottom_right" if q.shape[2] != k.shape[2] else "top_left")
+                RAN[(q.shape[2], k.shape[2], q.shape[3])] = str(d.executor)
+                return o
+
+            rows[name] = te
         elif name.startswith("ffpa_"):
             try:
                 from ffpa_attn import ffpa_attn_func
@@ -223,6 +239,8 @@ def measure(name: str, fwd: Any, s: int, d: int, a: argparse.Namespace, ref_o: O
         if ref_o is not None:
             row["max_abs_diff_vs_fused"] = (o.float() - ref_o.float()).abs().max().item()
         row["out"] = o
+        if name == "te":
+            row["note"] = f"ran {RAN.get((sq, s, d), '?')}"
         row["fwd_ms"] = median_ms(forward, a.iters)
         row["peak_extra_mib_fwd"] = peak_extra_mib(forward)
         f = flops(a.batch, a.heads, sq, s, d, causal)
@@ -235,6 +253,11 @@ def measure(name: str, fwd: Any, s: int, d: int, a: argparse.Namespace, ref_o: O
         row["note"] = f"out of memory: {str(e).splitlines()[0]}"
     except Exception as e:  # noqa: BLE001 - a refusal or failure is the row's result
         row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        # A refused executor: its own reason (the chain walk's), not only the walk's summary.
+        chain = getattr(getattr(e, "decision", None), "chain", None) or []
+        why = "; ".join(f"{x.executor} {x.outcome}: {x.reason}" for x in chain if x.reason)
+        if why:
+            row["note"] = f"{type(e).__name__}: {why}"
     finally:
         del q, k, v, g, qg, kg, vg
         torch.cuda.empty_cache()
