@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::spec::{Diagonal, Direction, IoDtype, SdpaSpec, Strides};
+use super::spec::{Diagonal, Direction, IoDtype, SdpaSpec, SeqPacking, Strides};
 use super::version::CudnnVersion;
 
 /// Element types used in the graphs.
@@ -28,6 +28,8 @@ pub enum DType {
     Bf16,
     /// int32 (indices, sequence lengths).
     Int32,
+    /// int64 (ragged offsets).
+    Int64,
     /// boolean (mask conditions).
     Boolean,
 }
@@ -94,6 +96,9 @@ pub struct Tensor {
     pub strides: [i64; 4],
     /// Binding (virtual or what the variant pack points at).
     pub binding: Binding,
+    /// The uid of this tensor's ragged-offset tensor (`RAGGED_OFFSET_DESC`: where each batch's
+    /// first token starts, in elements), for left-padded and packed batches.
+    pub ragged: Option<i64>,
 }
 
 impl Tensor {
@@ -131,6 +136,10 @@ pub enum PwMode {
     CmpGe,
     /// x > b.
     CmpGt,
+    /// x < b.
+    CmpLt,
+    /// x && b.
+    LogicalAnd,
     /// index of x along `axis`.
     GenIndex,
     /// t ? x : b.
@@ -194,6 +203,9 @@ pub enum Op {
         b: i64,
         /// C.
         c: i64,
+        /// Per-batch GEMM extents (`GEMM_M/N/K_OVERRIDE_DESC`: the seq-len tensors with a
+        /// padding mask), as cudnn-frontend sets them.
+        overrides: GemmOverrides,
     },
     /// Elementwise.
     Pointwise {
@@ -247,6 +259,40 @@ pub enum Op {
     },
 }
 
+/// The per-batch GEMM extents of a matmul (uids of int32 `[b, 1, 1, 1]` tensors).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GemmOverrides {
+    /// M (rows of A and C).
+    pub m: Option<i64>,
+    /// N (columns of B and C).
+    pub n: Option<i64>,
+    /// K (the reduced dimension).
+    pub k: Option<i64>,
+}
+
+/// Where a graph with per-sequence lengths keeps its per-call data in the executor's scratch
+/// (byte offsets). The executor fills the lengths, row starts and ragged offsets before the
+/// cuDNN call (a small kernel, from the problem's `seqlens`), and moves LSE between cuDNN's
+/// dense Stats and the caller's `[batch_dim, h_q, rows_q]` layout around it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VarlenScratch {
+    /// Where the sequences sit.
+    pub packing: SeqPacking,
+    /// int32 `[b]`: query tokens of each sequence (`SEQ_LEN_Q`).
+    pub seq_q: usize,
+    /// int32 `[b]`: key tokens of each sequence (`SEQ_LEN_KV`).
+    pub seq_kv: usize,
+    /// int32 `[b]`: first physical query row of each sequence (executor kernels only).
+    pub start_q: usize,
+    /// int32 `[b]`: first physical key row of each sequence (executor kernels only).
+    pub start_kv: usize,
+    /// int64 `[b + 1]` element offsets of Q (and dQ), K (dK), V (dV), O (dO): ragged graphs.
+    pub ragged: Option<[usize; 4]>,
+    /// fp32 `[b, h_q, s_q]`: cuDNN's Stats, dense over the longest sequence (rows past a
+    /// sequence's length unused; 0 there in the backward, so no -inf - -inf = NaN).
+    pub stats: usize,
+}
+
 /// Which graph a [`GraphIr`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GraphKind {
@@ -279,6 +325,8 @@ pub struct GraphIr {
     pub ops: Vec<Op>,
     /// Bytes of executor-owned scratch placed before cuDNN's own workspace.
     pub scratch_bytes: usize,
+    /// Per-sequence-length data in the scratch (graphs with a padding mask).
+    pub varlen: Option<VarlenScratch>,
 }
 
 /// Fixed uids of bound tensors.
@@ -319,6 +367,18 @@ pub mod uid {
     pub const SOFTMAX_SUM: i64 = 30;
     /// Backward scratch: fp32 dQ accumulator.
     pub const DQ_ACCUM: i64 = 31;
+    /// Per-batch query lengths, int32 `[b, 1, 1, 1]` (device).
+    pub const SEQ_LEN_Q: i64 = 40;
+    /// Per-batch key lengths, int32 `[b, 1, 1, 1]` (device).
+    pub const SEQ_LEN_KV: i64 = 41;
+    /// Ragged offsets of Q and dQ, int64 `[b + 1, 1, 1, 1]` (device).
+    pub const RAGGED_Q: i64 = 42;
+    /// Ragged offsets of K and dK.
+    pub const RAGGED_K: i64 = 43;
+    /// Ragged offsets of V and dV.
+    pub const RAGGED_V: i64 = 44;
+    /// Ragged offsets of O and dO.
+    pub const RAGGED_O: i64 = 45;
     /// First virtual uid.
     pub const FIRST_VIRTUAL: i64 = 1000;
 }
@@ -368,6 +428,7 @@ impl Builder {
                 dims,
                 strides,
                 binding,
+                ragged: None,
             },
         );
         debug_assert!(prev.is_none(), "uid {uid} defined twice");
@@ -420,8 +481,105 @@ impl Builder {
         y
     }
 
-    fn matmul(&mut self, a: i64, b: i64, c: i64) {
-        self.ops.push(Op::Matmul { a, b, c });
+    fn matmul(&mut self, a: i64, b: i64, c: i64, overrides: GemmOverrides) {
+        self.ops.push(Op::Matmul { a, b, c, overrides });
+    }
+
+    fn set_ragged(&mut self, uid: i64, offsets: Option<i64>) {
+        if let Some(t) = self.tensors.get_mut(&uid) {
+            t.ragged = offsets;
+        }
+    }
+
+    /// The per-sequence tensors in the scratch from byte offset `*scratch` on: the seq-len
+    /// tensors (in the graph), the row starts (executor only), the ragged offsets (in the
+    /// graph, ragged packings) and the dense Stats.
+    fn varlen(&mut self, spec: &SdpaSpec, packing: SeqPacking, scratch: &mut usize) -> Varlen {
+        let b = spec.b;
+        let mut take = |bytes: usize| {
+            let off = *scratch;
+            *scratch += align_up(bytes);
+            off
+        };
+        let seq_q_off = take(b as usize * 4);
+        let seq_kv_off = take(b as usize * 4);
+        let start_q = take(b as usize * 4);
+        let start_kv = take(b as usize * 4);
+        let lens = [b, 1, 1, 1];
+        let seq_q = self.tensor(
+            uid::SEQ_LEN_Q,
+            DType::Int32,
+            lens,
+            [1, 1, 1, 1],
+            Binding::Scratch(seq_q_off),
+        );
+        let seq_kv = self.tensor(
+            uid::SEQ_LEN_KV,
+            DType::Int32,
+            lens,
+            [1, 1, 1, 1],
+            Binding::Scratch(seq_kv_off),
+        );
+        let (ragged, ragged_off) = if spec.is_ragged() {
+            let mut uids = [0i64; 4];
+            let mut offs = [0usize; 4];
+            for (i, u) in [uid::RAGGED_Q, uid::RAGGED_K, uid::RAGGED_V, uid::RAGGED_O]
+                .into_iter()
+                .enumerate()
+            {
+                offs[i] = take((b as usize + 1) * 8);
+                uids[i] = self.tensor(
+                    u,
+                    DType::Int64,
+                    [b + 1, 1, 1, 1],
+                    [1, 1, 1, 1],
+                    Binding::Scratch(offs[i]),
+                );
+            }
+            (Some(uids), Some(offs))
+        } else {
+            (None, None)
+        };
+        let stats = take((b * spec.h_q * spec.s_q) as usize * 4);
+        Varlen {
+            seq_q,
+            seq_kv,
+            ragged,
+            scratch: VarlenScratch {
+                packing,
+                seq_q: seq_q_off,
+                seq_kv: seq_kv_off,
+                start_q,
+                start_kv,
+                ragged: ragged_off,
+                stats,
+            },
+        }
+    }
+
+    /// cudnn-frontend's `padding_mask` score modifier: keep (row < seq_len_q[b]) AND
+    /// (col < seq_len_kv[b]), -inf elsewhere.
+    fn padding_mask(&mut self, scores: i64, vl: &Varlen) -> i64 {
+        let neg_inf = self.scalar(uid::NEG_INF, Binding::ConstF32(f32::NEG_INFINITY));
+        let index = |g: &mut Self, axis: i64| {
+            let y = g.virt(DType::Int32, g.dims(scores));
+            g.ops.push(Op::Pointwise {
+                mode: PwMode::GenIndex,
+                x: scores,
+                b: None,
+                t: None,
+                y,
+                prec: DType::Int32,
+                axis: Some(axis),
+            });
+            y
+        };
+        let row = index(self, 2);
+        let col = index(self, 3);
+        let row_ok = self.compare(PwMode::CmpLt, row, vl.seq_q);
+        let col_ok = self.compare(PwMode::CmpLt, col, vl.seq_kv);
+        let keep = self.compare(PwMode::LogicalAnd, row_ok, col_ok);
+        self.select(scores, neg_inf, keep)
     }
 
     fn reduce(&mut self, op: RedOp, x: i64, y: i64) {
@@ -487,7 +645,11 @@ impl Builder {
 
     /// The mask as `CompositeDiagonalBandMaskNode` lowers it before cuDNN 9.21 (GEN_INDEX,
     /// compare, BINARY_SELECT with -inf); the form proven on 9.19. Returns the masked scores.
-    fn composite_mask(&mut self, spec: &SdpaSpec, scores: i64) -> i64 {
+    ///
+    /// With per-sequence lengths (`vl`) a bottom-right diagonal sits at each sequence's own
+    /// `seq_len_kv[b] - seq_len_q[b]` (the per-batch tensors replace the scalars, as in
+    /// `CompositeDiagonalBandMaskNode`).
+    fn composite_mask(&mut self, spec: &SdpaSpec, scores: i64, vl: Option<&Varlen>) -> i64 {
         let m = spec.mask;
         let mut cur = scores;
         if let Some(right) = m.right {
@@ -495,8 +657,13 @@ impl Builder {
             let mut row = self.gen_index(cur, 2);
             let col = self.gen_index(cur, 3);
             if m.diagonal == Diagonal::BottomRight {
-                let skv = self.scalar(uid::SEQ_KV, Binding::ConstI32(spec.s_kv as i32));
-                let sq = self.scalar(uid::SEQ_Q, Binding::ConstI32(spec.s_q as i32));
+                let (skv, sq) = match vl {
+                    Some(vl) => (vl.seq_kv, vl.seq_q),
+                    None => (
+                        self.scalar(uid::SEQ_KV, Binding::ConstI32(spec.s_kv as i32)),
+                        self.scalar(uid::SEQ_Q, Binding::ConstI32(spec.s_q as i32)),
+                    ),
+                };
                 row = self.index_arith(PwMode::Add, row, skv, DType::Int32);
                 row = self.index_arith(PwMode::Sub, row, sq, DType::Int32);
             }
@@ -512,27 +679,84 @@ impl Builder {
             let row = self.gen_index(cur, 2);
             let col = self.gen_index(cur, 3);
             // cuDNN's left bound counts visible keys including the diagonal: keep col + W > r.
-            let w = left + 1 - m.offset(spec.s_q, spec.s_kv);
-            let wt = self.scalar(uid::LEFT_BOUND, Binding::ConstF32(w as f32));
-            let colw = self.index_arith(PwMode::Add, col, wt, DType::Float);
+            let colw = match vl {
+                // per batch: col + W - seq_len_kv[b] + seq_len_q[b] > row, in int32
+                Some(vl) if m.diagonal == Diagonal::BottomRight => {
+                    let wt = self.scalar(uid::LEFT_BOUND, Binding::ConstI32((left + 1) as i32));
+                    let c = self.index_arith(PwMode::Add, col, wt, DType::Int32);
+                    let c = self.index_arith(PwMode::Sub, c, vl.seq_kv, DType::Int32);
+                    self.index_arith(PwMode::Add, c, vl.seq_q, DType::Int32)
+                }
+                _ => {
+                    let w = left + 1 - m.offset(spec.s_q, spec.s_kv);
+                    let wt = self.scalar(uid::LEFT_BOUND, Binding::ConstF32(w as f32));
+                    self.index_arith(PwMode::Add, col, wt, DType::Float)
+                }
+            };
             let keep = self.compare(PwMode::CmpGt, colw, row);
             cur = self.select(cur, neg_inf, keep);
         }
         cur
     }
 
-    fn finish(self, kind: GraphKind, scratch_bytes: usize) -> GraphIr {
+    fn finish(self, kind: GraphKind, scratch_bytes: usize, varlen: Option<&Varlen>) -> GraphIr {
         GraphIr {
             kind,
             tensors: self.tensors,
             ops: self.ops,
             scratch_bytes,
+            varlen: varlen.map(|v| v.scratch),
         }
     }
 }
 
+/// The per-sequence tensors of a graph being built.
+struct Varlen {
+    seq_q: i64,
+    seq_kv: i64,
+    /// Ragged-offset uids of Q, K, V, O.
+    ragged: Option<[i64; 4]>,
+    scratch: VarlenScratch,
+}
+
+impl Varlen {
+    fn ragged(&self, i: usize) -> Option<i64> {
+        self.ragged.map(|r| r[i])
+    }
+    /// The overrides of a matmul whose M and N/K run over (rows of) queries or keys.
+    fn gemm(vl: Option<&Varlen>, m_q: bool, n: bool) -> GemmOverrides {
+        let Some(vl) = vl else {
+            return GemmOverrides::default();
+        };
+        let (m, other) = if m_q {
+            (vl.seq_q, vl.seq_kv)
+        } else {
+            (vl.seq_kv, vl.seq_q)
+        };
+        GemmOverrides {
+            m: Some(m),
+            n: n.then_some(other),
+            k: (!n).then_some(other),
+        }
+    }
+}
+
+const RQ: usize = 0;
+const RK: usize = 1;
+const RV: usize = 2;
+const RO: usize = 3;
+
 fn stats_strides(spec: &SdpaSpec) -> Strides {
     dense([spec.b, spec.h_q, spec.s_q, 1])
+}
+
+/// Stats is the caller's LSE, or with per-sequence lengths the dense scratch copy the
+/// executor converts to and from the caller's `[batch_dim, h_q, rows_q]` LSE.
+fn stats_binding(vl: Option<&Varlen>) -> Binding {
+    match vl {
+        Some(vl) => Binding::Scratch(vl.scratch.stats),
+        None => Binding::Io(IoRole::Stats),
+    }
 }
 
 /// The composite forward graph (any cuDNN 9): O and LSE.
@@ -543,6 +767,11 @@ pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
     );
     let l = &spec.layouts;
     let mut g = Builder::new();
+    let mut scratch = 0;
+    let vl = spec
+        .seqlens
+        .map(|packing| g.varlen(spec, packing, &mut scratch));
+    let vl = vl.as_ref();
     let q = g.tensor(uid::Q, io, [b, hq, sq, dqk], l.q, Binding::Io(IoRole::Q));
     let kt = g.tensor(
         uid::K,
@@ -553,21 +782,29 @@ pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
     );
     let v = g.tensor(uid::V, io, [b, hk, skv, dv], l.v, Binding::Io(IoRole::V));
     let o = g.tensor(uid::O, io, [b, hq, sq, dv], l.o, Binding::Io(IoRole::O));
+    if let Some(vl) = vl {
+        for (t, i) in [(q, RQ), (kt, RK), (v, RV), (o, RO)] {
+            g.set_ragged(t, vl.ragged(i));
+        }
+    }
     let stats = g.tensor(
         uid::STATS,
         DType::Float,
         [b, hq, sq, 1],
         stats_strides(spec),
-        Binding::Io(IoRole::Stats),
+        stats_binding(vl),
     );
     let scale = g.scalar(uid::SCALE, Binding::Scale);
     let sdims = [b, hq, sq, skv];
     let rdims = [b, hq, sq, 1];
 
     let s1 = g.virt(DType::Float, sdims);
-    g.matmul(q, kt, s1);
-    let s2 = g.pw_new(PwMode::Mul, s1, Some(scale));
-    let s3 = g.composite_mask(spec, s2);
+    g.matmul(q, kt, s1, Varlen::gemm(vl, true, true));
+    let mut s2 = g.pw_new(PwMode::Mul, s1, Some(scale));
+    if let Some(vl) = vl {
+        s2 = g.padding_mask(s2, vl);
+    }
+    let s3 = g.composite_mask(spec, s2, vl);
     let mx = g.virt(DType::Float, rdims);
     g.reduce(RedOp::Max, s3, mx);
     let sub = g.pw_new(PwMode::Sub, s3, Some(mx));
@@ -578,8 +815,8 @@ pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
     g.pw(PwMode::Add, mx, Some(lg), stats);
     let p = g.virt(io, sdims);
     g.pw(PwMode::Div, ex, Some(sm), p);
-    g.matmul(p, v, o);
-    g.finish(GraphKind::CompositeFwd, 0)
+    g.matmul(p, v, o, Varlen::gemm(vl, true, false));
+    g.finish(GraphKind::CompositeFwd, scratch, vl)
 }
 
 /// The native SDPA forward op. On cuDNN < 9.21 only the unmasked form exists (LSE through
@@ -672,7 +909,7 @@ pub fn native_fwd(spec: &SdpaSpec, version: CudnnVersion) -> GraphIr {
         stats,
         mask,
     });
-    g.finish(GraphKind::NativeFwd, 0)
+    g.finish(GraphKind::NativeFwd, 0, None)
 }
 
 /// The composite backward graph (cudnn-frontend's `CompositeSDPABackwardNode`, cuDNN >= 9.6, no
@@ -688,6 +925,7 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
         .grads
         .expect("backward spec validated with gradient layouts");
     let mut g = Builder::new();
+    let mut scratch = 0;
     let q = g.tensor(uid::Q, io, [b, hq, sq, dqk], l.q, Binding::Io(IoRole::Q));
     let kt = g.tensor(
         uid::K,
@@ -710,13 +948,6 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
         [b, hq, sq, dv],
         gl.d_o,
         Binding::Io(IoRole::DO),
-    );
-    let stats = g.tensor(
-        uid::STATS,
-        DType::Float,
-        [b, hq, sq, 1],
-        stats_strides(spec),
-        Binding::Io(IoRole::Stats),
     );
     let dq = g.tensor(
         uid::DQ,
@@ -750,9 +981,35 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
         DType::Float,
         rdims,
         dense(rdims),
-        Binding::Scratch(0),
+        Binding::Scratch(scratch),
     );
-    let mut scratch = align_up(ssum_bytes);
+    scratch += align_up(ssum_bytes);
+    let vl = spec
+        .seqlens
+        .map(|packing| g.varlen(spec, packing, &mut scratch));
+    let vl = vl.as_ref();
+    if let Some(vl) = vl {
+        // dQ, dK, dV, dO share the strides (and so the offsets) of Q, K, V, O
+        for (t, i) in [
+            (q, RQ),
+            (kt, RK),
+            (vt, RV),
+            (o, RO),
+            (d_o, RO),
+            (dq, RQ),
+            (dk, RK),
+            (dvt, RV),
+        ] {
+            g.set_ragged(t, vl.ragged(i));
+        }
+    }
+    let stats = g.tensor(
+        uid::STATS,
+        DType::Float,
+        [b, hq, sq, 1],
+        stats_strides(spec),
+        stats_binding(vl),
+    );
 
     // softmax_sum = Σ_d dO * O
     let t1 = g.pw_new(PwMode::Mul, d_o, Some(o));
@@ -762,10 +1019,14 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
 
     // P = exp(mask(scale * Q Kᵀ - LSE))
     let s1 = g.virt(DType::Float, sdims);
-    g.matmul(q, kt, s1);
-    let s2 = g.pw_new(PwMode::Mul, s1, Some(scale));
+    g.matmul(q, kt, s1, Varlen::gemm(vl, true, true));
+    let mut s2 = g.pw_new(PwMode::Mul, s1, Some(scale));
+    // the frontend pads before subtracting Stats and applies the band after
+    if let Some(vl) = vl {
+        s2 = g.padding_mask(s2, vl);
+    }
     let s3 = g.pw_new(PwMode::Sub, s2, Some(stats));
-    let s4 = g.composite_mask(spec, s3);
+    let s4 = g.composite_mask(spec, s3, vl);
     let p = g.pw_new(PwMode::Exp, s4, None);
 
     // dV = Pᵀ dO (GQA: per query head, then summed over the group)
@@ -773,17 +1034,18 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
     let t_strides = [hq * sq * skv, sq * skv, 1, skv];
     let pt = g.virt_strided(io, t_dims, t_strides);
     g.ops.push(Op::Reshape { x: p, y: pt });
+    let kv_rows = Varlen::gemm(vl, false, false);
     if hq == hk {
-        g.matmul(pt, d_o, dvt);
+        g.matmul(pt, d_o, dvt, kv_rows);
     } else {
         let full = g.virt(io, [b, hq, skv, dv]);
-        g.matmul(pt, d_o, full);
+        g.matmul(pt, d_o, full, kv_rows);
         g.reduce(RedOp::Add, full, dvt);
     }
 
     // dS = scale * P * (dO Vᵀ - softmax_sum)
     let dp = g.virt(DType::Float, sdims);
-    g.matmul(d_o, vt, dp);
+    g.matmul(d_o, vt, dp, Varlen::gemm(vl, true, true));
     let t3 = g.pw_new(PwMode::Sub, dp, Some(ssum));
     let t4 = g.pw_new(PwMode::Mul, t3, Some(p));
     let ds = g.pw_new(PwMode::Mul, t4, Some(scale));
@@ -792,18 +1054,21 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
     let dst = g.virt_strided(io, t_dims, t_strides);
     g.ops.push(Op::Reshape { x: ds, y: dst });
     if hq == hk {
-        g.matmul(dst, q, dk);
+        g.matmul(dst, q, dk, kv_rows);
     } else {
         let full = g.virt(io, [b, hq, skv, dqk]);
-        g.matmul(dst, q, full);
+        g.matmul(dst, q, full, kv_rows);
         g.reduce(RedOp::Add, full, dk);
     }
 
     // dQ = dS K
     let kr = g.virt_strided(io, [b, hk, skv, dqk], l.k);
+    // the view of K keeps K's ragged offsets (as the frontend's reshape_k)
+    g.set_ragged(kr, vl.and_then(|vl| vl.ragged(RK)));
     g.ops.push(Op::Reshape { x: kt, y: kr });
+    let q_rows = Varlen::gemm(vl, true, false);
     if spec.deterministic {
-        g.matmul(ds, kr, dq);
+        g.matmul(ds, kr, dq, q_rows);
     } else {
         let qdims = [b, hq, sq, dqk];
         let acc = g.tensor(
@@ -814,10 +1079,10 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
             Binding::Scratch(scratch),
         );
         scratch += align_up((b * hq * sq * dqk) as usize * 4);
-        g.matmul(ds, kr, acc);
+        g.matmul(ds, kr, acc, q_rows);
         g.pw(PwMode::Identity, acc, None, dq);
     }
-    g.finish(GraphKind::CompositeBwd, scratch)
+    g.finish(GraphKind::CompositeBwd, scratch, vl)
 }
 
 impl GraphIr {
@@ -826,7 +1091,16 @@ impl GraphIr {
         let mut s = BTreeSet::new();
         for op in &self.ops {
             match op {
-                Op::Matmul { a, b, c } => s.extend([*a, *b, *c]),
+                Op::Matmul {
+                    a, b, c, overrides, ..
+                } => {
+                    s.extend([*a, *b, *c]);
+                    s.extend(
+                        [overrides.m, overrides.n, overrides.k]
+                            .into_iter()
+                            .flatten(),
+                    );
+                }
                 Op::Pointwise { x, b, t, y, .. } => {
                     s.extend([*x, *y]);
                     s.extend(b.iter().chain(t.iter()).copied());
@@ -862,6 +1136,12 @@ impl GraphIr {
                 }
             }
         }
+        // a tensor's ragged offsets are referenced through the tensor
+        let ragged: Vec<i64> = s
+            .iter()
+            .filter_map(|u| self.tensors.get(u).and_then(|t| t.ragged))
+            .collect();
+        s.extend(ragged);
         s
     }
 
