@@ -52,7 +52,8 @@ fn nvrtc(arch: &'static str) -> Result<cudarc::nvrtc::Ptx, String> {
 }
 
 /// Compiles the kernels without a device (the NVRTC test).
-pub(crate) fn compile_only(arch: &'static str) -> Result<(), String> {
+#[cfg(test)]
+fn compile_only(arch: &'static str) -> Result<(), String> {
     nvrtc(arch).map(|_| ())
 }
 
