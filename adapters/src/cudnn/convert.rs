@@ -237,7 +237,7 @@ impl ProbeAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::MaskSpec as PMask;
+    use crate::problem::{MaskSpec as PMask, SeqLens, SoftmaxKind};
 
     fn p(sq: usize, skv: usize, d: usize) -> AttentionProblem {
         AttentionProblem::new(2, 8, 4, sq, skv, d, d, DType::BF16)
@@ -375,5 +375,105 @@ mod tests {
             Some(false)
         );
         assert_eq!(ProbeAnswer::Unknown { reason: "x".into() }.as_fact(), None);
+    }
+
+    fn seq(packing: SeqPacking, q: Vec<usize>, kv: Vec<usize>) -> AttentionProblem {
+        AttentionProblem::new(3, 8, 2, 96, 96, 64, 64, DType::BF16)
+            .with_mask(PMask::CAUSAL_BOTTOM_RIGHT)
+            .with_seqlens(SeqLens::padded(packing, q, kv), LayoutKind::Bshd)
+    }
+
+    #[test]
+    fn every_packing_is_admitted_and_the_lengths_are_not_in_the_spec() {
+        let v = Some(CudnnVersion(91900));
+        for packing in [
+            SeqPacking::PaddedRight,
+            SeqPacking::PaddedLeft,
+            SeqPacking::Packed,
+        ] {
+            let a = seq(packing, vec![1, 96, 40], vec![1, 96, 70]);
+            let b = seq(packing, vec![96, 5, 2], vec![96, 5, 90]);
+            assert_eq!(check(&a, v), Ok(()), "{packing:?}");
+            assert_eq!(check(&b, v), Ok(()), "{packing:?}");
+            for dir in [Direction::Forward, Direction::Backward] {
+                let (sa, sb) = (spec_of(&a, dir), spec_of(&b, dir));
+                // the plan key: the same graph whatever the lengths
+                assert_eq!(sa, sb, "{packing:?}");
+                assert_eq!(sa.seqlens, Some(packing));
+                assert_eq!(sa.validate(dir), Ok(()));
+                // square longest lengths, but each sequence has its own diagonal
+                assert_eq!(sa.mask, MaskSpec::CAUSAL_BOTTOM_RIGHT);
+            }
+            assert_eq!(
+                forward_candidates(&spec_of(&a, Direction::Forward), CudnnVersion(92100), true),
+                vec![GraphKind::CompositeFwd]
+            );
+        }
+        // packed: batch stride 0 in the problem, a nominal non-overlapping one for cuDNN
+        let p = seq(SeqPacking::Packed, vec![1, 96, 40], vec![1, 96, 70]);
+        assert_eq!(p.layout.q.batch, 0);
+        let s = spec_of(&p, Direction::Forward);
+        assert_eq!(s.layouts.q, [96 * 8 * 64, 64, 8 * 64, 1]);
+        assert_eq!(s.layouts.k, [96 * 2 * 64, 64, 2 * 64, 1]);
+        // the packings are separate plans
+        let right = spec_of(
+            &seq(SeqPacking::PaddedRight, vec![1, 96, 40], vec![1, 96, 70]),
+            Direction::Forward,
+        );
+        let left = spec_of(
+            &seq(SeqPacking::PaddedLeft, vec![1, 96, 40], vec![1, 96, 70]),
+            Direction::Forward,
+        );
+        assert_ne!(right, left);
+        assert_ne!(left, s);
+        // no padding-mask workaround refusal on old runtimes: the graph has the padding mask
+        let odd = seq(SeqPacking::PaddedRight, vec![1, 90, 40], vec![1, 90, 70]);
+        let mut odd = odd;
+        odd.seqlen_kv = 90;
+        odd.seqlen_q = 90;
+        odd.set_layout(LayoutKind::Bshd);
+        assert_eq!(check(&odd, Some(CudnnVersion(91400))), Ok(()));
+    }
+
+    #[test]
+    fn varlen_gate_refuses_what_stays_out_typed() {
+        let ok = seq(SeqPacking::PaddedRight, vec![10, 96, 3], vec![12, 96, 3]);
+        assert!(check(&ok, None).is_ok());
+        let mut capped = ok.clone();
+        capped.softcap = Some(30.0);
+        assert!(
+            check(&capped, None)
+                .unwrap_err()
+                .reason
+                .contains("soft-capping")
+        );
+        for kind in [SoftmaxKind::OffByOne, SoftmaxKind::Learnable] {
+            let mut sink = ok.clone();
+            sink.softmax = kind;
+            assert!(check(&sink, None).is_err(), "{kind:?}");
+        }
+        // an empty sequence
+        let e = seq(SeqPacking::Packed, vec![10, 0, 3], vec![12, 5, 3]);
+        assert!(check(&e, None).unwrap_err().reason.contains("sequence 1"));
+        let e = seq(SeqPacking::PaddedLeft, vec![10, 4, 3], vec![12, 0, 3]);
+        assert!(check(&e, None).unwrap_err().reason.contains("sequence 1"));
+        // bottom-right with more queries than keys in one sequence leaves its first rows empty,
+        // although the longest lengths are square
+        let e = seq(SeqPacking::PaddedRight, vec![10, 96, 8], vec![12, 96, 3]);
+        let r = check(&e, None).unwrap_err().reason;
+        assert!(r.contains("row 0 of sequence 2"), "{r}");
+        // a top-left causal sequence with more queries than keys keeps every row
+        let mut tl = e.clone();
+        tl.mask = PMask::CAUSAL_TOP_LEFT;
+        assert!(check(&tl, None).is_ok());
+        // a top-left window past a short sequence's keys empties its last rows
+        let mut w = tl.clone();
+        w.mask = PMask::window(2, 0, DiagonalAlignment::TopLeft);
+        assert!(
+            check(&w, None)
+                .unwrap_err()
+                .reason
+                .contains("row 7 of sequence 2")
+        );
     }
 }

@@ -286,8 +286,11 @@ pub struct VarlenScratch {
     pub start_q: usize,
     /// int32 `[b]`: first physical key row of each sequence (executor kernels only).
     pub start_kv: usize,
-    /// int64 `[b + 1]` element offsets of Q (and dQ), K (dK), V (dV), O (dO): ragged graphs.
+    /// `[b + 1]` element offsets of Q (and dQ), K (dK), V (dV), O (dO): ragged graphs.
     pub ragged: Option<[usize; 4]>,
+    /// The ragged offsets are int64 (else int32, as TransformerEngine uses them whenever the
+    /// offsets fit).
+    pub ragged_wide: bool,
     /// fp32 `[b, h_q, s_q]`: cuDNN's Stats, dense over the longest sequence (rows past a
     /// sequence's length unused; 0 there in the backward, so no -inf - -inf = NaN).
     pub stats: usize,
@@ -371,7 +374,7 @@ pub mod uid {
     pub const SEQ_LEN_Q: i64 = 40;
     /// Per-batch key lengths, int32 `[b, 1, 1, 1]` (device).
     pub const SEQ_LEN_KV: i64 = 41;
-    /// Ragged offsets of Q and dQ, int64 `[b + 1, 1, 1, 1]` (device).
+    /// Ragged offsets of Q and dQ, int32 or int64 `[b + 1, 1, 1, 1]` (device).
     pub const RAGGED_Q: i64 = 42;
     /// Ragged offsets of K and dK.
     pub const RAGGED_K: i64 = 43;
@@ -520,6 +523,7 @@ impl Builder {
             [1, 1, 1, 1],
             Binding::Scratch(seq_kv_off),
         );
+        let wide = ragged_offsets_need_i64(spec);
         let (ragged, ragged_off) = if spec.is_ragged() {
             let mut uids = [0i64; 4];
             let mut offs = [0usize; 4];
@@ -530,7 +534,7 @@ impl Builder {
                 offs[i] = take((b as usize + 1) * 8);
                 uids[i] = self.tensor(
                     u,
-                    DType::Int64,
+                    if wide { DType::Int64 } else { DType::Int32 },
                     [b + 1, 1, 1, 1],
                     [1, 1, 1, 1],
                     Binding::Scratch(offs[i]),
@@ -552,6 +556,7 @@ impl Builder {
                 start_q,
                 start_kv,
                 ragged: ragged_off,
+                ragged_wide: wide,
                 stats,
             },
         }
@@ -748,6 +753,23 @@ const RO: usize = 3;
 
 fn stats_strides(spec: &SdpaSpec) -> Strides {
     dense([spec.b, spec.h_q, spec.s_q, 1])
+}
+
+/// Whether some element offset of a token tensor may not fit int32: a bound over the batch
+/// (packed batches fit it too, their tokens are at most `b * s`).
+pub fn ragged_offsets_need_i64(spec: &SdpaSpec) -> bool {
+    let l = &spec.layouts;
+    let extent = |st: Strides, h: i64, s: i64| (spec.b + 1) * (st[0] + st[1] * h + st[2] * s);
+    let most = [
+        extent(l.q, spec.h_q, spec.s_q),
+        extent(l.k, spec.h_kv, spec.s_kv),
+        extent(l.v, spec.h_kv, spec.s_kv),
+        extent(l.o, spec.h_q, spec.s_q),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    most > i64::from(i32::MAX)
 }
 
 /// Stats is the caller's LSE, or with per-sequence lengths the dense scratch copy the
@@ -1350,5 +1372,263 @@ mod tests {
             Binding::ConstF32(17.0 - 32.0)
         );
         assert_eq!(g.tensors[&uid::SEQ_KV].binding, Binding::ConstI32(96));
+    }
+
+    fn varlen_spec(packing: SeqPacking, mask: MaskSpec, hk: i64, det: bool) -> SdpaSpec {
+        let mut s = SdpaSpec::dense_bhsd(3, 8, hk, 96, 128, 64, IoDtype::Bf16, mask);
+        s.layouts.q = bshd_strides(8, 96, 64);
+        s.layouts.k = bshd_strides(hk, 128, 64);
+        s.layouts.v = bshd_strides(hk, 128, 64);
+        s.layouts.o = bshd_strides(8, 96, 64);
+        s.deterministic = det;
+        s.seqlens = Some(packing);
+        s
+    }
+
+    const PACKINGS: [SeqPacking; 3] = [
+        SeqPacking::PaddedRight,
+        SeqPacking::PaddedLeft,
+        SeqPacking::Packed,
+    ];
+
+    fn matmuls(g: &GraphIr) -> Vec<(i64, i64, i64, GemmOverrides)> {
+        g.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Matmul { a, b, c, overrides } => Some((*a, *b, *c, *overrides)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn modes(g: &GraphIr, mode: PwMode) -> usize {
+        g.ops
+            .iter()
+            .filter(|op| matches!(op, Op::Pointwise { mode: m, .. } if *m == mode))
+            .count()
+    }
+
+    #[test]
+    fn varlen_graphs_bind_exactly_the_tensors_their_ops_use() {
+        for packing in PACKINGS {
+            for base in specs() {
+                let mut s = base;
+                s.seqlens = Some(packing);
+                for g in [composite_fwd(&s), composite_bwd(&s)] {
+                    assert_well_formed(&g);
+                    assert!(g.varlen.is_some());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn padding_mask_is_the_frontends_and_binds_the_seq_len_tensors() {
+        let s = varlen_spec(SeqPacking::PaddedRight, MaskSpec::CAUSAL, 2, false);
+        let g = composite_fwd(&s);
+        let pack: BTreeSet<i64> = g.variant_pack().iter().map(|t| t.uid).collect();
+        assert_eq!(
+            pack,
+            BTreeSet::from([
+                uid::Q,
+                uid::K,
+                uid::V,
+                uid::O,
+                uid::STATS,
+                uid::SCALE,
+                uid::NEG_INF,
+                uid::SEQ_LEN_Q,
+                uid::SEQ_LEN_KV
+            ])
+        );
+        // 10 softmax/matmul ops, 6 for the padding mask (2 GEN_INDEX, 2 CMP_LT, AND, SELECT),
+        // 4 for the causal band
+        assert_eq!(g.op_count(), 20);
+        assert_eq!(modes(&g, PwMode::CmpLt), 2);
+        assert_eq!(modes(&g, PwMode::LogicalAnd), 1);
+        assert_eq!(modes(&g, PwMode::BinarySelect), 2);
+        // right padding: nothing ragged; Stats is the executor's dense scratch, not the LSE
+        assert!(g.tensors.values().all(|t| t.ragged.is_none()));
+        let vs = g.varlen.unwrap();
+        assert_eq!(g.tensors[&uid::STATS].binding, Binding::Scratch(vs.stats));
+        assert!(!g.io_roles().contains(&IoRole::Stats));
+        for u in [uid::SEQ_LEN_Q, uid::SEQ_LEN_KV] {
+            let t = g.tensors[&u];
+            assert_eq!((t.dtype, t.dims), (DType::Int32, [3, 1, 1, 1]));
+            assert!(!t.is_virtual() && !t.is_by_value());
+        }
+        assert_eq!(
+            g.tensors[&uid::SEQ_LEN_Q].binding,
+            Binding::Scratch(vs.seq_q)
+        );
+        assert_eq!(
+            g.tensors[&uid::SEQ_LEN_KV].binding,
+            Binding::Scratch(vs.seq_kv)
+        );
+    }
+
+    #[test]
+    fn ragged_packings_offset_every_token_tensor() {
+        for packing in [SeqPacking::PaddedLeft, SeqPacking::Packed] {
+            let s = varlen_spec(packing, MaskSpec::CAUSAL_BOTTOM_RIGHT, 2, false);
+            let f = composite_fwd(&s);
+            for (t, r) in [
+                (uid::Q, uid::RAGGED_Q),
+                (uid::K, uid::RAGGED_K),
+                (uid::V, uid::RAGGED_V),
+                (uid::O, uid::RAGGED_O),
+            ] {
+                assert_eq!(f.tensors[&t].ragged, Some(r), "{packing:?} fwd {t}");
+                let rt = f.tensors[&r];
+                assert_eq!((rt.dtype, rt.dims), (DType::Int32, [4, 1, 1, 1]));
+            }
+            let b = composite_bwd(&s);
+            for (t, r) in [
+                (uid::Q, uid::RAGGED_Q),
+                (uid::DQ, uid::RAGGED_Q),
+                (uid::K, uid::RAGGED_K),
+                (uid::DK, uid::RAGGED_K),
+                (uid::V, uid::RAGGED_V),
+                (uid::DV, uid::RAGGED_V),
+                (uid::O, uid::RAGGED_O),
+                (uid::DO, uid::RAGGED_O),
+            ] {
+                assert_eq!(b.tensors[&t].ragged, Some(r), "{packing:?} bwd {t}");
+            }
+            // the K view of the dQ matmul keeps K's offsets; no other virtual tensor is ragged
+            let virt: Vec<&Tensor> = b
+                .tensors
+                .values()
+                .filter(|t| t.is_virtual() && t.ragged.is_some())
+                .collect();
+            assert_eq!(virt.len(), 1);
+            assert_eq!(virt[0].ragged, Some(uid::RAGGED_K));
+            assert_eq!(virt[0].dims, [3, 2, 128, 64]);
+            // softmax_sum, dQ accumulator and Stats stay dense
+            for u in [uid::SOFTMAX_SUM, uid::DQ_ACCUM, uid::STATS] {
+                assert_eq!(b.tensors[&u].ragged, None);
+            }
+            let vs = b.varlen.unwrap();
+            assert!(vs.ragged.is_some() && !vs.ragged_wide);
+        }
+    }
+
+    #[test]
+    fn gemm_overrides_follow_the_frontend() {
+        let s = varlen_spec(SeqPacking::PaddedRight, MaskSpec::NONE, 2, false);
+        let (q, kv) = (Some(uid::SEQ_LEN_Q), Some(uid::SEQ_LEN_KV));
+        let qk = GemmOverrides {
+            m: q,
+            n: kv,
+            k: None,
+        };
+        let rows_q = GemmOverrides {
+            m: q,
+            n: None,
+            k: kv,
+        };
+        let rows_kv = GemmOverrides {
+            m: kv,
+            n: None,
+            k: q,
+        };
+        let f: Vec<GemmOverrides> = matmuls(&composite_fwd(&s)).iter().map(|m| m.3).collect();
+        assert_eq!(f, vec![qk, rows_q]);
+        // backward: Q Kᵀ, Pᵀ dO, dO Vᵀ, dSᵀ Q, dS K
+        let b: Vec<GemmOverrides> = matmuls(&composite_bwd(&s)).iter().map(|m| m.3).collect();
+        assert_eq!(b, vec![qk, rows_kv, qk, rows_kv, rows_q]);
+        // without per-sequence lengths: none
+        let mut plain = s;
+        plain.seqlens = None;
+        assert!(
+            matmuls(&composite_bwd(&plain))
+                .iter()
+                .all(|m| m.3 == GemmOverrides::default())
+        );
+    }
+
+    #[test]
+    fn bottom_right_bands_use_each_sequences_lengths() {
+        let m = MaskSpec {
+            left: Some(16),
+            right: Some(0),
+            diagonal: Diagonal::BottomRight,
+        };
+        for packing in PACKINGS {
+            let s = varlen_spec(packing, m, 2, false);
+            for g in [composite_fwd(&s), composite_bwd(&s)] {
+                // no fixed-length scalars: the per-batch tensors shift the diagonal
+                assert!(!g.tensors.contains_key(&uid::SEQ_Q));
+                assert!(!g.tensors.contains_key(&uid::SEQ_KV));
+                // left bound in int32 (col + W - s_kv[b] + s_q[b] > row), W = left + 1
+                assert_eq!(g.tensors[&uid::LEFT_BOUND].binding, Binding::ConstI32(17));
+                let uses = |u: i64| {
+                    g.ops
+                        .iter()
+                        .filter(|op| matches!(op, Op::Pointwise { b: Some(x), axis: Some(3), .. } if *x == u))
+                        .count()
+                };
+                // right band: +s_kv, -s_q; left band: -s_kv, +s_q
+                assert_eq!(uses(uid::SEQ_LEN_KV), 2);
+                assert_eq!(uses(uid::SEQ_LEN_Q), 2);
+            }
+        }
+        // a top-left window keeps its fp32 bound
+        let tl = MaskSpec {
+            diagonal: Diagonal::TopLeft,
+            ..m
+        };
+        let g = composite_fwd(&varlen_spec(SeqPacking::Packed, tl, 2, false));
+        assert_eq!(g.tensors[&uid::LEFT_BOUND].binding, Binding::ConstF32(17.0));
+    }
+
+    #[test]
+    fn varlen_scratch_regions_are_disjoint_and_sized() {
+        for packing in PACKINGS {
+            for det in [false, true] {
+                let s = varlen_spec(packing, MaskSpec::CAUSAL, 2, det);
+                for g in [composite_fwd(&s), composite_bwd(&s)] {
+                    let vs = g.varlen.unwrap();
+                    let mut regions = vec![
+                        (vs.seq_q, 3 * 4),
+                        (vs.seq_kv, 3 * 4),
+                        (vs.start_q, 3 * 4),
+                        (vs.start_kv, 3 * 4),
+                        (vs.stats, 3 * 8 * 96 * 4),
+                    ];
+                    if let Some(r) = vs.ragged {
+                        regions.extend(r.map(|o| (o, 4 * 8)));
+                    }
+                    for t in g.variant_pack() {
+                        if let Binding::Scratch(off) = t.binding
+                            && [uid::SOFTMAX_SUM, uid::DQ_ACCUM].contains(&t.uid)
+                        {
+                            let n: i64 = t.dims.iter().product();
+                            regions.push((off, n as usize * 4));
+                        }
+                    }
+                    regions.sort();
+                    for w in regions.windows(2) {
+                        assert!(w[0].0 + w[0].1 <= w[1].0, "{packing:?} {:?}: {w:?}", g.kind);
+                    }
+                    let (last, len) = regions.last().copied().unwrap();
+                    assert!(last + len <= g.scratch_bytes);
+                    assert!(regions.iter().all(|(o, _)| o % SCRATCH_ALIGN == 0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ragged_offsets_widen_only_past_int32() {
+        let s = varlen_spec(SeqPacking::Packed, MaskSpec::NONE, 2, false);
+        assert!(!ragged_offsets_need_i64(&s));
+        let mut big =
+            SdpaSpec::dense_bhsd(64, 64, 8, 32768, 32768, 128, IoDtype::Bf16, MaskSpec::NONE);
+        big.seqlens = Some(SeqPacking::Packed);
+        assert!(ragged_offsets_need_i64(&big));
+        let g = composite_fwd(&big);
+        assert_eq!(g.tensors[&uid::RAGGED_Q].dtype, DType::Int64);
+        assert!(g.varlen.unwrap().ragged_wide);
     }
 }

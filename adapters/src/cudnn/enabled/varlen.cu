@@ -1,6 +1,6 @@
 // Per-sequence-length support around the cuDNN call (NVRTC; no CUDA headers).
 // - varlen_setup writes the graph's per-call tensors into the scratch: SEQ_LEN_Q/KV (int32),
-//   the row starts (int32, for the kernels below) and the ragged offsets (int64 elements).
+//   the row starts (int32, for the kernels below) and the ragged offsets (elements; int32, or int64 where they may not fit).
 // - varlen_lse_out / varlen_lse_in move LSE between cuDNN's dense Stats [b, h, s_max] and the
 //   caller's [batch_dim, h, rows] layout (-inf in padding rows; 0 in the dense copy's unused
 //   rows, so the backward never computes -inf - -inf).
@@ -20,12 +20,17 @@ struct VarlenChunk {
     int start_kv[VARLEN_CHUNK];
 };
 
+// A ragged offset, int64 or (as TransformerEngine when the offsets fit) int32.
+__device__ __forceinline__ void put(void* p, int i, i64 v, int wide) {
+    if (wide) ((i64*)p)[i] = v; else ((int*)p)[i] = (int)v;
+}
+
 // Strides (batch, seq) of Q, K, V, O in elements; packed tensors have batch stride 0.
-extern "C" __global__ void varlen_setup(VarlenChunk c, int batch, int packed, i64 rows_q,
-                                        i64 rows_kv, i64 qb, i64 qs, i64 kb, i64 ks, i64 vb,
-                                        i64 vs, i64 ob, i64 os, int* seq_q, int* seq_kv,
-                                        int* start_q, int* start_kv, i64* rq, i64* rk, i64* rv,
-                                        i64* ro) {
+extern "C" __global__ void varlen_setup(VarlenChunk c, int batch, int packed, int wide,
+                                        i64 rows_q, i64 rows_kv, i64 qb, i64 qs, i64 kb, i64 ks,
+                                        i64 vb, i64 vs, i64 ob, i64 os, int* seq_q, int* seq_kv,
+                                        int* start_q, int* start_kv, void* rq, void* rk,
+                                        void* rv, void* ro) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < c.n) {
         const int b = c.b0 + i;
@@ -35,18 +40,18 @@ extern "C" __global__ void varlen_setup(VarlenChunk c, int batch, int packed, i6
         start_kv[b] = c.start_kv[i];
         if (rq) {
             const i64 bd = packed ? 0 : b;
-            rq[b] = bd * qb + (i64)c.start_q[i] * qs;
-            rk[b] = bd * kb + (i64)c.start_kv[i] * ks;
-            rv[b] = bd * vb + (i64)c.start_kv[i] * vs;
-            ro[b] = bd * ob + (i64)c.start_q[i] * os;
+            put(rq, b, bd * qb + (i64)c.start_q[i] * qs, wide);
+            put(rk, b, bd * kb + (i64)c.start_kv[i] * ks, wide);
+            put(rv, b, bd * vb + (i64)c.start_kv[i] * vs, wide);
+            put(ro, b, bd * ob + (i64)c.start_q[i] * os, wide);
         }
     }
     // the closing entry: the end of the last sequence (packed) or of the batch (padded)
     if (i == 0 && rq && c.b0 + c.n == batch) {
-        rq[batch] = packed ? rows_q * qs : (i64)batch * qb;
-        rk[batch] = packed ? rows_kv * ks : (i64)batch * kb;
-        rv[batch] = packed ? rows_kv * vs : (i64)batch * vb;
-        ro[batch] = packed ? rows_q * os : (i64)batch * ob;
+        put(rq, batch, packed ? rows_q * qs : (i64)batch * qb, wide);
+        put(rk, batch, packed ? rows_kv * ks : (i64)batch * kb, wide);
+        put(rv, batch, packed ? rows_kv * vs : (i64)batch * vb, wide);
+        put(ro, batch, packed ? rows_q * os : (i64)batch * ob, wide);
     }
 }
 

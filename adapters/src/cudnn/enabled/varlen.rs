@@ -139,6 +139,7 @@ impl VarlenCall<'_> {
         let (rows_q, rows_kv) = (p.rows_q() as i64, p.rows_kv() as i64);
         let batch = p.batch as i32;
         let packed = self.packed();
+        let wide = i32::from(self.vs.ragged_wide);
         let (qb, qs) = (l.q.batch as i64, l.q.seq as i64);
         let (kb, ks) = (l.k.batch as i64, l.k.seq as i64);
         let (vb, vs) = (l.v.batch as i64, l.v.seq as i64);
@@ -167,8 +168,8 @@ impl VarlenCall<'_> {
                 c.start_kv[i] = kv.start as i32;
             }
             let mut params = params![
-                c, batch, packed, rows_q, rows_kv, qb, qs, kb, ks, vb, vs, ob, os, seq_q, seq_kv,
-                start_q, start_kv, rq, rk, rv, ro
+                c, batch, packed, wide, rows_q, rows_kv, qb, qs, kb, ks, vb, vs, ob, os, seq_q,
+                seq_kv, start_q, start_kv, rq, rk, rv, ro
             ];
             // SAFETY: the arguments match varlen_setup; the scratch holds every array (b or
             // b + 1 entries); the driver copies the parameters at launch.
