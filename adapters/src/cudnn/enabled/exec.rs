@@ -641,6 +641,10 @@ impl CudnnExecutor {
     /// cuDNN's own). Builds and caches the plan on this thread (the warm-up).
     pub fn workspace_for(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, CudnnError> {
         let spec = self.spec_checked(p, dir)?;
+        if spec.seqlens.is_some() {
+            // compiled and loaded here, in the warm-up, never inside a stream capture
+            self.varlen_kernels()?;
+        }
         self.with_state(|st| {
             let (plan, _) = self.plan(st, dir, &spec)?;
             Ok(((plan.scratch + plan.built.workspace).max(256)) as u64)
