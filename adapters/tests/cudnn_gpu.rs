@@ -798,3 +798,45 @@ fn varlen_checks_accept_the_reference_and_catch_a_planted_error() {
         assert_eq!(bad.len(), 2, "case {i}: {bad:?}");
     }
 }
+
+/// The host path and the trial runner (`run_on`: plan, forward, backward, verification) with
+/// per-sequence lengths, one case per packing.
+#[test]
+fn varlen_through_the_trial_runner() {
+    let Some(ex) = executor() else { return };
+    let seed = common::fresh_seed();
+    let opts = RunOptions {
+        backward: true,
+        verify: VerifyMode::Always,
+        warmup: 0,
+        iters: 1,
+        ..Default::default()
+    };
+    let mut failures = Vec::new();
+    for (i, packing) in [
+        SeqPacking::PaddedRight,
+        SeqPacking::PaddedLeft,
+        SeqPacking::Packed,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = AttentionProblem::new(3, 8, 2, 160, 160, 128, 128, DType::BF16)
+            .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT)
+            .with_seqlens(
+                SeqLens::padded(packing, vec![160, 1, 77], vec![160, 33, 120]),
+                LayoutKind::Bshd,
+            );
+        match run_on(&ex, &p, seed.wrapping_add(i as u64), &opts) {
+            Ok(rep) => {
+                let v = rep.verification.expect("verification requested");
+                println!("{p}: {}", if v.passed { "PASS" } else { "FAIL" });
+                if !v.passed {
+                    failures.push(format!("{p}: {v:?}"));
+                }
+            }
+            Err(e) => failures.push(format!("{p}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
