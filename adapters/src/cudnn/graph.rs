@@ -1510,6 +1510,31 @@ mod tests {
             }
             let vs = b.varlen.unwrap();
             assert!(vs.ragged.is_some() && !vs.ragged_wide);
+            // the backward's variant pack, exactly
+            let pack: BTreeSet<i64> = b.variant_pack().iter().map(|t| t.uid).collect();
+            let want = BTreeSet::from([
+                uid::Q,
+                uid::K,
+                uid::V,
+                uid::O,
+                uid::DO,
+                uid::DQ,
+                uid::DK,
+                uid::DV,
+                uid::STATS,
+                uid::SCALE,
+                uid::NEG_INF,
+                uid::ONE,
+                uid::SOFTMAX_SUM,
+                uid::DQ_ACCUM,
+                uid::SEQ_LEN_Q,
+                uid::SEQ_LEN_KV,
+                uid::RAGGED_Q,
+                uid::RAGGED_K,
+                uid::RAGGED_V,
+                uid::RAGGED_O,
+            ]);
+            assert_eq!(pack, want, "{packing:?}");
         }
     }
 
