@@ -2,7 +2,10 @@
 //!
 //! The key holds the device ordinal, the graph kind (direction and native/composite), the whole
 //! [`SdpaSpec`] (b, heads, lengths, head dims, dtype, every tensor's strides, the canonical
-//! mask band and window, the deterministic flag) and the runtime cuDNN version. The softmax scale
+//! mask band and window, the deterministic flag, the sequence packing) and the runtime cuDNN
+//! version. Per-sequence lengths are data the executor writes per call, not part of the key:
+//! one plan serves every length mix of a packing (only the longest lengths, and the strides
+//! that depend on a packed token count, are in it). The softmax scale
 //! is a by-value scalar given per call, so it is not part of the key. Refusals are cached too, so
 //! a probe or a declined call does not rebuild a graph cuDNN already refused.
 
@@ -86,7 +89,7 @@ impl<K: Eq + Hash, V: Clone> PlanCache<K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cudnn::spec::{Diagonal, IoDtype, MaskSpec, bshd_strides};
+    use crate::cudnn::spec::{Diagonal, IoDtype, MaskSpec, SeqPacking, bshd_strides};
 
     fn key() -> PlanKey {
         PlanKey {
@@ -139,6 +142,9 @@ mod tests {
             |s: &mut SdpaSpec| s.layouts.o = bshd_strides(8, 128, 64),
             |s: &mut SdpaSpec| s.layouts.grads.as_mut().unwrap().dq = bshd_strides(8, 128, 64),
             |s: &mut SdpaSpec| s.deterministic = true,
+            |s: &mut SdpaSpec| s.seqlens = Some(SeqPacking::PaddedRight),
+            |s: &mut SdpaSpec| s.seqlens = Some(SeqPacking::PaddedLeft),
+            |s: &mut SdpaSpec| s.seqlens = Some(SeqPacking::Packed),
         ] {
             let mut k = base;
             f(&mut k.spec);

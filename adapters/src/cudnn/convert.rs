@@ -1,8 +1,10 @@
 //! From an [`AttentionProblem`] to an [`SdpaSpec`], the capability manifest and the exact gate.
 //! Pure (no cuDNN calls): the same answers on a CPU-only machine.
 
-use crate::executor::{DeviceKind, HeadDimRange, Manifest, Unsupported};
-use crate::problem::{AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind};
+use crate::executor::{DeviceKind, Features, HeadDimRange, Manifest, Unsupported};
+use crate::problem::{
+    AttentionProblem, DType, DiagonalAlignment, LayoutKind, MaskKind, SeqPacking,
+};
 
 use super::graph::GraphKind;
 use super::spec::{Diagonal, Direction, GradLayouts, IoDtype, Layouts, MaskSpec, SdpaSpec};
@@ -38,13 +40,23 @@ pub fn manifest() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: true,
-        features: crate::executor::Features::none(),
+        // Padded (either side) and packed THD batches through cuDNN's padding mask and ragged
+        // offsets; soft-capping and sinks are not built into the graphs (refused).
+        features: Features {
+            seqlens: vec![
+                SeqPacking::PaddedRight,
+                SeqPacking::PaddedLeft,
+                SeqPacking::Packed,
+            ],
+            ..Features::none()
+        },
         notes: vec![
             "cuDNN fused flash attention through the raw backend graph API (composite graph; native SDPA op where the runtime allows)".into(),
             "graphs are built from the tensors' actual strides: bshd, sbhd and bhsd run without copies".into(),
             "deterministic backward uses the frontend's dP-workspace graph and refuses engines noted NONDETERMINISTIC".into(),
             "a plan that is not a fused-attention engine (finalizeMode SDPA_FWD/SDPA_BWD/UNIFIED_SDPA_FWD) is refused".into(),
             "rows with no admissible key are refused (cuDNN would return NaN where the convention is O = 0, LSE = -inf)".into(),
+            "per-sequence lengths: padding mask with per-batch seq-len tensors; left padding and packed THD through ragged offsets; padding rows are zeroed (O, dQ, dK, dV) and LSE set to -inf by the executor after the call; sequences of 0 tokens are refused".into(),
         ],
     }
 }
@@ -56,32 +68,52 @@ pub fn mask_of(p: &AttentionProblem) -> MaskSpec {
         DiagonalAlignment::TopLeft => Diagonal::TopLeft,
         DiagonalAlignment::BottomRight => Diagonal::BottomRight,
     };
-    MaskSpec {
+    let m = MaskSpec {
         left: e.left,
         right: e.right,
         diagonal,
+    };
+    // with per-sequence lengths the diagonal sits per sequence: only "no mask" is canonical
+    if p.seqlens.is_some() && !m.is_none() {
+        m
+    } else {
+        m.canonical(p.seqlen_q as i64, p.seqlen_kv as i64)
     }
-    .canonical(p.seqlen_q as i64, p.seqlen_kv as i64)
 }
 
-fn strides4(s: crate::problem::Strides) -> [i64; 4] {
-    [s.batch as i64, s.head as i64, s.seq as i64, 1]
+/// cuDNN's strides of a tensor with `h` heads over `s` rows (the longest sequence). A packed
+/// tensor has batch stride 0; cuDNN finds each sequence through its ragged offsets and gets a
+/// nominal batch stride (one sequence's extent) that never overlaps.
+fn strides4(p: &AttentionProblem, s: crate::problem::Strides, h: usize, rows: usize) -> [i64; 4] {
+    let batch = if p.is_packed() {
+        (s.head * h).max(s.seq * rows)
+    } else {
+        s.batch
+    };
+    [batch as i64, s.head as i64, s.seq as i64, 1]
 }
 
 /// The graph spec of a problem (structure only; see [`check`] for what cuDNN accepts). Only for
 /// problems [`check`] admits (fp16/bf16).
 pub fn spec_of(p: &AttentionProblem, dir: Direction) -> SdpaSpec {
     let l = &p.layout;
+    let (hq, hk, sq, skv) = (p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_kv);
+    let (q, k, v, o) = (
+        strides4(p, l.q, hq, sq),
+        strides4(p, l.k, hk, skv),
+        strides4(p, l.v, hk, skv),
+        strides4(p, l.o, hq, sq),
+    );
     let layouts = Layouts {
-        q: strides4(l.q),
-        k: strides4(l.k),
-        v: strides4(l.v),
-        o: strides4(l.o),
-        grads: (dir == Direction::Backward).then(|| GradLayouts {
-            d_o: strides4(l.o),
-            dq: strides4(l.q),
-            dk: strides4(l.k),
-            dv: strides4(l.v),
+        q,
+        k,
+        v,
+        o,
+        grads: (dir == Direction::Backward).then_some(GradLayouts {
+            d_o: o,
+            dq: q,
+            dk: k,
+            dv: v,
         }),
     };
     SdpaSpec {
@@ -100,6 +132,7 @@ pub fn spec_of(p: &AttentionProblem, dir: Direction) -> SdpaSpec {
         mask: mask_of(p),
         layouts,
         deterministic: dir == Direction::Backward && p.deterministic,
+        seqlens: p.seqlens.as_ref().map(|s| s.packing),
     }
     .canonical(dir)
 }
@@ -108,16 +141,38 @@ pub fn spec_of(p: &AttentionProblem, dir: Direction) -> SdpaSpec {
 /// runtime version. Plan building can still refuse (see the executor).
 pub fn check(p: &AttentionProblem, version: Option<CudnnVersion>) -> Result<(), Unsupported> {
     manifest().admits(p)?;
-    let e = p.effective_mask();
-    for row in [0, p.seqlen_q - 1] {
-        let (lo, hi) = e.row_range(row);
-        if lo >= hi {
-            return Err(Unsupported::new(format!(
-                "mask {} leaves query row {row} with no key (s_q = {}, s_kv = {}); cuDNN would return NaN there",
-                mask_of(p),
-                p.seqlen_q,
-                p.seqlen_kv
-            )));
+    if let Some(s) = &p.seqlens {
+        for b in 0..p.batch {
+            let (lq, lkv) = (s.q[b], s.kv[b]);
+            if lq == 0 || lkv == 0 {
+                return Err(Unsupported::new(format!(
+                    "sequence {b} has {lq} query and {lkv} key tokens; cuDNN is not asked for empty sequences"
+                )));
+            }
+            // the band's empty rows, if any, are the first or the last (row ranges are monotone)
+            let e = p.seq_mask(b);
+            for row in [0, lq - 1] {
+                let (lo, hi) = e.row_range(row);
+                if lo >= hi {
+                    return Err(Unsupported::new(format!(
+                        "mask {} leaves query row {row} of sequence {b} with no key (q {lq}, kv {lkv} tokens); cuDNN would return NaN there",
+                        mask_of(p),
+                    )));
+                }
+            }
+        }
+    } else {
+        let e = p.effective_mask();
+        for row in [0, p.seqlen_q - 1] {
+            let (lo, hi) = e.row_range(row);
+            if lo >= hi {
+                return Err(Unsupported::new(format!(
+                    "mask {} leaves query row {row} with no key (s_q = {}, s_kv = {}); cuDNN would return NaN there",
+                    mask_of(p),
+                    p.seqlen_q,
+                    p.seqlen_kv
+                )));
+            }
         }
     }
     if let Some(v) = version
@@ -136,7 +191,9 @@ pub fn forward_candidates(
     version: CudnnVersion,
     native_allowed: bool,
 ) -> Vec<GraphKind> {
+    // per-sequence lengths: the composite graph (padding mask, ragged offsets) only
     let native = native_allowed
+        && spec.seqlens.is_none()
         && version.has_native_sdpa()
         && (spec.mask.is_none() || version.has_sdpa_subgraph());
     if native {
@@ -180,7 +237,7 @@ impl ProbeAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::MaskSpec as PMask;
+    use crate::problem::{MaskSpec as PMask, SeqLens, SoftmaxKind};
 
     fn p(sq: usize, skv: usize, d: usize) -> AttentionProblem {
         AttentionProblem::new(2, 8, 4, sq, skv, d, d, DType::BF16)
@@ -318,5 +375,105 @@ mod tests {
             Some(false)
         );
         assert_eq!(ProbeAnswer::Unknown { reason: "x".into() }.as_fact(), None);
+    }
+
+    fn seq(packing: SeqPacking, q: Vec<usize>, kv: Vec<usize>) -> AttentionProblem {
+        AttentionProblem::new(3, 8, 2, 96, 96, 64, 64, DType::BF16)
+            .with_mask(PMask::CAUSAL_BOTTOM_RIGHT)
+            .with_seqlens(SeqLens::padded(packing, q, kv), LayoutKind::Bshd)
+    }
+
+    #[test]
+    fn every_packing_is_admitted_and_the_lengths_are_not_in_the_spec() {
+        let v = Some(CudnnVersion(91900));
+        for packing in [
+            SeqPacking::PaddedRight,
+            SeqPacking::PaddedLeft,
+            SeqPacking::Packed,
+        ] {
+            let a = seq(packing, vec![1, 96, 40], vec![1, 96, 70]);
+            let b = seq(packing, vec![96, 5, 2], vec![96, 5, 90]);
+            assert_eq!(check(&a, v), Ok(()), "{packing:?}");
+            assert_eq!(check(&b, v), Ok(()), "{packing:?}");
+            for dir in [Direction::Forward, Direction::Backward] {
+                let (sa, sb) = (spec_of(&a, dir), spec_of(&b, dir));
+                // the plan key: the same graph whatever the lengths
+                assert_eq!(sa, sb, "{packing:?}");
+                assert_eq!(sa.seqlens, Some(packing));
+                assert_eq!(sa.validate(dir), Ok(()));
+                // square longest lengths, but each sequence has its own diagonal
+                assert_eq!(sa.mask, MaskSpec::CAUSAL_BOTTOM_RIGHT);
+            }
+            assert_eq!(
+                forward_candidates(&spec_of(&a, Direction::Forward), CudnnVersion(92100), true),
+                vec![GraphKind::CompositeFwd]
+            );
+        }
+        // packed: batch stride 0 in the problem, a nominal non-overlapping one for cuDNN
+        let p = seq(SeqPacking::Packed, vec![1, 96, 40], vec![1, 96, 70]);
+        assert_eq!(p.layout.q.batch, 0);
+        let s = spec_of(&p, Direction::Forward);
+        assert_eq!(s.layouts.q, [96 * 8 * 64, 64, 8 * 64, 1]);
+        assert_eq!(s.layouts.k, [96 * 2 * 64, 64, 2 * 64, 1]);
+        // the packings are separate plans
+        let right = spec_of(
+            &seq(SeqPacking::PaddedRight, vec![1, 96, 40], vec![1, 96, 70]),
+            Direction::Forward,
+        );
+        let left = spec_of(
+            &seq(SeqPacking::PaddedLeft, vec![1, 96, 40], vec![1, 96, 70]),
+            Direction::Forward,
+        );
+        assert_ne!(right, left);
+        assert_ne!(left, s);
+        // no padding-mask workaround refusal on old runtimes: the graph has the padding mask
+        let odd = seq(SeqPacking::PaddedRight, vec![1, 90, 40], vec![1, 90, 70]);
+        let mut odd = odd;
+        odd.seqlen_kv = 90;
+        odd.seqlen_q = 90;
+        odd.set_layout(LayoutKind::Bshd);
+        assert_eq!(check(&odd, Some(CudnnVersion(91400))), Ok(()));
+    }
+
+    #[test]
+    fn varlen_gate_refuses_what_stays_out_typed() {
+        let ok = seq(SeqPacking::PaddedRight, vec![10, 96, 3], vec![12, 96, 3]);
+        assert!(check(&ok, None).is_ok());
+        let mut capped = ok.clone();
+        capped.softcap = Some(30.0);
+        assert!(
+            check(&capped, None)
+                .unwrap_err()
+                .reason
+                .contains("soft-capping")
+        );
+        for kind in [SoftmaxKind::OffByOne, SoftmaxKind::Learnable] {
+            let mut sink = ok.clone();
+            sink.softmax = kind;
+            assert!(check(&sink, None).is_err(), "{kind:?}");
+        }
+        // an empty sequence
+        let e = seq(SeqPacking::Packed, vec![10, 0, 3], vec![12, 5, 3]);
+        assert!(check(&e, None).unwrap_err().reason.contains("sequence 1"));
+        let e = seq(SeqPacking::PaddedLeft, vec![10, 4, 3], vec![12, 0, 3]);
+        assert!(check(&e, None).unwrap_err().reason.contains("sequence 1"));
+        // bottom-right with more queries than keys in one sequence leaves its first rows empty,
+        // although the longest lengths are square
+        let e = seq(SeqPacking::PaddedRight, vec![10, 96, 8], vec![12, 96, 3]);
+        let r = check(&e, None).unwrap_err().reason;
+        assert!(r.contains("row 0 of sequence 2"), "{r}");
+        // a top-left causal sequence with more queries than keys keeps every row
+        let mut tl = e.clone();
+        tl.mask = PMask::CAUSAL_TOP_LEFT;
+        assert!(check(&tl, None).is_ok());
+        // a top-left window past a short sequence's keys empties its last rows
+        let mut w = tl.clone();
+        w.mask = PMask::window(2, 0, DiagonalAlignment::TopLeft);
+        assert!(
+            check(&w, None)
+                .unwrap_err()
+                .reason
+                .contains("row 7 of sequence 2")
+        );
     }
 }

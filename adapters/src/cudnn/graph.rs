@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::spec::{Diagonal, Direction, IoDtype, SdpaSpec, Strides};
+use super::spec::{Diagonal, Direction, IoDtype, SdpaSpec, SeqPacking, Strides};
 use super::version::CudnnVersion;
 
 /// Element types used in the graphs.
@@ -28,6 +28,8 @@ pub enum DType {
     Bf16,
     /// int32 (indices, sequence lengths).
     Int32,
+    /// int64 (ragged offsets).
+    Int64,
     /// boolean (mask conditions).
     Boolean,
 }
@@ -94,6 +96,9 @@ pub struct Tensor {
     pub strides: [i64; 4],
     /// Binding (virtual or what the variant pack points at).
     pub binding: Binding,
+    /// The uid of this tensor's ragged-offset tensor (`RAGGED_OFFSET_DESC`: where each batch's
+    /// first token starts, in elements), for left-padded and packed batches.
+    pub ragged: Option<i64>,
 }
 
 impl Tensor {
@@ -131,6 +136,10 @@ pub enum PwMode {
     CmpGe,
     /// x > b.
     CmpGt,
+    /// x < b.
+    CmpLt,
+    /// x && b.
+    LogicalAnd,
     /// index of x along `axis`.
     GenIndex,
     /// t ? x : b.
@@ -194,6 +203,9 @@ pub enum Op {
         b: i64,
         /// C.
         c: i64,
+        /// Per-batch GEMM extents (`GEMM_M/N/K_OVERRIDE_DESC`: the seq-len tensors with a
+        /// padding mask), as cudnn-frontend sets them.
+        overrides: GemmOverrides,
     },
     /// Elementwise.
     Pointwise {
@@ -247,6 +259,43 @@ pub enum Op {
     },
 }
 
+/// The per-batch GEMM extents of a matmul (uids of int32 `[b, 1, 1, 1]` tensors).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GemmOverrides {
+    /// M (rows of A and C).
+    pub m: Option<i64>,
+    /// N (columns of B and C).
+    pub n: Option<i64>,
+    /// K (the reduced dimension).
+    pub k: Option<i64>,
+}
+
+/// Where a graph with per-sequence lengths keeps its per-call data in the executor's scratch
+/// (byte offsets). The executor fills the lengths, row starts and ragged offsets before the
+/// cuDNN call (a small kernel, from the problem's `seqlens`), and moves LSE between cuDNN's
+/// dense Stats and the caller's `[batch_dim, h_q, rows_q]` layout around it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VarlenScratch {
+    /// Where the sequences sit.
+    pub packing: SeqPacking,
+    /// int32 `[b]`: query tokens of each sequence (`SEQ_LEN_Q`).
+    pub seq_q: usize,
+    /// int32 `[b]`: key tokens of each sequence (`SEQ_LEN_KV`).
+    pub seq_kv: usize,
+    /// int32 `[b]`: first physical query row of each sequence (executor kernels only).
+    pub start_q: usize,
+    /// int32 `[b]`: first physical key row of each sequence (executor kernels only).
+    pub start_kv: usize,
+    /// `[b + 1]` element offsets of Q (and dQ), K (dK), V (dV), O (dO): ragged graphs.
+    pub ragged: Option<[usize; 4]>,
+    /// The ragged offsets are int64 (else int32, as TransformerEngine uses them whenever the
+    /// offsets fit).
+    pub ragged_wide: bool,
+    /// fp32 `[b, h_q, s_q]`: cuDNN's Stats, dense over the longest sequence (rows past a
+    /// sequence's length unused; 0 there in the backward, so no -inf - -inf = NaN).
+    pub stats: usize,
+}
+
 /// Which graph a [`GraphIr`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GraphKind {
@@ -279,6 +328,8 @@ pub struct GraphIr {
     pub ops: Vec<Op>,
     /// Bytes of executor-owned scratch placed before cuDNN's own workspace.
     pub scratch_bytes: usize,
+    /// Per-sequence-length data in the scratch (graphs with a padding mask).
+    pub varlen: Option<VarlenScratch>,
 }
 
 /// Fixed uids of bound tensors.
@@ -319,6 +370,18 @@ pub mod uid {
     pub const SOFTMAX_SUM: i64 = 30;
     /// Backward scratch: fp32 dQ accumulator.
     pub const DQ_ACCUM: i64 = 31;
+    /// Per-batch query lengths, int32 `[b, 1, 1, 1]` (device).
+    pub const SEQ_LEN_Q: i64 = 40;
+    /// Per-batch key lengths, int32 `[b, 1, 1, 1]` (device).
+    pub const SEQ_LEN_KV: i64 = 41;
+    /// Ragged offsets of Q and dQ, int32 or int64 `[b + 1, 1, 1, 1]` (device).
+    pub const RAGGED_Q: i64 = 42;
+    /// Ragged offsets of K and dK.
+    pub const RAGGED_K: i64 = 43;
+    /// Ragged offsets of V and dV.
+    pub const RAGGED_V: i64 = 44;
+    /// Ragged offsets of O and dO.
+    pub const RAGGED_O: i64 = 45;
     /// First virtual uid.
     pub const FIRST_VIRTUAL: i64 = 1000;
 }
@@ -368,6 +431,7 @@ impl Builder {
                 dims,
                 strides,
                 binding,
+                ragged: None,
             },
         );
         debug_assert!(prev.is_none(), "uid {uid} defined twice");
@@ -420,8 +484,107 @@ impl Builder {
         y
     }
 
-    fn matmul(&mut self, a: i64, b: i64, c: i64) {
-        self.ops.push(Op::Matmul { a, b, c });
+    fn matmul(&mut self, a: i64, b: i64, c: i64, overrides: GemmOverrides) {
+        self.ops.push(Op::Matmul { a, b, c, overrides });
+    }
+
+    fn set_ragged(&mut self, uid: i64, offsets: Option<i64>) {
+        if let Some(t) = self.tensors.get_mut(&uid) {
+            t.ragged = offsets;
+        }
+    }
+
+    /// The per-sequence tensors in the scratch from byte offset `*scratch` on: the seq-len
+    /// tensors (in the graph), the row starts (executor only), the ragged offsets (in the
+    /// graph, ragged packings) and the dense Stats.
+    fn varlen(&mut self, spec: &SdpaSpec, packing: SeqPacking, scratch: &mut usize) -> Varlen {
+        let b = spec.b;
+        let mut take = |bytes: usize| {
+            let off = *scratch;
+            *scratch += align_up(bytes);
+            off
+        };
+        let seq_q_off = take(b as usize * 4);
+        let seq_kv_off = take(b as usize * 4);
+        let start_q = take(b as usize * 4);
+        let start_kv = take(b as usize * 4);
+        let lens = [b, 1, 1, 1];
+        let seq_q = self.tensor(
+            uid::SEQ_LEN_Q,
+            DType::Int32,
+            lens,
+            [1, 1, 1, 1],
+            Binding::Scratch(seq_q_off),
+        );
+        let seq_kv = self.tensor(
+            uid::SEQ_LEN_KV,
+            DType::Int32,
+            lens,
+            [1, 1, 1, 1],
+            Binding::Scratch(seq_kv_off),
+        );
+        let wide = ragged_offsets_need_i64(spec);
+        let (ragged, ragged_off) = if spec.is_ragged() {
+            let mut uids = [0i64; 4];
+            let mut offs = [0usize; 4];
+            for (i, u) in [uid::RAGGED_Q, uid::RAGGED_K, uid::RAGGED_V, uid::RAGGED_O]
+                .into_iter()
+                .enumerate()
+            {
+                offs[i] = take((b as usize + 1) * 8);
+                uids[i] = self.tensor(
+                    u,
+                    if wide { DType::Int64 } else { DType::Int32 },
+                    [b + 1, 1, 1, 1],
+                    [1, 1, 1, 1],
+                    Binding::Scratch(offs[i]),
+                );
+            }
+            (Some(uids), Some(offs))
+        } else {
+            (None, None)
+        };
+        let stats = take((b * spec.h_q * spec.s_q) as usize * 4);
+        Varlen {
+            seq_q,
+            seq_kv,
+            ragged,
+            scratch: VarlenScratch {
+                packing,
+                seq_q: seq_q_off,
+                seq_kv: seq_kv_off,
+                start_q,
+                start_kv,
+                ragged: ragged_off,
+                ragged_wide: wide,
+                stats,
+            },
+        }
+    }
+
+    /// cudnn-frontend's `padding_mask` score modifier: keep (row < seq_len_q[b]) AND
+    /// (col < seq_len_kv[b]), -inf elsewhere.
+    fn padding_mask(&mut self, scores: i64, vl: &Varlen) -> i64 {
+        let neg_inf = self.scalar(uid::NEG_INF, Binding::ConstF32(f32::NEG_INFINITY));
+        let index = |g: &mut Self, axis: i64| {
+            let y = g.virt(DType::Int32, g.dims(scores));
+            g.ops.push(Op::Pointwise {
+                mode: PwMode::GenIndex,
+                x: scores,
+                b: None,
+                t: None,
+                y,
+                prec: DType::Int32,
+                axis: Some(axis),
+            });
+            y
+        };
+        let row = index(self, 2);
+        let col = index(self, 3);
+        let row_ok = self.compare(PwMode::CmpLt, row, vl.seq_q);
+        let col_ok = self.compare(PwMode::CmpLt, col, vl.seq_kv);
+        let keep = self.compare(PwMode::LogicalAnd, row_ok, col_ok);
+        self.select(scores, neg_inf, keep)
     }
 
     fn reduce(&mut self, op: RedOp, x: i64, y: i64) {
@@ -487,7 +650,11 @@ impl Builder {
 
     /// The mask as `CompositeDiagonalBandMaskNode` lowers it before cuDNN 9.21 (GEN_INDEX,
     /// compare, BINARY_SELECT with -inf); the form proven on 9.19. Returns the masked scores.
-    fn composite_mask(&mut self, spec: &SdpaSpec, scores: i64) -> i64 {
+    ///
+    /// With per-sequence lengths (`vl`) a bottom-right diagonal sits at each sequence's own
+    /// `seq_len_kv[b] - seq_len_q[b]` (the per-batch tensors replace the scalars, as in
+    /// `CompositeDiagonalBandMaskNode`).
+    fn composite_mask(&mut self, spec: &SdpaSpec, scores: i64, vl: Option<&Varlen>) -> i64 {
         let m = spec.mask;
         let mut cur = scores;
         if let Some(right) = m.right {
@@ -495,8 +662,13 @@ impl Builder {
             let mut row = self.gen_index(cur, 2);
             let col = self.gen_index(cur, 3);
             if m.diagonal == Diagonal::BottomRight {
-                let skv = self.scalar(uid::SEQ_KV, Binding::ConstI32(spec.s_kv as i32));
-                let sq = self.scalar(uid::SEQ_Q, Binding::ConstI32(spec.s_q as i32));
+                let (skv, sq) = match vl {
+                    Some(vl) => (vl.seq_kv, vl.seq_q),
+                    None => (
+                        self.scalar(uid::SEQ_KV, Binding::ConstI32(spec.s_kv as i32)),
+                        self.scalar(uid::SEQ_Q, Binding::ConstI32(spec.s_q as i32)),
+                    ),
+                };
                 row = self.index_arith(PwMode::Add, row, skv, DType::Int32);
                 row = self.index_arith(PwMode::Sub, row, sq, DType::Int32);
             }
@@ -512,27 +684,101 @@ impl Builder {
             let row = self.gen_index(cur, 2);
             let col = self.gen_index(cur, 3);
             // cuDNN's left bound counts visible keys including the diagonal: keep col + W > r.
-            let w = left + 1 - m.offset(spec.s_q, spec.s_kv);
-            let wt = self.scalar(uid::LEFT_BOUND, Binding::ConstF32(w as f32));
-            let colw = self.index_arith(PwMode::Add, col, wt, DType::Float);
+            let colw = match vl {
+                // per batch: col + W - seq_len_kv[b] + seq_len_q[b] > row, in int32
+                Some(vl) if m.diagonal == Diagonal::BottomRight => {
+                    let wt = self.scalar(uid::LEFT_BOUND, Binding::ConstI32((left + 1) as i32));
+                    let c = self.index_arith(PwMode::Add, col, wt, DType::Int32);
+                    let c = self.index_arith(PwMode::Sub, c, vl.seq_kv, DType::Int32);
+                    self.index_arith(PwMode::Add, c, vl.seq_q, DType::Int32)
+                }
+                _ => {
+                    let w = left + 1 - m.offset(spec.s_q, spec.s_kv);
+                    let wt = self.scalar(uid::LEFT_BOUND, Binding::ConstF32(w as f32));
+                    self.index_arith(PwMode::Add, col, wt, DType::Float)
+                }
+            };
             let keep = self.compare(PwMode::CmpGt, colw, row);
             cur = self.select(cur, neg_inf, keep);
         }
         cur
     }
 
-    fn finish(self, kind: GraphKind, scratch_bytes: usize) -> GraphIr {
+    fn finish(self, kind: GraphKind, scratch_bytes: usize, varlen: Option<&Varlen>) -> GraphIr {
         GraphIr {
             kind,
             tensors: self.tensors,
             ops: self.ops,
             scratch_bytes,
+            varlen: varlen.map(|v| v.scratch),
         }
     }
 }
 
+/// The per-sequence tensors of a graph being built.
+struct Varlen {
+    seq_q: i64,
+    seq_kv: i64,
+    /// Ragged-offset uids of Q, K, V, O.
+    ragged: Option<[i64; 4]>,
+    scratch: VarlenScratch,
+}
+
+impl Varlen {
+    fn ragged(&self, i: usize) -> Option<i64> {
+        self.ragged.map(|r| r[i])
+    }
+    /// The overrides of a matmul whose M and N/K run over (rows of) queries or keys.
+    fn gemm(vl: Option<&Varlen>, m_q: bool, n: bool) -> GemmOverrides {
+        let Some(vl) = vl else {
+            return GemmOverrides::default();
+        };
+        let (m, other) = if m_q {
+            (vl.seq_q, vl.seq_kv)
+        } else {
+            (vl.seq_kv, vl.seq_q)
+        };
+        GemmOverrides {
+            m: Some(m),
+            n: n.then_some(other),
+            k: (!n).then_some(other),
+        }
+    }
+}
+
+const RQ: usize = 0;
+const RK: usize = 1;
+const RV: usize = 2;
+const RO: usize = 3;
+
 fn stats_strides(spec: &SdpaSpec) -> Strides {
     dense([spec.b, spec.h_q, spec.s_q, 1])
+}
+
+/// Whether some element offset of a token tensor may not fit int32: a bound over the batch
+/// (packed batches fit it too, their tokens are at most `b * s`).
+pub fn ragged_offsets_need_i64(spec: &SdpaSpec) -> bool {
+    let l = &spec.layouts;
+    let extent = |st: Strides, h: i64, s: i64| (spec.b + 1) * (st[0] + st[1] * h + st[2] * s);
+    let most = [
+        extent(l.q, spec.h_q, spec.s_q),
+        extent(l.k, spec.h_kv, spec.s_kv),
+        extent(l.v, spec.h_kv, spec.s_kv),
+        extent(l.o, spec.h_q, spec.s_q),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    most > i64::from(i32::MAX)
+}
+
+/// Stats is the caller's LSE, or with per-sequence lengths the dense scratch copy the
+/// executor converts to and from the caller's `[batch_dim, h_q, rows_q]` LSE.
+fn stats_binding(vl: Option<&Varlen>) -> Binding {
+    match vl {
+        Some(vl) => Binding::Scratch(vl.scratch.stats),
+        None => Binding::Io(IoRole::Stats),
+    }
 }
 
 /// The composite forward graph (any cuDNN 9): O and LSE.
@@ -543,6 +789,11 @@ pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
     );
     let l = &spec.layouts;
     let mut g = Builder::new();
+    let mut scratch = 0;
+    let vl = spec
+        .seqlens
+        .map(|packing| g.varlen(spec, packing, &mut scratch));
+    let vl = vl.as_ref();
     let q = g.tensor(uid::Q, io, [b, hq, sq, dqk], l.q, Binding::Io(IoRole::Q));
     let kt = g.tensor(
         uid::K,
@@ -553,21 +804,29 @@ pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
     );
     let v = g.tensor(uid::V, io, [b, hk, skv, dv], l.v, Binding::Io(IoRole::V));
     let o = g.tensor(uid::O, io, [b, hq, sq, dv], l.o, Binding::Io(IoRole::O));
+    if let Some(vl) = vl {
+        for (t, i) in [(q, RQ), (kt, RK), (v, RV), (o, RO)] {
+            g.set_ragged(t, vl.ragged(i));
+        }
+    }
     let stats = g.tensor(
         uid::STATS,
         DType::Float,
         [b, hq, sq, 1],
         stats_strides(spec),
-        Binding::Io(IoRole::Stats),
+        stats_binding(vl),
     );
     let scale = g.scalar(uid::SCALE, Binding::Scale);
     let sdims = [b, hq, sq, skv];
     let rdims = [b, hq, sq, 1];
 
     let s1 = g.virt(DType::Float, sdims);
-    g.matmul(q, kt, s1);
-    let s2 = g.pw_new(PwMode::Mul, s1, Some(scale));
-    let s3 = g.composite_mask(spec, s2);
+    g.matmul(q, kt, s1, Varlen::gemm(vl, true, true));
+    let mut s2 = g.pw_new(PwMode::Mul, s1, Some(scale));
+    if let Some(vl) = vl {
+        s2 = g.padding_mask(s2, vl);
+    }
+    let s3 = g.composite_mask(spec, s2, vl);
     let mx = g.virt(DType::Float, rdims);
     g.reduce(RedOp::Max, s3, mx);
     let sub = g.pw_new(PwMode::Sub, s3, Some(mx));
@@ -578,8 +837,8 @@ pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
     g.pw(PwMode::Add, mx, Some(lg), stats);
     let p = g.virt(io, sdims);
     g.pw(PwMode::Div, ex, Some(sm), p);
-    g.matmul(p, v, o);
-    g.finish(GraphKind::CompositeFwd, 0)
+    g.matmul(p, v, o, Varlen::gemm(vl, true, false));
+    g.finish(GraphKind::CompositeFwd, scratch, vl)
 }
 
 /// The native SDPA forward op. On cuDNN < 9.21 only the unmasked form exists (LSE through
@@ -672,7 +931,7 @@ pub fn native_fwd(spec: &SdpaSpec, version: CudnnVersion) -> GraphIr {
         stats,
         mask,
     });
-    g.finish(GraphKind::NativeFwd, 0)
+    g.finish(GraphKind::NativeFwd, 0, None)
 }
 
 /// The composite backward graph (cudnn-frontend's `CompositeSDPABackwardNode`, cuDNN >= 9.6, no
@@ -688,6 +947,7 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
         .grads
         .expect("backward spec validated with gradient layouts");
     let mut g = Builder::new();
+    let mut scratch = 0;
     let q = g.tensor(uid::Q, io, [b, hq, sq, dqk], l.q, Binding::Io(IoRole::Q));
     let kt = g.tensor(
         uid::K,
@@ -710,13 +970,6 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
         [b, hq, sq, dv],
         gl.d_o,
         Binding::Io(IoRole::DO),
-    );
-    let stats = g.tensor(
-        uid::STATS,
-        DType::Float,
-        [b, hq, sq, 1],
-        stats_strides(spec),
-        Binding::Io(IoRole::Stats),
     );
     let dq = g.tensor(
         uid::DQ,
@@ -750,9 +1003,35 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
         DType::Float,
         rdims,
         dense(rdims),
-        Binding::Scratch(0),
+        Binding::Scratch(scratch),
     );
-    let mut scratch = align_up(ssum_bytes);
+    scratch += align_up(ssum_bytes);
+    let vl = spec
+        .seqlens
+        .map(|packing| g.varlen(spec, packing, &mut scratch));
+    let vl = vl.as_ref();
+    if let Some(vl) = vl {
+        // dQ, dK, dV, dO share the strides (and so the offsets) of Q, K, V, O
+        for (t, i) in [
+            (q, RQ),
+            (kt, RK),
+            (vt, RV),
+            (o, RO),
+            (d_o, RO),
+            (dq, RQ),
+            (dk, RK),
+            (dvt, RV),
+        ] {
+            g.set_ragged(t, vl.ragged(i));
+        }
+    }
+    let stats = g.tensor(
+        uid::STATS,
+        DType::Float,
+        [b, hq, sq, 1],
+        stats_strides(spec),
+        stats_binding(vl),
+    );
 
     // softmax_sum = Σ_d dO * O
     let t1 = g.pw_new(PwMode::Mul, d_o, Some(o));
@@ -762,10 +1041,14 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
 
     // P = exp(mask(scale * Q Kᵀ - LSE))
     let s1 = g.virt(DType::Float, sdims);
-    g.matmul(q, kt, s1);
-    let s2 = g.pw_new(PwMode::Mul, s1, Some(scale));
+    g.matmul(q, kt, s1, Varlen::gemm(vl, true, true));
+    let mut s2 = g.pw_new(PwMode::Mul, s1, Some(scale));
+    // the frontend pads before subtracting Stats and applies the band after
+    if let Some(vl) = vl {
+        s2 = g.padding_mask(s2, vl);
+    }
     let s3 = g.pw_new(PwMode::Sub, s2, Some(stats));
-    let s4 = g.composite_mask(spec, s3);
+    let s4 = g.composite_mask(spec, s3, vl);
     let p = g.pw_new(PwMode::Exp, s4, None);
 
     // dV = Pᵀ dO (GQA: per query head, then summed over the group)
@@ -773,17 +1056,18 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
     let t_strides = [hq * sq * skv, sq * skv, 1, skv];
     let pt = g.virt_strided(io, t_dims, t_strides);
     g.ops.push(Op::Reshape { x: p, y: pt });
+    let kv_rows = Varlen::gemm(vl, false, false);
     if hq == hk {
-        g.matmul(pt, d_o, dvt);
+        g.matmul(pt, d_o, dvt, kv_rows);
     } else {
         let full = g.virt(io, [b, hq, skv, dv]);
-        g.matmul(pt, d_o, full);
+        g.matmul(pt, d_o, full, kv_rows);
         g.reduce(RedOp::Add, full, dvt);
     }
 
     // dS = scale * P * (dO Vᵀ - softmax_sum)
     let dp = g.virt(DType::Float, sdims);
-    g.matmul(d_o, vt, dp);
+    g.matmul(d_o, vt, dp, Varlen::gemm(vl, true, true));
     let t3 = g.pw_new(PwMode::Sub, dp, Some(ssum));
     let t4 = g.pw_new(PwMode::Mul, t3, Some(p));
     let ds = g.pw_new(PwMode::Mul, t4, Some(scale));
@@ -792,18 +1076,21 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
     let dst = g.virt_strided(io, t_dims, t_strides);
     g.ops.push(Op::Reshape { x: ds, y: dst });
     if hq == hk {
-        g.matmul(dst, q, dk);
+        g.matmul(dst, q, dk, kv_rows);
     } else {
         let full = g.virt(io, [b, hq, skv, dqk]);
-        g.matmul(dst, q, full);
+        g.matmul(dst, q, full, kv_rows);
         g.reduce(RedOp::Add, full, dk);
     }
 
     // dQ = dS K
     let kr = g.virt_strided(io, [b, hk, skv, dqk], l.k);
+    // the view of K keeps K's ragged offsets (as the frontend's reshape_k)
+    g.set_ragged(kr, vl.and_then(|vl| vl.ragged(RK)));
     g.ops.push(Op::Reshape { x: kt, y: kr });
+    let q_rows = Varlen::gemm(vl, true, false);
     if spec.deterministic {
-        g.matmul(ds, kr, dq);
+        g.matmul(ds, kr, dq, q_rows);
     } else {
         let qdims = [b, hq, sq, dqk];
         let acc = g.tensor(
@@ -814,10 +1101,10 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
             Binding::Scratch(scratch),
         );
         scratch += align_up((b * hq * sq * dqk) as usize * 4);
-        g.matmul(ds, kr, acc);
+        g.matmul(ds, kr, acc, q_rows);
         g.pw(PwMode::Identity, acc, None, dq);
     }
-    g.finish(GraphKind::CompositeBwd, scratch)
+    g.finish(GraphKind::CompositeBwd, scratch, vl)
 }
 
 impl GraphIr {
@@ -826,7 +1113,16 @@ impl GraphIr {
         let mut s = BTreeSet::new();
         for op in &self.ops {
             match op {
-                Op::Matmul { a, b, c } => s.extend([*a, *b, *c]),
+                Op::Matmul {
+                    a, b, c, overrides, ..
+                } => {
+                    s.extend([*a, *b, *c]);
+                    s.extend(
+                        [overrides.m, overrides.n, overrides.k]
+                            .into_iter()
+                            .flatten(),
+                    );
+                }
                 Op::Pointwise { x, b, t, y, .. } => {
                     s.extend([*x, *y]);
                     s.extend(b.iter().chain(t.iter()).copied());
@@ -862,6 +1158,12 @@ impl GraphIr {
                 }
             }
         }
+        // a tensor's ragged offsets are referenced through the tensor
+        let ragged: Vec<i64> = s
+            .iter()
+            .filter_map(|u| self.tensors.get(u).and_then(|t| t.ragged))
+            .collect();
+        s.extend(ragged);
         s
     }
 
@@ -1070,5 +1372,288 @@ mod tests {
             Binding::ConstF32(17.0 - 32.0)
         );
         assert_eq!(g.tensors[&uid::SEQ_KV].binding, Binding::ConstI32(96));
+    }
+
+    fn varlen_spec(packing: SeqPacking, mask: MaskSpec, hk: i64, det: bool) -> SdpaSpec {
+        let mut s = SdpaSpec::dense_bhsd(3, 8, hk, 96, 128, 64, IoDtype::Bf16, mask);
+        s.layouts.q = bshd_strides(8, 96, 64);
+        s.layouts.k = bshd_strides(hk, 128, 64);
+        s.layouts.v = bshd_strides(hk, 128, 64);
+        s.layouts.o = bshd_strides(8, 96, 64);
+        s.deterministic = det;
+        s.seqlens = Some(packing);
+        s
+    }
+
+    const PACKINGS: [SeqPacking; 3] = [
+        SeqPacking::PaddedRight,
+        SeqPacking::PaddedLeft,
+        SeqPacking::Packed,
+    ];
+
+    fn matmuls(g: &GraphIr) -> Vec<(i64, i64, i64, GemmOverrides)> {
+        g.ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::Matmul { a, b, c, overrides } => Some((*a, *b, *c, *overrides)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn modes(g: &GraphIr, mode: PwMode) -> usize {
+        g.ops
+            .iter()
+            .filter(|op| matches!(op, Op::Pointwise { mode: m, .. } if *m == mode))
+            .count()
+    }
+
+    #[test]
+    fn varlen_graphs_bind_exactly_the_tensors_their_ops_use() {
+        for packing in PACKINGS {
+            for base in specs() {
+                let mut s = base;
+                s.seqlens = Some(packing);
+                for g in [composite_fwd(&s), composite_bwd(&s)] {
+                    assert_well_formed(&g);
+                    assert!(g.varlen.is_some());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn padding_mask_is_the_frontends_and_binds_the_seq_len_tensors() {
+        let s = varlen_spec(SeqPacking::PaddedRight, MaskSpec::CAUSAL, 2, false);
+        let g = composite_fwd(&s);
+        let pack: BTreeSet<i64> = g.variant_pack().iter().map(|t| t.uid).collect();
+        assert_eq!(
+            pack,
+            BTreeSet::from([
+                uid::Q,
+                uid::K,
+                uid::V,
+                uid::O,
+                uid::STATS,
+                uid::SCALE,
+                uid::NEG_INF,
+                uid::SEQ_LEN_Q,
+                uid::SEQ_LEN_KV
+            ])
+        );
+        // 10 softmax/matmul ops, 6 for the padding mask (2 GEN_INDEX, 2 CMP_LT, AND, SELECT),
+        // 4 for the causal band
+        assert_eq!(g.op_count(), 20);
+        assert_eq!(modes(&g, PwMode::CmpLt), 2);
+        assert_eq!(modes(&g, PwMode::LogicalAnd), 1);
+        assert_eq!(modes(&g, PwMode::BinarySelect), 2);
+        // right padding: nothing ragged; Stats is the executor's dense scratch, not the LSE
+        assert!(g.tensors.values().all(|t| t.ragged.is_none()));
+        let vs = g.varlen.unwrap();
+        assert_eq!(g.tensors[&uid::STATS].binding, Binding::Scratch(vs.stats));
+        assert!(!g.io_roles().contains(&IoRole::Stats));
+        for u in [uid::SEQ_LEN_Q, uid::SEQ_LEN_KV] {
+            let t = g.tensors[&u];
+            assert_eq!((t.dtype, t.dims), (DType::Int32, [3, 1, 1, 1]));
+            assert!(!t.is_virtual() && !t.is_by_value());
+        }
+        assert_eq!(
+            g.tensors[&uid::SEQ_LEN_Q].binding,
+            Binding::Scratch(vs.seq_q)
+        );
+        assert_eq!(
+            g.tensors[&uid::SEQ_LEN_KV].binding,
+            Binding::Scratch(vs.seq_kv)
+        );
+    }
+
+    #[test]
+    fn ragged_packings_offset_every_token_tensor() {
+        for packing in [SeqPacking::PaddedLeft, SeqPacking::Packed] {
+            let s = varlen_spec(packing, MaskSpec::CAUSAL_BOTTOM_RIGHT, 2, false);
+            let f = composite_fwd(&s);
+            for (t, r) in [
+                (uid::Q, uid::RAGGED_Q),
+                (uid::K, uid::RAGGED_K),
+                (uid::V, uid::RAGGED_V),
+                (uid::O, uid::RAGGED_O),
+            ] {
+                assert_eq!(f.tensors[&t].ragged, Some(r), "{packing:?} fwd {t}");
+                let rt = f.tensors[&r];
+                assert_eq!((rt.dtype, rt.dims), (DType::Int32, [4, 1, 1, 1]));
+            }
+            let b = composite_bwd(&s);
+            for (t, r) in [
+                (uid::Q, uid::RAGGED_Q),
+                (uid::DQ, uid::RAGGED_Q),
+                (uid::K, uid::RAGGED_K),
+                (uid::DK, uid::RAGGED_K),
+                (uid::V, uid::RAGGED_V),
+                (uid::DV, uid::RAGGED_V),
+                (uid::O, uid::RAGGED_O),
+                (uid::DO, uid::RAGGED_O),
+            ] {
+                assert_eq!(b.tensors[&t].ragged, Some(r), "{packing:?} bwd {t}");
+            }
+            // the K view of the dQ matmul keeps K's offsets; no other virtual tensor is ragged
+            let virt: Vec<&Tensor> = b
+                .tensors
+                .values()
+                .filter(|t| t.is_virtual() && t.ragged.is_some())
+                .collect();
+            assert_eq!(virt.len(), 1);
+            assert_eq!(virt[0].ragged, Some(uid::RAGGED_K));
+            assert_eq!(virt[0].dims, [3, 2, 128, 64]);
+            // softmax_sum, dQ accumulator and Stats stay dense
+            for u in [uid::SOFTMAX_SUM, uid::DQ_ACCUM, uid::STATS] {
+                assert_eq!(b.tensors[&u].ragged, None);
+            }
+            let vs = b.varlen.unwrap();
+            assert!(vs.ragged.is_some() && !vs.ragged_wide);
+            // the backward's variant pack, exactly
+            let pack: BTreeSet<i64> = b.variant_pack().iter().map(|t| t.uid).collect();
+            let want = BTreeSet::from([
+                uid::Q,
+                uid::K,
+                uid::V,
+                uid::O,
+                uid::DO,
+                uid::DQ,
+                uid::DK,
+                uid::DV,
+                uid::STATS,
+                uid::SCALE,
+                uid::NEG_INF,
+                uid::ONE,
+                uid::SOFTMAX_SUM,
+                uid::DQ_ACCUM,
+                uid::SEQ_LEN_Q,
+                uid::SEQ_LEN_KV,
+                uid::RAGGED_Q,
+                uid::RAGGED_K,
+                uid::RAGGED_V,
+                uid::RAGGED_O,
+            ]);
+            assert_eq!(pack, want, "{packing:?}");
+        }
+    }
+
+    #[test]
+    fn gemm_overrides_follow_the_frontend() {
+        let s = varlen_spec(SeqPacking::PaddedRight, MaskSpec::NONE, 2, false);
+        let (q, kv) = (Some(uid::SEQ_LEN_Q), Some(uid::SEQ_LEN_KV));
+        let qk = GemmOverrides {
+            m: q,
+            n: kv,
+            k: None,
+        };
+        let rows_q = GemmOverrides {
+            m: q,
+            n: None,
+            k: kv,
+        };
+        let rows_kv = GemmOverrides {
+            m: kv,
+            n: None,
+            k: q,
+        };
+        let f: Vec<GemmOverrides> = matmuls(&composite_fwd(&s)).iter().map(|m| m.3).collect();
+        assert_eq!(f, vec![qk, rows_q]);
+        // backward: Q Kᵀ, Pᵀ dO, dO Vᵀ, dSᵀ Q, dS K
+        let b: Vec<GemmOverrides> = matmuls(&composite_bwd(&s)).iter().map(|m| m.3).collect();
+        assert_eq!(b, vec![qk, rows_kv, qk, rows_kv, rows_q]);
+        // without per-sequence lengths: none
+        let mut plain = s;
+        plain.seqlens = None;
+        assert!(
+            matmuls(&composite_bwd(&plain))
+                .iter()
+                .all(|m| m.3 == GemmOverrides::default())
+        );
+    }
+
+    #[test]
+    fn bottom_right_bands_use_each_sequences_lengths() {
+        let m = MaskSpec {
+            left: Some(16),
+            right: Some(0),
+            diagonal: Diagonal::BottomRight,
+        };
+        for packing in PACKINGS {
+            let s = varlen_spec(packing, m, 2, false);
+            for g in [composite_fwd(&s), composite_bwd(&s)] {
+                // no fixed-length scalars: the per-batch tensors shift the diagonal
+                assert!(!g.tensors.contains_key(&uid::SEQ_Q));
+                assert!(!g.tensors.contains_key(&uid::SEQ_KV));
+                // left bound in int32 (col + W - s_kv[b] + s_q[b] > row), W = left + 1
+                assert_eq!(g.tensors[&uid::LEFT_BOUND].binding, Binding::ConstI32(17));
+                let uses = |u: i64| {
+                    g.ops
+                        .iter()
+                        .filter(|op| matches!(op, Op::Pointwise { b: Some(x), axis: Some(3), .. } if *x == u))
+                        .count()
+                };
+                // right band: +s_kv, -s_q; left band: -s_kv, +s_q
+                assert_eq!(uses(uid::SEQ_LEN_KV), 2);
+                assert_eq!(uses(uid::SEQ_LEN_Q), 2);
+            }
+        }
+        // a top-left window keeps its fp32 bound
+        let tl = MaskSpec {
+            diagonal: Diagonal::TopLeft,
+            ..m
+        };
+        let g = composite_fwd(&varlen_spec(SeqPacking::Packed, tl, 2, false));
+        assert_eq!(g.tensors[&uid::LEFT_BOUND].binding, Binding::ConstF32(17.0));
+    }
+
+    #[test]
+    fn varlen_scratch_regions_are_disjoint_and_sized() {
+        for packing in PACKINGS {
+            for det in [false, true] {
+                let s = varlen_spec(packing, MaskSpec::CAUSAL, 2, det);
+                for g in [composite_fwd(&s), composite_bwd(&s)] {
+                    let vs = g.varlen.unwrap();
+                    let mut regions = vec![
+                        (vs.seq_q, 3 * 4),
+                        (vs.seq_kv, 3 * 4),
+                        (vs.start_q, 3 * 4),
+                        (vs.start_kv, 3 * 4),
+                        (vs.stats, 3 * 8 * 96 * 4),
+                    ];
+                    if let Some(r) = vs.ragged {
+                        regions.extend(r.map(|o| (o, 4 * 8)));
+                    }
+                    for t in g.variant_pack() {
+                        if let Binding::Scratch(off) = t.binding
+                            && [uid::SOFTMAX_SUM, uid::DQ_ACCUM].contains(&t.uid)
+                        {
+                            let n: i64 = t.dims.iter().product();
+                            regions.push((off, n as usize * 4));
+                        }
+                    }
+                    regions.sort();
+                    for w in regions.windows(2) {
+                        assert!(w[0].0 + w[0].1 <= w[1].0, "{packing:?} {:?}: {w:?}", g.kind);
+                    }
+                    let (last, len) = regions.last().copied().unwrap();
+                    assert!(last + len <= g.scratch_bytes);
+                    assert!(regions.iter().all(|(o, _)| o % SCRATCH_ALIGN == 0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ragged_offsets_widen_only_past_int32() {
+        let s = varlen_spec(SeqPacking::Packed, MaskSpec::NONE, 2, false);
+        assert!(!ragged_offsets_need_i64(&s));
+        let mut big =
+            SdpaSpec::dense_bhsd(64, 64, 8, 32768, 32768, 128, IoDtype::Bf16, MaskSpec::NONE);
+        big.seqlens = Some(SeqPacking::Packed);
+        assert!(ragged_offsets_need_i64(&big));
+        let g = composite_fwd(&big);
+        assert_eq!(g.tensors[&uid::RAGGED_Q].dtype, DType::Int64);
+        assert!(g.varlen.unwrap().ragged_wide);
     }
 }

@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+pub use crate::problem::SeqPacking;
+
 /// Input/output element type of an attention call (the intermediates are always FLOAT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum IoDtype {
@@ -198,6 +200,12 @@ pub struct SdpaSpec {
     pub layouts: Layouts,
     /// Backward only: ask for a deterministic algorithm.
     pub deterministic: bool,
+    /// Per-sequence lengths (`None`: every sequence is `s_q` x `s_kv`): the graph then carries
+    /// cuDNN's padding mask (per-batch `seq_len_q`/`seq_len_kv` tensors and GEMM overrides),
+    /// and for [`SeqPacking::PaddedLeft`] and [`SeqPacking::Packed`] ragged offsets on every
+    /// token tensor. `s_q`/`s_kv` are then the longest sequence allowed; the lengths are data
+    /// (uploaded per call), not part of the graph.
+    pub seqlens: Option<SeqPacking>,
 }
 
 /// Why a spec cannot become a cuDNN graph at all (before asking cuDNN).
@@ -282,7 +290,16 @@ impl SdpaSpec {
                 }),
             },
             deterministic: false,
+            seqlens: None,
         }
+    }
+
+    /// Whether the token tensors carry ragged offsets (left padding, packed THD).
+    pub fn is_ragged(&self) -> bool {
+        matches!(
+            self.seqlens,
+            Some(SeqPacking::PaddedLeft | SeqPacking::Packed)
+        )
     }
 
     /// Checks the structural requirements every cuDNN SDPA graph has.
@@ -337,7 +354,11 @@ impl SdpaSpec {
     /// drop the gradient layouts and the deterministic flag, which a forward graph ignores.
     pub fn canonical(&self, dir: Direction) -> SdpaSpec {
         let mut s = *self;
-        s.mask = self.mask.canonical(self.s_q, self.s_kv);
+        // With per-sequence lengths each sequence has its own s_q and s_kv: a bottom-right
+        // diagonal stays bottom-right even when the longest lengths are equal.
+        if self.seqlens.is_none() || self.mask.is_none() {
+            s.mask = self.mask.canonical(self.s_q, self.s_kv);
+        }
         if dir == Direction::Forward {
             s.layouts.grads = None;
             s.deterministic = false;

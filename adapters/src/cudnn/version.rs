@@ -48,7 +48,9 @@ impl CudnnVersion {
                 "cuDNN {self} has a known fp16/bf16 SDPA defect (cudnn-frontend refuses 9.10.0/9.10.1)"
             ));
         }
-        if self.0 <= 91500 && spec.s_kv % 128 != 0 {
+        // the frontend's workaround is a padding mask, which graphs with per-sequence lengths
+        // carry anyway
+        if self.0 <= 91500 && spec.s_kv % 128 != 0 && spec.seqlens.is_none() {
             return Some(format!(
                 "cuDNN {self} needs a padding-mask workaround for s_kv % 128 != 0 (s_kv = {}), not implemented here",
                 spec.s_kv

@@ -12,7 +12,7 @@ use cudarc::cudnn::sys::{
 };
 
 use crate::cudnn::engine::EngineInfo;
-use crate::cudnn::graph::{BandMaskOp, DType, GraphIr, NativeStats, Op, PwMode, RedOp};
+use crate::cudnn::graph::{BandMaskOp, DType, GraphIr, NativeStats, Op, PwMode, RedOp, Tensor};
 
 /// A failed cuDNN call: which call, the status, and cuDNN's last error string.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -198,6 +198,7 @@ fn cudnn_dtype(d: DType) -> sys::cudnnDataType_t {
         DType::Half => C::CUDNN_DATA_HALF,
         DType::Bf16 => C::CUDNN_DATA_BFLOAT16,
         DType::Int32 => C::CUDNN_DATA_INT32,
+        DType::Int64 => C::CUDNN_DATA_INT64,
         DType::Boolean => C::CUDNN_DATA_BOOLEAN,
     }
 }
@@ -214,6 +215,8 @@ fn pw_mode(m: PwMode) -> sys::cudnnPointwiseMode_t {
         PwMode::Identity => P::CUDNN_POINTWISE_IDENTITY,
         PwMode::CmpGe => P::CUDNN_POINTWISE_CMP_GE,
         PwMode::CmpGt => P::CUDNN_POINTWISE_CMP_GT,
+        PwMode::CmpLt => P::CUDNN_POINTWISE_CMP_LT,
+        PwMode::LogicalAnd => P::CUDNN_POINTWISE_LOGICAL_AND,
         PwMode::GenIndex => P::CUDNN_POINTWISE_GEN_INDEX,
         PwMode::BinarySelect => P::CUDNN_POINTWISE_BINARY_SELECT,
     }
@@ -333,7 +336,7 @@ impl Lowering {
 
     fn op(&mut self, op: &Op) -> Result<sys::cudnnBackendDescriptor_t, CallError> {
         match op {
-            Op::Matmul { a, b, c } => {
+            Op::Matmul { a, b, c, overrides } => {
                 let m = Desc::new(D::CUDNN_BACKEND_MATMUL_DESCRIPTOR)?;
                 m.set_dtype(A::CUDNN_ATTR_MATMUL_COMP_TYPE, DType::Float)?;
                 m.finalize("matmul")?;
@@ -342,6 +345,24 @@ impl Lowering {
                 o.set_desc(A::CUDNN_ATTR_OPERATION_MATMUL_BDESC, self.t(*b))?;
                 o.set_desc(A::CUDNN_ATTR_OPERATION_MATMUL_CDESC, self.t(*c))?;
                 o.set_desc(A::CUDNN_ATTR_OPERATION_MATMUL_DESC, m.raw())?;
+                for (name, t) in [
+                    (
+                        A::CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC,
+                        overrides.m,
+                    ),
+                    (
+                        A::CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC,
+                        overrides.n,
+                    ),
+                    (
+                        A::CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC,
+                        overrides.k,
+                    ),
+                ] {
+                    if let Some(t) = t {
+                        o.set_desc(name, self.t(t))?;
+                    }
+                }
                 o.finalize("op matmul")?;
                 self.keep(m);
                 Ok(self.keep(o))
@@ -448,7 +469,10 @@ pub(crate) fn lower(ir: &GraphIr, handle: sys::cudnnHandle_t) -> Result<LoweredG
         keep: Vec::new(),
         tensors: HashMap::new(),
     };
-    for t in ir.tensors.values() {
+    // a tensor's ragged-offset tensor is finalized before the tensor that names it
+    let (plain, ragged): (Vec<&Tensor>, Vec<&Tensor>) =
+        ir.tensors.values().partition(|t| t.ragged.is_none());
+    for t in plain.into_iter().chain(ragged) {
         let d = Desc::new(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
         d.set_dtype(A::CUDNN_ATTR_TENSOR_DATA_TYPE, t.dtype)?;
         d.set_i64(A::CUDNN_ATTR_TENSOR_DIMENSIONS, &t.dims)?;
@@ -460,6 +484,9 @@ pub(crate) fn lower(ir: &GraphIr, handle: sys::cudnnHandle_t) -> Result<LoweredG
         }
         if t.is_by_value() {
             d.set_bool(A::CUDNN_ATTR_TENSOR_IS_BY_VALUE, true)?;
+        }
+        if let Some(r) = t.ragged {
+            d.set_desc(A::CUDNN_ATTR_TENSOR_RAGGED_OFFSET_DESC, l.t(r))?;
         }
         d.finalize(format_args!("tensor {}", t.uid))?;
         let raw = l.keep(d);

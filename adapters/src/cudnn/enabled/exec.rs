@@ -32,10 +32,11 @@ use crate::executor::{
 use crate::problem::AttentionProblem;
 
 use super::backend::{self, BuiltPlan, CallError, PlanRefusal};
+use super::varlen::{VarlenCall, VarlenKernels};
 use crate::cudnn::cache::{CacheStats, PlanCache, PlanKey};
 use crate::cudnn::convert::{self, ProbeAnswer};
 use crate::cudnn::engine::EngineInfo;
-use crate::cudnn::graph::{self, Binding, GraphKind, IoRole};
+use crate::cudnn::graph::{self, Binding, GraphKind, IoRole, VarlenScratch};
 use crate::cudnn::spec::{Direction, SdpaSpec};
 use crate::cudnn::version::CudnnVersion;
 
@@ -186,6 +187,8 @@ struct CachedPlan {
     scalars: Vec<u32>,
     scale_slot: Option<usize>,
     scratch: usize,
+    /// Per-sequence-length data in the scratch (padding-mask graphs).
+    varlen: Option<VarlenScratch>,
     engine: Arc<EngineInfo>,
 }
 
@@ -313,6 +316,8 @@ pub struct CudnnExecutor {
     cc: (i32, i32),
     gpu: String,
     native_allowed: bool,
+    /// The per-sequence-length kernels, compiled on first use.
+    varlen_kernels: OnceLock<Result<VarlenKernels, String>>,
 }
 
 /// The runtime cuDNN version of the process's libcudnn (see [`super::dl`]), or why it cannot
@@ -377,6 +382,7 @@ impl CudnnExecutor {
             cc,
             gpu,
             native_allowed,
+            varlen_kernels: OnceLock::new(),
         })
     }
 
@@ -418,6 +424,13 @@ impl CudnnExecutor {
     /// Whether the native SDPA op may be tried (env `ATTN_POLICY_CUDNN_NATIVE=0` turns it off).
     pub fn set_native_allowed(&mut self, allowed: bool) {
         self.native_allowed = allowed;
+    }
+
+    fn varlen_kernels(&self) -> Result<&VarlenKernels, CudnnError> {
+        self.varlen_kernels
+            .get_or_init(|| VarlenKernels::load(&self.ctx, self.cc))
+            .as_ref()
+            .map_err(|e| CudnnError::Cuda(e.clone()))
     }
 
     /// Plan-cache counters of the calling thread for this device.
@@ -548,6 +561,7 @@ impl CudnnExecutor {
             scalars,
             scale_slot,
             scratch: ir.scratch_bytes,
+            varlen: ir.varlen,
             engine,
         }))
     }
@@ -627,6 +641,10 @@ impl CudnnExecutor {
     /// cuDNN's own). Builds and caches the plan on this thread (the warm-up).
     pub fn workspace_for(&self, p: &AttentionProblem, dir: Direction) -> Result<u64, CudnnError> {
         let spec = self.spec_checked(p, dir)?;
+        if spec.seqlens.is_some() {
+            // compiled and loaded here, in the warm-up, never inside a stream capture
+            self.varlen_kernels()?;
+        }
         self.with_state(|st| {
             let (plan, _) = self.plan(st, dir, &spec)?;
             Ok(((plan.scratch + plan.built.workspace).max(256)) as u64)
@@ -709,9 +727,32 @@ impl CudnnExecutor {
                 })
                 .collect();
             let cudnn_ws = (ws + plan.scratch as u64) as *mut c_void;
-            // SAFETY: caller's pointers per the contract; scalars live until execute returns.
-            let run =
-                unsafe { backend::execute(st.handle, &plan.built, &plan.uids, &ptrs, cudnn_ws) };
+            let run = || -> Result<(), CudnnError> {
+                let varlen = match plan.varlen {
+                    Some(vs) => Some(VarlenCall {
+                        k: self.varlen_kernels()?,
+                        p,
+                        vs,
+                        ws,
+                        stream: cu_stream,
+                    }),
+                    None => None,
+                };
+                if let Some(v) = &varlen {
+                    // SAFETY: the scratch holds the graph's regions; caller's pointers per the
+                    // contract.
+                    unsafe { v.before(dir, io) }?;
+                }
+                // SAFETY: caller's pointers per the contract; scalars live until execute
+                // returns.
+                unsafe { backend::execute(st.handle, &plan.built, &plan.uids, &ptrs, cudnn_ws) }?;
+                if let Some(v) = &varlen {
+                    // SAFETY: as above.
+                    unsafe { v.after(dir, io) }?;
+                }
+                Ok(())
+            };
+            let run = run();
             if owned {
                 // SAFETY: freed in stream order after the work that uses it.
                 unsafe { drv::free_async(ws, cu_stream) }?;

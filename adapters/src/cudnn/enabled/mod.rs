@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod dl;
 pub mod exec;
+pub mod varlen;
 
 pub use exec::{
     CudnnError, CudnnExecutor, IoPtrs, RunReport, loaded_library, runtime_version, shared,
