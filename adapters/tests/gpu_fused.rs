@@ -159,7 +159,7 @@ fn wide_grid() -> Vec<(AttentionProblem, String)> {
     let mut out = Vec::new();
     for i in 0..200 {
         let named = [320, 384, 448, 512];
-        let mut dim = |next: &mut dyn FnMut(usize) -> usize| {
+        let dim = |next: &mut dyn FnMut(usize) -> usize| {
             if next(5) < 3 {
                 named[next(4)]
             } else {
