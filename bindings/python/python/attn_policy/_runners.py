@@ -418,19 +418,22 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype in (torch.float64, torch.float32) else torch.float32
 
 
-def _math_forward(q, k, v, layout, mask_args, scale, softcap=0.0, sink=None, packing=0, lens_q=(), lens_kv=()):
+def _math_forward(q, k, v, layout, mask_args, scale, softcap=0.0, sink=None, packing=0, lens_q=(), lens_kv=(),
+                  padded_mask=None):
     """O and LSE from tensor ops (float32 for 16-bit inputs, float64 for fp32 and fp64); rows
     with no key: O = 0, LSE = -inf. The features as the native problem states them:
     ``softcap`` (0: none), ``sink`` (the ``[h_q]`` sink logits, zeros for off-by-one, or
     None), ``packing`` (0 none, 1 padded right, 2 padded left, 3 packed ``thd``) with the
-    per-sequence lengths; masks apply in each sequence's own coordinates."""
+    per-sequence lengths; masks apply in each sequence's own coordinates. ``padded_mask``: the
+    padded batch's ``_padded_mask``, made once by the caller (None: made here)."""
     acc = _acc_dtype(q.dtype)
     if packing == 3:
         return _math_forward_packed(q, k, v, mask_args, scale, softcap, sink, lens_q, lens_kv)
     qh, kh, vh = (_to_bhsd(t, layout).to(acc) for t in (q, k, v))
     kh, vh = _heads(kh, vh, qh.shape[1])
     if packing:
-        allowed = _padded_mask(mask_args, packing, lens_q, lens_kv, qh.shape[2], kh.shape[2], q.device)
+        allowed = padded_mask if padded_mask is not None else _padded_mask(
+            mask_args, packing, lens_q, lens_kv, qh.shape[2], kh.shape[2], q.device)
     else:
         allowed = _mask_bool(mask_args, qh.shape[2], kh.shape[2], q.device)
     o, lse = _attend(qh, kh, vh, allowed, scale, softcap, sink)
@@ -488,6 +491,10 @@ class _MathRunner(_Runner):
         self.softcap, self.softmax, self.hq = call.softcap, call.softmax, call.hq
         self.packing, self.lens_q, self.lens_kv = call.packing, call.seqlens_q, call.seqlens_kv
         self.acc = _acc_dtype(call.dtype)
+        self.sq, self.skv = call.sq, call.skv
+        # A padded batch's mask, made on the first call (its lengths are copied to the device
+        # once, not on every call: nothing a CUDA graph capture of a later call could not take).
+        self._padded: Optional[torch.Tensor] = None
 
     def _sink(self, sink, device):
         """The sink logits in the accumulation dtype (read as fp32, as every executor reads
@@ -500,8 +507,11 @@ class _MathRunner(_Runner):
         return None
 
     def _run(self, q, k, v, sink):
+        if self.packing in (1, 2) and (self._padded is None or self._padded.device != q.device):
+            self._padded = _padded_mask(self.mask_args, self.packing, self.lens_q, self.lens_kv, self.sq, self.skv,
+                                        q.device)
         return _math_forward(q, k, v, self.layout, self.mask_args, self.scale, self.softcap, sink, self.packing,
-                             self.lens_q, self.lens_kv)
+                             self.lens_q, self.lens_kv, self._padded)
 
     def forward(self, q, k, v, sink=None):
         o, lse = self._run(q, k, v, self._sink(sink, q.device))
