@@ -152,10 +152,13 @@ pub fn torch_math() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: true,
-        features: crate::executor::Features::none(),
+        // Softcap, both sinks (d_sink returned) and every packing: the math runs per
+        // sequence in its own coordinates (bindings/python/python/attn_policy/_runners.py).
+        features: crate::executor::Features::all(),
         notes: vec![
             "matmul + masked softmax in float32 for fp16/bf16, float64 for fp32/fp64 inputs (an fp32 softmax of fp32 inputs misses 2x the naive error); O(s_q * s_kv) memory"
                 .into(),
+            "soft-capping, off-by-one and learnable sinks (d_sink by autograd), padded (right, left) and packed THD sequences, each sequence in its own coordinates".into(),
         ],
     }
 }
@@ -184,4 +187,66 @@ pub fn torch_executors() -> Vec<(&'static str, &'static str, Manifest)> {
             torch_math(),
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{AttentionProblem, SeqLens, SeqPacking, SoftmaxKind};
+
+    /// Each feature alone (and all at once) on an fp16 GQA problem.
+    fn feature_problems() -> Vec<(&'static str, AttentionProblem)> {
+        let base = AttentionProblem::new(2, 4, 2, 16, 24, 64, 64, DType::F16);
+        let with = |f: &dyn Fn(&mut AttentionProblem)| {
+            let mut p = base.clone();
+            f(&mut p);
+            p
+        };
+        let padded = |side| SeqLens::padded(side, vec![16, 5], vec![24, 0]);
+        vec![
+            ("softcap", with(&|p| p.softcap = Some(30.0))),
+            ("off-by-one", with(&|p| p.softmax = SoftmaxKind::OffByOne)),
+            ("learnable", with(&|p| p.softmax = SoftmaxKind::Learnable)),
+            (
+                "padded right",
+                base.clone()
+                    .with_seqlens(padded(SeqPacking::PaddedRight), LayoutKind::Bshd),
+            ),
+            (
+                "padded left",
+                base.clone()
+                    .with_seqlens(padded(SeqPacking::PaddedLeft), LayoutKind::Sbhd),
+            ),
+            (
+                "packed",
+                AttentionProblem::new(3, 4, 2, 16, 20, 64, 64, DType::F16).with_seqlens(
+                    SeqLens {
+                        packing: SeqPacking::Packed,
+                        q: vec![16, 0, 7],
+                        kv: vec![20, 3, 0],
+                    },
+                    LayoutKind::Bshd,
+                ),
+            ),
+            (
+                "all",
+                with(&|p| {
+                    p.softcap = Some(50.0);
+                    p.softmax = SoftmaxKind::Learnable;
+                })
+                .with_seqlens(padded(SeqPacking::PaddedLeft), LayoutKind::Bshd),
+            ),
+        ]
+    }
+
+    #[test]
+    fn host_torch_math_admits_every_feature_the_kernels_none() {
+        for (what, p) in feature_problems() {
+            assert!(torch_math().admits(&p).is_ok(), "torch_math refuses {what}");
+            for m in [torch_flash(), torch_efficient(), torch_cudnn()] {
+                assert!(m.admits(&p).is_err(), "{} admits {what}", m.name);
+            }
+        }
+        assert_eq!(torch_math().features, crate::executor::Features::all());
+    }
 }

@@ -5,6 +5,8 @@ gradients (the learnable sink's included) by autograd and by ``gradcheck``, the 
 decision is made on, declines, bad inputs, and the per-signature cache with lengths."""
 
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,12 @@ def _from_bhsd(t, layout):
 
 def _one(q, k, v, causal, bottom_right, window, scale, softcap, sink):
     """One sequence ``[h, s, d]``: O ``[h_q, s_q, d_v]``; rows with no key get 0."""
+    return _one_lse(q, k, v, causal, bottom_right, window, scale, softcap, sink)[0]
+
+
+def _one_lse(q, k, v, causal, bottom_right, window, scale, softcap, sink):
+    """O ``[h_q, s_q, d_v]`` and the LSE ``[h_q, s_q]`` of one sequence (the sink's term
+    included; -inf for a row with no key)."""
     hq, sq, _ = q.shape
     hkv, skv, _ = k.shape
     if hq != hkv:
@@ -56,37 +64,46 @@ def _one(q, k, v, causal, bottom_right, window, scale, softcap, sink):
     empty = ~ok.any(-1)  # a row that sees no key is empty, whatever its sink
     lse = lse.masked_fill(empty[None, :, None], 0.0)
     p = torch.exp(s - lse).masked_fill(empty[None, :, None], 0.0)
-    return p @ v
+    return p @ v, lse[..., 0].detach().masked_fill(empty[None, :], float("-inf"))
 
 
 def reference(q, k, v, layout="bhsd", causal=False, bottom_right=False, window=None, scale=None,
-              softcap=None, sink=None, lens_q=None, lens_kv=None, padding="right", cu_q=None, cu_kv=None):
-    """O of the call, from float64 tensor ops (differentiable: its gradients are the reference's)."""
+              softcap=None, sink=None, lens_q=None, lens_kv=None, padding="right", cu_q=None, cu_kv=None,
+              with_lse=False):
+    """O of the call, from float64 tensor ops (differentiable: its gradients are the reference's);
+    ``with_lse``: (O, LSE), the LSE as the op lays it out (``[b, h_q, s_q]``, ``[1, h_q, t_q]``
+    packed; -inf in padding rows and rows with no key)."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if isinstance(sink, str):
         sink = torch.zeros(q.shape[-2] if layout == "thd" else _to_bhsd(q, layout).shape[1], dtype=torch.float64,
                            device=q.device)
     if layout == "thd":
-        outs = []
+        outs, lses = [], []
         for b in range(len(cu_q) - 1):
             qs = q[cu_q[b]:cu_q[b + 1]].transpose(0, 1)
             ks, vs = (t[cu_kv[b]:cu_kv[b + 1]].transpose(0, 1) for t in (k, v))
-            outs.append(_one(qs, ks, vs, causal, bottom_right, window, scale, softcap, sink).transpose(0, 1))
-        return torch.cat(outs, 0)
+            o, lse = _one_lse(qs, ks, vs, causal, bottom_right, window, scale, softcap, sink)
+            outs.append(o.transpose(0, 1))
+            lses.append(lse)
+        o = torch.cat(outs, 0)
+        return (o, torch.cat(lses, -1).unsqueeze(0)) if with_lse else o
     qh, kh, vh = (_to_bhsd(t, layout) for t in (q, k, v))
     bsz, hq, sq, _ = qh.shape
     skv = kh.shape[2]
-    rows = []
+    rows, lses = [], []
     for b in range(bsz):
         lq = sq if lens_q is None else lens_q[b]
         lkv = skv if lens_kv is None else lens_kv[b]
         q0 = 0 if padding == "right" else sq - lq
         k0 = 0 if padding == "right" else skv - lkv
-        o = _one(qh[b, :, q0:q0 + lq], kh[b, :, k0:k0 + lkv], vh[b, :, k0:k0 + lkv], causal, bottom_right, window,
-                 scale, softcap, sink)
+        o, lse = _one_lse(qh[b, :, q0:q0 + lq], kh[b, :, k0:k0 + lkv], vh[b, :, k0:k0 + lkv], causal, bottom_right,
+                          window, scale, softcap, sink)
         pad = qh.new_zeros(hq, sq - lq, vh.shape[-1])
         rows.append(torch.cat([o, pad] if padding == "right" else [pad, o], 1))
-    return _from_bhsd(torch.stack(rows, 0), layout)
+        inf = lse.new_full((hq, sq - lq), float("-inf"))
+        lses.append(torch.cat([lse, inf] if padding == "right" else [inf, lse], 1))
+    o = _from_bhsd(torch.stack(rows, 0), layout)
+    return (o, torch.stack(lses, 0)) if with_lse else o
 
 
 def rand(*shape, seed=0, dtype=torch.float64):
@@ -398,13 +415,21 @@ def test_thd_without_cu_seqlens_and_lengths_through_the_op_are_checked():
 
 
 def test_manifests_refuse_the_features_they_do_not_serve():
-    q, k, v = qkv()
+    # (fp16, equal head counts: what the torch kernels' manifests take but for the features.)
+    q, k, v = (t.to(torch.float16) for t in qkv(hq=2, hkv=2, sq=8, skv=8))
     call = apt._Call(q, k, v, 0, 1, -1, 0, False, 0.3, 0.0, False, 2.0, 0, 0, (), ())
-    why = apt._TORCH_EXECUTORS["torch_math"].check(call)
-    assert why is not None and "soft-capping" in why
+    for name in ("torch_flash", "torch_efficient", "torch_cudnn"):
+        why = apt._TORCH_EXECUTORS[name].check(call)
+        assert why is not None and "soft-capping" in why, (name, why)
+    # torch_math serves every feature (its manifest lists them all).
+    assert apt._TORCH_EXECUTORS["torch_math"].check(call) is None
     call = apt._Call(q, k, v, 0, 0, -1, -1, False, 0.3, 0.0, False, 0.0, 0, 1, (3, 4), (3, 4))
-    assert "per-sequence lengths" in (apt._TORCH_EXECUTORS["torch_math"].check(call) or "")
+    for name in ("torch_flash", "torch_efficient", "torch_cudnn"):
+        assert "per-sequence lengths" in (apt._TORCH_EXECUTORS[name].check(call) or ""), name
+    assert "per-sequence lengths" in (apt._TORCH_EXECUTORS["torch_flash"].check(call) or "")
+    assert apt._TORCH_EXECUTORS["torch_math"].check(call) is None
     assert call.problem.refusal_by_manifest("reference") is None
+    assert call.problem.refusal_by_manifest("torch_math") is None
 
 
 def test_a_feature_no_executor_serves_is_declined_with_the_reasons(monkeypatch):
@@ -477,3 +502,220 @@ def test_the_op_carries_the_sink_and_returns_its_gradient():
     got, want = grads(o, (q, k, v, sink)), grads(r, (q, k, v, s64))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch_math serves every feature: a pack whose every chain is [torch_math], against the float64
+# reference here (the FlashAttention criterion for O, LSE and every gradient), the padding
+# conventions exactly.
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def pack_with_chains(tmp_path, chains):
+    """A copy of the te pack whose `executors:` chains are ``chains`` (backend -> names)."""
+    dst = tmp_path / "te"
+    shutil.copytree(REPO / "rules" / "te", dst)
+    text = (dst / "pack.yaml").read_text()
+    head = text[: text.index("\nexecutors:")]
+    body = "".join(f"  - backend: {b}\n    chain: [{', '.join(c)}]\n" for b, c in chains.items())
+    (dst / "pack.yaml").write_text(head + "\nexecutors:\n" + body)
+    import attn_policy
+    return attn_policy.Policy.load(str(dst))
+
+
+@pytest.fixture(scope="module")
+def math_only(tmp_path_factory):
+    import attn_policy
+    backends = attn_policy.Policy.load("te").backend_names
+    return pack_with_chains(tmp_path_factory.mktemp("math"), {b: ["torch_math"] for b in backends})
+
+
+_PACKINGS = ("none", "right", "left", "packed")
+# (is_causal, diagonal, window): no mask, causal both diagonals, a two-sided window (bottom-right),
+# a causal sliding window.
+_MASKS = ((False, "top_left", None), (True, "top_left", None), (True, "bottom_right", None),
+          (False, "bottom_right", (3, 2)), (True, "top_left", (2, 0)))
+_SINKS = (None, "off_by_one", "learnable")
+_LAYOUT_OF = {"none": "sbhd", "right": "bshd", "left": "bhsd", "packed": "thd"}
+# Padded: a full sequence, one without query rows, one without keys (all its rows empty), a
+# shorter one; s_q != s_kv. Packed: the same kinds of sequences, one after another.
+_B, _SQ, _SKV, _LQ, _LKV = 4, 9, 11, [9, 0, 6, 4], [11, 3, 0, 7]
+_PQ, _PKV = [3, 0, 6, 4, 2], [4, 2, 7, 0, 5]
+_CASES = [(p, c, s, m) for p in _PACKINGS for c in (None, 2.0) for s in _SINKS for m in range(len(_MASKS))]
+
+
+def _rows(t, layout):
+    """``[b, h, s, d]`` view of an O / dQ / dK-shaped tensor (``thd``: one batch of ``t`` rows)."""
+    return t.transpose(0, 1).unsqueeze(0) if layout == "thd" else _to_bhsd(t, layout)
+
+
+def _case_tensors(packing, dtype, seed):
+    layout = _LAYOUT_OF[packing]
+    hq, hkv, d = 4, 2, 16
+    if packing == "packed":
+        tq, tkv = sum(_PQ), sum(_PKV)
+        q, k, v = rand(tq, hq, d, seed=seed), rand(tkv, hkv, d, seed=seed + 1), rand(tkv, hkv, d, seed=seed + 2)
+    else:
+        shape = {"sbhd": lambda h, s: (s, _B, h, d), "bshd": lambda h, s: (_B, s, h, d),
+                 "bhsd": lambda h, s: (_B, h, s, d)}[layout]
+        q = rand(*shape(hq, _SQ), seed=seed)
+        k, v = rand(*shape(hkv, _SKV), seed=seed + 1), rand(*shape(hkv, _SKV), seed=seed + 2)
+    return layout, [t.to(dtype) for t in (q, k, v)]
+
+
+def _cu(lens):
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("packing,softcap,sink_kind,mask", _CASES)
+def test_torch_math_serves_every_feature(math_only, packing, softcap, sink_kind, mask, dtype):
+    causal, diagonal, window = _MASKS[mask]
+    seed = 1000 + 10 * _CASES.index((packing, softcap, sink_kind, mask)) + {torch.bfloat16: 0, torch.float16: 3,
+                                                                           torch.float32: 6}[dtype]
+    layout, lo = _case_tensors(packing, dtype, seed)
+    hq = 4
+    sink32 = rand(hq, seed=seed + 7).to(torch.float32) if sink_kind == "learnable" else None
+    # The call's keywords (attention()) and the reference's.
+    kw = dict(layout=layout, is_causal=causal, diagonal=diagonal, window=window, softcap=softcap)
+    rkw = dict(causal=causal, bottom_right=diagonal == "bottom_right", window=window, softcap=softcap)
+    if packing == "packed":
+        kw.update(cu_seqlens_q=_cu(_PQ), cu_seqlens_kv=_cu(_PKV))
+        rkw.update(cu_q=_cu(_PQ), cu_kv=_cu(_PKV))
+        lens = (3, _PQ, _PKV)
+    elif packing != "none":
+        kw.update(seqlens_q=_LQ, seqlens_kv=_LKV, padding=packing)
+        rkw.update(lens_q=_LQ, lens_kv=_LKV, padding=packing)
+        lens = (1 if packing == "right" else 2, _LQ, _LKV)
+    else:
+        lens = (0, [], [])
+    softmax = _SINKS.index(sink_kind)
+    ours_in = [t.clone().requires_grad_(True) for t in lo]
+    if sink_kind == "learnable":
+        ours_in.append(sink32.clone().requires_grad_(True))
+    sink_arg = ours_in[3] if sink_kind == "learnable" else sink_kind
+
+    o, d = apt.attention(*ours_in[:3], sink=sink_arg, policy=math_only, return_decision=True, **kw)
+    assert d.executor == "torch_math" and not d.substitute, d.summary()
+    assert [(e.executor, e.outcome) for e in d.chain] == [("torch_math", "ran")]
+    g = rand(*o.shape, seed=seed + 8).to(dtype)
+    got = (o, *torch.autograd.grad(o, ours_in, g))
+    # The op (attention_backward / attention_backward_sink): the same runner, the same results,
+    # and its LSE.
+    args = apt._op_args(lo[0], layout, causal, diagonal, window, None, 0.0, math_only, "raise", False, True)
+    op_in = [t.detach().clone().requires_grad_(True) for t in ours_in]
+    o_op, lse = torch.ops.attn_policy.attention(*op_in[:3], *args, softcap or 0.0, softmax,
+                                                op_in[3] if sink_kind == "learnable" else None, lens[0],
+                                                list(lens[1]), list(lens[2]))
+    assert lse.dtype == torch.float32 and lse.shape == (
+        (1, hq, sum(_PQ)) if packing == "packed" else (_B, hq, _SQ))
+    for a, b in zip(got, (o_op, *torch.autograd.grad(o_op, op_in, g))):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+    def ref_sink(dt):
+        if sink_kind == "off_by_one":
+            return "off_by_one"
+        return None if sink_kind is None else sink32.detach().to(dt).requires_grad_(True)
+
+    ex_in = [t.detach().double().requires_grad_(True) for t in lo]
+    ex_sink = ref_sink(torch.float64)
+    exact, exact_lse = reference(*ex_in, sink=ex_sink, with_lse=True, **rkw, **({"layout": layout}))
+    nv_in = [t.detach().clone().requires_grad_(True) for t in lo]
+    nv_sink = ref_sink(dtype)
+    naive, naive_lse = reference(*nv_in, sink=nv_sink, with_lse=True, **rkw, **({"layout": layout}))
+    ex_leaves = ex_in + ([ex_sink] if sink_kind == "learnable" else [])
+    nv_leaves = nv_in + ([nv_sink] if sink_kind == "learnable" else [])
+    want = (exact, *torch.autograd.grad(exact, ex_leaves, g.double()))
+    base = (naive, *torch.autograd.grad(naive, nv_leaves, g))
+    names = ("O", "dQ", "dK", "dV", "d_sink")
+    for name, a, w, n in zip(names, got, want, base):
+        assert a.dtype == (torch.float32 if name == "d_sink" else dtype)
+        err = (a.double() - w).abs().max().item()
+        naive_err = (n.double() - w).abs().max().item()
+        assert err <= 2 * naive_err + 1e-6, (name, err, naive_err)
+    # The LSE: -inf exactly where the reference's is (padding rows, rows with no key), the
+    # criterion elsewhere.
+    empty = torch.isneginf(exact_lse)
+    assert torch.equal(torch.isneginf(lse), empty)
+    fin = ~empty
+    err = (lse.double()[fin] - exact_lse[fin]).abs().max().item()
+    naive_err = (naive_lse.double()[fin] - exact_lse[fin]).abs().max().item()
+    assert err <= 2 * naive_err + 1e-6, ("LSE", err, naive_err)
+
+    # Rows with no key (padding rows among them): O = 0, dQ = 0 exactly.
+    o_rows, dq_rows = _rows(got[0], layout), _rows(got[1], layout)
+    assert bool(empty.any()) or packing == "none"
+    assert (o_rows[empty] == 0).all() and (dq_rows[empty] == 0).all()
+    # Padding rows and keys, by position: O = 0, LSE = -inf, dQ = 0; dK = dV = 0.
+    dk_rows, dv_rows = _rows(got[2], layout), _rows(got[3], layout)
+    if packing in ("right", "left"):
+        for b in range(_B):
+            qpad = slice(_LQ[b], None) if packing == "right" else slice(0, _SQ - _LQ[b])
+            kpad = slice(_LKV[b], None) if packing == "right" else slice(0, _SKV - _LKV[b])
+            assert (o_rows[b, :, qpad] == 0).all() and (dq_rows[b, :, qpad] == 0).all()
+            assert torch.isneginf(lse[b, :, qpad]).all()
+            assert (dk_rows[b, :, kpad] == 0).all() and (dv_rows[b, :, kpad] == 0).all()
+    if packing == "packed":
+        # A sequence without keys: its rows empty; one without query rows: its keys get nothing.
+        k0 = sum(_PKV[:1])
+        assert (dk_rows[0, :, k0:k0 + _PKV[1]] == 0).all() and (dv_rows[0, :, k0:k0 + _PKV[1]] == 0).all()
+    # The feature is not dropped: without it, the exact result differs.
+    if softcap or sink_kind:
+        plain = reference(*[t.detach() for t in ex_in], **dict(rkw, softcap=None), **({"layout": layout}))
+        assert not torch.allclose(got[0].double(), plain, atol=1e-2)
+
+
+def test_torch_math_runs_the_features_first_in_a_chain_and_still_refuses_dropout(tmp_path):
+    import attn_policy
+    backends = attn_policy.Policy.load("te").backend_names
+    mine = pack_with_chains(tmp_path, {b: ["torch_math", "reference"] for b in backends})
+    q, k, v = qkv(b=2, sq=6, skv=6, layout="bshd", grad=True)
+    sink = torch.tensor([0.5, -1.0, 0.25, 2.0], dtype=torch.float32, requires_grad=True)
+    for kw in ({"softcap": 2.0}, {"sink": "off_by_one"}, {"sink": sink}, {"seqlens_q": [6, 3], "padding": "left"},
+               {"seqlens_q": [2, 5], "softcap": 3.0, "sink": sink}):
+        o, d = apt.attention(q, k, v, layout="bshd", is_causal=True, policy=mine, return_decision=True, **kw)
+        # Before torch_math served the features its manifest refused them and reference ran as
+        # a substitute; now torch_math runs, the chain's own executor.
+        assert [(e.executor, e.outcome) for e in d.chain] == [("torch_math", "ran"), ("reference", "not_tried")], kw
+        assert not d.substitute
+        r = reference(q, k, v, "bshd", True, sink=sink.detach().double() if kw.get("sink") is sink else kw.get("sink"),
+                      softcap=kw.get("softcap"), lens_q=kw.get("seqlens_q"), lens_kv=kw.get("seqlens_q"),
+                      padding=kw.get("padding", "right"))
+        close(o, r, 1e-9 if "sink" not in kw or kw["sink"] == "off_by_one" else 1e-6)
+    packed = rand(8, 4, 8)
+    o, d = apt.attention(packed, packed[:, :2], packed[:, 2:], layout="thd", cu_seqlens_q=[0, 3, 8], policy=mine,
+                         return_decision=True)
+    assert d.executor == "torch_math"
+    # What it cannot do it still refuses: dropout (with or without a feature).
+    for feats in ((2.0, 0, 0, (), ()), (0.0, 1, 1, (6, 3), (6, 3)), (0.0, 0, 0, (), ())):
+        call = apt._Call(q, k, v, 1, 1, -1, 0, False, 0.3, 0.1, True, *feats)
+        assert "dropout" in (apt._TORCH_EXECUTORS["torch_math"].check(call) or "")
+
+
+def test_torch_math_gradcheck_with_features(math_only):
+    q, k, v = qkv(b=2, hq=2, hkv=1, sq=4, skv=5, d=3, layout="bshd", grad=True)
+    sink = torch.tensor([0.25, -0.5], dtype=torch.float64, requires_grad=True)
+
+    def padded(q, k, v, sink):
+        return apt.attention(q, k, v, layout="bshd", is_causal=True, diagonal="bottom_right", softcap=1.5, sink=sink,
+                             seqlens_q=[4, 2], seqlens_kv=[5, 0], padding="left", policy=math_only)
+
+    # (Sink values and a step exactly representable in float32: the logits are read in fp32.)
+    assert torch.autograd.gradcheck(padded, (q, k, v, sink), eps=2.0 ** -12, atol=1e-5, rtol=1e-3)
+    g = torch.Generator().manual_seed(5)
+    tq = torch.randn(5, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    tk = torch.randn(6, 1, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    tv = torch.randn(6, 1, 3, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def packed(q, k, v):
+        return apt.attention(q, k, v, layout="thd", is_causal=True, window=(1, 0), softcap=2.0, sink="off_by_one",
+                             cu_seqlens_q=[0, 2, 5], cu_seqlens_kv=[0, 4, 6], policy=math_only)
+
+    assert torch.autograd.gradcheck(packed, (tq, tk, tv))
+    _, d = apt.attention(tq, tk, tv, layout="thd", cu_seqlens_q=[0, 2, 5], cu_seqlens_kv=[0, 4, 6], policy=math_only,
+                         return_decision=True)
+    assert d.executor == "torch_math"

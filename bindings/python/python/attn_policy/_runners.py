@@ -104,18 +104,8 @@ class _NativeRunner(_Runner):
             )
 
     def _sink32(self, sink, device) -> Optional[torch.Tensor]:
-        """The sink logits as the executors read them (fp32, contiguous ``[h_q]``), or None.
-        A learnable call without them is refused, never run as a vanilla softmax."""
-        if not self.learnable:
-            if sink is not None:
-                raise InvalidInput("sink logits given for a call whose softmax is not learnable")
-            return None
-        if sink is None:
-            raise InvalidInput("a learnable softmax needs the sink logits (a [h_q] tensor)")
-        if tuple(sink.shape) != (self.hq,) or not sink.is_floating_point() or sink.device != device:
-            raise InvalidInput(f"sink must be a floating-point [{self.hq}] tensor on {device}; found "
-                               f"{sink.dtype} {tuple(sink.shape)} on {sink.device}")
-        return sink.detach().to(_F32).contiguous()
+        """The sink logits as the executors read them (fp32, contiguous ``[h_q]``), or None."""
+        return _sink_logits(self.learnable, self.hq, sink, device)
 
     def forward(self, q, k, v, sink=None):
         if self.host_copy:
@@ -364,43 +354,187 @@ def _mask_bool(call_like, sq: int, skv: int, device) -> Optional[torch.Tensor]:
     return ok
 
 
-def _math_forward(q, k, v, layout, mask_args, scale):
-    """O and LSE from tensor ops (float32 for 16-bit inputs, float64 for fp32 and fp64); rows
-    with no key: O = 0, LSE = -inf."""
-    acc = torch.float64 if q.dtype in (torch.float64, torch.float32) else torch.float32
-    qh, kh, vh = (_to_bhsd(t, layout).to(acc) for t in (q, k, v))
-    hq, hkv = qh.shape[1], kh.shape[1]
+def _padded_mask(mask_args, packing: int, lens_q, lens_kv, sq: int, skv: int, device) -> torch.Tensor:
+    """Allowed (query, key) pairs of a padded batch, ``[b, 1, s_q, s_kv]``: each sequence's
+    tokens (at the start of its rows, ``packing`` 1, or at their end, 2), its mask in its own
+    coordinates; padding rows and keys admit nothing."""
+    lq = torch.tensor(lens_q, dtype=torch.int64, device=device).view(-1, 1, 1)
+    lkv = torch.tensor(lens_kv, dtype=torch.int64, device=device).view(-1, 1, 1)
+    r = torch.arange(sq, device=device).view(1, -1, 1)
+    c = torch.arange(skv, device=device).view(1, 1, -1)
+    # Each row's and key's position inside its own sequence.
+    i = r if packing == 1 else r - (sq - lq)
+    j = c if packing == 1 else c - (skv - lkv)
+    ok = (i >= 0) & (i < lq) & (j >= 0) & (j < lkv)
+    mask, wl, wr, br = mask_args
+    if mask != 0:
+        wr = 0 if wr < 0 else min(wr, 0)
+    d = i + (lkv - lq) if br else i  # the diagonal of the sequence's own rectangle
+    if wl >= 0:
+        ok = ok & (j >= d - wl)
+    if wr >= 0:
+        ok = ok & (j <= d + wr)
+    return ok.unsqueeze(1)
+
+
+def _attend(qh, kh, vh, allowed, scale, softcap, sink):
+    """O and LSE of ``[b, h, s, d]`` tensors already in the accumulation dtype (K/V with the
+    query heads): scores ``scale * q.k``, soft-capped (``softcap`` > 0), masked (``allowed``
+    broadcast to ``[b, h, s_q, s_kv]``, None: every key), a softmax whose denominator adds
+    ``exp(sink[h])`` (``sink``: ``[h_q]`` logits or None). A row that sees no key: O = 0,
+    LSE = -inf, and no gradient flows back from it (to the sink neither)."""
+    s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    if sink is None:
+        lse = torch.logsumexp(s, dim=-1)
+        empty = lse == float("-inf")
+    else:
+        b, h, sq, _ = s.shape
+        col = sink.to(s.dtype).view(1, h, 1, 1).expand(b, h, sq, 1)
+        lse = torch.logsumexp(torch.cat([s, col], dim=-1), dim=-1)
+        # Empty rows by the mask alone: the sink's term would make their LSE s_h.
+        empty = ((~allowed).all(-1).expand(b, h, sq) if allowed is not None
+                 else torch.zeros(lse.shape, dtype=torch.bool, device=lse.device))
+    # (Where: no gradient reaches the LSE of an empty row, so none reaches the sink from it.)
+    lse = torch.where(empty, torch.zeros((), dtype=lse.dtype, device=lse.device), lse)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    p = torch.nan_to_num(p, nan=0.0)
+    o = torch.matmul(p, vh)
+    return o, lse.masked_fill(empty, float("-inf"))
+
+
+def _heads(kh, vh, hq):
+    hkv = kh.shape[1]
     if hq != hkv:
         kh = kh.repeat_interleave(hq // hkv, dim=1)
         vh = vh.repeat_interleave(hq // hkv, dim=1)
-    s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
-    allowed = _mask_bool(mask_args, qh.shape[2], kh.shape[2], q.device)
-    if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1).masked_fill(torch.isinf(lse).unsqueeze(-1), 0.0))
-    p = torch.nan_to_num(p, nan=0.0)
-    o = torch.matmul(p, vh)
+    return kh, vh
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype in (torch.float64, torch.float32) else torch.float32
+
+
+def _math_forward(q, k, v, layout, mask_args, scale, softcap=0.0, sink=None, packing=0, lens_q=(), lens_kv=(),
+                  padded_mask=None):
+    """O and LSE from tensor ops (float32 for 16-bit inputs, float64 for fp32 and fp64); rows
+    with no key: O = 0, LSE = -inf. The features as the native problem states them:
+    ``softcap`` (0: none), ``sink`` (the ``[h_q]`` sink logits, zeros for off-by-one, or
+    None), ``packing`` (0 none, 1 padded right, 2 padded left, 3 packed ``thd``) with the
+    per-sequence lengths; masks apply in each sequence's own coordinates. ``padded_mask``: the
+    padded batch's ``_padded_mask``, made once by the caller (None: made here)."""
+    acc = _acc_dtype(q.dtype)
+    if packing == 3:
+        return _math_forward_packed(q, k, v, mask_args, scale, softcap, sink, lens_q, lens_kv)
+    qh, kh, vh = (_to_bhsd(t, layout).to(acc) for t in (q, k, v))
+    kh, vh = _heads(kh, vh, qh.shape[1])
+    if packing:
+        allowed = padded_mask if padded_mask is not None else _padded_mask(
+            mask_args, packing, lens_q, lens_kv, qh.shape[2], kh.shape[2], q.device)
+    else:
+        allowed = _mask_bool(mask_args, qh.shape[2], kh.shape[2], q.device)
+    o, lse = _attend(qh, kh, vh, allowed, scale, softcap, sink)
     return _from_bhsd(o.to(q.dtype), layout), lse.to(lse_dtype(q.dtype))
 
 
+def _math_forward_packed(q, k, v, mask_args, scale, softcap, sink, lens_q, lens_kv):
+    """Packed ``thd`` sequences ``[t, h, d]``, one at a time (no ``t_q x t_kv`` scores): O
+    ``[t_q, h_q, d_v]`` and the LSE ``[1, h_q, t_q]``."""
+    acc = _acc_dtype(q.dtype)
+    hq = q.shape[1]
+    outs, lses = [], []
+    q0 = k0 = 0
+    for lq, lkv in zip(lens_q, lens_kv):
+        if lq:
+            qh = q[q0:q0 + lq].transpose(0, 1).unsqueeze(0).to(acc)
+            kh, vh = (t[k0:k0 + lkv].transpose(0, 1).unsqueeze(0).to(acc) for t in (k, v))
+            kh, vh = _heads(kh, vh, hq)
+            # No key at all: every row empty (the mask of an empty rectangle admits nothing).
+            allowed = (_mask_bool(mask_args, lq, lkv, q.device) if lkv else
+                       torch.zeros(lq, 0, dtype=torch.bool, device=q.device))
+            o, lse = _attend(qh, kh, vh, allowed, scale, softcap, sink)
+            outs.append(o[0].transpose(0, 1))
+            lses.append(lse)
+        q0, k0 = q0 + lq, k0 + lkv
+    o = torch.cat(outs, 0).to(q.dtype)
+    return o, torch.cat(lses, -1).to(lse_dtype(q.dtype))
+
+
+def _sink_logits(learnable: bool, hq: int, sink, device) -> Optional[torch.Tensor]:
+    """A learnable call's sink logits as the executors read them (fp32, contiguous ``[h_q]``),
+    or None. A learnable call without them is refused, never run as a vanilla softmax; logits
+    given to a call whose softmax is not learnable are refused too."""
+    if not learnable:
+        if sink is not None:
+            raise InvalidInput("sink logits given for a call whose softmax is not learnable")
+        return None
+    if sink is None:
+        raise InvalidInput("a learnable softmax needs the sink logits (a [h_q] tensor)")
+    if tuple(sink.shape) != (hq,) or not sink.is_floating_point() or sink.device != device:
+        raise InvalidInput(f"sink must be a floating-point [{hq}] tensor on {device}; found "
+                           f"{sink.dtype} {tuple(sink.shape)} on {sink.device}")
+    return sink.detach().to(_F32).contiguous()
+
+
 class _MathRunner(_Runner):
+    """``torch_math``: every feature (soft-capping, both sinks, padded and packed sequences);
+    the backward is autograd through the same math (d_sink included, in the sink's dtype)."""
+
     executor = "torch_math"
 
     def __init__(self, call: _Call):
         self.layout, self.scale = call.layout, call.scale
         self.mask_args = (call.mask, call.window_left, call.window_right, call.bottom_right)
+        self.softcap, self.softmax, self.hq = call.softcap, call.softmax, call.hq
+        self.packing, self.lens_q, self.lens_kv = call.packing, call.seqlens_q, call.seqlens_kv
+        self.acc = _acc_dtype(call.dtype)
+        self.sq, self.skv = call.sq, call.skv
+        # A padded batch's mask, made on the first call (its lengths are copied to the device
+        # once, not on every call: nothing a CUDA graph capture of a later call could not take).
+        self._padded: Optional[torch.Tensor] = None
+
+    def _sink(self, sink, device):
+        """The sink logits in the accumulation dtype (read as fp32, as every executor reads
+        them; off-by-one: zeros), or None for a vanilla softmax."""
+        s32 = _sink_logits(self.softmax == LEARNABLE, self.hq, sink, device)
+        if s32 is not None:
+            return s32.to(self.acc)
+        if self.softmax:
+            return torch.zeros(self.hq, dtype=self.acc, device=device)
+        return None
+
+    def _run(self, q, k, v, sink):
+        if self.packing in (1, 2) and (self._padded is None or self._padded.device != q.device):
+            self._padded = _padded_mask(self.mask_args, self.packing, self.lens_q, self.lens_kv, self.sq, self.skv,
+                                        q.device)
+        return _math_forward(q, k, v, self.layout, self.mask_args, self.scale, self.softcap, sink, self.packing,
+                             self.lens_q, self.lens_kv, self._padded)
 
     def forward(self, q, k, v, sink=None):
-        o, lse = _math_forward(q, k, v, self.layout, self.mask_args, self.scale)
+        o, lse = self._run(q, k, v, self._sink(sink, q.device))
         return o.contiguous(), lse.contiguous()
 
     def backward(self, g, q, k, v, o, lse, sink=None):
+        s = self._sink(sink, q.device)
+        learnable = self.softmax == LEARNABLE
         with torch.enable_grad():
             qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
-            out, _ = _math_forward(qq, kk, vv, self.layout, self.mask_args, self.scale)
-            grads = torch.autograd.grad(out, (qq, kk, vv), g)
-        return _restrided(grads, (q, k, v))
+            leaves = (qq, kk, vv)
+            if learnable:
+                s = s.requires_grad_(True)
+                leaves += (s,)
+            out, _ = self._run(qq, kk, vv, s)
+            # (allow_unused: packed keys whose sequences have no query rows are never read.)
+            grads = torch.autograd.grad(out, leaves, g, allow_unused=True)
+        grads = [torch.zeros_like(t) if d is None else d for t, d in zip(leaves, grads)]
+        dqkv = _restrided(grads[:3], (q, k, v))
+        if not learnable:
+            return dqkv
+        # d_sink as the other executors return it: fp32, then the sink's dtype.
+        return (*dqkv, grads[3].to(_F32).to(sink.dtype))
 
 
 class _SdpaFallback(_Runner):

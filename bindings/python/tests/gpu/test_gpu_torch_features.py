@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_torch_features import rand, reference  # noqa: E402
+from test_torch_features import pack_with_chains, rand, reference  # noqa: E402
 
 import attn_policy.torch as apt  # noqa: E402
 
@@ -70,6 +70,27 @@ def _inputs(layout, b, hq, hkv, sq, skv, d, seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_features_on_cuda_meet_the_criterion(case, dtype):
+    _check_case(case, dtype)
+
+
+@pytest.fixture(scope="module")
+def math_only(tmp_path_factory):
+    """A te pack copy whose every chain is ``[torch_math]``."""
+    import attn_policy
+    backends = attn_policy.Policy.load("te").backend_names
+    return pack_with_chains(tmp_path_factory.mktemp("math"), {b: ["torch_math"] for b in backends})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_torch_math_serves_the_features_on_cuda(case, dtype, math_only):
+    # torch_math's manifest lists every feature: with a chain of it alone it runs every case on
+    # the GPU (its own executor, no substitute), by the same criterion.
+    d = _check_case(case, dtype, math_only)
+    assert d.executor == "torch_math" and not d.substitute, d.summary()
+
+
+def _check_case(case, dtype, policy=None):
     name, layout, b, hq, hkv, sq, skv, kw, rkw = case
     kw, rkw = dict(kw), dict(rkw)
     x64 = _inputs(layout, b, hq, hkv, sq, skv, 64, seed=21)
@@ -82,7 +103,7 @@ def test_features_on_cuda_meet_the_criterion(case, dtype):
         extra = [sink64.float().to(DEV).requires_grad_(True)]
         kw["sink"] = extra[0]
     apt.clear_cache()
-    o, d = apt.attention(*ours, layout=layout, return_decision=True, **kw)
+    o, d = apt.attention(*ours, layout=layout, return_decision=True, policy=policy, **kw)
     assert d.executor is not None
     if d.executor == "reference":
         assert d.substitute  # the CPU reference on a GPU call is always reported
@@ -108,3 +129,4 @@ def test_features_on_cuda_meet_the_criterion(case, dtype):
         worst.append(f"{what} {err:.2e}/{naive_err:.2e}")
         assert err <= 2 * naive_err + 1e-6, (name, what, err, naive_err)
     note(f"| {name} | {str(dtype)[6:]} | {d.executor}{' (substitute)' if d.substitute else ''} | {'; '.join(worst)} |")
+    return d
