@@ -20,13 +20,18 @@
 //! 4. rewrites every `and`/`or` over slot formulas inside those trees (and inside atoms) into a
 //!    *leaf set* (`Cond::Leaves`): per formula word, a mask of the formulas it reads as they
 //!    are and a mask of those it reads negated, answered with a few AND/OR tests per word; an
-//!    atom that is a small leaf set is copied into its users (cheaper than its memo).
+//!    atom that is a small leaf set is copied into its users (cheaper than its memo);
+//! 5. pairs the groups of facts with few classes (booleans, small enums, a fact compared with
+//!    one or two constants: at most 64 classes together) into one table indexed by both
+//!    classes, so a decision pays one row load, one formula word and one rule-word fold per pair
+//!    instead of per fact (`pair_groups`; the te pack's 71 groups become 38).
 //!
-//! A decision then classifies each fact the formulas read (one pass over the facts in slot
-//! order: a bit index for an enum, a binary search over a few constants for a number), ORs its
-//! class's rows into the live-rule and unknown-rule sets and the formula words, and evaluates
-//! the residual of each rule still live. A value no table covers (an unparseable version, a NaN,
-//! a value of another kind) takes the slow path: that fact's formulas through the interpreter.
+//! A decision then classifies each fact the formulas read (one pass over the single groups in
+//! slot order, then the pairs: a bit index for an enum, a binary search over a few constants for
+//! a number), ORs its class's rows into the live-rule and unknown-rule sets and the formula
+//! words, and evaluates the residual of each rule still live. A value no table covers (an
+//! unparseable version, a NaN, a value of another kind) takes the slow path: that group's
+//! formulas (both facts' for a pair) through the interpreter.
 //!
 //! The result is exactly the node interpreter's ([`Program::eval`]): formula truths come from
 //! the interpreter itself for exact classes and from the order relation for the ranges between
@@ -265,6 +270,9 @@ struct SlotGroup {
     /// The group's formulas (their nodes), for the slow path, and the rules they are literals of.
     formulas: Box<[NodeId]>,
     literal_of: Box<[Box<[u64]>]>,
+    /// A pair group (in `RulePlan::pairs`): the second fact it reads, its classes and their
+    /// count `n`; the pair's class is `class(slot) * n + class(second)`.
+    second: Option<(u16, Classes, usize)>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -284,6 +292,9 @@ pub struct RulePlan {
     /// Words per rule bit set.
     words: usize,
     groups: Vec<SlotGroup>,
+    /// Groups over two facts (`SlotGroup::second`), classified after `groups`: formula word
+    /// `groups.len() + i`.
+    pairs: Vec<SlotGroup>,
     /// Other conditions a decision reads (variant applicability, preference), by index.
     extras: Vec<Cond>,
 }
@@ -302,6 +313,35 @@ pub struct AtomScratch {
     slow_row: Vec<u64>,
     /// Evaluation steps of the last decision (counted only by the counting entry points).
     steps: u64,
+}
+
+/// The live and unknown rule sets during classification: in registers (`W` words, `W > 0`)
+/// or in the scratch (`W == 0`, any width).
+struct RuleSets<'a, const W: usize> {
+    live: &'a mut [u64; W],
+    unknown: &'a mut [u64; W],
+    dyn_live: &'a mut [u64],
+    dyn_unknown: &'a mut [u64],
+}
+
+impl<const W: usize> RuleSets<'_, W> {
+    /// Rules out `kill` and marks `unk` unknown (`rule_words`: `words` of each).
+    #[inline(always)]
+    fn fold(&mut self, rule_words: &[u64], words: usize) {
+        let (kill, unk) = rule_words.split_at(words);
+        if W > 0 {
+            let (kill, unk) = (&kill[..W], &unk[..W]);
+            for j in 0..W {
+                self.live[j] &= !kill[j];
+                self.unknown[j] |= unk[j];
+            }
+        } else {
+            for j in 0..words {
+                self.dyn_live[j] &= !kill[j];
+                self.dyn_unknown[j] |= unk[j];
+            }
+        }
+    }
 }
 
 /// The true and unknown bits of one formula word (read together, so kept together).
@@ -1200,6 +1240,121 @@ fn group_formulas(
     (bits, groups)
 }
 
+/// Largest table (classes of one fact times classes of the other) of a pair group.
+const MAX_PAIR_CLASSES: usize = 64;
+
+/// Pairs groups over facts with few classes: one table lookup, one formula word and one
+/// rule-word fold per pair instead of two (the per-group costs of a decision), and leaf sets
+/// over both facts test one word. A pair's row for classes (i, j) is the union of the two
+/// groups' rows: the second group's formula bits above the first's, the rules either rules out
+/// or leaves unknown (a literal is false, or unknown, in the pair exactly when it is in its own
+/// group). Each group pairs with the first later one that fits (slot order). Merging three
+/// facts a group cost more instructions (a loop over the facts) than it saved. Returns the new
+/// (word, bit) of every formula, the groups left single, and the pairs (their words follow
+/// the single groups').
+fn pair_groups(
+    bits: Vec<(u16, u8)>,
+    groups: Vec<SlotGroup>,
+    words: usize,
+) -> (Vec<(u16, u8)>, Vec<SlotGroup>, Vec<SlotGroup>) {
+    let n = groups.len();
+    let mut partner: Vec<Option<usize>> = vec![None; n];
+    let mut taken = vec![false; n];
+    for i in 0..n {
+        if taken[i] {
+            continue;
+        }
+        let fits = |j: usize| {
+            !taken[j]
+                && groups[i].rows.len() * groups[j].rows.len() <= MAX_PAIR_CLASSES
+                && groups[i].formulas.len() + groups[j].formulas.len() <= 64
+        };
+        if let Some(j) = (i + 1..n).find(|&j| fits(j)) {
+            (taken[i], taken[j], partner[i]) = (true, true, Some(j));
+        }
+    }
+    let singles: Vec<usize> = (0..n).filter(|&i| !taken[i]).collect();
+    let firsts: Vec<usize> = (0..n).filter(|&i| partner[i].is_some()).collect();
+    // Per old group: its new word and the shift of its formula bits.
+    let mut moved = vec![(0u16, 0u8); n];
+    for (w, &i) in singles.iter().enumerate() {
+        moved[i] = (w as u16, 0);
+    }
+    let mut pairs = Vec::with_capacity(firsts.len());
+    for (p, &i) in firsts.iter().enumerate() {
+        let (j, w) = (partner[i].expect("a pair"), (singles.len() + p) as u16);
+        moved[i] = (w, 0);
+        moved[j] = (w, groups[i].formulas.len() as u8);
+        pairs.push(pair_of(&groups[i], &groups[j], w, words));
+    }
+    let bits = bits
+        .into_iter()
+        .map(|(word, bit)| {
+            let (w, shift) = moved[word as usize];
+            (w, bit + shift)
+        })
+        .collect();
+    let mut groups: Vec<Option<SlotGroup>> = groups.into_iter().map(Some).collect();
+    let singles = singles
+        .iter()
+        .map(|&i| {
+            let mut g = groups[i].take().expect("each group once");
+            g.word = moved[i].0;
+            g
+        })
+        .collect();
+    (bits, singles, pairs)
+}
+
+/// The pair group of single groups `a` and `b` (see [`pair_groups`]), formula word `word`.
+fn pair_of(a: &SlotGroup, b: &SlotGroup, word: u16, words: usize) -> SlotGroup {
+    let (na, nb) = (a.rows.len(), b.rows.len());
+    let shift = a.formulas.len();
+    let rule_row = |g: &SlotGroup, k: usize| -> Vec<u64> {
+        if g.rule_words.is_empty() {
+            vec![0; 2 * words]
+        } else {
+            g.rule_words[2 * words * k..2 * words * (k + 1)].to_vec()
+        }
+    };
+    let mut rows = Vec::with_capacity(na * nb);
+    let mut rule_words = Vec::with_capacity(na * nb * 2 * words);
+    for i in 0..na {
+        for j in 0..nb {
+            let (x, y) = (a.rows[i], b.rows[j]);
+            rows.push(Row {
+                true_bits: x.true_bits | y.true_bits << shift,
+                unknown_bits: x.unknown_bits | y.unknown_bits << shift,
+            });
+            let (x, y) = (rule_row(a, i), rule_row(b, j));
+            rule_words.extend(x.iter().zip(&y).map(|(x, y)| x | y));
+        }
+    }
+    if rule_words.iter().all(|&w| w == 0) {
+        rule_words.clear();
+    }
+    SlotGroup {
+        slot: a.slot,
+        classes: a.classes.clone(),
+        word,
+        rows: rows.into(),
+        rule_words: rule_words.into(),
+        formulas: a
+            .formulas
+            .iter()
+            .chain(b.formulas.iter())
+            .copied()
+            .collect(),
+        literal_of: a
+            .literal_of
+            .iter()
+            .chain(b.literal_of.iter())
+            .cloned()
+            .collect(),
+        second: Some((b.slot, b.classes.clone(), nb)),
+    }
+}
+
 impl RulePlan {
     /// Plans the conditions `roots` (one per rule) of `program` over `schema`'s facts, and
     /// `extras`, conditions evaluated one by one with [`RulePlan::eval_extra`].
@@ -1279,6 +1434,7 @@ impl RulePlan {
         literal_of.resize(b.formulas.len(), vec![0; words]);
 
         let (bits, groups) = group_formulas(program, schema, &b.formulas, &literal_of, words);
+        let (bits, groups, pairs) = pair_groups(bits, groups, words);
         for c in rules.iter_mut().flat_map(|r| r.iter_mut()) {
             patch_cond(c, &bits);
         }
@@ -1295,7 +1451,13 @@ impl RulePlan {
         }
         let atoms: Vec<Cond> = folded.into_iter().map(|a| a.expect("folded")).collect();
         // A decision keeps group i's formula bits in word i (`classify` writes them in order).
-        assert!(groups.iter().enumerate().all(|(i, g)| g.word as usize == i));
+        assert!(
+            groups
+                .iter()
+                .chain(&pairs)
+                .enumerate()
+                .all(|(i, g)| g.word as usize == i)
+        );
         let folded: Vec<Option<Cond>> = atoms.iter().cloned().map(Some).collect();
         let rules = rules
             .into_iter()
@@ -1312,6 +1474,7 @@ impl RulePlan {
             rules,
             words,
             groups,
+            pairs,
             extras,
         }
     }
@@ -1323,7 +1486,11 @@ impl RulePlan {
 
     /// Number of slot formulas (conditions over one fact, answered by the class tables).
     pub fn formula_count(&self) -> usize {
-        self.groups.iter().map(|g| g.formulas.len()).sum()
+        self.groups
+            .iter()
+            .chain(&self.pairs)
+            .map(|g| g.formulas.len())
+            .sum()
     }
 
     /// Clears `scratch` for a new decision.
@@ -1376,61 +1543,82 @@ impl RulePlan {
             s.live[words - 1] = (1u64 << (n % 64)) - 1;
         }
         s.unknown.fill(0);
-        if s.leaf.len() != self.groups.len() {
-            s.leaf.resize(self.groups.len(), Leaf::default());
+        let n = self.groups.len() + self.pairs.len();
+        if s.leaf.len() != n {
+            s.leaf.resize(n, Leaf::default());
         }
         let (mut live, mut unknown) = ([u64::MAX; W], [0u64; W]);
         if W > 0 {
             live.copy_from_slice(&s.live);
         }
-        for (g, leaf) in self.groups.iter().zip(s.leaf.iter_mut()) {
-            if COUNT {
-                s.steps += 1;
-            }
-            let v = facts[g.slot as usize];
-            let (row, rule_words) = match g.classes.of(v) {
-                // A group that rules nothing out (a quarter of the te pack's) folds nothing.
-                Some(k) if g.rule_words.is_empty() => {
-                    let row = g.rows[k];
-                    *leaf = Leaf {
-                        t: row.true_bits,
-                        u: row.unknown_bits,
-                    };
-                    continue;
-                }
-                Some(k) => (g.rows[k], &g.rule_words[2 * words * k..2 * words * (k + 1)]),
-                None => {
-                    let row = self.classify_slow::<COUNT>(
-                        g,
-                        program,
-                        facts,
-                        &mut s.slow_row,
-                        &mut s.steps,
-                    );
-                    (row, &s.slow_row[..])
-                }
+        let (singles, pairs) = s.leaf.split_at_mut(self.groups.len());
+        let mut sets = RuleSets::<W> {
+            live: &mut live,
+            unknown: &mut unknown,
+            dyn_live: &mut s.live,
+            dyn_unknown: &mut s.unknown,
+        };
+        let mut slow = (&mut s.slow_row, &mut s.steps);
+        for (g, leaf) in self.groups.iter().zip(singles.iter_mut()) {
+            let k = g.classes.of(facts[g.slot as usize]);
+            self.classify_group::<COUNT, W>(g, k, leaf, program, facts, &mut sets, &mut slow);
+        }
+        for (g, leaf) in self.pairs.iter().zip(pairs.iter_mut()) {
+            let k = g.classes.of(facts[g.slot as usize]);
+            let k = match &g.second {
+                Some((second, classes, count)) => match (k, classes.of(facts[*second as usize])) {
+                    (Some(i), Some(j)) => Some(i * count + j),
+                    _ => None,
+                },
+                None => k,
             };
-            *leaf = Leaf {
-                t: row.true_bits,
-                u: row.unknown_bits,
-            };
-            let (kill, unk) = rule_words.split_at(words);
-            if W > 0 {
-                for j in 0..W {
-                    live[j] &= !kill[j];
-                    unknown[j] |= unk[j];
-                }
-            } else {
-                for j in 0..words {
-                    s.live[j] &= !kill[j];
-                    s.unknown[j] |= unk[j];
-                }
-            }
+            self.classify_group::<COUNT, W>(g, k, leaf, program, facts, &mut sets, &mut slow);
         }
         if W > 0 {
             s.live.copy_from_slice(&live);
             s.unknown.copy_from_slice(&unknown);
         }
+    }
+
+    /// Writes group `g`'s formula word for class `k` (`None`: no class, the slow path) and
+    /// folds the rules it rules out or leaves unknown into the rule sets.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn classify_group<const COUNT: bool, const W: usize>(
+        &self,
+        g: &SlotGroup,
+        k: Option<usize>,
+        leaf: &mut Leaf,
+        program: &Program,
+        facts: &[Value],
+        sets: &mut RuleSets<'_, W>,
+        (slow_row, steps): &mut (&mut Vec<u64>, &mut u64),
+    ) {
+        let words = self.words;
+        if COUNT {
+            **steps += 1;
+        }
+        let (row, rule_words) = match k {
+            // A group that rules nothing out (a quarter of the te pack's) folds nothing.
+            Some(k) if g.rule_words.is_empty() => {
+                let row = g.rows[k];
+                *leaf = Leaf {
+                    t: row.true_bits,
+                    u: row.unknown_bits,
+                };
+                return;
+            }
+            Some(k) => (g.rows[k], &g.rule_words[2 * words * k..2 * words * (k + 1)]),
+            None => {
+                let row = self.classify_slow::<COUNT>(g, program, facts, slow_row, steps);
+                (row, &slow_row[..])
+            }
+        };
+        *leaf = Leaf {
+            t: row.true_bits,
+            u: row.unknown_bits,
+        };
+        sets.fold(rule_words, words);
     }
 
     /// A value no class covers: the group's formulas through the interpreter, tabulated into
@@ -1673,6 +1861,7 @@ fn tabulate<'a>(
         rule_words: rule_words.into(),
         formulas: nodes.into(),
         literal_of: literal_of.into_iter().map(|l| l.clone().into()).collect(),
+        second: None,
     }
 }
 
@@ -2169,6 +2358,10 @@ mod tests {
             assert!(
                 plan.formula_count() > 10,
                 "pack {name} reads facts in formulas"
+            );
+            assert!(
+                !plan.pairs.is_empty() && !plan.groups.is_empty(),
+                "pack {name}: the plan has single and pair groups (both paths compared)"
             );
             let (mut compared, mut fired, mut unknown) = (0, 0, 0);
             let mut rng = Rng(0x5eed_0000 + name.len() as u64);
