@@ -335,6 +335,33 @@ fn refusals_are_typed() {
 // Per-sequence lengths: padded right, padded left, packed THD (issue 33)
 // ---------------------------------------------------------------------------------------------
 
+/// The executor for the varlen tests: padded and packed batches on cuDNN are opt-in
+/// (`ATTN_POLICY_CUDNN_VARLEN=1`) until these tests have passed on a GPU. Without the opt-in the
+/// executor must refuse them, naming the variable (asserted here), and the test stops.
+fn varlen_executor() -> Option<Arc<CudnnExecutor>> {
+    let ex = executor()?;
+    if attn_policy_adapters::cudnn::varlen_enabled() {
+        return Some(ex);
+    }
+    let p = AttentionProblem::new(2, 4, 4, 64, 64, 64, 64, DType::BF16).with_seqlens(
+        SeqLens::padded(SeqPacking::PaddedRight, vec![10, 64], vec![10, 64]),
+        LayoutKind::Bshd,
+    );
+    let reason = ex
+        .check(&p)
+        .expect_err("varlen refused without the opt-in")
+        .reason;
+    assert!(
+        reason.contains(attn_policy_adapters::cudnn::VARLEN_ENV),
+        "{reason}"
+    );
+    println!(
+        "skipped: set {}=1 to run the cuDNN varlen GPU tests (refused without it: {reason})",
+        attn_policy_adapters::cudnn::VARLEN_ENV
+    );
+    None
+}
+
 /// A 16-bit NaN in both bf16 and fp16: what output buffers hold before a call, so an element
 /// the executor leaves unwritten shows up.
 const NAN16: u16 = 0xFFFF;
@@ -605,7 +632,7 @@ fn run_device_varlen(
 /// padding keys, LSE = -inf in padding rows, no NaN anywhere; every output buffer starts as
 /// NaN, so an unwritten element fails).
 fn varlen_table(nan_input_padding: bool) {
-    let Some(ex) = executor() else { return };
+    let Some(ex) = varlen_executor() else { return };
     let seed = common::fresh_seed();
     let cases = varlen_cases();
     let rows = common::in_parallel(&cases, |i, c| {
@@ -684,7 +711,7 @@ fn varlen_ignores_what_padding_rows_hold() {
 /// packing whatever the lengths.
 #[test]
 fn varlen_plans_are_reused_across_lengths() {
-    let Some(ex) = executor() else { return };
+    let Some(ex) = varlen_executor() else { return };
     let base = AttentionProblem::new(3, 8, 2, 128, 128, 128, 128, DType::BF16)
         .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT);
     for packing in [
@@ -714,7 +741,7 @@ fn varlen_plans_are_reused_across_lengths() {
 /// What the cuDNN executor still refuses with per-sequence lengths, typed.
 #[test]
 fn varlen_refusals_are_typed() {
-    let Some(ex) = executor() else { return };
+    let Some(ex) = varlen_executor() else { return };
     let p = AttentionProblem::new(2, 4, 4, 64, 64, 64, 64, DType::BF16).with_seqlens(
         SeqLens::padded(SeqPacking::PaddedRight, vec![10, 64], vec![10, 64]),
         LayoutKind::Bshd,
@@ -741,7 +768,7 @@ fn varlen_checks_accept_the_reference_and_catch_a_planted_error() {
     let r = attn_policy_adapters::reference::Reference;
     for (i, c) in varlen_cases().iter().enumerate() {
         let p = &c.p;
-        attn_policy_adapters::cudnn::check(p, None)
+        attn_policy_adapters::cudnn::check_with(p, None, true)
             .unwrap_or_else(|u| panic!("case {i} {}: refused: {}", c.label, u.reason));
         // the float64 reference is slow in debug builds: a third of the table, every packing
         if !i.is_multiple_of(3) {
@@ -803,7 +830,7 @@ fn varlen_checks_accept_the_reference_and_catch_a_planted_error() {
 /// per-sequence lengths, one case per packing.
 #[test]
 fn varlen_through_the_trial_runner() {
-    let Some(ex) = executor() else { return };
+    let Some(ex) = varlen_executor() else { return };
     let seed = common::fresh_seed();
     let opts = RunOptions {
         backward: true,

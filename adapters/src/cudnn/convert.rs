@@ -19,6 +19,11 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 /// The executor's static capability manifest.
 pub fn manifest() -> Manifest {
+    manifest_with(varlen_enabled())
+}
+
+/// The manifest with per-sequence lengths served (`varlen`) or not.
+pub fn manifest_with(varlen: bool) -> Manifest {
     Manifest {
         name: NAME.to_string(),
         device: DeviceKind::Cuda,
@@ -41,13 +46,18 @@ pub fn manifest() -> Manifest {
         backward: true,
         deterministic: true,
         // Padded (either side) and packed THD batches through cuDNN's padding mask and ragged
-        // offsets; soft-capping and sinks are not built into the graphs (refused).
+        // offsets, only where opted in (see `varlen_enabled`); soft-capping and sinks are not
+        // built into the graphs (refused).
         features: Features {
-            seqlens: vec![
-                SeqPacking::PaddedRight,
-                SeqPacking::PaddedLeft,
-                SeqPacking::Packed,
-            ],
+            seqlens: if varlen {
+                vec![
+                    SeqPacking::PaddedRight,
+                    SeqPacking::PaddedLeft,
+                    SeqPacking::Packed,
+                ]
+            } else {
+                Vec::new()
+            },
             ..Features::none()
         },
         notes: vec![
@@ -56,7 +66,7 @@ pub fn manifest() -> Manifest {
             "deterministic backward uses the frontend's dP-workspace graph and refuses engines noted NONDETERMINISTIC".into(),
             "a plan that is not a fused-attention engine (finalizeMode SDPA_FWD/SDPA_BWD/UNIFIED_SDPA_FWD) is refused".into(),
             "rows with no admissible key are refused (cuDNN would return NaN where the convention is O = 0, LSE = -inf)".into(),
-            "per-sequence lengths: padding mask with per-batch seq-len tensors; left padding and packed THD through ragged offsets; padding rows are zeroed (O, dQ, dK, dV) and LSE set to -inf by the executor after the call; sequences of 0 tokens are refused".into(),
+            "per-sequence lengths (opt-in, ATTN_POLICY_CUDNN_VARLEN=1: built and unit-tested, not yet run on a GPU): padding mask with per-batch seq-len tensors; left padding and packed THD through ragged offsets; padding rows are zeroed (O, dQ, dK, dV) and LSE set to -inf by the executor after the call; sequences of 0 tokens are refused".into(),
         ],
     }
 }
@@ -137,10 +147,37 @@ pub fn spec_of(p: &AttentionProblem, dir: Direction) -> SdpaSpec {
     .canonical(dir)
 }
 
+/// The environment variable that opts in to padded and packed batches on cuDNN.
+pub const VARLEN_ENV: &str = "ATTN_POLICY_CUDNN_VARLEN";
+
+/// Whether cuDNN serves padded and packed batches in this process: only with
+/// `ATTN_POLICY_CUDNN_VARLEN=1`. The graphs, the executor's fix-ups and their GPU tests
+/// (adapters/tests/cudnn_gpu.rs, `varlen_*`) exist, but the tests have not yet run on a GPU, and
+/// a graph cuDNN accepts but computes differently would be a silent wrong answer: until they
+/// pass on a device, a padded or packed call goes down the chain to `chunked`.
+pub fn varlen_enabled() -> bool {
+    std::env::var_os(VARLEN_ENV).is_some_and(|v| v == "1")
+}
+
 /// The exact gate, without a device: the manifest, empty mask rows, and (when known) the
 /// runtime version. Plan building can still refuse (see the executor).
 pub fn check(p: &AttentionProblem, version: Option<CudnnVersion>) -> Result<(), Unsupported> {
-    manifest().admits(p)?;
+    check_with(p, version, varlen_enabled())
+}
+
+/// [`check`] with per-sequence lengths served (`varlen`) or not.
+pub fn check_with(
+    p: &AttentionProblem,
+    version: Option<CudnnVersion>,
+    varlen: bool,
+) -> Result<(), Unsupported> {
+    if p.seqlens.is_some() && !varlen {
+        return Err(Unsupported::new(format!(
+            "padded and packed batches on cuDNN are built but not yet verified on a GPU \
+             (opt in with {VARLEN_ENV}=1)"
+        )));
+    }
+    manifest_with(varlen).admits(p)?;
     if let Some(s) = &p.seqlens {
         for b in 0..p.batch {
             let (lq, lkv) = (s.q[b], s.kv[b]);
@@ -393,8 +430,8 @@ mod tests {
         ] {
             let a = seq(packing, vec![1, 96, 40], vec![1, 96, 70]);
             let b = seq(packing, vec![96, 5, 2], vec![96, 5, 90]);
-            assert_eq!(check(&a, v), Ok(()), "{packing:?}");
-            assert_eq!(check(&b, v), Ok(()), "{packing:?}");
+            assert_eq!(check_with(&a, v, true), Ok(()), "{packing:?}");
+            assert_eq!(check_with(&b, v, true), Ok(()), "{packing:?}");
             for dir in [Direction::Forward, Direction::Backward] {
                 let (sa, sb) = (spec_of(&a, dir), spec_of(&b, dir));
                 // the plan key: the same graph whatever the lengths
@@ -432,17 +469,32 @@ mod tests {
         odd.seqlen_kv = 90;
         odd.seqlen_q = 90;
         odd.set_layout(LayoutKind::Bshd);
-        assert_eq!(check(&odd, Some(CudnnVersion(91400))), Ok(()));
+        assert_eq!(check_with(&odd, Some(CudnnVersion(91400)), true), Ok(()));
+    }
+
+    #[test]
+    fn varlen_is_refused_unless_opted_in() {
+        let p = seq(SeqPacking::PaddedRight, vec![10, 96, 3], vec![12, 96, 3]);
+        let r = check_with(&p, None, false).unwrap_err().reason;
+        assert!(
+            r.contains(VARLEN_ENV) && r.contains("not yet verified"),
+            "{r}"
+        );
+        assert!(manifest_with(false).features.seqlens.is_empty());
+        assert_eq!(manifest_with(true).features.seqlens.len(), 3);
+        // A call without lengths is unaffected.
+        let plain = AttentionProblem::new(2, 8, 2, 96, 96, 64, 64, DType::BF16);
+        assert_eq!(check_with(&plain, None, false), Ok(()));
     }
 
     #[test]
     fn varlen_gate_refuses_what_stays_out_typed() {
         let ok = seq(SeqPacking::PaddedRight, vec![10, 96, 3], vec![12, 96, 3]);
-        assert!(check(&ok, None).is_ok());
+        assert!(check_with(&ok, None, true).is_ok());
         let mut capped = ok.clone();
         capped.softcap = Some(30.0);
         assert!(
-            check(&capped, None)
+            check_with(&capped, None, true)
                 .unwrap_err()
                 .reason
                 .contains("soft-capping")
@@ -450,27 +502,37 @@ mod tests {
         for kind in [SoftmaxKind::OffByOne, SoftmaxKind::Learnable] {
             let mut sink = ok.clone();
             sink.softmax = kind;
-            assert!(check(&sink, None).is_err(), "{kind:?}");
+            assert!(check_with(&sink, None, true).is_err(), "{kind:?}");
         }
         // an empty sequence
         let e = seq(SeqPacking::Packed, vec![10, 0, 3], vec![12, 5, 3]);
-        assert!(check(&e, None).unwrap_err().reason.contains("sequence 1"));
+        assert!(
+            check_with(&e, None, true)
+                .unwrap_err()
+                .reason
+                .contains("sequence 1")
+        );
         let e = seq(SeqPacking::PaddedLeft, vec![10, 4, 3], vec![12, 0, 3]);
-        assert!(check(&e, None).unwrap_err().reason.contains("sequence 1"));
+        assert!(
+            check_with(&e, None, true)
+                .unwrap_err()
+                .reason
+                .contains("sequence 1")
+        );
         // bottom-right with more queries than keys in one sequence leaves its first rows empty,
         // although the longest lengths are square
         let e = seq(SeqPacking::PaddedRight, vec![10, 96, 8], vec![12, 96, 3]);
-        let r = check(&e, None).unwrap_err().reason;
+        let r = check_with(&e, None, true).unwrap_err().reason;
         assert!(r.contains("row 0 of sequence 2"), "{r}");
         // a top-left causal sequence with more queries than keys keeps every row
         let mut tl = e.clone();
         tl.mask = PMask::CAUSAL_TOP_LEFT;
-        assert!(check(&tl, None).is_ok());
+        assert!(check_with(&tl, None, true).is_ok());
         // a top-left window past a short sequence's keys empties its last rows
         let mut w = tl.clone();
         w.mask = PMask::window(2, 0, DiagonalAlignment::TopLeft);
         assert!(
-            check(&w, None)
+            check_with(&w, None, true)
                 .unwrap_err()
                 .reason
                 .contains("row 7 of sequence 2")

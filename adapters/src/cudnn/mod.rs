@@ -27,7 +27,10 @@ mod disabled;
 #[cfg(not(feature = "cudnn"))]
 use disabled as runtime;
 
-pub use convert::{MAX_HEAD_DIM, NAME, ProbeAnswer, check, manifest};
+pub use convert::{
+    MAX_HEAD_DIM, NAME, ProbeAnswer, VARLEN_ENV, check, check_with, manifest, manifest_with,
+    varlen_enabled,
+};
 pub use runtime::{availability, create, loaded_version, require_version};
 pub use spec::Direction;
 
