@@ -150,15 +150,31 @@ impl<'s> Mdd<'s> {
     /// cubes come out large (the largest regions first). At most `limit` cubes; the flag says
     /// whether the cover is complete.
     pub fn cover(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
-        self.cover_within(f, limit, false)
+        self.cover_within(f, limit, false, false)
     }
 
     /// A cover of `f` by disjoint cubes (each widened only inside what is still uncovered).
     pub fn cover_disjoint(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
-        self.cover_within(f, limit, true)
+        self.cover_within(f, limit, true, false)
     }
 
-    fn cover_within(&mut self, f: Id, limit: usize, disjoint: bool) -> (Vec<Cube>, bool) {
+    /// The first cube of [`Mdd::cover`] of `f` (None when `f` is false): the same cube, for
+    /// less work. It stops once that cube is listed (`cover` goes on to the next path to
+    /// tell whether the cover is complete), and intersects `f` with all the ties applied so
+    /// far at once (the same function as `cover`'s tie after tie, without the intermediate
+    /// diagrams). The nodes it builds differ from `cover`'s: not for `gaps` / `diff`, whose
+    /// output counts them. `check`'s W-NO-EXECUTOR example.
+    pub fn first_cube(&mut self, f: Id) -> Option<Cube> {
+        self.cover_within(f, 1, false, true).0.pop()
+    }
+
+    fn cover_within(
+        &mut self,
+        f: Id,
+        limit: usize,
+        disjoint: bool,
+        first_only: bool,
+    ) -> (Vec<Cube>, bool) {
         let nv = self.space.vars.len();
         // Paths must hold an input: a relation variable on a path is first tied to the facts
         // (its tie is intersected with what is left), lazily, as paths meet it; intersecting
@@ -181,8 +197,14 @@ impl<'s> Mdd<'s> {
                 for k in untied {
                     let t = self.tie(nv + k);
                     ties = self.and(ties, t);
-                    rest = self.and(rest, t);
+                    if !first_only {
+                        rest = self.and(rest, t);
+                    }
                     applied.push(k);
+                }
+                if first_only {
+                    // Nothing is listed yet, so `rest` is `f` and the ties (the small side).
+                    rest = self.and(f, ties);
                 }
                 continue;
             }
@@ -211,6 +233,10 @@ impl<'s> Mdd<'s> {
             // more than the rest of the cover (check's W-NO-EXECUTOR example).
             let care = if disjoint { rest } else { f };
             self.expand(care, ties, &mut cube);
+            if first_only {
+                out.push(cube);
+                return (out, false);
+            }
             let c = self.cube(&cube);
             rest = self.minus(rest, c);
             out.push(cube);
