@@ -28,6 +28,9 @@ use super::manager::{Cube, Mdd};
 use super::memos::{ExpandMemos, PairMemos};
 use super::store::{FALSE, HashMap, Id, NodeMemo, TRUE};
 
+/// Satisfiability questions [`Mdd::widest_path_and`] may ask before it gives up.
+const LAZY_SAT_CALLS: usize = 50_000;
+
 impl<'s> Mdd<'s> {
     /// Whether the input with slot values `vals` lies in the cube: each fact's class is among
     /// the cube's, and so is each relation variable's value (an ordering or predicate
@@ -150,31 +153,182 @@ impl<'s> Mdd<'s> {
     /// cubes come out large (the largest regions first). At most `limit` cubes; the flag says
     /// whether the cover is complete.
     pub fn cover(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
-        self.cover_within(f, limit, false, false)
+        self.cover_within(f, limit, false)
     }
 
     /// A cover of `f` by disjoint cubes (each widened only inside what is still uncovered).
     pub fn cover_disjoint(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
-        self.cover_within(f, limit, true, false)
+        self.cover_within(f, limit, true)
     }
 
-    /// The first cube of [`Mdd::cover`] of `f` (None when `f` is false): the same cube, for
-    /// less work. It stops once that cube is listed (`cover` goes on to the next path to
-    /// tell whether the cover is complete), and intersects `f` with all the ties applied so
-    /// far at once (the same function as `cover`'s tie after tie, without the intermediate
-    /// diagrams). The nodes it builds differ from `cover`'s: not for `gaps` / `diff`, whose
-    /// output counts them. `check`'s W-NO-EXECUTOR example.
+    /// The first cube of [`Mdd::cover`] of `f` (None when `f` holds no input), for much less
+    /// work: `cover`'s loop up to its first cube, without what is left to cover (`rest`, the
+    /// ties intersected with `f`) ever built. Each path is the widest path of `f and ties`,
+    /// walked on the pair ([`Mdd::widest_path_and`]), the same path as on the diagram of the
+    /// conjunction; the ties and the contrary combinations are built as `cover` builds them
+    /// (small diagrams), and the path is widened inside `f or not ties` as there. `check`'s
+    /// W-NO-EXECUTOR example: intersecting its 300k-node `f` with two ties was most of `check`.
+    /// The nodes it builds differ from `cover`'s, so not for `gaps` / `diff` (they print the
+    /// count).
     pub fn first_cube(&mut self, f: Id) -> Option<Cube> {
-        self.cover_within(f, 1, false, true).0.pop()
+        let nv = self.space.vars.len();
+        let mut applied: Vec<usize> = Vec::new();
+        let mut ties = TRUE;
+        loop {
+            if self.exhausted || !self.satisfiable(&[(f, true), (ties, true)]) {
+                return None;
+            }
+            let mut cube = if ties == TRUE {
+                self.widest_path(f)
+            } else {
+                match self.widest_path_and(f, ties) {
+                    Some(cube) => cube,
+                    None => {
+                        let rest = self.and(f, ties);
+                        self.widest_path(rest)
+                    }
+                }
+            };
+            let untied: Vec<usize> = (nv..self.nvars())
+                .filter(|&v| cube[v].is_some() && !applied.contains(&(v - nv)))
+                .map(|v| v - nv)
+                .collect();
+            if !untied.is_empty() {
+                for k in untied {
+                    let t = self.tie(nv + k);
+                    ties = self.and(ties, t);
+                    applied.push(k);
+                }
+                continue;
+            }
+            let mut refined = false;
+            for v in nv..self.nvars() {
+                let Some(set) = cube[v].clone() else { continue };
+                if let Some(bad) = self.contrary_on_path(v, &set, &cube) {
+                    let nb = self.not(bad);
+                    ties = self.and(ties, nb);
+                    refined = true;
+                }
+            }
+            if !refined && let Some(bad) = self.jointly_contrary(&cube) {
+                let nb = self.not(bad);
+                ties = self.and(ties, nb);
+                refined = true;
+            }
+            if refined {
+                continue;
+            }
+            self.expand(f, ties, &mut cube);
+            return Some(cube);
+        }
     }
 
-    fn cover_within(
-        &mut self,
-        f: Id,
-        limit: usize,
-        disjoint: bool,
-        first_only: bool,
-    ) -> (Vec<Cube>, bool) {
+    /// [`Mdd::widest_path`] of `f and t` (which holds somewhere), walked on the pair without
+    /// building the conjunction. At each level the pairs of edges whose children meet are
+    /// grouped by the function of the children's conjunction (two are equal when neither
+    /// differs from the other anywhere: [`Mdd::satisfiable`] on the literals), exactly the
+    /// edges the conjunction's node has; a level where one group covers every class is one
+    /// the conjunction does not test. So the path, and its classes, are those of
+    /// `widest_path(and(f, t))`. None when the walk needed more than `LAZY_SAT_CALLS`
+    /// satisfiability questions (the caller then builds the conjunction).
+    pub(super) fn widest_path_and(&mut self, f: Id, t: Id) -> Option<Cube> {
+        let mut cube: Cube = vec![None; self.nvars()];
+        let mut calls = 0usize;
+        let (mut x, mut y) = (f, t);
+        loop {
+            // One side true: the other is the conjunction, a diagram already.
+            if x == TRUE || y == TRUE {
+                let tail = self.widest_path(if x == TRUE { y } else { x });
+                for (v, set) in tail.into_iter().enumerate() {
+                    if set.is_some() {
+                        cube[v] = set;
+                    }
+                }
+                return Some(cube);
+            }
+            let level = self.node_level(x).min(self.node_level(y));
+            let side = |m: &Self, z: Id| -> Vec<(Id, Bits)> {
+                if m.node_level(z) == level {
+                    m.edges(z).map(|(k, s)| (k, Bits::from_words(s))).collect()
+                } else {
+                    vec![(z, m.full[level as usize].clone())]
+                }
+            };
+            let (ex, ey) = (side(self, x), side(self, y));
+            // Per distinct child function: a representative pair and its classes.
+            let mut groups: Vec<(Id, Id, Bits)> = Vec::new();
+            for (kx, sx) in &ex {
+                for (ky, sy) in &ey {
+                    let Some(set) = sx.and(sy) else { continue };
+                    let (kx, ky) = (*kx, *ky);
+                    if kx == FALSE || ky == FALSE {
+                        continue;
+                    }
+                    if kx != TRUE && ky != TRUE {
+                        calls += 1;
+                        if !self.satisfiable(&[(kx, true), (ky, true)]) {
+                            continue;
+                        }
+                    }
+                    let mut found = None;
+                    for (g, &(gx, gy, _)) in groups.iter().enumerate() {
+                        if self.conjunctions_equal((kx, ky), (gx, gy), &mut calls) {
+                            found = Some(g);
+                            break;
+                        }
+                    }
+                    match found {
+                        Some(g) => groups[g].2.or_words(set.words()),
+                        None => groups.push((kx, ky, set)),
+                    }
+                    if calls > LAZY_SAT_CALLS {
+                        return None;
+                    }
+                }
+            }
+            let covered: usize = groups.iter().map(|g| g.2.len()).sum();
+            let Some(&(gx, gy, ref set)) = groups
+                .iter()
+                .max_by_key(|g| (g.2.len(), std::cmp::Reverse(words_first(g.2.words()))))
+            else {
+                // `f and t` holds somewhere (the caller asked), so some pair meets.
+                return None;
+            };
+            if !(groups.len() == 1 && covered == self.full[level as usize].len()) {
+                cube[self.order[level as usize]] = Some(set.clone());
+            }
+            (x, y) = (gx, gy);
+        }
+    }
+
+    /// Whether `a.0 and a.1` and `b.0 and b.1` are the same function (neither holds where the
+    /// other does not), counting the satisfiability questions asked in `calls`.
+    fn conjunctions_equal(&mut self, a: (Id, Id), b: (Id, Id), calls: &mut usize) -> bool {
+        if a == b {
+            return true;
+        }
+        // Canonical diagrams: equal functions are equal ids.
+        if a.1 == b.1 && (a.1 == TRUE || a.0 == b.0) {
+            return a.0 == b.0;
+        }
+        if a.0 == b.0 && a.0 == TRUE {
+            return a.1 == b.1;
+        }
+        for (p, q) in [(a, b), (b, a)] {
+            for z in [q.0, q.1] {
+                if z == TRUE {
+                    continue;
+                }
+                *calls += 1;
+                if self.satisfiable(&[(p.0, true), (p.1, true), (z, false)]) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn cover_within(&mut self, f: Id, limit: usize, disjoint: bool) -> (Vec<Cube>, bool) {
         let nv = self.space.vars.len();
         // Paths must hold an input: a relation variable on a path is first tied to the facts
         // (its tie is intersected with what is left), lazily, as paths meet it; intersecting
@@ -197,14 +351,8 @@ impl<'s> Mdd<'s> {
                 for k in untied {
                     let t = self.tie(nv + k);
                     ties = self.and(ties, t);
-                    if !first_only {
-                        rest = self.and(rest, t);
-                    }
+                    rest = self.and(rest, t);
                     applied.push(k);
-                }
-                if first_only {
-                    // Nothing is listed yet, so `rest` is `f` and the ties (the small side).
-                    rest = self.and(f, ties);
                 }
                 continue;
             }
@@ -233,10 +381,6 @@ impl<'s> Mdd<'s> {
             // more than the rest of the cover (check's W-NO-EXECUTOR example).
             let care = if disjoint { rest } else { f };
             self.expand(care, ties, &mut cube);
-            if first_only {
-                out.push(cube);
-                return (out, false);
-            }
             let c = self.cube(&cube);
             rest = self.minus(rest, c);
             out.push(cube);
