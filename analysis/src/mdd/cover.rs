@@ -31,6 +31,9 @@ use super::store::{FALSE, HashMap, Id, NodeMemo, TRUE};
 /// Satisfiability questions [`Mdd::widest_path_and`] may ask before it gives up.
 const LAZY_SAT_CALLS: usize = 50_000;
 
+/// Steps of the first, bounded, try at each question of `conjunctions_equal`.
+const QUICK_SAT_STEPS: u64 = 2_000;
+
 impl<'s> Mdd<'s> {
     /// Whether the input with slot values `vals` lies in the cube: each fact's class is among
     /// the cube's, and so is each relation variable's value (an ordering or predicate
@@ -314,15 +317,28 @@ impl<'s> Mdd<'s> {
         if a.0 == b.0 && a.0 == TRUE {
             return a.1 == b.1;
         }
-        for (p, q) in [(a, b), (b, a)] {
-            for z in [q.0, q.1] {
-                if z == TRUE {
-                    continue;
-                }
-                *calls += 1;
-                if self.satisfiable(&[(p.0, true), (p.1, true), (z, false)]) {
-                    return false;
-                }
+        // `p and not z` for each side `p` and each diagram `z` of the other: the functions
+        // differ iff one of these holds somewhere. A difference is usually found in a few
+        // steps, a proof of none walks the whole product: every question is first asked with
+        // a few steps, so one that finds a difference spares the others' proofs.
+        let questions: Vec<[(Id, bool); 3]> = [(a, b), (b, a)]
+            .into_iter()
+            .flat_map(|(p, q)| [q.0, q.1].map(|z| [(p.0, true), (p.1, true), (z, false)]))
+            .filter(|q| q[2].0 != TRUE)
+            .collect();
+        let mut open = Vec::new();
+        for q in questions {
+            *calls += 1;
+            match self.satisfiable_within(&q, QUICK_SAT_STEPS) {
+                Some(true) => return false,
+                Some(false) => {}
+                None => open.push(q),
+            }
+        }
+        for q in open {
+            *calls += 1;
+            if self.satisfiable(&q) {
+                return false;
             }
         }
         true

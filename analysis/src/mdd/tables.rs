@@ -352,14 +352,25 @@ impl<'s> Mdd<'s> {
     /// satisfying path; combinations found unsatisfiable are remembered for the manager's
     /// life (nodes never change), so the many questions of `check` share them.
     pub fn satisfiable(&mut self, lits: &[(Id, bool)]) -> bool {
-        let key: Vec<u32> = lits.iter().map(|&(x, pos)| lit(x, pos)).collect();
-        let mut dead = std::mem::take(&mut self.sat_dead);
-        let r = self.sat_walk(key, &mut dead);
-        self.sat_dead = dead;
-        r
+        self.satisfiable_within(lits, u64::MAX)
+            .expect("an unbounded walk always answers")
     }
 
-    fn sat_walk(&self, mut key: Vec<u32>, dead: &mut HashSet<Vec<u32>>) -> bool {
+    /// [`Mdd::satisfiable`], giving up (None) after `steps` combinations walked. What a walk
+    /// proved unsatisfiable before it gave up stays remembered (it is proved).
+    pub(super) fn satisfiable_within(&mut self, lits: &[(Id, bool)], steps: u64) -> Option<bool> {
+        let key: Vec<u32> = lits.iter().map(|&(x, pos)| lit(x, pos)).collect();
+        let mut walk = SatWalk {
+            dead: std::mem::take(&mut self.sat_dead),
+            steps,
+            gave_up: false,
+        };
+        let r = self.sat_walk(key, &mut walk);
+        self.sat_dead = walk.dead;
+        (!walk.gave_up).then_some(r)
+    }
+
+    fn sat_walk(&self, mut key: Vec<u32>, walk: &mut SatWalk) -> bool {
         // Terminals: a satisfied literal is dropped, a violated one ends the walk.
         let mut violated = false;
         key.retain(|&l| {
@@ -383,9 +394,14 @@ impl<'s> Mdd<'s> {
         if key.len() <= 1 {
             return true;
         }
-        if dead.contains(&key) {
+        if walk.dead.contains(&key) {
             return false;
         }
+        if walk.steps == 0 {
+            walk.gave_up = true;
+            return false;
+        }
+        walk.steps -= 1;
         let level = key
             .iter()
             .map(|&l| self.node_level(l >> 1))
@@ -396,9 +412,9 @@ impl<'s> Mdd<'s> {
             .filter(|&i| self.node_level(key[i] >> 1) == level)
             .collect();
         let mut cur = key.clone();
-        let found = self.sat_split(&key, &at, 0, &[], w, &mut cur, dead);
-        if !found {
-            dead.insert(key);
+        let found = self.sat_split(&key, &at, 0, &[], w, &mut cur, walk);
+        if !found && !walk.gave_up {
+            walk.dead.insert(key);
         }
         found
     }
@@ -414,10 +430,10 @@ impl<'s> Mdd<'s> {
         set: &[u64],
         w: usize,
         cur: &mut Vec<u32>,
-        dead: &mut HashSet<Vec<u32>>,
+        walk: &mut SatWalk,
     ) -> bool {
         if j == at.len() {
-            return self.sat_walk(cur.clone(), dead);
+            return self.sat_walk(cur.clone(), walk);
         }
         let i = at[j];
         let (x, pol) = (key[i] >> 1, key[i] & POS);
@@ -433,12 +449,24 @@ impl<'s> Mdd<'s> {
                 set.iter().zip(s).map(|(p, q)| p & q).collect()
             };
             cur[i] = self.store.kid(h, e) << 1 | pol;
-            if self.sat_split(key, at, j + 1, &meet, w, cur, dead) {
+            if self.sat_split(key, at, j + 1, &meet, w, cur, walk) {
                 return true;
+            }
+            if walk.gave_up {
+                return false;
             }
         }
         false
     }
+}
+
+/// The state of one [`Mdd::satisfiable_within`] walk: the combinations known unsatisfiable,
+/// the steps left, and whether it gave up (then a false answer proves nothing, and the
+/// combinations it was walking are not remembered as unsatisfiable).
+struct SatWalk {
+    dead: HashSet<Vec<u32>>,
+    steps: u64,
+    gave_up: bool,
 }
 
 /// The polarity bit of a literal of [`Mdd::satisfiable`]'s walk (the id shifted left).
