@@ -263,6 +263,37 @@ impl<'s> Mdd<'s> {
         let na = if at_a { ha.len as usize } else { 1 };
         let nb = if at_b { hb.len as usize } else { 1 };
         let (ks, ws) = (self.ek.len(), self.ew.len());
+        if w == 1 {
+            // One word a set (vars of at most 64 classes, most of them): the sets read as
+            // words, their offsets computed once (the general loop below slices a set per
+            // pair). Same pairs, same order.
+            let one = u64::MAX;
+            let (sa, sb) = (self.store.sets_at(ha), self.store.sets_at(hb));
+            for i in 0..na {
+                let (x, wa) = if at_a {
+                    (self.store.kid(ha, i), self.store.word(sa + i))
+                } else {
+                    (a, one)
+                };
+                for j in 0..nb {
+                    let (y, wb) = if at_b {
+                        (self.store.kid(hb, j), self.store.word(sb + j))
+                    } else {
+                        (b, one)
+                    };
+                    let both = wa & wb;
+                    if both == 0 {
+                        continue;
+                    }
+                    let r = self.apply(op, x, y);
+                    self.ek.push(r);
+                    self.ew.push(both);
+                }
+            }
+            let r = self.mk_top(level, ks, ws);
+            self.memo_insert(op, lo, hi, r);
+            return r;
+        }
         for i in 0..na {
             let x = if at_a { self.store.kid(ha, i) } else { a };
             for j in 0..nb {
@@ -287,12 +318,16 @@ impl<'s> Mdd<'s> {
             }
         }
         let r = self.mk_top(level, ks, ws);
+        self.memo_insert(op, lo, hi, r);
+        r
+    }
+
+    fn memo_insert(&mut self, op: Op, lo: Id, hi: Id, r: Id) {
         match op {
             Op::And => self.and_memo.insert(lo, hi, r),
             Op::Or => self.or_memo.insert(lo, hi, r),
             Op::Diff => self.diff_memo.insert(lo, hi, r),
         }
-        r
     }
 
     pub fn and(&mut self, a: Id, b: Id) -> Id {
