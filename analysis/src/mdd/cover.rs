@@ -144,9 +144,21 @@ impl<'s> Mdd<'s> {
         let level = self.node_level(x);
         let v = self.order[level as usize];
         let c = cube.get(v).and_then(Option::as_ref);
-        let r = self.edges(x).all(|(k, set)| {
-            c.is_some_and(|c| !words_meet(c.words(), set)) || self.everywhere(k, cube, want, memo)
-        });
+        let r = if self.store.w(level) == 1 {
+            // One-word sets (most vars): read as words, as `apply` does.
+            let h = self.store.hdr[x as usize];
+            let at = self.store.sets_at(h);
+            let cw = c.map_or(u64::MAX, |c| c.words()[0]);
+            (0..h.len as usize).all(|i| {
+                cw & self.store.word(at + i) == 0
+                    || self.everywhere(self.store.kid(h, i), cube, want, memo)
+            })
+        } else {
+            self.edges(x).all(|(k, set)| {
+                c.is_some_and(|c| !words_meet(c.words(), set))
+                    || self.everywhere(k, cube, want, memo)
+            })
+        };
         memo.set_at(x, level, r);
         r
     }
@@ -802,11 +814,21 @@ impl<'s> Mdd<'s> {
         let (lf, lv) = (self.node_level(f), self.node_level(valid));
         let level = lf.min(lv);
         // `f` false is walked as a terminal: down `valid` to where it is false everywhere.
-        let r = {
-            let c = cube
-                .get(self.order[level as usize])
-                .and_then(Option::as_ref)
-                .map(Bits::words);
+        let c = cube
+            .get(self.order[level as usize])
+            .and_then(Option::as_ref)
+            .map(Bits::words);
+        let r = if self.store.w(level) == 1 {
+            self.unless_one_word(
+                f,
+                valid,
+                (lf, lv),
+                c.map_or(u64::MAX, |c| c[0]),
+                cube,
+                memo,
+                single,
+            )
+        } else {
             if lf == lv {
                 self.edges(f).all(|(kf, sf)| {
                     self.edges(valid).all(|(kv, sv)| {
@@ -835,6 +857,44 @@ impl<'s> Mdd<'s> {
             memo.more.insert((f, valid), (r, g, level));
         }
         r
+    }
+}
+
+impl<'s> Mdd<'s> {
+    /// The step of [`Mdd::unless`] at a var of one-word class sets (most vars): the sets read
+    /// as words (`cw`: the cube's classes of the var), the same pairs in the same order.
+    #[allow(clippy::too_many_arguments)]
+    fn unless_one_word(
+        &self,
+        f: Id,
+        valid: Id,
+        (lf, lv): (u32, u32),
+        cw: u64,
+        cube: &[Option<Bits>],
+        memo: &mut PairMemos,
+        single: &mut NodeMemo<bool>,
+    ) -> bool {
+        let st = &self.store;
+        let (hf, hv) = (st.hdr[f as usize], st.hdr[valid as usize]);
+        let (af, av) = (st.sets_at(hf), st.sets_at(hv));
+        if lf == lv {
+            (0..hf.len as usize).all(|i| {
+                let sf = cw & st.word(af + i);
+                sf == 0
+                    || (0..hv.len as usize).all(|j| {
+                        sf & st.word(av + j) == 0
+                            || self.unless(st.kid(hf, i), st.kid(hv, j), cube, memo, single)
+                    })
+            })
+        } else if lf < lv {
+            (0..hf.len as usize).all(|i| {
+                cw & st.word(af + i) == 0 || self.unless(st.kid(hf, i), valid, cube, memo, single)
+            })
+        } else {
+            (0..hv.len as usize).all(|j| {
+                cw & st.word(av + j) == 0 || self.unless(f, st.kid(hv, j), cube, memo, single)
+            })
+        }
     }
 }
 
