@@ -127,6 +127,9 @@ impl<'s> Mdd<'s> {
     /// and merges edges to the same child; returns how many are left (the stack above them
     /// is left over: truncate it).
     fn normalize(&mut self, ks: usize, ws: usize, w: usize) -> usize {
+        if w == 1 {
+            return self.normalize_one_word(ks, ws);
+        }
         let n = self.ek.len() - ks;
         let (ek, ew) = (&mut self.ek, &mut self.ew);
         let mut m = 0;
@@ -179,6 +182,51 @@ impl<'s> Mdd<'s> {
                     ek[ks + out] = ek[ks + r];
                     ew.copy_within(ws + r * w..ws + (r + 1) * w, ws + out * w);
                 }
+                out += 1;
+            }
+        }
+        out
+    }
+
+    /// [`Mdd::normalize`] for one-word sets (most vars): the same edges, each set a word.
+    fn normalize_one_word(&mut self, ks: usize, ws: usize) -> usize {
+        let n = self.ek.len() - ks;
+        let (ek, ew) = (&mut self.ek[ks..], &mut self.ew[ws..]);
+        let mut m = 0;
+        for r in 0..n {
+            if ew[r] != 0 {
+                ek[m] = ek[r];
+                ew[m] = ew[r];
+                m += 1;
+            }
+        }
+        if !ek[..m].windows(2).all(|p| p[0] <= p[1]) {
+            if m <= INSERTION_SORT_EDGES {
+                for i in 1..m {
+                    let mut j = i;
+                    while j > 0 && ek[j - 1] > ek[j] {
+                        ek.swap(j - 1, j);
+                        ew.swap(j - 1, j);
+                        j -= 1;
+                    }
+                }
+            } else {
+                let mut pairs: Vec<(Id, u64)> = (0..m).map(|i| (ek[i], ew[i])).collect();
+                pairs.sort_by_key(|p| p.0);
+                for (i, (k, x)) in pairs.into_iter().enumerate() {
+                    ek[i] = k;
+                    ew[i] = x;
+                }
+            }
+        }
+        // Edges to the same child merged (their sets joined).
+        let mut out = 0;
+        for r in 0..m {
+            if out > 0 && ek[out - 1] == ek[r] {
+                ew[out - 1] |= ew[r];
+            } else {
+                ek[out] = ek[r];
+                ew[out] = ew[r];
                 out += 1;
             }
         }
