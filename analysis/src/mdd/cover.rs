@@ -663,26 +663,19 @@ impl<'s> Mdd<'s> {
                 .map(|c| self.widen_inside(f, valid, c))
                 .collect();
         }
-        // Each thread takes the next cube not yet taken (their walks differ in cost by far:
-        // a fixed split left one thread with most of the work).
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let work = || {
-            let mut done = Vec::new();
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(cube) = cubes.get(i) else {
-                    return done;
-                };
-                done.push((i, self.widen_inside(f, valid, cube)));
-            }
-        };
+        // Every other cube to the second thread (the cubes' walks cost about the same).
         let mut out: Vec<Option<Cube>> = vec![None; cubes.len()];
         std::thread::scope(|s| {
-            let other = s.spawn(work);
-            for (i, w) in work()
-                .into_iter()
-                .chain(other.join().expect("the widening thread does not panic"))
-            {
+            let other = s.spawn(|| {
+                (1..cubes.len())
+                    .step_by(2)
+                    .map(|i| (i, self.widen_inside(f, valid, &cubes[i])))
+                    .collect::<Vec<_>>()
+            });
+            for i in (0..cubes.len()).step_by(2) {
+                out[i] = Some(self.widen_inside(f, valid, &cubes[i]));
+            }
+            for (i, w) in other.join().expect("the widening thread does not panic") {
                 out[i] = Some(w);
             }
         });
