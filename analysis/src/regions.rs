@@ -514,16 +514,15 @@ pub fn gaps_only(
         let room = max_regions.saturating_sub(regions.len());
         let (cubes, all) = m.cover(rest, room);
         let before = regions.len();
-        // Widened where `none or not valid` (inputs the family refuses do not count); all at
-        // once, on two threads (read-only walks: the same cubes as one by one).
-        let wides = m.widen_all(none, valid_id, &cubes);
-        for (cube, wide) in cubes.iter().zip(wides) {
+        for cube in &cubes {
             let Some(example) = example_of(&mut m, cube) else {
                 unverified += 1;
                 let c = m.cube(cube);
                 rest = m.minus(rest, c);
                 continue;
             };
+            // Widened where `none or not valid` (inputs the family refuses do not count).
+            let wide = m.widen_inside(none, valid_id, cube);
             // Inside a region listed before: it adds no gap to the union (left out, counted).
             if listed.iter().any(|l| cube_within(&wide, l)) {
                 merged += 1;
@@ -892,9 +891,7 @@ pub fn diff_over_corpus(
                 None => m.cover_disjoint(both, room),
             };
             listed_all &= all;
-            // Widened all at once, on two threads (read-only walks, as in `gaps`).
-            let wides = m.widen_all(both, valid_id, &cubes);
-            for (cube, wide) in cubes.iter().zip(wides) {
+            for cube in &cubes {
                 let [rules, old_rules, new_rules] = region_rules(
                     &mut m,
                     (&rule_diffs, &side_diffs),
@@ -911,6 +908,7 @@ pub fn diff_over_corpus(
                     unverified += 1;
                     continue;
                 };
+                let wide = m.widen_inside(both, valid_id, cube);
                 let kind = ChangeKind::of(o.as_deref(), n.as_deref());
                 regions.push(DiffRegion {
                     constraints: cube_constraints(&m, cube),

@@ -652,38 +652,6 @@ impl<'s> Mdd<'s> {
         out
     }
 
-    /// [`Mdd::widen_inside`] of each cube, on up to two threads (the walks only read the
-    /// diagrams; each thread has its own memos): the same cubes, in the same order. `gaps`
-    /// and `diff` widen every cube of a round of their cover, a fifth of `gaps`.
-    pub fn widen_all(&self, f: Id, valid: Id, cubes: &[Cube]) -> Vec<Cube> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(2));
-        if threads < 2 || cubes.len() < 2 {
-            return cubes
-                .iter()
-                .map(|c| self.widen_inside(f, valid, c))
-                .collect();
-        }
-        // Every other cube to the second thread (the cubes' walks cost about the same).
-        let mut out: Vec<Option<Cube>> = vec![None; cubes.len()];
-        std::thread::scope(|s| {
-            let other = s.spawn(|| {
-                (1..cubes.len())
-                    .step_by(2)
-                    .map(|i| (i, self.widen_inside(f, valid, &cubes[i])))
-                    .collect::<Vec<_>>()
-            });
-            for i in (0..cubes.len()).step_by(2) {
-                out[i] = Some(self.widen_inside(f, valid, &cubes[i]));
-            }
-            for (i, w) in other.join().expect("the widening thread does not panic") {
-                out[i] = Some(w);
-            }
-        });
-        out.into_iter()
-            .map(|w| w.expect("every cube widened"))
-            .collect()
-    }
-
     /// Whether `f or not valid` holds in every class of the cube. Walked on the pair of
     /// diagrams: building `f or not valid` cost as much as building `f` (the te pack's gaps).
     fn holds_unless(&self, f: Id, valid: Id, cube: &[Option<Bits>]) -> bool {

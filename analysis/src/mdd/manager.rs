@@ -7,7 +7,7 @@ use attn_policy::eval::program::{NodeId, Program};
 use attn_policy::facts::Value;
 
 use super::bits::Bits;
-use super::memos::{ExpandMemos, PairMemos, Reuse};
+use super::memos::{ExpandMemos, PairMemos};
 use super::rel::Rel;
 use super::store::{HashMap, HashSet, Id, NodeMemo, OpMemo, Store};
 
@@ -37,7 +37,7 @@ pub struct Mdd<'s> {
     pub(super) ncls: Vec<usize>,
     /// Per space var, per class: its concrete members' count (`UNCOUNTABLE`: an interval
     /// of floats or versions), made on first use by [`Mdd::cell_members`].
-    pub(super) member_counts: std::sync::OnceLock<Vec<Box<[u128]>>>,
+    pub(super) member_counts: std::cell::OnceCell<Vec<Box<[u128]>>>,
     // --- node store and memos (`tables`)
     /// Nodes, their edges, the hash-consing tables.
     pub(super) store: Store,
@@ -52,12 +52,12 @@ pub struct Mdd<'s> {
     /// manager's life).
     pub(super) sat_dead: HashSet<Vec<u32>>,
     /// A reusable memo for `holds_on` / `meets` (they are called per rule per region).
-    pub(super) scratch: Reuse<NodeMemo<bool>>,
+    pub(super) scratch: std::cell::Cell<NodeMemo<bool>>,
     /// Reusable memos of `expand` (it runs per listed cube: fresh tables of the diagram's
     /// size, zeroed each time, cost more than the traversals).
-    pub(super) expand_memos: Reuse<ExpandMemos>,
+    pub(super) expand_memos: std::cell::Cell<ExpandMemos>,
     /// Reusable memos of `widen_inside` (it runs per var of every listed cube).
-    pub(super) pair_memos: Reuse<PairMemos>,
+    pub(super) pair_memos: std::cell::Cell<PairMemos>,
     /// The most nodes the manager may create.
     pub budget: usize,
     /// The budget ran out: every result is meaningless (report INCOMPLETE).

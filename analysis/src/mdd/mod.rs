@@ -75,10 +75,7 @@
 //!   evaluations; they are part of the `gaps` / `diff` output, so the order and number of
 //!   evaluations is behaviour, not an implementation detail.
 //!
-//! One manager per analysis; its operations that build nodes take `&mut self` (one thread).
-//! It is `Sync` for its read-only traversals (their reusable memos are lent through a
-//! mutex, `memos::Reuse`): `gaps` and `diff` widen their regions on two threads
-//! ([`Mdd::widen_all`]).
+//! Not `Sync`: one manager per analysis, used from one thread.
 //!
 //! [`Space`]: crate::space::Space
 

@@ -16,7 +16,6 @@ use attn_policy::eval::program::{Func, Node as PNode, NodeId, Program};
 
 use super::bits::Bits;
 use super::manager::{Mdd, SPREAD};
-use super::memos::Reuse;
 use super::store::{HashMap, HashSet, NodeMemo, OpMemo, Store};
 
 impl<'s> Mdd<'s> {
@@ -140,14 +139,14 @@ impl<'s> Mdd<'s> {
             steps: 0,
             vals: Vec::new(),
             sat_dead: HashSet::default(),
-            pair_memos: Reuse::default(),
-            scratch: Reuse::new(NodeMemo::default()),
+            pair_memos: std::cell::Cell::new(Default::default()),
+            scratch: std::cell::Cell::new(NodeMemo::default()),
             expand_memos: Default::default(),
             rels: Vec::new(),
             rel_index: HashMap::default(),
             ties: Vec::new(),
             ncls: space.vars.iter().map(|v| v.classes.len()).collect(),
-            member_counts: std::sync::OnceLock::new(),
+            member_counts: std::cell::OnceCell::new(),
             budget: usize::MAX,
             exhausted: false,
         }
