@@ -760,10 +760,9 @@ fn executor_lints(policy: &Policy, m: &mut Mdd, d: &PolicyDiagrams, out: &mut Ve
         if stranded == FALSE {
             continue;
         }
-        let (cubes, _) = m.cover(stranded, 1);
-        let example = cubes
-            .first()
-            .and_then(|c| example_of(m, c))
+        let example = m
+            .first_cube(stranded)
+            .and_then(|c| example_of(m, &c))
             .map(|j| format!("e.g. {j}"));
         out.push(
             Diagnostic::new(

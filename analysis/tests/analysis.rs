@@ -1072,3 +1072,41 @@ fn te_diff_splits_versions_at_constants_chosen_by_if() {
     // 9.25.0 and 9.25.3 (s1-4246 is on 9.25.0): FusedAttention -> none by C.2.
     assert!(differ >= 2, "{differ}");
 }
+
+/// `Mdd::first_cube` (check's W-NO-EXECUTOR example, walked on the pair "f and ties" without
+/// building it) is exactly the first cube of `Mdd::cover` (which builds it): on the te pack's
+/// diagrams of where each backend is eligible, whose first cubes test relation variables (so
+/// ties are applied on the way and `widest_path_and` groups the pair's children).
+#[test]
+fn first_cube_is_the_first_cube_of_the_cover() {
+    use attn_policy_analysis::mdd::{FALSE, Mdd, PolicyDiagrams, TRUE};
+    use attn_policy_analysis::regions::add_policy;
+    use attn_policy_analysis::space::SpaceBuilder;
+    let policy = Policy::embedded("te").unwrap();
+    let mut sb = SpaceBuilder::for_schema(policy.schema);
+    add_policy(&mut sb, &policy);
+    let space = sb.build();
+    let mut m = Mdd::for_policies(&space, &[&policy]);
+    let d = PolicyDiagrams::build(&mut m, &policy);
+    let (mut asked, mut with_relations) = (0, 0);
+    for b in 0..policy.backends.len() {
+        let out = d.declined_within(&mut m, b, TRUE);
+        let eligible = m.not(out);
+        if eligible == FALSE {
+            continue;
+        }
+        let first = m.first_cube(eligible);
+        let (cubes, _) = m.cover(eligible, 1);
+        assert_eq!(first, cubes.first().cloned(), "{}", policy.backends[b].name);
+        asked += 1;
+        let cube = first.expect("an eligible backend has a cube");
+        if cube[space.vars.len()..].iter().any(Option::is_some) {
+            with_relations += 1;
+        }
+    }
+    assert!(asked >= 3, "{asked} backends asked");
+    assert!(
+        with_relations >= 1,
+        "no first cube tested a relation variable"
+    );
+}

@@ -28,6 +28,12 @@ use super::manager::{Cube, Mdd};
 use super::memos::{ExpandMemos, PairMemos};
 use super::store::{FALSE, HashMap, Id, NodeMemo, TRUE};
 
+/// Satisfiability questions [`Mdd::widest_path_and`] may ask before it gives up.
+const LAZY_SAT_CALLS: usize = 50_000;
+
+/// Steps of the first, bounded, try at each question of `conjunctions_equal`.
+const QUICK_SAT_STEPS: u64 = 2_000;
+
 impl<'s> Mdd<'s> {
     /// Whether the input with slot values `vals` lies in the cube: each fact's class is among
     /// the cube's, and so is each relation variable's value (an ordering or predicate
@@ -138,9 +144,21 @@ impl<'s> Mdd<'s> {
         let level = self.node_level(x);
         let v = self.order[level as usize];
         let c = cube.get(v).and_then(Option::as_ref);
-        let r = self.edges(x).all(|(k, set)| {
-            c.is_some_and(|c| !words_meet(c.words(), set)) || self.everywhere(k, cube, want, memo)
-        });
+        let r = if self.store.w(level) == 1 {
+            // One-word sets (most vars): read as words, as `apply` does.
+            let h = self.store.hdr[x as usize];
+            let at = self.store.sets_at(h);
+            let cw = c.map_or(u64::MAX, |c| c.words()[0]);
+            (0..h.len as usize).all(|i| {
+                cw & self.store.word(at + i) == 0
+                    || self.everywhere(self.store.kid(h, i), cube, want, memo)
+            })
+        } else {
+            self.edges(x).all(|(k, set)| {
+                c.is_some_and(|c| !words_meet(c.words(), set))
+                    || self.everywhere(k, cube, want, memo)
+            })
+        };
         memo.set_at(x, level, r);
         r
     }
@@ -156,6 +174,186 @@ impl<'s> Mdd<'s> {
     /// A cover of `f` by disjoint cubes (each widened only inside what is still uncovered).
     pub fn cover_disjoint(&mut self, f: Id, limit: usize) -> (Vec<Cube>, bool) {
         self.cover_within(f, limit, true)
+    }
+
+    /// The first cube of [`Mdd::cover`] of `f` (None when `f` holds no input), for much less
+    /// work: `cover`'s loop up to its first cube, without what is left to cover (`rest`, the
+    /// ties intersected with `f`) ever built. Each path is the widest path of `f and ties`,
+    /// walked on the pair ([`Mdd::widest_path_and`]), the same path as on the diagram of the
+    /// conjunction; the ties and the contrary combinations are built as `cover` builds them
+    /// (small diagrams), and the path is widened inside `f or not ties` as there. `check`'s
+    /// W-NO-EXECUTOR example: intersecting its 300k-node `f` with two ties was most of `check`.
+    /// The nodes it builds differ from `cover`'s, so not for `gaps` / `diff` (they print the
+    /// count).
+    pub fn first_cube(&mut self, f: Id) -> Option<Cube> {
+        let nv = self.space.vars.len();
+        let mut applied: Vec<usize> = Vec::new();
+        let mut ties = TRUE;
+        loop {
+            if self.exhausted || !self.satisfiable(&[(f, true), (ties, true)]) {
+                return None;
+            }
+            let mut cube = if ties == TRUE {
+                self.widest_path(f)
+            } else {
+                match self.widest_path_and(f, ties) {
+                    Some(cube) => cube,
+                    None => {
+                        let rest = self.and(f, ties);
+                        self.widest_path(rest)
+                    }
+                }
+            };
+            let untied: Vec<usize> = (nv..self.nvars())
+                .filter(|&v| cube[v].is_some() && !applied.contains(&(v - nv)))
+                .map(|v| v - nv)
+                .collect();
+            if !untied.is_empty() {
+                for k in untied {
+                    let t = self.tie(nv + k);
+                    ties = self.and(ties, t);
+                    applied.push(k);
+                }
+                continue;
+            }
+            let mut refined = false;
+            for v in nv..self.nvars() {
+                let Some(set) = cube[v].clone() else { continue };
+                if let Some(bad) = self.contrary_on_path(v, &set, &cube) {
+                    let nb = self.not(bad);
+                    ties = self.and(ties, nb);
+                    refined = true;
+                }
+            }
+            if !refined && let Some(bad) = self.jointly_contrary(&cube) {
+                let nb = self.not(bad);
+                ties = self.and(ties, nb);
+                refined = true;
+            }
+            if refined {
+                continue;
+            }
+            self.expand(f, ties, &mut cube);
+            return Some(cube);
+        }
+    }
+
+    /// [`Mdd::widest_path`] of `f and t` (which holds somewhere), walked on the pair without
+    /// building the conjunction. At each level the pairs of edges whose children meet are
+    /// grouped by the function of the children's conjunction (two are equal when neither
+    /// differs from the other anywhere: [`Mdd::satisfiable`] on the literals), exactly the
+    /// edges the conjunction's node has; a level where one group covers every class is one
+    /// the conjunction does not test. So the path, and its classes, are those of
+    /// `widest_path(and(f, t))`. None when the walk needed more than `LAZY_SAT_CALLS`
+    /// satisfiability questions (the caller then builds the conjunction).
+    pub(super) fn widest_path_and(&mut self, f: Id, t: Id) -> Option<Cube> {
+        let mut cube: Cube = vec![None; self.nvars()];
+        let mut calls = 0usize;
+        let (mut x, mut y) = (f, t);
+        loop {
+            // One side true: the other is the conjunction, a diagram already.
+            if x == TRUE || y == TRUE {
+                let tail = self.widest_path(if x == TRUE { y } else { x });
+                for (v, set) in tail.into_iter().enumerate() {
+                    if set.is_some() {
+                        cube[v] = set;
+                    }
+                }
+                return Some(cube);
+            }
+            let level = self.node_level(x).min(self.node_level(y));
+            let side = |m: &Self, z: Id| -> Vec<(Id, Bits)> {
+                if m.node_level(z) == level {
+                    m.edges(z).map(|(k, s)| (k, Bits::from_words(s))).collect()
+                } else {
+                    vec![(z, m.full[level as usize].clone())]
+                }
+            };
+            let (ex, ey) = (side(self, x), side(self, y));
+            // Per distinct child function: a representative pair and its classes.
+            let mut groups: Vec<(Id, Id, Bits)> = Vec::new();
+            for (kx, sx) in &ex {
+                for (ky, sy) in &ey {
+                    let Some(set) = sx.and(sy) else { continue };
+                    let (kx, ky) = (*kx, *ky);
+                    if kx == FALSE || ky == FALSE {
+                        continue;
+                    }
+                    if kx != TRUE && ky != TRUE {
+                        calls += 1;
+                        if !self.satisfiable(&[(kx, true), (ky, true)]) {
+                            continue;
+                        }
+                    }
+                    let mut found = None;
+                    for (g, &(gx, gy, _)) in groups.iter().enumerate() {
+                        if self.conjunctions_equal((kx, ky), (gx, gy), &mut calls) {
+                            found = Some(g);
+                            break;
+                        }
+                    }
+                    match found {
+                        Some(g) => groups[g].2.or_words(set.words()),
+                        None => groups.push((kx, ky, set)),
+                    }
+                    if calls > LAZY_SAT_CALLS {
+                        return None;
+                    }
+                }
+            }
+            let covered: usize = groups.iter().map(|g| g.2.len()).sum();
+            let Some(&(gx, gy, ref set)) = groups
+                .iter()
+                .max_by_key(|g| (g.2.len(), std::cmp::Reverse(words_first(g.2.words()))))
+            else {
+                // `f and t` holds somewhere (the caller asked), so some pair meets.
+                return None;
+            };
+            if !(groups.len() == 1 && covered == self.full[level as usize].len()) {
+                cube[self.order[level as usize]] = Some(set.clone());
+            }
+            (x, y) = (gx, gy);
+        }
+    }
+
+    /// Whether `a.0 and a.1` and `b.0 and b.1` are the same function (neither holds where the
+    /// other does not), counting the satisfiability questions asked in `calls`.
+    fn conjunctions_equal(&mut self, a: (Id, Id), b: (Id, Id), calls: &mut usize) -> bool {
+        if a == b {
+            return true;
+        }
+        // Canonical diagrams: equal functions are equal ids.
+        if a.1 == b.1 && (a.1 == TRUE || a.0 == b.0) {
+            return a.0 == b.0;
+        }
+        if a.0 == b.0 && a.0 == TRUE {
+            return a.1 == b.1;
+        }
+        // `p and not z` for each side `p` and each diagram `z` of the other: the functions
+        // differ iff one of these holds somewhere. A difference is usually found in a few
+        // steps, a proof of none walks the whole product: every question is first asked with
+        // a few steps, so one that finds a difference spares the others' proofs.
+        let questions: Vec<[(Id, bool); 3]> = [(a, b), (b, a)]
+            .into_iter()
+            .flat_map(|(p, q)| [q.0, q.1].map(|z| [(p.0, true), (p.1, true), (z, false)]))
+            .filter(|q| q[2].0 != TRUE)
+            .collect();
+        let mut open = Vec::new();
+        for q in questions {
+            *calls += 1;
+            match self.satisfiable_within(&q, QUICK_SAT_STEPS) {
+                Some(true) => return false,
+                Some(false) => {}
+                None => open.push(q),
+            }
+        }
+        for q in open {
+            *calls += 1;
+            if self.satisfiable(&q) {
+                return false;
+            }
+        }
+        true
     }
 
     fn cover_within(&mut self, f: Id, limit: usize, disjoint: bool) -> (Vec<Cube>, bool) {
@@ -584,11 +782,21 @@ impl<'s> Mdd<'s> {
         let (lf, lv) = (self.node_level(f), self.node_level(valid));
         let level = lf.min(lv);
         // `f` false is walked as a terminal: down `valid` to where it is false everywhere.
-        let r = {
-            let c = cube
-                .get(self.order[level as usize])
-                .and_then(Option::as_ref)
-                .map(Bits::words);
+        let c = cube
+            .get(self.order[level as usize])
+            .and_then(Option::as_ref)
+            .map(Bits::words);
+        let r = if self.store.w(level) == 1 {
+            self.unless_one_word(
+                f,
+                valid,
+                (lf, lv),
+                c.map_or(u64::MAX, |c| c[0]),
+                cube,
+                memo,
+                single,
+            )
+        } else {
             if lf == lv {
                 self.edges(f).all(|(kf, sf)| {
                     self.edges(valid).all(|(kv, sv)| {
@@ -617,6 +825,44 @@ impl<'s> Mdd<'s> {
             memo.more.insert((f, valid), (r, g, level));
         }
         r
+    }
+}
+
+impl<'s> Mdd<'s> {
+    /// The step of [`Mdd::unless`] at a var of one-word class sets (most vars): the sets read
+    /// as words (`cw`: the cube's classes of the var), the same pairs in the same order.
+    #[allow(clippy::too_many_arguments)]
+    fn unless_one_word(
+        &self,
+        f: Id,
+        valid: Id,
+        (lf, lv): (u32, u32),
+        cw: u64,
+        cube: &[Option<Bits>],
+        memo: &mut PairMemos,
+        single: &mut NodeMemo<bool>,
+    ) -> bool {
+        let st = &self.store;
+        let (hf, hv) = (st.hdr[f as usize], st.hdr[valid as usize]);
+        let (af, av) = (st.sets_at(hf), st.sets_at(hv));
+        if lf == lv {
+            (0..hf.len as usize).all(|i| {
+                let sf = cw & st.word(af + i);
+                sf == 0
+                    || (0..hv.len as usize).all(|j| {
+                        sf & st.word(av + j) == 0
+                            || self.unless(st.kid(hf, i), st.kid(hv, j), cube, memo, single)
+                    })
+            })
+        } else if lf < lv {
+            (0..hf.len as usize).all(|i| {
+                cw & st.word(af + i) == 0 || self.unless(st.kid(hf, i), valid, cube, memo, single)
+            })
+        } else {
+            (0..hv.len as usize).all(|j| {
+                cw & st.word(av + j) == 0 || self.unless(f, st.kid(hv, j), cube, memo, single)
+            })
+        }
     }
 }
 

@@ -303,13 +303,19 @@ impl<'s> Mdd<'s> {
             self.add_rel(key, rel, 2, vars)
         });
         let mut it = decided.iter();
+        // Every undecided cell is the same node: made at the first (where it was always
+        // made, so node ids stay as they were), then reused (a node made per cell was a
+        // fourteenth of compiling the te pack).
+        let mut literal = None;
         self.enumerate(
             vars,
             &blocks,
             &mut |m, _, _| match it.next().copied().flatten() {
                 Some(true) => TRUE,
                 Some(false) => FALSE,
-                None => m.rel_node(r.expect("a predicate variable"), &[FALSE, TRUE]),
+                None => *literal.get_or_insert_with(|| {
+                    m.rel_node(r.expect("a predicate variable"), &[FALSE, TRUE])
+                }),
             },
         )
     }
@@ -338,13 +344,17 @@ impl<'s> Mdd<'s> {
                 let per_class: &[usize] = if cells <= TIE_CELL_LIMIT { &vars } else { &[] };
                 let blocks = self.blocks_of(&vars, &own, per_class);
                 let hulls = self.block_hulls(&vars, &blocks);
+                // The two literals, each made where first needed (as `predicate_atom`'s).
+                let mut literal: [Option<Id>; 2] = [None, None];
                 self.enumerate(&vars, &blocks, &mut |m, asg, cell| match m
                     .decide_cell(prog, node, &vars, &blocks, &hulls, asg, cell)
                 {
-                    Some(b) => m.rel_node(
-                        r,
-                        &[if b { FALSE } else { TRUE }, if b { TRUE } else { FALSE }],
-                    ),
+                    Some(b) => *literal[b as usize].get_or_insert_with(|| {
+                        m.rel_node(
+                            r,
+                            &[if b { FALSE } else { TRUE }, if b { TRUE } else { FALSE }],
+                        )
+                    }),
                     None => TRUE,
                 })
             }

@@ -264,6 +264,19 @@ impl Store {
         (self.arena[h.off as usize + i / 2] >> ((i & 1) * 32)) as Id
     }
 
+    /// Where the inline sets of node `h` start in the arena (vars of at most 64 classes: set
+    /// `i` is the word at `sets_at(h) + i`, read by [`Store::word`]).
+    #[inline]
+    pub(super) fn sets_at(&self, h: Hdr) -> usize {
+        h.off as usize + (h.len as usize).div_ceil(2)
+    }
+
+    /// Word `at` of the arena.
+    #[inline]
+    pub(super) fn word(&self, at: usize) -> u64 {
+        self.arena[at]
+    }
+
     /// The class set of edge `i` of node `h` (`w` words a set). Inline: the diagram
     /// operations read a set per edge pair, and the call was a tenth of `gaps`.
     #[inline]

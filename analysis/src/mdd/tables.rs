@@ -127,6 +127,9 @@ impl<'s> Mdd<'s> {
     /// and merges edges to the same child; returns how many are left (the stack above them
     /// is left over: truncate it).
     fn normalize(&mut self, ks: usize, ws: usize, w: usize) -> usize {
+        if w == 1 {
+            return self.normalize_one_word(ks, ws);
+        }
         let n = self.ek.len() - ks;
         let (ek, ew) = (&mut self.ek, &mut self.ew);
         let mut m = 0;
@@ -179,6 +182,51 @@ impl<'s> Mdd<'s> {
                     ek[ks + out] = ek[ks + r];
                     ew.copy_within(ws + r * w..ws + (r + 1) * w, ws + out * w);
                 }
+                out += 1;
+            }
+        }
+        out
+    }
+
+    /// [`Mdd::normalize`] for one-word sets (most vars): the same edges, each set a word.
+    fn normalize_one_word(&mut self, ks: usize, ws: usize) -> usize {
+        let n = self.ek.len() - ks;
+        let (ek, ew) = (&mut self.ek[ks..], &mut self.ew[ws..]);
+        let mut m = 0;
+        for r in 0..n {
+            if ew[r] != 0 {
+                ek[m] = ek[r];
+                ew[m] = ew[r];
+                m += 1;
+            }
+        }
+        if !ek[..m].windows(2).all(|p| p[0] <= p[1]) {
+            if m <= INSERTION_SORT_EDGES {
+                for i in 1..m {
+                    let mut j = i;
+                    while j > 0 && ek[j - 1] > ek[j] {
+                        ek.swap(j - 1, j);
+                        ew.swap(j - 1, j);
+                        j -= 1;
+                    }
+                }
+            } else {
+                let mut pairs: Vec<(Id, u64)> = (0..m).map(|i| (ek[i], ew[i])).collect();
+                pairs.sort_by_key(|p| p.0);
+                for (i, (k, x)) in pairs.into_iter().enumerate() {
+                    ek[i] = k;
+                    ew[i] = x;
+                }
+            }
+        }
+        // Edges to the same child merged (their sets joined).
+        let mut out = 0;
+        for r in 0..m {
+            if out > 0 && ek[out - 1] == ek[r] {
+                ew[out - 1] |= ew[r];
+            } else {
+                ek[out] = ek[r];
+                ew[out] = ew[r];
                 out += 1;
             }
         }
@@ -263,6 +311,37 @@ impl<'s> Mdd<'s> {
         let na = if at_a { ha.len as usize } else { 1 };
         let nb = if at_b { hb.len as usize } else { 1 };
         let (ks, ws) = (self.ek.len(), self.ew.len());
+        if w == 1 {
+            // One word a set (vars of at most 64 classes, most of them): the sets read as
+            // words, their offsets computed once (the general loop below slices a set per
+            // pair). Same pairs, same order.
+            let one = u64::MAX;
+            let (sa, sb) = (self.store.sets_at(ha), self.store.sets_at(hb));
+            for i in 0..na {
+                let (x, wa) = if at_a {
+                    (self.store.kid(ha, i), self.store.word(sa + i))
+                } else {
+                    (a, one)
+                };
+                for j in 0..nb {
+                    let (y, wb) = if at_b {
+                        (self.store.kid(hb, j), self.store.word(sb + j))
+                    } else {
+                        (b, one)
+                    };
+                    let both = wa & wb;
+                    if both == 0 {
+                        continue;
+                    }
+                    let r = self.apply(op, x, y);
+                    self.ek.push(r);
+                    self.ew.push(both);
+                }
+            }
+            let r = self.mk_top(level, ks, ws);
+            self.memo_insert(op, lo, hi, r);
+            return r;
+        }
         for i in 0..na {
             let x = if at_a { self.store.kid(ha, i) } else { a };
             for j in 0..nb {
@@ -287,12 +366,16 @@ impl<'s> Mdd<'s> {
             }
         }
         let r = self.mk_top(level, ks, ws);
+        self.memo_insert(op, lo, hi, r);
+        r
+    }
+
+    fn memo_insert(&mut self, op: Op, lo: Id, hi: Id, r: Id) {
         match op {
             Op::And => self.and_memo.insert(lo, hi, r),
             Op::Or => self.or_memo.insert(lo, hi, r),
             Op::Diff => self.diff_memo.insert(lo, hi, r),
         }
-        r
     }
 
     pub fn and(&mut self, a: Id, b: Id) -> Id {
@@ -352,14 +435,25 @@ impl<'s> Mdd<'s> {
     /// satisfying path; combinations found unsatisfiable are remembered for the manager's
     /// life (nodes never change), so the many questions of `check` share them.
     pub fn satisfiable(&mut self, lits: &[(Id, bool)]) -> bool {
-        let key: Vec<u32> = lits.iter().map(|&(x, pos)| lit(x, pos)).collect();
-        let mut dead = std::mem::take(&mut self.sat_dead);
-        let r = self.sat_walk(key, &mut dead);
-        self.sat_dead = dead;
-        r
+        self.satisfiable_within(lits, u64::MAX)
+            .expect("an unbounded walk always answers")
     }
 
-    fn sat_walk(&self, mut key: Vec<u32>, dead: &mut HashSet<Vec<u32>>) -> bool {
+    /// [`Mdd::satisfiable`], giving up (None) after `steps` combinations walked. What a walk
+    /// proved unsatisfiable before it gave up stays remembered (it is proved).
+    pub(super) fn satisfiable_within(&mut self, lits: &[(Id, bool)], steps: u64) -> Option<bool> {
+        let key: Vec<u32> = lits.iter().map(|&(x, pos)| lit(x, pos)).collect();
+        let mut walk = SatWalk {
+            dead: std::mem::take(&mut self.sat_dead),
+            steps,
+            gave_up: false,
+        };
+        let r = self.sat_walk(key, &mut walk);
+        self.sat_dead = walk.dead;
+        (!walk.gave_up).then_some(r)
+    }
+
+    fn sat_walk(&self, mut key: Vec<u32>, walk: &mut SatWalk) -> bool {
         // Terminals: a satisfied literal is dropped, a violated one ends the walk.
         let mut violated = false;
         key.retain(|&l| {
@@ -383,9 +477,14 @@ impl<'s> Mdd<'s> {
         if key.len() <= 1 {
             return true;
         }
-        if dead.contains(&key) {
+        if walk.dead.contains(&key) {
             return false;
         }
+        if walk.steps == 0 {
+            walk.gave_up = true;
+            return false;
+        }
+        walk.steps -= 1;
         let level = key
             .iter()
             .map(|&l| self.node_level(l >> 1))
@@ -396,9 +495,9 @@ impl<'s> Mdd<'s> {
             .filter(|&i| self.node_level(key[i] >> 1) == level)
             .collect();
         let mut cur = key.clone();
-        let found = self.sat_split(&key, &at, 0, &[], w, &mut cur, dead);
-        if !found {
-            dead.insert(key);
+        let found = self.sat_split(&key, &at, 0, &[], w, &mut cur, walk);
+        if !found && !walk.gave_up {
+            walk.dead.insert(key);
         }
         found
     }
@@ -414,10 +513,10 @@ impl<'s> Mdd<'s> {
         set: &[u64],
         w: usize,
         cur: &mut Vec<u32>,
-        dead: &mut HashSet<Vec<u32>>,
+        walk: &mut SatWalk,
     ) -> bool {
         if j == at.len() {
-            return self.sat_walk(cur.clone(), dead);
+            return self.sat_walk(cur.clone(), walk);
         }
         let i = at[j];
         let (x, pol) = (key[i] >> 1, key[i] & POS);
@@ -433,12 +532,24 @@ impl<'s> Mdd<'s> {
                 set.iter().zip(s).map(|(p, q)| p & q).collect()
             };
             cur[i] = self.store.kid(h, e) << 1 | pol;
-            if self.sat_split(key, at, j + 1, &meet, w, cur, dead) {
+            if self.sat_split(key, at, j + 1, &meet, w, cur, walk) {
                 return true;
+            }
+            if walk.gave_up {
+                return false;
             }
         }
         false
     }
+}
+
+/// The state of one [`Mdd::satisfiable_within`] walk: the combinations known unsatisfiable,
+/// the steps left, and whether it gave up (then a false answer proves nothing, and the
+/// combinations it was walking are not remembered as unsatisfiable).
+struct SatWalk {
+    dead: HashSet<Vec<u32>>,
+    steps: u64,
+    gave_up: bool,
 }
 
 /// The polarity bit of a literal of [`Mdd::satisfiable`]'s walk (the id shifted left).
