@@ -934,10 +934,19 @@ pub fn native_fwd(spec: &SdpaSpec, version: CudnnVersion) -> GraphIr {
     g.finish(GraphKind::NativeFwd, 0, None)
 }
 
-/// The composite backward graph (cudnn-frontend's `CompositeSDPABackwardNode`, cuDNN >= 9.6, no
-/// dropout or bias). With `spec.deterministic` the last matmul writes dQ directly (the
-/// frontend's "dP workspace" form); otherwise dQ is accumulated in fp32 scratch.
-pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
+/// The caller's tensors of the composite backward (K and V as their transposed views).
+struct BwdIo {
+    q: i64,
+    kt: i64,
+    vt: i64,
+    o: i64,
+    d_o: i64,
+    dq: i64,
+    dk: i64,
+    dvt: i64,
+}
+
+fn bwd_io(g: &mut Builder, spec: &SdpaSpec) -> BwdIo {
     let io = DType::from(spec.dtype);
     let (b, hq, hk, sq, skv, dqk, dv) = (
         spec.b, spec.h_q, spec.h_kv, spec.s_q, spec.s_kv, spec.d_qk, spec.d_v,
@@ -946,8 +955,6 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
     let gl = l
         .grads
         .expect("backward spec validated with gradient layouts");
-    let mut g = Builder::new();
-    let mut scratch = 0;
     let q = g.tensor(uid::Q, io, [b, hq, sq, dqk], l.q, Binding::Io(IoRole::Q));
     let kt = g.tensor(
         uid::K,
@@ -992,6 +999,39 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
         gl.dv,
         Binding::Io(IoRole::DV),
     );
+    BwdIo {
+        q,
+        kt,
+        vt,
+        o,
+        d_o,
+        dq,
+        dk,
+        dvt,
+    }
+}
+
+/// The composite backward graph (cudnn-frontend's `CompositeSDPABackwardNode`, cuDNN >= 9.6, no
+/// dropout or bias). With `spec.deterministic` the last matmul writes dQ directly (the
+/// frontend's "dP workspace" form); otherwise dQ is accumulated in fp32 scratch.
+pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
+    let io = DType::from(spec.dtype);
+    let (b, hq, hk, sq, skv, dqk, dv) = (
+        spec.b, spec.h_q, spec.h_kv, spec.s_q, spec.s_kv, spec.d_qk, spec.d_v,
+    );
+    let l = &spec.layouts;
+    let mut g = Builder::new();
+    let mut scratch = 0;
+    let BwdIo {
+        q,
+        kt,
+        vt,
+        o,
+        d_o,
+        dq,
+        dk,
+        dvt,
+    } = bwd_io(&mut g, spec);
     let scale = g.scalar(uid::SCALE, Binding::Scale);
     let one = g.scalar(uid::ONE, Binding::ConstF32(1.0));
 

@@ -4,12 +4,13 @@
 pub mod backend;
 pub mod dl;
 pub mod exec;
+pub mod io;
 pub mod varlen;
 
 pub use exec::{
-    CudnnError, CudnnExecutor, IoPtrs, RunReport, loaded_library, runtime_version, shared,
-    shared_on,
+    CudnnError, CudnnExecutor, RunReport, loaded_library, runtime_version, shared, shared_on,
 };
+pub use io::IoPtrs;
 
 use std::sync::Arc;
 

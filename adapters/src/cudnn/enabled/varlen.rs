@@ -11,7 +11,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, result as drv, sys as drv_sys};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
-use super::exec::{CudnnError, IoPtrs};
+use super::io::IoPtrs;
 use crate::cudnn::graph::VarlenScratch;
 use crate::cudnn::spec::Direction;
 use crate::problem::{AttentionProblem, SeqPacking};
@@ -91,7 +91,7 @@ unsafe fn launch(
     blocks: u32,
     stream: drv_sys::CUstream,
     params: &mut [*mut c_void],
-) -> Result<(), CudnnError> {
+) -> Result<(), drv::DriverError> {
     // SAFETY: per the contract.
     unsafe {
         drv::launch_kernel(
@@ -103,7 +103,6 @@ unsafe fn launch(
             params,
         )
     }
-    .map_err(CudnnError::from)
 }
 
 /// The per-call pieces of a varlen call: scratch addresses and the problem's extents.
@@ -130,7 +129,11 @@ impl VarlenCall<'_> {
     ///
     /// # Safety
     /// `ws` must hold the graph's scratch; `io` the problem's live tensors on this device.
-    pub(crate) unsafe fn before(&self, dir: Direction, io: &IoPtrs) -> Result<(), CudnnError> {
+    pub(crate) unsafe fn before(
+        &self,
+        dir: Direction,
+        io: &IoPtrs,
+    ) -> Result<(), drv::DriverError> {
         let p = self.p;
         let Some(s) = &p.seqlens else {
             return Ok(());
@@ -193,7 +196,7 @@ impl VarlenCall<'_> {
     ///
     /// # Safety
     /// As for [`VarlenCall::before`].
-    pub(crate) unsafe fn after(&self, dir: Direction, io: &IoPtrs) -> Result<(), CudnnError> {
+    pub(crate) unsafe fn after(&self, dir: Direction, io: &IoPtrs) -> Result<(), drv::DriverError> {
         let p = self.p;
         let packed = self.packed();
         let batch = p.batch as i32;
