@@ -151,12 +151,15 @@ pub fn spec_of(p: &AttentionProblem, dir: Direction) -> SdpaSpec {
 pub const VARLEN_ENV: &str = "ATTN_POLICY_CUDNN_VARLEN";
 
 /// Whether cuDNN serves padded and packed batches in this process: only with
-/// `ATTN_POLICY_CUDNN_VARLEN=1`. The graphs, the executor's fix-ups and their GPU tests
+/// `ATTN_POLICY_CUDNN_VARLEN=1` (read at first use). The graphs, the executor's fix-ups and their GPU tests
 /// (adapters/tests/cudnn_gpu.rs, `varlen_*`) exist, but the tests have not yet run on a GPU, and
 /// a graph cuDNN accepts but computes differently would be a silent wrong answer: until they
 /// pass on a device, a padded or packed call goes down the chain to `chunked`.
 pub fn varlen_enabled() -> bool {
-    std::env::var_os(VARLEN_ENV).is_some_and(|v| v == "1")
+    // Read once per process: the gate runs on every plan, and the answer must not change
+    // between a decision and its run.
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(VARLEN_ENV).is_some_and(|v| v == "1"))
 }
 
 /// The exact gate, without a device: the manifest, empty mask rows, and (when known) the
