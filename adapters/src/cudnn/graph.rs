@@ -494,6 +494,31 @@ impl Builder {
         }
     }
 
+    /// With per-sequence lengths, gives each `(tensor, ragged index)` its ragged offsets.
+    fn set_ragged_all(&mut self, vl: Option<&Varlen>, tensors: &[(i64, usize)]) {
+        if let Some(vl) = vl {
+            for &(t, i) in tensors {
+                self.set_ragged(t, vl.ragged(i));
+            }
+        }
+    }
+
+    /// Stats `[b, h_q, s_q, 1]` fp32: the caller's LSE, or with per-sequence lengths the dense
+    /// scratch copy the executor converts to and from the caller's `[batch_dim, h_q, rows_q]`.
+    fn stats(&mut self, spec: &SdpaSpec, vl: Option<&Varlen>) -> i64 {
+        let binding = match vl {
+            Some(vl) => Binding::Scratch(vl.scratch.stats),
+            None => Binding::Io(IoRole::Stats),
+        };
+        self.tensor(
+            uid::STATS,
+            DType::Float,
+            [spec.b, spec.h_q, spec.s_q, 1],
+            stats_strides(spec),
+            binding,
+        )
+    }
+
     /// The per-sequence tensors in the scratch from byte offset `*scratch` on: the seq-len
     /// tensors (in the graph), the row starts (executor only), the ragged offsets (in the
     /// graph, ragged packings) and the dense Stats.
@@ -772,15 +797,6 @@ pub fn ragged_offsets_need_i64(spec: &SdpaSpec) -> bool {
     most > i64::from(i32::MAX)
 }
 
-/// Stats is the caller's LSE, or with per-sequence lengths the dense scratch copy the
-/// executor converts to and from the caller's `[batch_dim, h_q, rows_q]` LSE.
-fn stats_binding(vl: Option<&Varlen>) -> Binding {
-    match vl {
-        Some(vl) => Binding::Scratch(vl.scratch.stats),
-        None => Binding::Io(IoRole::Stats),
-    }
-}
-
 /// The composite forward graph (any cuDNN 9): O and LSE.
 pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
     let io = DType::from(spec.dtype);
@@ -804,18 +820,8 @@ pub fn composite_fwd(spec: &SdpaSpec) -> GraphIr {
     );
     let v = g.tensor(uid::V, io, [b, hk, skv, dv], l.v, Binding::Io(IoRole::V));
     let o = g.tensor(uid::O, io, [b, hq, sq, dv], l.o, Binding::Io(IoRole::O));
-    if let Some(vl) = vl {
-        for (t, i) in [(q, RQ), (kt, RK), (v, RV), (o, RO)] {
-            g.set_ragged(t, vl.ragged(i));
-        }
-    }
-    let stats = g.tensor(
-        uid::STATS,
-        DType::Float,
-        [b, hq, sq, 1],
-        stats_strides(spec),
-        stats_binding(vl),
-    );
+    g.set_ragged_all(vl, &[(q, RQ), (kt, RK), (v, RV), (o, RO)]);
+    let stats = g.stats(spec, vl);
     let scale = g.scalar(uid::SCALE, Binding::Scale);
     let sdims = [b, hq, sq, skv];
     let rdims = [b, hq, sq, 1];
@@ -856,13 +862,7 @@ pub fn native_fwd(spec: &SdpaSpec, version: CudnnVersion) -> GraphIr {
     let k = g.tensor(uid::K, io, [b, hk, skv, dqk], l.k, Binding::Io(IoRole::K));
     let v = g.tensor(uid::V, io, [b, hk, skv, dv], l.v, Binding::Io(IoRole::V));
     let o = g.tensor(uid::O, io, [b, hq, sq, dv], l.o, Binding::Io(IoRole::O));
-    let st = g.tensor(
-        uid::STATS,
-        DType::Float,
-        [b, hq, sq, 1],
-        stats_strides(spec),
-        Binding::Io(IoRole::Stats),
-    );
+    let st = g.stats(spec, None);
     let scale = g.scalar(uid::SCALE, Binding::Scale);
     let sdims = [b, hq, sq, skv];
     let stats = if v921 {
@@ -1050,9 +1050,10 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
         .seqlens
         .map(|packing| g.varlen(spec, packing, &mut scratch));
     let vl = vl.as_ref();
-    if let Some(vl) = vl {
-        // dQ, dK, dV, dO share the strides (and so the offsets) of Q, K, V, O
-        for (t, i) in [
+    // dQ, dK, dV, dO share the strides (and so the offsets) of Q, K, V, O
+    g.set_ragged_all(
+        vl,
+        &[
             (q, RQ),
             (kt, RK),
             (vt, RV),
@@ -1061,17 +1062,9 @@ pub fn composite_bwd(spec: &SdpaSpec) -> GraphIr {
             (dq, RQ),
             (dk, RK),
             (dvt, RV),
-        ] {
-            g.set_ragged(t, vl.ragged(i));
-        }
-    }
-    let stats = g.tensor(
-        uid::STATS,
-        DType::Float,
-        [b, hq, sq, 1],
-        stats_strides(spec),
-        stats_binding(vl),
+        ],
     );
+    let stats = g.stats(spec, vl);
 
     // softmax_sum = Σ_d dO * O
     let t1 = g.pw_new(PwMode::Mul, d_o, Some(o));
