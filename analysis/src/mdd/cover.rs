@@ -204,10 +204,7 @@ impl<'s> Mdd<'s> {
                     }
                 }
             };
-            let untied: Vec<usize> = (nv..self.nvars())
-                .filter(|&v| cube[v].is_some() && !applied.contains(&(v - nv)))
-                .map(|v| v - nv)
-                .collect();
+            let untied = self.untied(&cube, nv, &applied);
             if !untied.is_empty() {
                 for k in untied {
                     let t = self.tie(nv + k);
@@ -371,10 +368,7 @@ impl<'s> Mdd<'s> {
                 return (out, true);
             }
             let mut cube = self.widest_path(rest);
-            let untied: Vec<usize> = (nv..self.nvars())
-                .filter(|&v| cube[v].is_some() && !applied.contains(&(v - nv)))
-                .map(|v| v - nv)
-                .collect();
+            let untied = self.untied(&cube, nv, &applied);
             if !untied.is_empty() {
                 for k in untied {
                     let t = self.tie(nv + k);
@@ -424,6 +418,15 @@ impl<'s> Mdd<'s> {
     }
 
     /// A path of `x` to true, taking at each node the edge with the most classes.
+    /// The predicates (numbered from the first predicate variable `nv`) that `cube` constrains
+    /// and whose tie is not applied yet.
+    fn untied(&self, cube: &Cube, nv: usize, applied: &[usize]) -> Vec<usize> {
+        (nv..self.nvars())
+            .filter(|&v| cube[v].is_some() && !applied.contains(&(v - nv)))
+            .map(|v| v - nv)
+            .collect()
+    }
+
     fn widest_path(&self, mut x: Id) -> Cube {
         let mut cube = vec![None; self.nvars()];
         while x > TRUE {
