@@ -5,8 +5,6 @@ gradients (the learnable sink's included) by autograd and by ``gradcheck``, the 
 decision is made on, declines, bad inputs, and the per-signature cache with lengths."""
 
 import math
-import shutil
-from pathlib import Path
 
 import pytest
 
@@ -509,19 +507,7 @@ def test_the_op_carries_the_sink_and_returns_its_gradient():
 # reference here (the FlashAttention criterion for O, LSE and every gradient), the padding
 # conventions exactly.
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def pack_with_chains(tmp_path, chains):
-    """A copy of the te pack whose `executors:` chains are ``chains`` (backend -> names)."""
-    dst = tmp_path / "te"
-    shutil.copytree(REPO / "rules" / "te", dst)
-    text = (dst / "pack.yaml").read_text()
-    head = text[: text.index("\nexecutors:")]
-    body = "".join(f"  - backend: {b}\n    chain: [{', '.join(c)}]\n" for b, c in chains.items())
-    (dst / "pack.yaml").write_text(head + "\nexecutors:\n" + body)
-    import attn_policy
-    return attn_policy.Policy.load(str(dst))
+from test_torch import pack_with_chains  # noqa: E402  (one copy of the helper)
 
 
 @pytest.fixture(scope="module")
