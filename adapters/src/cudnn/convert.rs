@@ -66,7 +66,7 @@ pub fn manifest_with(varlen: bool) -> Manifest {
             "deterministic backward uses the frontend's dP-workspace graph and refuses engines noted NONDETERMINISTIC".into(),
             "a plan that is not a fused-attention engine (finalizeMode SDPA_FWD/SDPA_BWD/UNIFIED_SDPA_FWD) is refused".into(),
             "rows with no admissible key are refused (cuDNN would return NaN where the convention is O = 0, LSE = -inf)".into(),
-            "per-sequence lengths (opt-in, ATTN_POLICY_CUDNN_VARLEN=1: built and unit-tested, not yet run on a GPU): padding mask with per-batch seq-len tensors; left padding and packed THD through ragged offsets; padding rows are zeroed (O, dQ, dK, dV) and LSE set to -inf by the executor after the call; sequences of 0 tokens are refused".into(),
+            "per-sequence lengths (opt-in, ATTN_POLICY_CUDNN_VARLEN=1: built and unit-tested, not yet run on a GPU): padding mask with per-batch seq-len tensors and ragged offsets on every token tensor (right padding too: cuDNN then reads no padding row); padding rows are zeroed (O, dQ, dK, dV) and LSE set to -inf by the executor after the call; sequences of 0 tokens are refused".into(),
         ],
     }
 }

@@ -1471,7 +1471,11 @@ mod tests {
                 uid::SCALE,
                 uid::NEG_INF,
                 uid::SEQ_LEN_Q,
-                uid::SEQ_LEN_KV
+                uid::SEQ_LEN_KV,
+                uid::RAGGED_Q,
+                uid::RAGGED_K,
+                uid::RAGGED_V,
+                uid::RAGGED_O
             ])
         );
         // 10 softmax/matmul ops, 6 for the padding mask (2 GEN_INDEX, 2 CMP_LT, AND, SELECT),
@@ -1480,8 +1484,9 @@ mod tests {
         assert_eq!(modes(&g, PwMode::CmpLt), 2);
         assert_eq!(modes(&g, PwMode::LogicalAnd), 1);
         assert_eq!(modes(&g, PwMode::BinarySelect), 2);
-        // right padding: nothing ragged; Stats is the executor's dense scratch, not the LSE
-        assert!(g.tensors.values().all(|t| t.ragged.is_none()));
+        // right padding is ragged too (cuDNN then reads no padding row); Stats is the
+        // executor's dense scratch, not the LSE
+        assert_eq!(g.tensors[&uid::Q].ragged, Some(uid::RAGGED_Q));
         let vs = g.varlen.unwrap();
         assert_eq!(g.tensors[&uid::STATS].binding, Binding::Scratch(vs.stats));
         assert!(!g.io_roles().contains(&IoRole::Stats));
@@ -1502,7 +1507,11 @@ mod tests {
 
     #[test]
     fn ragged_packings_offset_every_token_tensor() {
-        for packing in [SeqPacking::PaddedLeft, SeqPacking::Packed] {
+        for packing in [
+            SeqPacking::PaddedRight,
+            SeqPacking::PaddedLeft,
+            SeqPacking::Packed,
+        ] {
             let s = varlen_spec(packing, MaskSpec::CAUSAL_BOTTOM_RIGHT, 2, false);
             let f = composite_fwd(&s);
             for (t, r) in [

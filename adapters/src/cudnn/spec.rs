@@ -201,9 +201,8 @@ pub struct SdpaSpec {
     /// Backward only: ask for a deterministic algorithm.
     pub deterministic: bool,
     /// Per-sequence lengths (`None`: every sequence is `s_q` x `s_kv`): the graph then carries
-    /// cuDNN's padding mask (per-batch `seq_len_q`/`seq_len_kv` tensors and GEMM overrides),
-    /// and for [`SeqPacking::PaddedLeft`] and [`SeqPacking::Packed`] ragged offsets on every
-    /// token tensor. `s_q`/`s_kv` are then the longest sequence allowed; the lengths are data
+    /// cuDNN's padding mask (per-batch `seq_len_q`/`seq_len_kv` tensors and GEMM overrides)
+    /// and ragged offsets on every token tensor (every packing: see [`SdpaSpec::is_ragged`]). `s_q`/`s_kv` are then the longest sequence allowed; the lengths are data
     /// (uploaded per call), not part of the graph.
     pub seqlens: Option<SeqPacking>,
 }
@@ -294,12 +293,13 @@ impl SdpaSpec {
         }
     }
 
-    /// Whether the token tensors carry ragged offsets (left padding, packed THD).
+    /// Whether the token tensors carry ragged offsets: with any per-sequence lengths. Right
+    /// padding needs them too: with the padding mask alone, cuDNN still loads the padding rows
+    /// and a non-finite value there (uninitialised memory) turns into NaN in real rows
+    /// (`0 * NaN` in P V); with ragged offsets it reads each sequence's rows only (measured on
+    /// the H100, cudnn_gpu.rs `varlen_ignores_what_padding_rows_hold`).
     pub fn is_ragged(&self) -> bool {
-        matches!(
-            self.seqlens,
-            Some(SeqPacking::PaddedLeft | SeqPacking::Packed)
-        )
+        self.seqlens.is_some()
     }
 
     /// Checks the structural requirements every cuDNN SDPA graph has.
