@@ -2,7 +2,8 @@
 plan (attn_policy/_varlen.py) against direct computations, exactly; the two runners' whole
 varlen path with the kernels replaced by float64 stand-ins that behave as the kernels do (packed
 buffers, FlashAttention's ``[h, tokens]`` LSE with ``+inf`` and junk in empty rows, the
-memory-efficient kernel's ``[sequences, h, rows]`` LSE, junk gradients where nothing flows),
+memory-efficient kernel's ``[sequences, h, rows]`` LSE, junk gradients where nothing flows;
+float64 arithmetic, so they also dry-run the GPU test's plumbing on the CPU),
 against the float64 reference, the padding conventions exactly and NaN in the inputs' padding;
 and the gates. The kernels themselves run in tests/gpu/test_gpu_torch_varlen.py."""
 
@@ -229,7 +230,10 @@ def _expand(t, hq):
 
 
 def _fake_forward(runner, plan, qp, kp, vp):
-    """O ``[t, h, d_v]`` and LSE ``[h, t]``: junk O and ``+inf`` LSE in rows that see no key."""
+    """O ``[t, h, d_v]`` and LSE ``[h, t]``: junk O and ``+inf`` LSE in rows that see no key
+    (computed in float64, returned in the inputs' dtype)."""
+    dt = qp.dtype
+    qp, kp, vp = (t.double() for t in (qp, kp, vp))
     hq = qp.shape[1]
     kp, vp = _expand(kp, hq), _expand(vp, hq)
     o = torch.full((qp.shape[0], hq, vp.shape[-1]), 7.0, dtype=qp.dtype)
@@ -243,12 +247,14 @@ def _fake_forward(runner, plan, qp, kp, vp):
         rows = ok.any(-1)
         o[a:b][rows] = seq_o[rows]
         lse[:, a:b][:, rows] = m[:, rows].float()
-    return o, lse
+    return o.to(dt), lse
 
 
 def _fake_backward(runner, plan, gp, qp, kp, vp, op, lse_hn):
     """dQ, dK, dV from the LSE it is given (``P = exp(S - LSE)``: NaN if an empty row had
     ``-inf``), junk in dK/dV of keys no row sees and dQ of rows that see none."""
+    dt = qp.dtype
+    gp, qp, kp, vp, op = (t.double() for t in (gp, qp, kp, vp, op))
     hq, hkv = qp.shape[1], kp.shape[1]
     ke, ve = _expand(kp, hq), _expand(vp, hq)
     dq = torch.zeros_like(qp)
@@ -270,7 +276,8 @@ def _fake_backward(runner, plan, gp, qp, kp, vp, op, lse_hn):
         dk[c:e][~ok.any(0)] = 5.0
         dv[c:e][~ok.any(0)] = 5.0
     g = hq // hkv
-    return dq, dk.view(-1, hkv, g, dk.shape[-1]).sum(2), dv.view(-1, hkv, g, dv.shape[-1]).sum(2)
+    return (dq.to(dt), dk.view(-1, hkv, g, dk.shape[-1]).sum(2).to(dt),
+            dv.view(-1, hkv, g, dv.shape[-1]).sum(2).to(dt))
 
 
 def _fake_eff_forward(runner, plan, qp, kp, vp):
@@ -355,8 +362,9 @@ def test_varlen_runner_path_matches_the_reference(executor, packing, mask, heads
         kv = [t.to(dtype) for t in (k, v)]
         if packing == "packed":  # K/V of these lengths
             kv = [rand(sum(lkv), hkv, q.shape[-1], seed=s).to(dtype) for s in (1, 2)]
-        return apt._Call(q.to(dtype), *kv, li, ((2 if diagonal == "bottom_right" else 1) if causal else 0), wl, wr, diagonal == "bottom_right", scale, 0.0, True,
-                         0.0, 0, pk, lq, lkv)
+        br = diagonal == "bottom_right"
+        mask_index = (2 if br else 1) if causal else 0
+        return apt._Call(q.to(dtype), *kv, li, mask_index, wl, wr, br, scale, 0.0, True, 0.0, 0, pk, lq, lkv)
 
     # The gates, on the fp16 call the kernels would get.
     why = ex.check(call_of(lkv, torch.float16))

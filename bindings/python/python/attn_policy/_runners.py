@@ -252,16 +252,16 @@ class _VarlenRunner(_Runner):
 
     def _varlen_forward(self, q, k, v):
         plan = self.varlen.to(q.device)
-        o = _empty(self.o_shape, dtype=q.dtype, device=q.device)
         if not plan.live:  # no sequence has both a query and a key: every row is empty
-            return o.zero_(), torch.full(self.lse_shape, float("-inf"), dtype=self.lse_dtype, device=q.device)
+            o = torch.zeros(self.o_shape, dtype=q.dtype, device=q.device)
+            return o, torch.full(self.lse_shape, float("-inf"), dtype=self.lse_dtype, device=q.device)
         op, lse_hn = self._kernel_forward(plan, plan.gather(self._rows(q), "q"), plan.gather(self._rows(k), "kv"),
                                           plan.gather(self._rows(v), "kv"))
         plan.fix_rows(op, lse_hn)
         if plan.in_place and op.is_contiguous():
-            o = op
-        else:
-            plan.scatter(op, self._rows(o), "q")
+            return op, plan.lse_out(lse_hn, self.lse_dtype)
+        o = _empty(self.o_shape, dtype=q.dtype, device=q.device)
+        plan.scatter(op, self._rows(o), "q")
         return o, plan.lse_out(lse_hn, self.lse_dtype)
 
     def _varlen_backward(self, g, q, k, v, o, lse):
