@@ -6,8 +6,8 @@
 //! These are data only: nothing here runs them. The registry lists them as unavailable outside
 //! Python ([`crate::registry::HOST_ONLY`]).
 
-use crate::executor::{DeviceKind, HeadDimRange, Manifest};
-use crate::problem::{DType, LayoutKind, MaskKind};
+use crate::executor::{DeviceKind, Features, HeadDimRange, Manifest};
+use crate::problem::{DType, LayoutKind, MaskKind, SeqPacking};
 
 /// FlashAttention-2 inside PyTorch (`aten::_flash_attention_forward`).
 pub const TORCH_FLASH: &str = "torch_flash";
@@ -54,12 +54,27 @@ pub fn torch_flash() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: false,
-        features: crate::executor::Features::none(),
+        features: varlen(),
         notes: vec![
             "aten::_flash_attention_forward/backward (FlashAttention-2 in PyTorch), LSE returned by the kernel".into(),
+            "padded and packed batches through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
             "its diagonal is bottom-right: a top-left causal mask or window runs only when s_q == s_kv".into(),
             "backward accumulates dQ with atomics: not deterministic".into(),
         ],
+    }
+}
+
+/// What `torch_flash` and `torch_efficient` serve of the features: per-sequence lengths on
+/// either side and packed (the ops' varlen arguments, attn_policy/_varlen.py); no soft-cap, no
+/// sink.
+fn varlen() -> Features {
+    Features {
+        seqlens: vec![
+            SeqPacking::PaddedRight,
+            SeqPacking::PaddedLeft,
+            SeqPacking::Packed,
+        ],
+        ..Features::none()
     }
 }
 
@@ -89,9 +104,10 @@ pub fn torch_efficient() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: false,
-        features: crate::executor::Features::none(),
+        features: varlen(),
         notes: vec![
             "aten::_efficient_attention_forward/backward (CUTLASS), custom_mask_type 0/1/2 for no mask / top-left / bottom-right causal".into(),
+            "padded and packed batches through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
             "no GQA (equal head counts) and no sliding window in this executor".into(),
         ],
     }
@@ -192,11 +208,11 @@ pub fn torch_executors() -> Vec<(&'static str, &'static str, Manifest)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{AttentionProblem, SeqLens, SeqPacking, SoftmaxKind};
+    use crate::problem::{AttentionProblem, SeqLens, SoftmaxKind};
 
-    /// Each feature alone (and all at once) on an fp16 GQA problem.
-    fn feature_problems() -> Vec<(&'static str, AttentionProblem)> {
-        let base = AttentionProblem::new(2, 4, 2, 16, 24, 64, 64, DType::F16);
+    /// Each feature alone (and all at once) on an fp16 problem with `hkv` KV heads (of 4).
+    fn feature_problems(hkv: usize) -> Vec<(&'static str, AttentionProblem)> {
+        let base = AttentionProblem::new(2, 4, hkv, 16, 24, 64, 64, DType::F16);
         let with = |f: &dyn Fn(&mut AttentionProblem)| {
             let mut p = base.clone();
             f(&mut p);
@@ -219,7 +235,7 @@ mod tests {
             ),
             (
                 "packed",
-                AttentionProblem::new(3, 4, 2, 16, 20, 64, 64, DType::F16).with_seqlens(
+                AttentionProblem::new(3, 4, hkv, 16, 20, 64, 64, DType::F16).with_seqlens(
                     SeqLens {
                         packing: SeqPacking::Packed,
                         q: vec![16, 0, 7],
@@ -240,13 +256,39 @@ mod tests {
     }
 
     #[test]
-    fn host_torch_math_admits_every_feature_the_kernels_none() {
-        for (what, p) in feature_problems() {
+    fn host_torch_math_admits_every_feature_the_kernels_lengths_only() {
+        let mha = feature_problems(4);
+        for (i, (what, p)) in feature_problems(2).into_iter().enumerate() {
             assert!(torch_math().admits(&p).is_ok(), "torch_math refuses {what}");
-            for m in [torch_flash(), torch_efficient(), torch_cudnn()] {
-                assert!(m.admits(&p).is_err(), "{} admits {what}", m.name);
-            }
+            // The kernels are not deterministic: asked of a problem that allows that.
+            let mut k = p.clone();
+            k.deterministic = false;
+            assert!(
+                torch_cudnn().admits(&k).is_err(),
+                "torch_cudnn admits {what}"
+            );
+            // torch_flash serves per-sequence lengths (GQA included), nothing else of them.
+            let lengths_only =
+                p.seqlens.is_some() && p.softcap.is_none() && p.softmax == SoftmaxKind::Vanilla;
+            let flash = torch_flash().admits(&k);
+            assert_eq!(
+                flash.is_ok(),
+                lengths_only,
+                "torch_flash on {what}: {flash:?}"
+            );
+            // torch_efficient has no GQA: the same problem with equal head counts.
+            let mut k = mha[i].1.clone();
+            k.deterministic = false;
+            let eff = torch_efficient().admits(&k);
+            assert_eq!(
+                eff.is_ok(),
+                lengths_only,
+                "torch_efficient on {what}: {eff:?}"
+            );
         }
         assert_eq!(torch_math().features, crate::executor::Features::all());
+        assert_eq!(torch_flash().features, varlen());
+        assert_eq!(torch_efficient().features, varlen());
+        assert!(!varlen().softcap && varlen().sinks.is_empty());
     }
 }

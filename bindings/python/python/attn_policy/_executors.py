@@ -59,7 +59,8 @@ class _TorchExecutor:
 class _TorchFlash(_TorchExecutor):
     """``aten::_flash_attention_forward/backward``: FlashAttention-2 built into PyTorch, on
     ``bshd`` views (zero-copy for every layout: only the logical order changes), with the
-    kernel's own log-sum-exp."""
+    kernel's own log-sum-exp. Padded and packed batches through its ``cum_seq_q/k``
+    (attn_policy/_varlen.py)."""
 
     name = "torch_flash"
     description = "PyTorch's FlashAttention-2 kernel"
@@ -74,8 +75,16 @@ class _TorchFlash(_TorchExecutor):
         return True, f"torch {torch.__version__}, sm_{cc[0]}{cc[1]}"
 
     def _check(self, call: "_Call") -> Optional[str]:
-        # FlashAttention's diagonal is bottom-right: top-left only coincides when s_q == s_kv.
-        if not call.bottom_right and call.sq != call.skv and (call.mask != 0 or call.window_left >= 0 or call.window_right >= 0):
+        # FlashAttention's diagonal is bottom-right (in each sequence's own coordinates with
+        # cu_seqlens): top-left only coincides where s_q == s_kv.
+        top_left = not call.bottom_right and (call.mask != 0 or call.window_left >= 0 or call.window_right >= 0)
+        if top_left and call.packing:
+            # Sequences without a query or a key do not run (their rows are empty either way).
+            for i, (lq, lkv) in enumerate(zip(call.seqlens_q, call.seqlens_kv)):
+                if lq and lkv and lq != lkv:
+                    return (f"FlashAttention aligns masks bottom-right in each sequence; a top-left mask differs "
+                            f"where a sequence's query and key lengths differ (sequence {i}: {lq} and {lkv})")
+        elif top_left and call.sq != call.skv:
             return "FlashAttention aligns masks bottom-right; a top-left mask with s_q != s_kv differs"
         if call.mask != 0 and call.window_right > 0:
             return "causal with a right window > 0"
@@ -104,7 +113,9 @@ class _TorchMath(_TorchExecutor):
 class _TorchEfficient(_TorchExecutor):
     """``aten::_efficient_attention_forward/backward``: the memory-efficient (CUTLASS) kernel in
     PyTorch, on ``bshd`` views, with its own log-sum-exp (which it pads to a multiple of 32
-    rows: the op keeps ``[b, h, s_q]`` and pads again for the backward)."""
+    rows: the op keeps ``[b, h, s_q]`` and pads again for the backward). Padded and packed
+    batches through its ``cu_seqlens_q/k`` (attn_policy/_varlen.py); both causal diagonals
+    apply in each sequence's own coordinates there."""
 
     name = "torch_efficient"
     description = "PyTorch's memory-efficient attention kernel"
