@@ -28,8 +28,27 @@ fn dims(min: usize, max: usize, multiple_of: usize) -> HeadDimRange {
     }
 }
 
+/// The environment variable that opts in to padded and packed batches on `torch_flash` and
+/// `torch_efficient` (`1`).
+pub const TORCH_VARLEN_ENV: &str = "ATTN_POLICY_TORCH_VARLEN";
+
+/// Whether `torch_flash` and `torch_efficient` serve padded and packed batches in this process:
+/// only with `ATTN_POLICY_TORCH_VARLEN=1` (read once). Their varlen paths (attn_policy/_varlen.py)
+/// pass CPU tests with float64 stand-ins for the kernels, but their GPU tests
+/// (tests/gpu/test_gpu_torch_varlen.py) have not run yet: the kernels' LSE layouts and empty-row
+/// behaviour are taken from torch's source, and a wrong guess would be a silent wrong answer.
+pub fn torch_varlen_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(TORCH_VARLEN_ENV).is_some_and(|v| v == "1"))
+}
+
 /// `torch_flash`: FlashAttention-2 as built into PyTorch.
 pub fn torch_flash() -> Manifest {
+    torch_flash_with(torch_varlen_enabled())
+}
+
+/// [`torch_flash`] with per-sequence lengths served (`varlen_on`) or not.
+pub fn torch_flash_with(varlen_on: bool) -> Manifest {
     Manifest {
         name: TORCH_FLASH.into(),
         device: DeviceKind::Cuda,
@@ -54,10 +73,10 @@ pub fn torch_flash() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: false,
-        features: varlen(),
+        features: varlen(varlen_on),
         notes: vec![
             "aten::_flash_attention_forward/backward (FlashAttention-2 in PyTorch), LSE returned by the kernel".into(),
-            "padded and packed batches through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
+            "padded and packed batches (opt-in, ATTN_POLICY_TORCH_VARLEN=1, until their GPU tests pass) through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
             "its diagonal is bottom-right: a top-left causal mask or window runs only when s_q == s_kv".into(),
             "backward accumulates dQ with atomics: not deterministic".into(),
         ],
@@ -66,8 +85,11 @@ pub fn torch_flash() -> Manifest {
 
 /// What `torch_flash` and `torch_efficient` serve of the features: per-sequence lengths on
 /// either side and packed (the ops' varlen arguments, attn_policy/_varlen.py); no soft-cap, no
-/// sink.
-fn varlen() -> Features {
+/// sink. Nothing unless `on` ([`torch_varlen_enabled`]).
+fn varlen(on: bool) -> Features {
+    if !on {
+        return Features::none();
+    }
     Features {
         seqlens: vec![
             SeqPacking::PaddedRight,
@@ -80,6 +102,11 @@ fn varlen() -> Features {
 
 /// `torch_efficient`: the memory-efficient attention kernel in PyTorch.
 pub fn torch_efficient() -> Manifest {
+    torch_efficient_with(torch_varlen_enabled())
+}
+
+/// [`torch_efficient`] with per-sequence lengths served (`varlen_on`) or not.
+pub fn torch_efficient_with(varlen_on: bool) -> Manifest {
     Manifest {
         name: TORCH_EFFICIENT.into(),
         device: DeviceKind::Cuda,
@@ -104,10 +131,10 @@ pub fn torch_efficient() -> Manifest {
         max_score_elements: None,
         backward: true,
         deterministic: false,
-        features: varlen(),
+        features: varlen(varlen_on),
         notes: vec![
             "aten::_efficient_attention_forward/backward (CUTLASS), custom_mask_type 0/1/2 for no mask / top-left / bottom-right causal".into(),
-            "padded and packed batches through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
+            "padded and packed batches (opt-in, ATTN_POLICY_TORCH_VARLEN=1, until their GPU tests pass) through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
             "no GQA (equal head counts) and no sliding window in this executor".into(),
         ],
     }
@@ -270,7 +297,8 @@ mod tests {
             // torch_flash serves per-sequence lengths (GQA included), nothing else of them.
             let lengths_only =
                 p.seqlens.is_some() && p.softcap.is_none() && p.softmax == SoftmaxKind::Vanilla;
-            let flash = torch_flash().admits(&k);
+            let flash = torch_flash_with(true).admits(&k);
+            assert!(torch_flash_with(false).admits(&k).is_err() || p.seqlens.is_none());
             assert_eq!(
                 flash.is_ok(),
                 lengths_only,
@@ -279,7 +307,7 @@ mod tests {
             // torch_efficient has no GQA: the same problem with equal head counts.
             let mut k = mha[i].1.clone();
             k.deterministic = false;
-            let eff = torch_efficient().admits(&k);
+            let eff = torch_efficient_with(true).admits(&k);
             assert_eq!(
                 eff.is_ok(),
                 lengths_only,
@@ -287,8 +315,11 @@ mod tests {
             );
         }
         assert_eq!(torch_math().features, crate::executor::Features::all());
-        assert_eq!(torch_flash().features, varlen());
-        assert_eq!(torch_efficient().features, varlen());
-        assert!(!varlen().softcap && varlen().sinks.is_empty());
+        assert_eq!(torch_flash_with(true).features, varlen(true));
+        assert_eq!(torch_efficient_with(true).features, varlen(true));
+        assert!(!varlen(true).softcap && varlen(true).sinks.is_empty());
+        // Off by default (no ATTN_POLICY_TORCH_VARLEN in the test environment).
+        assert_eq!(torch_flash_with(false).features, Features::none());
+        assert_eq!(torch_efficient().features, varlen(torch_varlen_enabled()));
     }
 }

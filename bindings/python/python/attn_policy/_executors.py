@@ -19,6 +19,12 @@ def _aten(name: str) -> Optional[Any]:
     return getattr(torch.ops.aten, name, None)
 
 
+# torch_flash and torch_efficient serve padded and packed batches only with this variable set
+# to 1 (read once, by the Rust manifests: adapters/src/host.rs `torch_varlen_enabled`).
+VARLEN_ENV = "ATTN_POLICY_TORCH_VARLEN"
+VARLEN_OPT_IN = ("torch_flash", "torch_efficient")
+
+
 class _TorchExecutor:
     """An executor torch provides. ``check`` returns the reason it refuses a call, or None.
     The gates every one shares are here (a CUDA device and its aten op, the manifest, no
@@ -44,6 +50,8 @@ class _TorchExecutor:
     def check(self, call: "_Call") -> Optional[str]:
         r = call.problem.refusal_by_manifest(self.name)
         if r:
+            if call.packing and self.name in VARLEN_OPT_IN and "per-sequence lengths" in r:
+                r += f" (opt in with {VARLEN_ENV}=1: their GPU tests have not run yet)"
             return r
         if call.dropout_p > 0.0:
             return "dropout is not wired into this executor"
