@@ -18,10 +18,10 @@ Run on the GPU machine (one command, after installing the wheel as docs/run-h200
 ``GPU_SUMMARY=path`` also writes the tables to a file."""
 
 import math
-import os
 import socket
 
 import pytest
+from _summary import Rows
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -36,19 +36,13 @@ import attn_policy.torch as apt  # noqa: E402
 DEV = torch.device("cuda", 0)
 B, HQ, HKV, D, S = 1, 8, 2, 512, 8192
 LAYOUT = "bshd"
-ROWS = []
+ROWS = Rows()
+note = ROWS.note
 
-
-def note(line=""):
-    print(line)
-    ROWS.append(line)
 
 
 def teardown_module(module):
-    path = os.environ.get("GPU_SUMMARY")
-    if path:
-        with open(path, "a") as f:
-            f.write("\n".join(ROWS) + "\n")
+    ROWS.write()
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -6,9 +6,9 @@ Run with ``-s`` to see the tables; ``GPU_SUMMARY=path`` also writes them to a fi
 
 import gc
 import math
-import os
 
 import pytest
+from _summary import Rows
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -18,12 +18,9 @@ import attn_policy.torch as apt  # noqa: E402
 from attn_policy import _native  # noqa: E402
 
 DEV = torch.device("cuda", 0)
-ROWS = []
+ROWS = Rows()
+note = ROWS.note
 
-
-def note(line):
-    print(line)
-    ROWS.append(line)
 
 
 def allowed_mask(sq, skv, causal, left, device):
@@ -305,7 +302,4 @@ def test_cuda_graph_deterministic_d128_last():
 
 
 def test_write_summary():
-    path = os.environ.get("GPU_SUMMARY")
-    if path:
-        with open(path, "w") as f:
-            f.write("\n".join(ROWS) + "\n")
+    ROWS.write("w")

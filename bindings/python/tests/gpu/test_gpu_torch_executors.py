@@ -11,6 +11,7 @@ import math
 import os
 
 import pytest
+from _summary import Rows
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -19,12 +20,9 @@ if not torch.cuda.is_available():
 import attn_policy.torch as apt  # noqa: E402
 
 DEV = torch.device("cuda", 0)
-ROWS = []
+ROWS = Rows()
+note = ROWS.note
 
-
-def note(line):
-    print(line)
-    ROWS.append(line)
 
 
 def math_attention(q, k, v, allowed, scale, softmax_dtype):
@@ -315,7 +313,4 @@ def test_frost_reports_why_it_cannot_run_here(tmp_path):
 
 
 def test_write_summary():
-    path = os.environ.get("GPU_SUMMARY")
-    if path:
-        with open(path, "w") as f:
-            f.write("\n".join(ROWS) + "\n")
+    ROWS.write("w")

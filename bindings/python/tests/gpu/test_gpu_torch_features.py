@@ -7,11 +7,11 @@ says which; none runs a call without its feature.
 
 Run with ``-s`` to see the table; ``GPU_SUMMARY=path`` appends it to a file."""
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from _summary import Rows
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -23,19 +23,13 @@ from test_torch_features import pack_with_chains, rand, reference  # noqa: E402
 import attn_policy.torch as apt  # noqa: E402
 
 DEV = torch.device("cuda", 0)
-ROWS = []
+ROWS = Rows()
+note = ROWS.note
 
-
-def note(line):
-    print(line)
-    ROWS.append(line)
 
 
 def teardown_module(module):
-    path = os.environ.get("GPU_SUMMARY")
-    if path:
-        with open(path, "a") as f:
-            f.write("\n".join(ROWS) + "\n")
+    ROWS.write()
 
 
 # (name, layout, b, hq, hkv, sq, skv, attention() keywords, reference keywords)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _summary import Rows
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -33,20 +34,14 @@ import attn_policy  # noqa: E402
 import attn_policy.torch as apt  # noqa: E402
 
 DEV = torch.device("cuda", 0)
-ROWS = []
+ROWS = Rows()
+note = ROWS.note
 EXECUTORS = ("torch_flash", "torch_efficient")
 
 
-def note(line):
-    print(line)
-    ROWS.append(line)
-
 
 def teardown_module(module):
-    path = os.environ.get("GPU_SUMMARY")
-    if path:
-        with open(path, "a") as f:
-            f.write("\n".join(ROWS) + "\n")
+    ROWS.write()
 
 
 @pytest.fixture(scope="module")
