@@ -1260,20 +1260,31 @@ fn pair_groups(
     bits: Vec<(u16, u8)>,
     groups: Vec<SlotGroup>,
     words: usize,
+    affinity: &HashMap<(u16, u16), usize>,
 ) -> (Vec<(u16, u8)>, Vec<SlotGroup>, Vec<SlotGroup>) {
     let n = groups.len();
     let mut partner: Vec<Option<usize>> = vec![None; n];
     let mut taken = vec![false; n];
+    let fits = |i: usize, j: usize| {
+        groups[i].rows.len() * groups[j].rows.len() <= MAX_PAIR_CLASSES
+            && groups[i].formulas.len() + groups[j].formulas.len() <= 64
+    };
+    // Most shared conjuncts first (ties in group order, so the plan is deterministic).
+    let mut wanted: Vec<(usize, usize, usize)> = affinity
+        .iter()
+        .map(|(&(a, b), &count)| (count, a.min(b) as usize, a.max(b) as usize))
+        .collect();
+    wanted.sort_by_key(|&(count, a, b)| (std::cmp::Reverse(count), a, b));
+    for (_, i, j) in wanted {
+        if i != j && !taken[i] && !taken[j] && fits(i, j) {
+            (taken[i], taken[j], partner[i]) = (true, true, Some(j));
+        }
+    }
     for i in 0..n {
         if taken[i] {
             continue;
         }
-        let fits = |j: usize| {
-            !taken[j]
-                && groups[i].rows.len() * groups[j].rows.len() <= MAX_PAIR_CLASSES
-                && groups[i].formulas.len() + groups[j].formulas.len() <= 64
-        };
-        if let Some(j) = (i + 1..n).find(|&j| fits(j)) {
+        if let Some(j) = (i + 1..n).find(|&j| !taken[j] && fits(i, j)) {
             (taken[i], taken[j], partner[i]) = (true, true, Some(j));
         }
     }
@@ -1434,6 +1445,35 @@ fn table_leaf_conjuncts(
     rules
 }
 
+/// Patches the formula bits into the atoms and rules, folds the atoms (leaf sets, inlined
+/// small atoms) and groups each rule's conjuncts (see [`group`]).
+fn fold_rules(
+    mut rules: Vec<Box<[Cond]>>,
+    mut atoms: Vec<Cond>,
+    bits: &[(u16, u8)],
+) -> (Vec<Cond>, Vec<Box<[Cond]>>) {
+    for c in rules.iter_mut().flat_map(|r| r.iter_mut()) {
+        patch_cond(c, bits);
+    }
+    for c in atoms.iter_mut() {
+        patch_cond(c, bits);
+    }
+    let mut folded: Vec<Option<Cond>> = vec![None; atoms.len()];
+    for i in (0..atoms.len()).rev() {
+        let body = std::mem::replace(&mut atoms[i], Cond::All(Box::new([])));
+        folded[i] = Some(fold_cond(body, &folded));
+    }
+    let rules = rules
+        .into_iter()
+        .map(|r| match group(false, r.into_vec(), &folded) {
+            Cond::All(cs) => cs,
+            c => Box::new([c]) as Box<[Cond]>,
+        })
+        .collect();
+    let atoms = folded.into_iter().map(|a| a.expect("folded")).collect();
+    (atoms, rules)
+}
+
 impl RulePlan {
     /// Plans the conditions `roots` (one per rule) of `program` over `schema`'s facts, and
     /// `extras`, conditions evaluated one by one with [`RulePlan::eval_extra`].
@@ -1500,7 +1540,7 @@ impl RulePlan {
             );
         }
         let mut extras: Vec<Cond> = extras.iter().map(|&e| b.cond(e)).collect();
-        let mut atoms: Vec<Cond> = b
+        let atoms: Vec<Cond> = b
             .atoms
             .into_iter()
             .map(|a| a.expect("atom built"))
@@ -1513,22 +1553,25 @@ impl RulePlan {
         literal_of.resize(b.formulas.len(), vec![0; words]);
 
         let (bits, groups) = group_formulas(program, schema, &b.formulas, &literal_of, words);
-        let (bits, groups, pairs) = pair_groups(bits, groups, words);
-        for c in rules.iter_mut().flat_map(|r| r.iter_mut()) {
-            patch_cond(c, &bits);
+        // Groups that rule conjuncts read together (a leaf set over two groups' words) pair
+        // first: the conjunct then reads one word, and becomes a table literal.
+        let mut affinity: HashMap<(u16, u16), usize> = HashMap::new();
+        for r in fold_rules(rules.clone(), atoms.clone(), &bits).1 {
+            for c in r.iter() {
+                if let Cond::Leaves { words: ws, .. } = c
+                    && ws.len() == 2
+                {
+                    *affinity.entry((ws[0].word, ws[1].word)).or_default() += 1;
+                }
+            }
         }
-        for c in extras.iter_mut().chain(atoms.iter_mut()) {
+        let (bits, groups, pairs) = pair_groups(bits, groups, words, &affinity);
+        for c in extras.iter_mut() {
             patch_cond(c, &bits);
         }
         for d in &mut defs {
             patch_num(d, &bits);
         }
-        let mut folded: Vec<Option<Cond>> = vec![None; atoms.len()];
-        for i in (0..atoms.len()).rev() {
-            let body = std::mem::replace(&mut atoms[i], Cond::All(Box::new([])));
-            folded[i] = Some(fold_cond(body, &folded));
-        }
-        let atoms: Vec<Cond> = folded.into_iter().map(|a| a.expect("folded")).collect();
         // A decision keeps group i's formula bits in word i (`classify` writes them in order).
         assert!(
             groups
@@ -1537,14 +1580,8 @@ impl RulePlan {
                 .enumerate()
                 .all(|(i, g)| g.word as usize == i)
         );
+        let (atoms, rules) = fold_rules(rules, atoms, &bits);
         let folded: Vec<Option<Cond>> = atoms.iter().cloned().map(Some).collect();
-        let rules: Vec<Box<[Cond]>> = rules
-            .into_iter()
-            .map(|r| match group(false, r.into_vec(), &folded) {
-                Cond::All(cs) => cs,
-                c => Box::new([c]) as Box<[Cond]>,
-            })
-            .collect();
         let (mut groups, mut pairs) = (groups, pairs);
         let rules = table_leaf_conjuncts(rules, &mut groups, &mut pairs, words);
         let extras = extras.into_iter().map(|c| fold_cond(c, &folded)).collect();
