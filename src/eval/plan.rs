@@ -24,7 +24,12 @@
 //! 5. pairs the groups of facts with few classes (booleans, small enums, a fact compared with
 //!    one or two constants: at most 64 classes together) into one table indexed by both
 //!    classes, so a decision pays one row load, one formula word and one rule-word fold per pair
-//!    instead of per fact (`pair_groups`; the te pack's 71 groups become 38).
+//!    instead of per fact (`pair_groups`; the te pack's 71 groups become about 38). Groups
+//!    that rule conjuncts read together (a leaf set over two groups' words) pair first;
+//! 6. moves every rule conjunct that is a leaf set over one formula word into that word's
+//!    table as a literal (`table_leaf_conjuncts`): it is a function of the group's class, so
+//!    per class the table rules the rule out or leaves it unknown, and a decision never visits
+//!    a rule such a conjunct rules out.
 //!
 //! A decision then classifies each fact the formulas read (one pass over the single groups in
 //! slot order, then the pairs: a bit index for an enum, a binary search over a few constants for
@@ -2473,6 +2478,67 @@ mod tests {
     /// The plan and the node interpreter agree on every rule and extra condition of every
     /// embedded pack, over the presets, the whole conformance corpus of the pack's family and
     /// seeded random perturbations of them, with probes unknown, answered yes and answered no.
+    /// Leaf-set conjuncts tabulated into a group's rule words (`table_leaf_conjuncts`) give the
+    /// interpreter's truths also when a fact of the group takes the slow path (a value no
+    /// class covers, e.g. an unparseable version), where `classify_slow` evaluates them.
+    #[test]
+    fn tabulated_leaf_conjuncts_agree_on_the_slow_path() {
+        let odd = [
+            Value::BadVersion,
+            Value::Float(f64::NAN),
+            Value::Enum(u16::MAX),
+            Value::Int(i64::MIN),
+            Value::Bool(true),
+        ];
+        for name in ["te", "native", "torch"] {
+            let policy = Policy::embedded(name).expect("embedded pack");
+            let p = &policy.program;
+            let roots: Vec<NodeId> = policy.rules.iter().map(|r| r.when.node).collect();
+            let extras = extras_of(&policy);
+            let plan = RulePlan::build(p, policy.schema, &roots, &extras);
+            let tabulated: Vec<&SlotGroup> = plan
+                .groups
+                .iter()
+                .chain(&plan.pairs)
+                .filter(|g| !g.leaf_literals.is_empty())
+                .collect();
+            if name == "te" {
+                assert!(
+                    tabulated
+                        .iter()
+                        .map(|g| g.leaf_literals.len())
+                        .sum::<usize>()
+                        > 10,
+                    "the te plan tabulates leaf-set conjuncts"
+                );
+            }
+            let mut slow = 0;
+            for g in tabulated {
+                let second = g.second.as_ref().map(|(s, c, _)| (*s, c));
+                for (slot, classes) in [(g.slot, &g.classes)].into_iter().chain(second) {
+                    let Some(v) = odd.iter().copied().find(|&v| classes.of(v).is_none()) else {
+                        continue;
+                    };
+                    for (i, preset) in presets::of_family(policy.schema.family).enumerate() {
+                        let mut facts = policy.schema.read(&(preset.config)()).expect("preset");
+                        facts.values[slot as usize] = v;
+                        compare_one(
+                            &policy,
+                            &plan,
+                            &extras,
+                            &facts,
+                            &format!("preset {i}, slot {slot} = {v:?}"),
+                        );
+                        slow += 1;
+                    }
+                }
+            }
+            if name == "te" {
+                assert!(slow > 0, "some te input took the slow path");
+            }
+        }
+    }
+
     #[test]
     fn agrees_with_the_interpreter() {
         for name in ["te", "native", "torch"] {
