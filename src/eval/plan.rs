@@ -24,7 +24,12 @@
 //! 5. pairs the groups of facts with few classes (booleans, small enums, a fact compared with
 //!    one or two constants: at most 64 classes together) into one table indexed by both
 //!    classes, so a decision pays one row load, one formula word and one rule-word fold per pair
-//!    instead of per fact (`pair_groups`; the te pack's 71 groups become 38).
+//!    instead of per fact (`pair_groups`; the te pack's 71 groups become about 38). Groups
+//!    that rule conjuncts read together (a leaf set over two groups' words) pair first;
+//! 6. moves every rule conjunct that is a leaf set over one formula word into that word's
+//!    table as a literal (`table_leaf_conjuncts`): it is a function of the group's class, so
+//!    per class the table rules the rule out or leaves it unknown, and a decision never visits
+//!    a rule such a conjunct rules out.
 //!
 //! A decision then classifies each fact the formulas read (one pass over the single groups in
 //! slot order, then the pairs: a bit index for an enum, a binary search over a few constants for
@@ -273,6 +278,10 @@ struct SlotGroup {
     /// A pair group (in `RulePlan::pairs`): the second fact it reads, its classes and their
     /// count `n`; the pair's class is `class(slot) * n + class(second)`.
     second: Option<(u16, Classes, usize)>,
+    /// Rule conjuncts that are leaf sets over this group's word alone (`(rule, any, word)`):
+    /// functions of the group's class, so they are tabulated into `rule_words` like literals
+    /// (see [`table_leaf_conjuncts`]); kept for the slow path.
+    leaf_literals: Box<[(u32, bool, LeafWord)]>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -1242,6 +1251,10 @@ fn group_formulas(
 
 /// Largest table (classes of one fact times classes of the other) of a pair group.
 const MAX_PAIR_CLASSES: usize = 64;
+/// Largest table of a pair whose groups rule conjuncts read together: the conjuncts it turns
+/// into table literals pay for the larger table (torch presets -1.8% instructions against 64,
+/// te unchanged; 256 gave the same as 128).
+const MAX_AFFINITY_PAIR_CLASSES: usize = 2 * MAX_PAIR_CLASSES;
 
 /// Pairs groups over facts with few classes: one table lookup, one formula word and one
 /// rule-word fold per pair instead of two (the per-group costs of a decision), and leaf sets
@@ -1256,20 +1269,33 @@ fn pair_groups(
     bits: Vec<(u16, u8)>,
     groups: Vec<SlotGroup>,
     words: usize,
+    affinity: &HashMap<(u16, u16), usize>,
 ) -> (Vec<(u16, u8)>, Vec<SlotGroup>, Vec<SlotGroup>) {
     let n = groups.len();
     let mut partner: Vec<Option<usize>> = vec![None; n];
     let mut taken = vec![false; n];
+    let fits = |i: usize, j: usize| {
+        groups[i].rows.len() * groups[j].rows.len() <= MAX_PAIR_CLASSES
+            && groups[i].formulas.len() + groups[j].formulas.len() <= 64
+    };
+    // Most shared conjuncts first (ties in group order, so the plan is deterministic).
+    let mut wanted: Vec<(usize, usize, usize)> = affinity
+        .iter()
+        .map(|(&(a, b), &count)| (count, a.min(b) as usize, a.max(b) as usize))
+        .collect();
+    wanted.sort_by_key(|&(count, a, b)| (std::cmp::Reverse(count), a, b));
+    for (_, i, j) in wanted {
+        let fits_wide = groups[i].rows.len() * groups[j].rows.len() <= MAX_AFFINITY_PAIR_CLASSES
+            && groups[i].formulas.len() + groups[j].formulas.len() <= 64;
+        if i != j && !taken[i] && !taken[j] && fits_wide {
+            (taken[i], taken[j], partner[i]) = (true, true, Some(j));
+        }
+    }
     for i in 0..n {
         if taken[i] {
             continue;
         }
-        let fits = |j: usize| {
-            !taken[j]
-                && groups[i].rows.len() * groups[j].rows.len() <= MAX_PAIR_CLASSES
-                && groups[i].formulas.len() + groups[j].formulas.len() <= 64
-        };
-        if let Some(j) = (i + 1..n).find(|&j| fits(j)) {
+        if let Some(j) = (i + 1..n).find(|&j| !taken[j] && fits(i, j)) {
             (taken[i], taken[j], partner[i]) = (true, true, Some(j));
         }
     }
@@ -1352,7 +1378,111 @@ fn pair_of(a: &SlotGroup, b: &SlotGroup, word: u16, words: usize) -> SlotGroup {
             .cloned()
             .collect(),
         second: Some((b.slot, b.classes.clone(), nb)),
+        leaf_literals: Box::new([]),
     }
+}
+
+/// The truth of a one-word leaf set (`Cond::Leaves` with one word) for the formula word
+/// `(t, u)`: what `Cx::leaves` computes for it.
+fn leaf_word_truth(any: bool, w: &LeafWord, t: u64, u: u64) -> u8 {
+    let f = !(t | u);
+    let decided = if any {
+        w.pos & t | w.neg & f
+    } else {
+        w.pos & f | w.neg & t
+    };
+    match (decided != 0, (w.pos | w.neg) & u != 0, any) {
+        (true, _, true) => TRUE,
+        (true, _, false) => FALSE,
+        (false, true, _) => UNKNOWN,
+        (false, false, true) => FALSE,
+        (false, false, false) => TRUE,
+    }
+}
+
+/// Moves every rule conjunct that is a leaf set over one formula word (`sm in [90] or fp8`
+/// over a pair's two facts, an inlined atom such as `not (fp8 and sm >= 100)`) out of the
+/// rule's residual and into that word's group table, as a literal: its truth is a function of
+/// the group's class, so per class the table rules the rule out (false) or marks it unknown,
+/// as for a slot formula literal. A decision then never visits a rule such a conjunct rules
+/// out (a te preset decision visited ~9 live rules only to find one false). The Kleene `and`
+/// of the literals and the residual is unchanged, so every rule's truth is too.
+fn table_leaf_conjuncts(
+    rules: Vec<Box<[Cond]>>,
+    groups: &mut [SlotGroup],
+    pairs: &mut [SlotGroup],
+    words: usize,
+) -> Vec<Box<[Cond]>> {
+    let n = groups.len();
+    let mut lits: Vec<Vec<(u32, bool, LeafWord)>> = vec![Vec::new(); n + pairs.len()];
+    let rules = rules
+        .into_iter()
+        .enumerate()
+        .map(|(r, cs)| {
+            cs.into_vec()
+                .into_iter()
+                .filter(|c| match c {
+                    Cond::Leaves { any, words } if words.len() == 1 => {
+                        lits[words[0].word as usize].push((r as u32, *any, words[0]));
+                        false
+                    }
+                    _ => true,
+                })
+                .collect()
+        })
+        .collect();
+    for (g, lits) in groups.iter_mut().chain(pairs.iter_mut()).zip(lits) {
+        if lits.is_empty() {
+            continue;
+        }
+        let mut rule_words = std::mem::take(&mut g.rule_words).into_vec();
+        if rule_words.is_empty() {
+            rule_words = vec![0; g.rows.len() * 2 * words];
+        }
+        for (k, row) in g.rows.iter().enumerate() {
+            let (kill, unknown) =
+                rule_words[2 * words * k..2 * words * (k + 1)].split_at_mut(words);
+            for &(r, any, w) in &lits {
+                match leaf_word_truth(any, &w, row.true_bits, row.unknown_bits) {
+                    FALSE => set_bit(kill, r as usize),
+                    UNKNOWN => set_bit(unknown, r as usize),
+                    _ => {}
+                }
+            }
+        }
+        g.rule_words = rule_words.into();
+        g.leaf_literals = lits.into();
+    }
+    rules
+}
+
+/// Patches the formula bits into the atoms and rules, folds the atoms (leaf sets, inlined
+/// small atoms) and groups each rule's conjuncts (see [`group`]).
+fn fold_rules(
+    mut rules: Vec<Box<[Cond]>>,
+    mut atoms: Vec<Cond>,
+    bits: &[(u16, u8)],
+) -> (Vec<Cond>, Vec<Box<[Cond]>>) {
+    for c in rules.iter_mut().flat_map(|r| r.iter_mut()) {
+        patch_cond(c, bits);
+    }
+    for c in atoms.iter_mut() {
+        patch_cond(c, bits);
+    }
+    let mut folded: Vec<Option<Cond>> = vec![None; atoms.len()];
+    for i in (0..atoms.len()).rev() {
+        let body = std::mem::replace(&mut atoms[i], Cond::All(Box::new([])));
+        folded[i] = Some(fold_cond(body, &folded));
+    }
+    let rules = rules
+        .into_iter()
+        .map(|r| match group(false, r.into_vec(), &folded) {
+            Cond::All(cs) => cs,
+            c => Box::new([c]) as Box<[Cond]>,
+        })
+        .collect();
+    let atoms = folded.into_iter().map(|a| a.expect("folded")).collect();
+    (atoms, rules)
 }
 
 impl RulePlan {
@@ -1421,7 +1551,7 @@ impl RulePlan {
             );
         }
         let mut extras: Vec<Cond> = extras.iter().map(|&e| b.cond(e)).collect();
-        let mut atoms: Vec<Cond> = b
+        let atoms: Vec<Cond> = b
             .atoms
             .into_iter()
             .map(|a| a.expect("atom built"))
@@ -1434,22 +1564,25 @@ impl RulePlan {
         literal_of.resize(b.formulas.len(), vec![0; words]);
 
         let (bits, groups) = group_formulas(program, schema, &b.formulas, &literal_of, words);
-        let (bits, groups, pairs) = pair_groups(bits, groups, words);
-        for c in rules.iter_mut().flat_map(|r| r.iter_mut()) {
-            patch_cond(c, &bits);
+        // Groups that rule conjuncts read together (a leaf set over two groups' words) pair
+        // first: the conjunct then reads one word, and becomes a table literal.
+        let mut affinity: HashMap<(u16, u16), usize> = HashMap::new();
+        for r in fold_rules(rules.clone(), atoms.clone(), &bits).1 {
+            for c in r.iter() {
+                if let Cond::Leaves { words: ws, .. } = c
+                    && ws.len() == 2
+                {
+                    *affinity.entry((ws[0].word, ws[1].word)).or_default() += 1;
+                }
+            }
         }
-        for c in extras.iter_mut().chain(atoms.iter_mut()) {
+        let (bits, groups, pairs) = pair_groups(bits, groups, words, &affinity);
+        for c in extras.iter_mut() {
             patch_cond(c, &bits);
         }
         for d in &mut defs {
             patch_num(d, &bits);
         }
-        let mut folded: Vec<Option<Cond>> = vec![None; atoms.len()];
-        for i in (0..atoms.len()).rev() {
-            let body = std::mem::replace(&mut atoms[i], Cond::All(Box::new([])));
-            folded[i] = Some(fold_cond(body, &folded));
-        }
-        let atoms: Vec<Cond> = folded.into_iter().map(|a| a.expect("folded")).collect();
         // A decision keeps group i's formula bits in word i (`classify` writes them in order).
         assert!(
             groups
@@ -1458,14 +1591,10 @@ impl RulePlan {
                 .enumerate()
                 .all(|(i, g)| g.word as usize == i)
         );
+        let (atoms, rules) = fold_rules(rules, atoms, &bits);
         let folded: Vec<Option<Cond>> = atoms.iter().cloned().map(Some).collect();
-        let rules = rules
-            .into_iter()
-            .map(|r| match group(false, r.into_vec(), &folded) {
-                Cond::All(cs) => cs,
-                c => Box::new([c]) as Box<[Cond]>,
-            })
-            .collect();
+        let (mut groups, mut pairs) = (groups, pairs);
+        let rules = table_leaf_conjuncts(rules, &mut groups, &mut pairs, words);
         let extras = extras.into_iter().map(|c| fold_cond(c, &folded)).collect();
         let defs = defs.into_iter().map(|d| fold_num(d, &folded)).collect();
         RulePlan {
@@ -1652,6 +1781,13 @@ impl RulePlan {
             };
             for (x, r) in target.iter_mut().zip(rules.iter()) {
                 *x |= r;
+            }
+        }
+        for &(r, any, w) in g.leaf_literals.iter() {
+            match leaf_word_truth(any, &w, row.true_bits, row.unknown_bits) {
+                FALSE => set_bit(kill, r as usize),
+                UNKNOWN => set_bit(unknown, r as usize),
+                _ => {}
             }
         }
         row
@@ -1862,6 +1998,7 @@ fn tabulate<'a>(
         formulas: nodes.into(),
         literal_of: literal_of.into_iter().map(|l| l.clone().into()).collect(),
         second: None,
+        leaf_literals: Box::new([]),
     }
 }
 
@@ -2347,6 +2484,67 @@ mod tests {
     /// The plan and the node interpreter agree on every rule and extra condition of every
     /// embedded pack, over the presets, the whole conformance corpus of the pack's family and
     /// seeded random perturbations of them, with probes unknown, answered yes and answered no.
+    /// Leaf-set conjuncts tabulated into a group's rule words (`table_leaf_conjuncts`) give the
+    /// interpreter's truths also when a fact of the group takes the slow path (a value no
+    /// class covers, e.g. an unparseable version), where `classify_slow` evaluates them.
+    #[test]
+    fn tabulated_leaf_conjuncts_agree_on_the_slow_path() {
+        let odd = [
+            Value::BadVersion,
+            Value::Float(f64::NAN),
+            Value::Enum(u16::MAX),
+            Value::Int(i64::MIN),
+            Value::Bool(true),
+        ];
+        for name in ["te", "native", "torch"] {
+            let policy = Policy::embedded(name).expect("embedded pack");
+            let p = &policy.program;
+            let roots: Vec<NodeId> = policy.rules.iter().map(|r| r.when.node).collect();
+            let extras = extras_of(&policy);
+            let plan = RulePlan::build(p, policy.schema, &roots, &extras);
+            let tabulated: Vec<&SlotGroup> = plan
+                .groups
+                .iter()
+                .chain(&plan.pairs)
+                .filter(|g| !g.leaf_literals.is_empty())
+                .collect();
+            if name == "te" {
+                assert!(
+                    tabulated
+                        .iter()
+                        .map(|g| g.leaf_literals.len())
+                        .sum::<usize>()
+                        > 10,
+                    "the te plan tabulates leaf-set conjuncts"
+                );
+            }
+            let mut slow = 0;
+            for g in tabulated {
+                let second = g.second.as_ref().map(|(s, c, _)| (*s, c));
+                for (slot, classes) in [(g.slot, &g.classes)].into_iter().chain(second) {
+                    let Some(v) = odd.iter().copied().find(|&v| classes.of(v).is_none()) else {
+                        continue;
+                    };
+                    for (i, preset) in presets::of_family(policy.schema.family).enumerate() {
+                        let mut facts = policy.schema.read(&(preset.config)()).expect("preset");
+                        facts.values[slot as usize] = v;
+                        compare_one(
+                            &policy,
+                            &plan,
+                            &extras,
+                            &facts,
+                            &format!("preset {i}, slot {slot} = {v:?}"),
+                        );
+                        slow += 1;
+                    }
+                }
+            }
+            if name == "te" {
+                assert!(slow > 0, "some te input took the slow path");
+            }
+        }
+    }
+
     #[test]
     fn agrees_with_the_interpreter() {
         for name in ["te", "native", "torch"] {
