@@ -1123,31 +1123,35 @@ fn widening_with_kept_memos_equals_widening_afresh() {
     let mut sb = SpaceBuilder::for_schema(policy.schema);
     add_policy(&mut sb, &policy);
     let space = sb.build();
-    // The same diagrams in a fresh manager: (manager, per backend (eligible, valid)).
+    // The same diagrams in a fresh manager: (manager, per backend (eligible, valid, eligible
+    // or some rule: a larger set its cubes widen inside)).
     let fresh = || {
         let mut m = Mdd::for_policies(&space, &[&policy]);
         let d = PolicyDiagrams::build(&mut m, &policy);
-        let pairs: Vec<(u32, u32)> = (0..policy.backends.len())
+        let sets: Vec<(u32, u32, Vec<u32>)> = (0..policy.backends.len())
             .map(|b| {
                 let out = d.declined_within(&mut m, b, TRUE);
                 let eligible = m.not(out);
                 // Some valid set that is not everything: where the first rule does not fire.
                 let valid = m.not(d.rule[0]);
-                (eligible, valid)
+                let wider = d.rule.iter().take(3).map(|&r| m.or(eligible, r)).collect();
+                (eligible, valid, wider)
             })
             .collect();
-        (m, pairs)
+        (m, sets)
     };
-    let (mut m, pairs) = fresh();
+    let (mut m, sets) = fresh();
     let mut jobs = Vec::new();
-    for &(eligible, valid) in &pairs {
-        if eligible == FALSE {
+    for (eligible, valid, wider) in &sets {
+        if *eligible == FALSE {
             continue;
         }
-        let (cubes, _) = m.cover(eligible, 4);
+        let (cubes, _) = m.cover(*eligible, 2);
         for cube in cubes {
-            jobs.push((eligible, TRUE, cube.clone()));
-            jobs.push((eligible, valid, cube));
+            for &f in wider {
+                jobs.push((f, TRUE, cube.clone()));
+                jobs.push((f, *valid, cube.clone()));
+            }
         }
     }
     assert!(jobs.len() >= 6, "{} cubes", jobs.len());
