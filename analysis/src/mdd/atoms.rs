@@ -28,14 +28,15 @@ use attn_policy::eval::program::{NodeId, Truth};
 use attn_policy::facts::Value;
 
 use super::bits::Bits;
+use super::decide::{CellDecider, Tally, each_member, members_of};
 use super::manager::Mdd;
 use super::store::{FALSE, Id, TRUE};
 
 /// A cell whose concrete members number at most this is decided by evaluating each of them.
-const BRUTE_FORCE_MEMBERS: u128 = 64;
+pub(super) const BRUTE_FORCE_MEMBERS: u128 = 64;
 
 /// [`Mdd::count_members`] of a class whose members cannot be listed.
-const UNCOUNTABLE: u128 = u128::MAX;
+pub(super) const UNCOUNTABLE: u128 = u128::MAX;
 
 /// A concrete member of a class: (class, integer member; None for a one-value class).
 pub(super) type Member = (u32, Option<i64>);
@@ -213,72 +214,28 @@ impl<'s> Mdd<'s> {
         asg: &Assign,
         cell: &[usize],
     ) -> Option<bool> {
-        // Intervals and congruences first (cheap); undecided small cells are then
-        // decided member by member.
-        self.evaluations += 1;
-        // Every fact's value is needed only for derived facts (`sm` -> compute capability).
-        let all = std::cell::OnceCell::new();
-        let single = |i: usize| {
-            cell[i] == usize::MAX
-                || (blocks[i][cell[i]].len() == 1
-                    && self
-                        .space
-                        .int_members(vars[i], blocks[i][cell[i]][0])
-                        .is_none_or(|(f, l, _)| f == l))
-        };
-        let fact = |s: usize| -> Abs {
-            let deps = &self.space.deps[s];
-            let pos = |v: usize| vars.iter().position(|&u| u == v);
-            let plain = deps.last().filter(|&&v| self.space.vars[v].slot == s);
-            if deps.iter().all(|&v| pos(v).is_none_or(single)) {
-                return Abs::Exact(match (deps.is_empty(), plain) {
-                    (true, _) => self.space.default_value(s),
-                    (false, Some(&v)) => self.space.value_of(asg, v),
-                    (false, None) => all.get_or_init(|| {
-                        let mut vals = Vec::new();
-                        self.space.materialize(asg, &mut vals);
-                        vals
-                    })[s],
-                });
-            }
-            match plain {
-                Some(&v) => match pos(v) {
-                    Some(i) if cell[i] == usize::MAX => Abs::Exact(Value::Null),
-                    Some(i) => hulls[i][cell[i]],
-                    None => Abs::Any,
-                },
-                None => Abs::Any,
-            }
-        };
-        let t = crate::cell::eval(&self.progs[prog], id, &fact).truth();
-        if t.is_some() {
-            return t;
-        }
-        // Small cells: every concrete member.
-        let classes = |i: usize| (cell[i] != usize::MAX).then(|| blocks[i][cell[i]].as_slice());
-        let members = self.cell_members(vars, &classes, BRUTE_FORCE_MEMBERS)?;
-        let mut seen = [false, false];
-        self.for_each_member(vars, asg, &members, &mut |m, vals| {
-            m.evaluations += 1;
-            match Truth::of(m.progs[prog].eval(id, vals)) {
-                Truth::True => seen[1] = true,
-                Truth::False => seen[0] = true,
-                Truth::Unknown => {
-                    m.unknown += 1;
-                    seen[0] = true;
-                }
-            }
-            seen[0] && seen[1]
-        });
-        match seen {
-            [true, true] => None,
-            [_, t] => Some(t),
-        }
+        let mut vals = std::mem::take(&mut self.vals);
+        let counts = self.member_counts.get_or_init(|| self.count_members());
+        let d = CellDecider::new(
+            self.space,
+            &self.progs[prog],
+            id,
+            vars,
+            blocks,
+            hulls,
+            counts,
+        );
+        let mut tally = Tally::default();
+        let r = d.decide(asg, cell, &mut tally, &mut vals);
+        self.vals = vals;
+        self.evaluations += tally.evaluations;
+        self.unknown += tally.unknown;
+        r
     }
 
     /// Per space var, per class: how many concrete members it has (`UNCOUNTABLE` for an
     /// interval of floats or versions), for [`Mdd::cell_members`].
-    fn count_members(&self) -> Vec<Box<[u128]>> {
+    pub(super) fn count_members(&self) -> Vec<Box<[u128]>> {
         let space = self.space;
         (0..space.vars.len())
             .map(|v| {
@@ -305,71 +262,10 @@ impl<'s> Mdd<'s> {
         classes: &dyn Fn(usize) -> Option<&'c [u32]>,
         limit: u128,
     ) -> Option<Vec<Vec<Member>>> {
-        // Counted first, without allocating: most cells are too large (this runs per cell of
-        // every relational atom; building the lists first dominated compiling the te pack).
         // The classes' counts are made once per manager (three divisions a class, per cell,
         // were a twelfth of check).
         let counts = self.member_counts.get_or_init(|| self.count_members());
-        let mut count: u128 = 1;
-        for (i, &v) in vars.iter().enumerate() {
-            let Some(classes) = classes(i) else { continue };
-            let mut n: u128 = 0;
-            for &c in classes {
-                match counts[v][c as usize] {
-                    UNCOUNTABLE => return None,
-                    k => n += k,
-                }
-                if n > limit {
-                    return None;
-                }
-            }
-            count = count.saturating_mul(n.max(1));
-            if count > limit {
-                return None;
-            }
-        }
-        let mut members: Vec<Vec<Member>> = Vec::with_capacity(vars.len());
-        let mut count: u128 = 1;
-        for (i, &v) in vars.iter().enumerate() {
-            let Some(classes) = classes(i) else {
-                members.push(Vec::new());
-                continue;
-            };
-            let mut ms = Vec::new();
-            for &c in classes {
-                match self.space.int_members(v, c) {
-                    Some((first, last, step)) => {
-                        let n = ((last - first) / step) as u128 + 1;
-                        if n > limit {
-                            return None;
-                        }
-                        ms.extend((0..n as i64).map(|k| (c, Some(first + k * step))));
-                        // The count is at least this var's members: stop early.
-                        if ms.len() as u128 > limit {
-                            return None;
-                        }
-                    }
-                    None => {
-                        if let ClassDesc::Ordered { lo, hi } =
-                            &self.space.vars[v].classes[c as usize].desc
-                            && lo != hi
-                        {
-                            return None;
-                        }
-                        ms.push((c, None));
-                        if ms.len() as u128 > limit {
-                            return None;
-                        }
-                    }
-                }
-            }
-            count = count.saturating_mul(ms.len().max(1) as u128);
-            if count > limit {
-                return None;
-            }
-            members.push(ms);
-        }
-        Some(members)
+        members_of(self.space, counts, vars, classes, limit)
     }
 
     /// Calls `visit` with the fact values of each combination of one member per var of
@@ -381,25 +277,11 @@ impl<'s> Mdd<'s> {
         members: &[Vec<Member>],
         visit: &mut dyn FnMut(&mut Self, &[Value]) -> bool,
     ) {
-        let mut idx = vec![0usize; vars.len()];
-        let mut a = asg.clone();
-        let mut values: Vec<(usize, Value)> = Vec::new();
         let mut vals = std::mem::take(&mut self.vals);
-        loop {
-            values.clear();
-            for (i, &v) in vars.iter().enumerate() {
-                if let Some(&(c, x)) = members[i].get(idx[i]) {
-                    a[v] = Some(c);
-                    if let Some(x) = x {
-                        values.push((v, Value::Int(x)));
-                    }
-                }
-            }
-            self.space.materialize_with(&a, &values, &mut vals);
-            if visit(self, &vals) || !next_combination(&mut idx, members) {
-                break;
-            }
-        }
+        let space = self.space;
+        each_member(space, vars, asg, members, &mut vals, &mut |v| {
+            visit(self, v)
+        });
         self.vals = vals;
     }
 
@@ -441,17 +323,4 @@ pub(super) fn gcd(a: i64, b: i64) -> i64 {
         (a, b) = (b, a % b);
     }
     a
-}
-
-/// Advances `idx` to the next combination of one member per list (an odometer); false after
-/// the last one.
-fn next_combination<T>(idx: &mut [usize], members: &[Vec<T>]) -> bool {
-    for (i, list) in members.iter().enumerate() {
-        idx[i] += 1;
-        if idx[i] < list.len() {
-            return true;
-        }
-        idx[i] = 0;
-    }
-    false
 }

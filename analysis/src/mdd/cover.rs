@@ -17,15 +17,15 @@
 //! Determinism: paths pick the edge with the most classes, ties broken by the lowest class,
 //! never by node ids, so the cover depends only on the function and the order.
 //!
-//! Complexity: `holds_on` / `meets` are O(nodes of `x`) with a reusable memo; `expand` runs
-//! `allowed` once per constrained var, each a traversal memoised per node.
+//! Complexity: `holds_on` / `meets` are O(nodes of `x`) with a reusable memo; `expand` (in
+//! `widen`) runs `allowed` once per constrained var, each a traversal memoised per node.
 
 use attn_policy::facts::Value;
 
 use super::bits::Bits;
 use super::bits::{words_first, words_len, words_meet};
 use super::manager::{Cube, Mdd};
-use super::memos::{ExpandMemos, PairMemos};
+use super::memos::PairMemos;
 use super::store::{FALSE, HashMap, Id, NodeMemo, TRUE};
 
 /// Satisfiability questions [`Mdd::widest_path_and`] may ask before it gives up.
@@ -443,150 +443,6 @@ impl<'s> Mdd<'s> {
         cube
     }
 
-    /// Widens `cube` inside `f or not valid`: first frees every var that can take any class
-    /// (largest domains first: they read worst), then widens the rest to every class that
-    /// keeps the cube inside it.
-    fn expand(&self, f: Id, valid: Id, cube: &mut Cube) {
-        let mut levels: Vec<usize> = self
-            .used
-            .iter()
-            .map(|&l| l as usize)
-            .filter(|&l| cube[self.order[l]].is_some())
-            .collect();
-        levels.sort_by_key(|&l| std::cmp::Reverse(self.full[l].len()));
-        // Reused (cleared) between vars and calls: allocating fresh tables dominated.
-        let ExpandMemos(mut memo, mut inside) = self.expand_memos.take();
-        // `inside` (walks of `f` under the cube) is kept across vars: changing the var at
-        // level `l` forgets only the answers of nodes at or above `l`.
-        inside.clear(self.size());
-        for free_only in [true, false] {
-            for &l in &levels {
-                let v = self.order[l];
-                if cube[v].is_none() {
-                    continue;
-                }
-                // An object whose members are constrained stays present: a member's
-                // constraint cannot be written for an absent object.
-                let keep_present = v < self.space.vars.len()
-                    && self
-                        .space
-                        .vars
-                        .iter()
-                        .enumerate()
-                        .any(|(u, x)| x.parent == Some(v) && cube[u].is_some());
-                if free_only {
-                    // Only "every class" frees the var: one walk that stops at the first
-                    // path leaving `f`, not the allowed classes (the same answer).
-                    let nullable =
-                        self.space.vars.get(v).is_some_and(|x| {
-                            x.classes.iter().any(|class| class.value == Value::Null)
-                        });
-                    if keep_present && nullable {
-                        continue;
-                    }
-                    let set = cube[v].take();
-                    inside.touch(l as u32);
-                    let holds = if valid == TRUE {
-                        self.everywhere(f, cube, true, &mut inside)
-                    } else {
-                        self.holds_unless(f, valid, cube)
-                    };
-                    if !holds {
-                        cube[v] = set;
-                        inside.touch(l as u32);
-                    }
-                    continue;
-                }
-                let mut good = if valid == TRUE {
-                    memo.0.clear(self.size());
-                    memo.1.clear();
-                    self.allowed(f, l as u32, cube, &mut memo, &mut inside)
-                } else {
-                    self.allowed_unless(f, valid, l as u32, cube)
-                };
-                if keep_present {
-                    for (c, class) in self.space.vars[v].classes.iter().enumerate() {
-                        if class.value == Value::Null {
-                            good.remove(c as u32);
-                        }
-                    }
-                }
-                if good.len() == self.full[l].len() {
-                    cube[v] = None;
-                } else if !free_only {
-                    cube[v] = Some(good);
-                }
-                inside.touch(l as u32);
-            }
-        }
-        self.expand_memos.set(ExpandMemos(memo, inside));
-    }
-
-    /// The classes of the var at `level` for which `cube` (with that var replaced by the
-    /// class) lies inside `x`.
-    fn allowed(
-        &self,
-        x: Id,
-        level: u32,
-        cube: &Cube,
-        memo: &mut (NodeMemo<u32>, Vec<u64>),
-        inside: &mut NodeMemo<bool>,
-    ) -> Bits {
-        let mut acc = self.full[level as usize].clone();
-        self.narrow_allowed(x, level, cube, memo, inside, &mut acc);
-        acc
-    }
-
-    /// Narrows `acc` to [`Mdd::allowed`] of `x`. The memo holds per node an index into one
-    /// flat arena of sets: a wide var's sets were allocated and cloned per visit.
-    fn narrow_allowed(
-        &self,
-        x: Id,
-        level: u32,
-        cube: &Cube,
-        memo: &mut (NodeMemo<u32>, Vec<u64>),
-        inside: &mut NodeMemo<bool>,
-        acc: &mut Bits,
-    ) {
-        let nl = self.node_level(x);
-        if nl > level {
-            if !self.everywhere(x, cube, true, inside) {
-                acc.clear();
-            }
-            return;
-        }
-        let w = acc.words().len();
-        if let Some(i) = memo.0.get(x) {
-            let i = i as usize;
-            acc.and_words(&memo.1[i * w..(i + 1) * w]);
-            return;
-        }
-        let r = if nl == level {
-            let mut r = Bits::empty(self.ncls[self.order[level as usize]]);
-            for (k, set) in self.edges(x) {
-                if self.everywhere(k, cube, true, inside) {
-                    r.or_words(set);
-                }
-            }
-            r
-        } else {
-            let v = self.order[nl as usize];
-            let mut r = self.full[level as usize].clone();
-            for (k, set) in self.edges(x) {
-                if cube[v].as_ref().is_none_or(|c| words_meet(c.words(), set)) {
-                    self.narrow_allowed(k, level, cube, memo, inside, &mut r);
-                    if r.is_empty() {
-                        break;
-                    }
-                }
-            }
-            r
-        };
-        acc.and_words(r.words());
-        memo.0.set(x, (memo.1.len() / w) as u32);
-        memo.1.extend_from_slice(r.words());
-    }
-
     /// The diagram of a cube.
     pub fn cube(&mut self, cube: &Cube) -> Id {
         let mut x = TRUE;
@@ -602,62 +458,9 @@ impl<'s> Mdd<'s> {
 }
 
 impl<'s> Mdd<'s> {
-    /// The EXPAND step of two-level minimisation on a listed cube, exact (a diagram check,
-    /// never sampled): each var the cube constrains is widened to its whole domain when the
-    /// widened cube still lies inside `f or not valid` (`cube(widened) and valid and not f`
-    /// is false; asked of the pair, never built), else restored: the widened cube then holds
-    /// no valid input outside `f`.
-    ///
-    /// Order (fixed, so the result depends only on the diagrams): relation variables first
-    /// (in their index order), then members of objects, then the other facts, each group in
-    /// the space's var order. A fact some still-constrained relation variable of the cube
-    /// reads is kept (the relation is stated over it), and so is an object whose members are
-    /// still constrained (a member's constraint cannot be written for an absent object).
-    /// Widening a relation variable also admits its values that no input has with the cube's
-    /// facts, so the check is, if anything, stricter than needed: sound, possibly not minimal.
-    pub fn widen_inside(&self, f: Id, valid: Id, cube: &Cube) -> Cube {
-        let nv = self.space.vars.len();
-        let mut out = cube.clone();
-        let members = (0..nv).filter(|&v| self.space.vars[v].parent.is_some());
-        let objects_and_plain = (0..nv).filter(|&v| self.space.vars[v].parent.is_none());
-        let order: Vec<usize> = (nv..self.nvars())
-            .chain(members)
-            .chain(objects_and_plain)
-            .collect();
-        // One walk per var, its memos kept across vars: freeing the var at level `l` forgets
-        // only the answers of nodes at or above `l`.
-        let mut memo = self.pair_memos.take();
-        let mut single = self.scratch.take();
-        memo.first.clear(self.size());
-        memo.more.clear();
-        single.clear(self.size());
-        for v in order {
-            let Some(set) = out[v].take() else { continue };
-            let held = v < nv
-                && ((0..self.rels.len())
-                    .any(|k| out[nv + k].is_some() && self.rel_vars(k).contains(&v))
-                    || (0..nv).any(|u| self.space.vars[u].parent == Some(v) && out[u].is_some()));
-            if held {
-                out[v] = Some(set);
-                continue;
-            }
-            let l = self.level[v];
-            memo.first.touch(l);
-            single.touch(l);
-            if !self.unless(f, valid, &out, &mut memo, &mut single) {
-                out[v] = Some(set);
-                memo.first.touch(l);
-                single.touch(l);
-            }
-        }
-        self.scratch.set(single);
-        self.pair_memos.set(memo);
-        out
-    }
-
     /// Whether `f or not valid` holds in every class of the cube. Walked on the pair of
     /// diagrams: building `f or not valid` cost as much as building `f` (the te pack's gaps).
-    fn holds_unless(&self, f: Id, valid: Id, cube: &[Option<Bits>]) -> bool {
+    pub(super) fn holds_unless(&self, f: Id, valid: Id, cube: &[Option<Bits>]) -> bool {
         let mut memo = self.pair_memos.take();
         // The walk of `f` alone (once `valid` is true) shares `holds_on`'s memo.
         let mut single = self.scratch.take();
@@ -671,7 +474,7 @@ impl<'s> Mdd<'s> {
     }
 
     /// [`Mdd::allowed`] of `f or not valid`, walked on the pair.
-    fn allowed_unless(&self, f: Id, valid: Id, level: u32, cube: &Cube) -> Bits {
+    pub(super) fn allowed_unless(&self, f: Id, valid: Id, level: u32, cube: &Cube) -> Bits {
         let mut memo = self.pair_memos.take();
         let mut single = self.scratch.take();
         memo.first.clear(self.size());

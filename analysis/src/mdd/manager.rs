@@ -7,9 +7,10 @@ use attn_policy::eval::program::{NodeId, Program};
 use attn_policy::facts::Value;
 
 use super::bits::Bits;
-use super::memos::{ExpandMemos, PairMemos};
+use super::memos::PairMemos;
 use super::rel::Rel;
 use super::store::{HashMap, HashSet, Id, NodeMemo, OpMemo, Store};
+use super::widen::WidenMemos;
 
 /// Levels per fact: a fact at level `k * SPREAD`, its relation variables just below.
 pub(super) const SPREAD: u32 = 64;
@@ -53,11 +54,11 @@ pub struct Mdd<'s> {
     pub(super) sat_dead: HashSet<Vec<u32>>,
     /// A reusable memo for `holds_on` / `meets` (they are called per rule per region).
     pub(super) scratch: std::cell::Cell<NodeMemo<bool>>,
-    /// Reusable memos of `expand` (it runs per listed cube: fresh tables of the diagram's
-    /// size, zeroed each time, cost more than the traversals).
-    pub(super) expand_memos: std::cell::Cell<ExpandMemos>,
-    /// Reusable memos of `widen_inside` (it runs per var of every listed cube).
+    /// Reusable memos of `holds_unless` / `allowed_unless`.
     pub(super) pair_memos: std::cell::Cell<PairMemos>,
+    /// The memos of `expand` and `widen_inside` (they run per var of every listed cube),
+    /// kept for the manager's life: their answers are keyed by the cube suffix they read.
+    pub(super) widen_memos: std::cell::Cell<WidenMemos>,
     /// The most nodes the manager may create.
     pub budget: usize,
     /// The budget ran out: every result is meaningless (report INCOMPLETE).

@@ -1,14 +1,8 @@
-//! The reusable memos of the cover's traversals (`expand`, `holds_unless`), held by the
-//! manager between calls; the traversals that fill them are in `cover`.
+//! The reusable memos of the cover's pair traversals (`holds_unless`, `allowed_unless`),
+//! held by the manager between calls; the traversals that fill them are in `cover`. The
+//! memos of `expand` and `widen_inside` are `widen::WidenMemos`.
 
 use super::store::{HashMap, Id, NodeMemo};
-
-/// The memos of `expand`: `allowed` per node (an index into the sets) and `everywhere`.
-#[derive(Default)]
-pub(super) struct ExpandMemos(
-    pub(super) (NodeMemo<u32>, Vec<u64>),
-    pub(super) NodeMemo<bool>,
-);
 
 /// The memos of `Mdd::holds_unless`: per node of `f` the first pair's answer, other pairs.
 #[derive(Default)]

@@ -39,12 +39,17 @@
 //! - `compile`: conditions of a program -> diagrams (structure, `if` splitting, atom memo);
 //! - `atoms`: one atom -> a diagram, by evaluation per block of classes; whether an atom is
 //!   constant on a cell of classes;
+//! - `decide`: that question without the manager (shared data only), so a large atom's
+//!   cells are decided on two threads;
 //! - `relations`: relation variables (orderings of two facts, predicates the classes do not
 //!   decide) and their *ties* to the facts;
 //! - `contrary`: combinations of relation variables and classes that no input has, found
 //!   along one path of the cover;
 //! - `cover`: cube queries (`holds_on`, `meets`) and a diagram as a (disjoint) cover by
 //!   cubes, the regions `gaps` and `diff` list;
+//! - `widen`: `expand` (a cover's cube widened inside what it covers) and `widen_inside`
+//!   (the EXPAND step of listed regions), with walk memos keyed by the cube suffix they
+//!   read (kept across calls);
 //! - `witness`: a concrete input inside a region (bounded search);
 //! - `queries`: [`PolicyDiagrams`], a pack's rules, applicability and preference as diagrams,
 //!   and the policy questions (`gaps`, `diff`, `check`'s lints) asked of them;
@@ -75,7 +80,8 @@
 //!   evaluations; they are part of the `gaps` / `diff` output, so the order and number of
 //!   evaluations is behaviour, not an implementation detail.
 //!
-//! Not `Sync`: one manager per analysis, used from one thread.
+//! Not `Sync`: one manager per analysis, used from one thread (a large predicate's cells are
+//! decided on a second thread from the space and the program alone, see `decide`).
 //!
 //! [`Space`]: crate::space::Space
 
@@ -84,6 +90,7 @@ mod bits;
 mod compile;
 mod contrary;
 mod cover;
+mod decide;
 mod manager;
 mod memos;
 mod order;
@@ -93,6 +100,7 @@ mod relations;
 mod restrict;
 mod store;
 mod tables;
+mod widen;
 mod witness;
 
 pub use bits::Bits;

@@ -285,11 +285,9 @@ impl<'s> Mdd<'s> {
     ) -> Id {
         let blocks = self.blocks_of(vars, own, &[]);
         let hulls = self.block_hulls(vars, &blocks);
-        let mut decided: Vec<Option<bool>> = Vec::new();
-        self.enumerate(vars, &blocks, &mut |m, asg, cell| {
-            decided.push(m.decide_cell(prog, id, vars, &blocks, &hulls, asg, cell));
-            FALSE
-        });
+        // Every cell decided first (on two threads when many), in the order the build
+        // below reads them.
+        let decided = self.decide_cells(prog, id, vars, &blocks, &hulls);
         let undecided = decided.iter().any(Option::is_none);
         let r = undecided.then(|| {
             let text = self.progs[prog].render(id, self.space.schema);
@@ -344,10 +342,13 @@ impl<'s> Mdd<'s> {
                 let per_class: &[usize] = if cells <= TIE_CELL_LIMIT { &vars } else { &[] };
                 let blocks = self.blocks_of(&vars, &own, per_class);
                 let hulls = self.block_hulls(&vars, &blocks);
+                let decided = self.decide_cells(prog, node, &vars, &blocks, &hulls);
+                let mut it = decided.into_iter();
                 // The two literals, each made where first needed (as `predicate_atom`'s).
                 let mut literal: [Option<Id>; 2] = [None, None];
-                self.enumerate(&vars, &blocks, &mut |m, asg, cell| match m
-                    .decide_cell(prog, node, &vars, &blocks, &hulls, asg, cell)
+                self.enumerate(&vars, &blocks, &mut |m, _, _| match it
+                    .next()
+                    .expect("a decision per cell")
                 {
                     Some(b) => *literal[b as usize].get_or_insert_with(|| {
                         m.rel_node(

@@ -332,9 +332,9 @@ impl Store {
 /// A memo over node ids, cleared in O(1): a generation stamp per node (the traversals of
 /// `cover` visit most of a large diagram once per var; hashing dominated them).
 ///
-/// An entry also records the level it was computed at (`set_at`): [`NodeMemo::touch`]
-/// forgets only the entries at or above a level, so a walk of a cube whose var at that level
-/// changed keeps the answers of the nodes below it (they never read that var).
+/// An entry also records the level it was computed at (`set_at`). The walks that keep
+/// answers across changes of their cube key them by the cube's suffix instead
+/// (`widen::WidenMemos`).
 pub(super) struct NodeMemo<T: Copy + Default> {
     /// Per node: `generation << 32 | level` when set.
     stamp: Vec<u64>,
@@ -342,8 +342,6 @@ pub(super) struct NodeMemo<T: Copy + Default> {
     generation: u32,
     /// Entries of older generations are forgotten (`clear`).
     floor: u32,
-    /// Per level: entries of this generation or older are forgotten (`touch`).
-    inval: Vec<u32>,
 }
 
 impl<T: Copy + Default> Default for NodeMemo<T> {
@@ -353,7 +351,6 @@ impl<T: Copy + Default> Default for NodeMemo<T> {
             val: Vec::new(),
             generation: 0,
             floor: 1,
-            inval: Vec::new(),
         }
     }
 }
@@ -373,26 +370,14 @@ impl<T: Copy + Default> NodeMemo<T> {
         self.generation = self.generation.wrapping_add(1);
         if self.generation == 0 {
             self.stamp.fill(0);
-            self.inval.fill(0);
             self.generation = 1;
             self.floor = 1;
         }
     }
 
-    /// Forgets the entries at levels `0..=level` (the cube's var at `level` changed).
-    pub(super) fn touch(&mut self, level: u32) {
-        let l = level as usize;
-        if self.inval.len() <= l {
-            self.inval.resize(l + 1, 0);
-        }
-        let g = self.generation;
-        self.inval[..=l].fill(g);
-        self.next_generation();
-    }
-
-    /// Whether an entry of generation `g` at `level` is remembered.
-    fn live(&self, g: u32, level: u32) -> bool {
-        g >= self.floor && self.inval.get(level as usize).is_none_or(|&i| g > i)
+    /// Whether an entry of generation `g` (at any level) is remembered.
+    fn live(&self, g: u32, _level: u32) -> bool {
+        g >= self.floor
     }
 
     /// The current generation (for entries kept elsewhere, checked by `live_at`).
@@ -411,7 +396,7 @@ impl<T: Copy + Default> NodeMemo<T> {
             .then(|| self.val[x as usize])
     }
 
-    /// Sets an entry that `touch` of any level forgets.
+    /// Sets the entry of node `x` (until the next `clear`).
     pub(super) fn set(&mut self, x: Id, v: T) {
         self.set_at(x, 0, v);
     }
