@@ -28,18 +28,9 @@ use attn_policy::eval::program::{NodeId, Truth};
 use attn_policy::facts::Value;
 
 use super::bits::Bits;
-use super::decide::{CellDecider, Tally, each_member, members_of};
+use super::decide::{CellDecider, Member, Tally, UNCOUNTABLE, each_member, members_of};
 use super::manager::Mdd;
 use super::store::{FALSE, Id, TRUE};
-
-/// A cell whose concrete members number at most this is decided by evaluating each of them.
-pub(super) const BRUTE_FORCE_MEMBERS: u128 = 64;
-
-/// [`Mdd::count_members`] of a class whose members cannot be listed.
-pub(super) const UNCOUNTABLE: u128 = u128::MAX;
-
-/// A concrete member of a class: (class, integer member; None for a one-value class).
-pub(super) type Member = (u32, Option<i64>);
 
 impl<'s> Mdd<'s> {
     /// The diagram of an atom with no numeric `if` left in it: evaluated per block of its own

@@ -15,8 +15,16 @@ use crate::space::{Assign, ClassDesc, Space};
 use attn_policy::eval::program::{NodeId, Program, Truth};
 use attn_policy::facts::Value;
 
-use super::atoms::{BRUTE_FORCE_MEMBERS, Member, UNCOUNTABLE};
 use super::manager::Mdd;
+
+/// A cell whose concrete members number at most this is decided by evaluating each of them.
+pub(super) const BRUTE_FORCE_MEMBERS: u128 = 64;
+
+/// [`Mdd::count_members`] of a class whose members cannot be listed.
+pub(super) const UNCOUNTABLE: u128 = u128::MAX;
+
+/// A concrete member of a class: (class, integer member; None for a one-value class).
+pub(super) type Member = (u32, Option<i64>);
 
 /// Cells of one atom from which its cells are decided on two threads (below, the second
 /// thread costs more than it saves).

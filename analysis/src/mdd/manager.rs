@@ -7,10 +7,9 @@ use attn_policy::eval::program::{NodeId, Program};
 use attn_policy::facts::Value;
 
 use super::bits::Bits;
-use super::memos::PairMemos;
+use super::memos::{PairMemos, WidenMemos};
 use super::rel::Rel;
 use super::store::{HashMap, HashSet, Id, NodeMemo, OpMemo, Store};
-use super::widen::WidenMemos;
 
 /// Levels per fact: a fact at level `k * SPREAD`, its relation variables just below.
 pub(super) const SPREAD: u32 = 64;

@@ -334,7 +334,7 @@ impl Store {
 ///
 /// An entry also records the level it was computed at (`set_at`). The walks that keep
 /// answers across changes of their cube key them by the cube's suffix instead
-/// (`widen::WidenMemos`).
+/// (`memos::WidenMemos`).
 pub(super) struct NodeMemo<T: Copy + Default> {
     /// Per node: `generation << 32 | level` when set.
     stamp: Vec<u64>,

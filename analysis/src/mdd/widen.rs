@@ -19,7 +19,8 @@ use attn_policy::facts::Value;
 
 use super::bits::{Bits, words_meet};
 use super::manager::{Cube, Mdd};
-use super::store::{FALSE, HashMap, Id, TRUE};
+use super::memos::WidenMemos;
+use super::store::{FALSE, Id, TRUE};
 
 /// Suffixes or pair answers beyond which the memos are dropped (memory, not correctness).
 const MAX_SUFFIXES: usize = 1 << 20;
@@ -28,30 +29,6 @@ const MAX_ALLOWED_WORDS: usize = 1 << 22;
 
 /// The set id of a var the cube leaves open.
 const OPEN: u32 = u32::MAX;
-
-/// Memos of [`Mdd::widen_inside`]'s walks, with the interned cube suffixes they are keyed by.
-#[derive(Default)]
-pub(super) struct WidenMemos {
-    /// Class sets (a cube's entry) -> id.
-    sets: HashMap<Box<[u64]>, u32>,
-    /// (level, set id of its var, id of the suffix below) -> suffix id (>= 1).
-    suffixes: HashMap<(u32, u32, u32), u32>,
-    /// Per level (and one past the last): the current cube's suffix id from that level.
-    at: Vec<u32>,
-    /// Per var: the set id of the current cube's entry.
-    set_of: Vec<u32>,
-    /// Per node `f`: (suffix id, `valid << 1 | answer`) of one pair; 0: none.
-    first: Vec<(u32, u32)>,
-    /// Other pairs: (f, valid, suffix id) -> answer.
-    more: HashMap<(Id, Id, u32), bool>,
-    /// Per node: `suffix id << 1 | answer` of `f` alone holding everywhere; 0: none.
-    single: Vec<u32>,
-    /// Per node: (suffix id, level, start in `allowed_sets`) of its allowed classes of the
-    /// var at that level (`expand`; the var itself left open in the suffix); id 0: none.
-    allowed: Vec<(u32, u32, u32)>,
-    /// The allowed sets' words (the words of the var at their level each).
-    allowed_sets: Vec<u64>,
-}
 
 impl WidenMemos {
     /// Ready for a walk of `cube` in manager `m`: sized for its nodes and levels, every

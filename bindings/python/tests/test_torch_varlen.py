@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_torch_features import _cu, _to_bhsd, rand, reference  # noqa: E402
 
 import attn_policy.torch as apt  # noqa: E402
-from attn_policy import _runners  # noqa: E402
+from attn_policy import _kernel_runners  # noqa: E402
 from attn_policy._call import _layout_index, _window_args  # noqa: E402
 from attn_policy._varlen import PACKED, VarlenPlan, visible_keys  # noqa: E402
 
@@ -219,7 +219,7 @@ def test_lse_relayouts_are_exact(packing):
 
 def _kernel_mask(lq, lkv, runner):
     """The mask a kernel applies to one sequence, as the runner configured it."""
-    if isinstance(runner, _runners._FlashRunner):
+    if isinstance(runner, _kernel_runners._FlashRunner):
         # FlashAttention: bottom-right per sequence; causal, or a window (-1 unbounded).
         return allowed(lq, lkv, (1 if runner.causal else 0, runner.wl, runner.wr, True))
     mt = runner.mask_type
@@ -299,12 +299,12 @@ def _fake_eff_backward(runner, plan, gp, qp, kp, vp, op, lse_hn):
     return _fake_backward(runner, plan, gp, qp, kp, vp, op, plan.lse_from_eff(eff))
 
 
-class FakeFlash(_runners._FlashRunner):
+class FakeFlash(_kernel_runners._FlashRunner):
     _kernel_forward = _fake_forward
     _kernel_backward = _fake_backward
 
 
-class FakeEfficient(_runners._EfficientRunner):
+class FakeEfficient(_kernel_runners._EfficientRunner):
     _kernel_forward = _fake_eff_forward
     _kernel_backward = _fake_eff_backward
 
@@ -453,7 +453,7 @@ def test_no_running_sequence_gives_empty_results_without_a_kernel():
     q, k, v = rand(2, 3, 2, 8), rand(2, 4, 2, 8), rand(2, 4, 2, 8)
     call = apt._Call(q, k, v, 1, 0, -1, -1, False, 0.3, 0.0, True, 0.0, 0, 1, (0, 2), (3, 0))
 
-    class NoKernel(_runners._FlashRunner):
+    class NoKernel(_kernel_runners._FlashRunner):
         def _kernel_forward(self, *a):
             raise AssertionError("no kernel call")
 

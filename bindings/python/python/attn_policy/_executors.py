@@ -12,7 +12,8 @@ import torch
 
 from . import _environment, _native
 from ._call import _Call
-from ._runners import _CudnnSdpaRunner, _EfficientRunner, _FlashRunner, _MathRunner, _Runner
+from ._kernel_runners import _CudnnSdpaRunner, _EfficientRunner, _FlashRunner
+from ._runners import _MathRunner, _Runner
 
 
 def _aten(name: str) -> Optional[Any]:

@@ -80,10 +80,10 @@ from ._executors import (  # noqa: F401
 from ._facts import _cudnn_fact, _device_facts, _facts_lock, _live_probes, live_facts  # noqa: F401
 # The op (torch.ops.attn_policy.attention), defined on import of attn_policy._op.
 from ._op import _ARGS, _bwd_fake, _bwd_impl, _fwd_fake, _fwd_impl, _lib  # noqa: F401
+from ._kernel_runners import _CudnnSdpaRunner, _EfficientRunner, _FlashRunner  # noqa: F401
 from ._runners import (  # noqa: F401
-    _F32, _NODE_ERRORS, _U8, _avail, _CudnnSdpaRunner, _EfficientRunner, _empty, _empty_strided,
-    _FlashRunner, _mask_bool, _math_forward, _MathRunner, _NativeRunner, _no_stream, _raw_stream,
-    _retyped, _Runner, _SdpaFallback, _through_node,
+    _F32, _NODE_ERRORS, _U8, _avail, _empty, _empty_strided, _mask_bool, _math_forward, _MathRunner,
+    _NativeRunner, _no_stream, _raw_stream, _retyped, _Runner, _SdpaFallback, _through_node,
 )
 from ._tensors import (  # noqa: F401
     _bhsd, _contiguous_strides, _from_bhsd, _from_bshd, _into_layout, _like, _o_shape, _restrided,
