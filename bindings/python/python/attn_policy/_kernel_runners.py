@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ._call import PACKED, _Call
-from ._runners import _Runner
+from ._runners import _empty, _Runner
 from ._tensors import (_from_bhsd, _into_layout, _like, _restrided, _restrided_bshd, _to_bhsd, _to_bshd,
                        lse_dtype)
 from ._varlen import VarlenPlan
