@@ -28,7 +28,7 @@ use attn_policy::eval::program::{NodeId, Truth};
 use attn_policy::facts::Value;
 
 use super::bits::Bits;
-use super::decide::{CellDecider, Member, Tally, UNCOUNTABLE, each_member, members_of};
+use super::decide::{Member, Tally, UNCOUNTABLE, each_member, members_of};
 use super::manager::Mdd;
 use super::store::{FALSE, Id, TRUE};
 
@@ -206,21 +206,12 @@ impl<'s> Mdd<'s> {
         cell: &[usize],
     ) -> Option<bool> {
         let mut vals = std::mem::take(&mut self.vals);
-        let counts = self.member_counts.get_or_init(|| self.count_members());
-        let d = CellDecider::new(
-            self.space,
-            &self.progs[prog],
-            id,
-            vars,
-            blocks,
-            hulls,
-            counts,
-        );
         let mut tally = Tally::default();
-        let r = d.decide(asg, cell, &mut tally, &mut vals);
+        let r = self
+            .cell_decider(prog, id, vars, blocks, hulls)
+            .decide(asg, cell, &mut tally, &mut vals);
         self.vals = vals;
-        self.evaluations += tally.evaluations;
-        self.unknown += tally.unknown;
+        self.count(tally);
         r
     }
 

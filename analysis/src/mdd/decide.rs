@@ -224,6 +224,33 @@ impl<'a> CellDecider<'a> {
 }
 
 impl<'s> Mdd<'s> {
+    /// The [`CellDecider`] of atom `id` of program `prog` over `vars` / `blocks`.
+    pub(super) fn cell_decider<'a>(
+        &'a self,
+        prog: usize,
+        id: NodeId,
+        vars: &'a [usize],
+        blocks: &'a [Vec<Vec<u32>>],
+        hulls: &'a [Vec<Abs>],
+    ) -> CellDecider<'a> {
+        let counts = self.member_counts.get_or_init(|| self.count_members());
+        CellDecider::new(
+            self.space,
+            &self.progs[prog],
+            id,
+            vars,
+            blocks,
+            hulls,
+            counts,
+        )
+    }
+
+    /// Adds a [`Tally`] to the manager's evaluation counts.
+    pub(super) fn count(&mut self, tally: Tally) {
+        self.evaluations += tally.evaluations;
+        self.unknown += tally.unknown;
+    }
+
     /// [`CellDecider::decide`] of every cell `enumerate` visits over `vars` / `blocks`, in
     /// that order; the evaluations counted as one `decide_cell` per cell would. Large atoms
     /// (TE's per-step lengths over the cp sizes: 68^3 cells) are split over two threads.
@@ -240,16 +267,7 @@ impl<'s> Mdd<'s> {
             n += 1;
             true
         });
-        let counts = self.member_counts.get_or_init(|| self.count_members());
-        let d = CellDecider::new(
-            self.space,
-            &self.progs[prog],
-            id,
-            vars,
-            blocks,
-            hulls,
-            counts,
-        );
+        let d = self.cell_decider(prog, id, vars, blocks, hulls);
         let part = |from: usize, to: usize| {
             let (mut out, mut tally, mut vals) =
                 (Vec::with_capacity(to - from), Tally::default(), Vec::new());
@@ -278,8 +296,7 @@ impl<'s> Mdd<'s> {
                 (out, tally)
             })
         };
-        self.evaluations += tally.evaluations;
-        self.unknown += tally.unknown;
+        self.count(tally);
         decided
     }
 }
