@@ -2333,6 +2333,15 @@ mod tests {
         out
     }
 
+    /// The plan of `policy`'s rules (and the extra conditions it evaluates), as the policy
+    /// builds it.
+    fn plan_of(policy: &Policy) -> (RulePlan, Vec<NodeId>) {
+        let roots: Vec<NodeId> = policy.rules.iter().map(|r| r.when.node).collect();
+        let extras = extras_of(policy);
+        let plan = RulePlan::build(&policy.program, policy.schema, &roots, &extras);
+        (plan, extras)
+    }
+
     /// Inputs for `policy`: the presets of its family and a corpus of its family.
     fn inputs(policy: &Policy) -> Vec<Facts> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpora");
@@ -2498,10 +2507,7 @@ mod tests {
         ];
         for name in ["te", "native", "torch"] {
             let policy = Policy::embedded(name).expect("embedded pack");
-            let p = &policy.program;
-            let roots: Vec<NodeId> = policy.rules.iter().map(|r| r.when.node).collect();
-            let extras = extras_of(&policy);
-            let plan = RulePlan::build(p, policy.schema, &roots, &extras);
+            let (plan, extras) = plan_of(&policy);
             let tabulated: Vec<&SlotGroup> = plan
                 .groups
                 .iter()
@@ -2549,10 +2555,7 @@ mod tests {
     fn agrees_with_the_interpreter() {
         for name in ["te", "native", "torch"] {
             let policy = Policy::embedded(name).expect("embedded pack");
-            let p = &policy.program;
-            let roots: Vec<NodeId> = policy.rules.iter().map(|r| r.when.node).collect();
-            let extras = extras_of(&policy);
-            let plan = RulePlan::build(p, policy.schema, &roots, &extras);
+            let (plan, extras) = plan_of(&policy);
             assert!(
                 plan.formula_count() > 10,
                 "pack {name} reads facts in formulas"
