@@ -112,19 +112,7 @@ impl<'a> CellDecider<'a> {
             .zip(blocks)
             .map(|(&v, bs)| {
                 bs.iter()
-                    .map(|b| {
-                        let mut n: u128 = 0;
-                        for &c in b {
-                            match counts[v][c as usize] {
-                                UNCOUNTABLE => return None,
-                                k => n += k,
-                            }
-                            if n > BRUTE_FORCE_MEMBERS {
-                                return None;
-                            }
-                        }
-                        Some(n)
-                    })
+                    .map(|b| members_within(&counts[v], b, BRUTE_FORCE_MEMBERS))
                     .collect()
             })
             .collect();
@@ -345,6 +333,23 @@ fn each_cell_from(
     go
 }
 
+/// How many concrete members `classes` of a var have together (`counts`: the var's per-class
+/// counts); None when one is uncountable or the sum passes `limit`.
+#[inline]
+fn members_within(counts: &[u128], classes: &[u32], limit: u128) -> Option<u128> {
+    let mut n: u128 = 0;
+    for &c in classes {
+        match counts[c as usize] {
+            UNCOUNTABLE => return None,
+            k => n += k,
+        }
+        if n > limit {
+            return None;
+        }
+    }
+    Some(n)
+}
+
 /// The concrete members of a cell, per var of `vars`: (class, member) pairs, the member
 /// None for a class that is one value (not an integer class); no pair for a var without a
 /// class (`classes` gives None: its object is absent). None when some class is an interval
@@ -362,16 +367,7 @@ pub(super) fn members_of<'c>(
     let mut count: u128 = 1;
     for (i, &v) in vars.iter().enumerate() {
         let Some(classes) = classes(i) else { continue };
-        let mut n: u128 = 0;
-        for &c in classes {
-            match counts[v][c as usize] {
-                UNCOUNTABLE => return None,
-                k => n += k,
-            }
-            if n > limit {
-                return None;
-            }
-        }
+        let n = members_within(&counts[v], classes, limit)?;
         count = count.saturating_mul(n.max(1));
         if count > limit {
             return None;
