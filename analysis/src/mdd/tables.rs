@@ -311,10 +311,14 @@ impl<'s> Mdd<'s> {
         let na = if at_a { ha.len as usize } else { 1 };
         let nb = if at_b { hb.len as usize } else { 1 };
         let (ks, ws) = (self.ek.len(), self.ew.len());
+        // The pairs of children that meet, in the order they are combined: listed first and
+        // their memo slots announced, so the memo's cache misses overlap instead of being
+        // paid one after the other (same pairs, same order, same nodes as combining each
+        // pair as it is found).
+        let base = self.pend.len();
         if w == 1 {
             // One word a set (vars of at most 64 classes, most of them): the sets read as
-            // words, their offsets computed once (the general loop below slices a set per
-            // pair). Same pairs, same order.
+            // words, their offsets computed once.
             let one = u64::MAX;
             let (sa, sb) = (self.store.sets_at(ha), self.store.sets_at(hb));
             for i in 0..na {
@@ -323,32 +327,51 @@ impl<'s> Mdd<'s> {
                 } else {
                     (a, one)
                 };
+                // `b`'s sets partition the classes: once `wa`'s are all met, no later edge
+                // of `b` meets it.
+                let mut left = wa;
                 for j in 0..nb {
                     let (y, wb) = if at_b {
                         (self.store.kid(hb, j), self.store.word(sb + j))
                     } else {
                         (b, one)
                     };
-                    let both = wa & wb;
+                    let both = left & wb;
                     if both == 0 {
                         continue;
                     }
-                    let r = self.apply(op, x, y);
-                    self.ek.push(r);
-                    self.ew.push(both);
+                    left &= !wb;
+                    self.announce(op, x, y);
+                    self.pend.push((x, y, both));
+                    if left == 0 {
+                        break;
+                    }
                 }
             }
-            let r = self.mk_top(level, ks, ws);
-            self.memo_insert(op, lo, hi, r);
-            return r;
-        }
-        for i in 0..na {
-            let x = if at_a { self.store.kid(ha, i) } else { a };
-            for j in 0..nb {
-                let y = if at_b { self.store.kid(hb, j) } else { b };
-                if at_a && at_b && !words_meet(self.store.set(ha, i, w), self.store.set(hb, j, w)) {
-                    continue;
+            for p in base..self.pend.len() {
+                let (x, y, both) = self.pend[p];
+                let r = self.apply(op, x, y);
+                self.ek.push(r);
+                self.ew.push(both);
+            }
+        } else {
+            for i in 0..na {
+                let x = if at_a { self.store.kid(ha, i) } else { a };
+                for j in 0..nb {
+                    let y = if at_b { self.store.kid(hb, j) } else { b };
+                    if at_a
+                        && at_b
+                        && !words_meet(self.store.set(ha, i, w), self.store.set(hb, j, w))
+                    {
+                        continue;
+                    }
+                    self.announce(op, x, y);
+                    self.pend.push((x, y, (i as u64) << 32 | j as u64));
                 }
+            }
+            for p in base..self.pend.len() {
+                let (x, y, ij) = self.pend[p];
+                let (i, j) = ((ij >> 32) as usize, ij as u32 as usize);
                 let r = self.apply(op, x, y);
                 self.ek.push(r);
                 let (st, ew) = (&self.store, &mut self.ew);
@@ -365,9 +388,24 @@ impl<'s> Mdd<'s> {
                 }
             }
         }
+        self.pend.truncate(base);
         let r = self.mk_top(level, ks, ws);
         self.memo_insert(op, lo, hi, r);
         r
+    }
+
+    /// Announces the memo slot `apply(op, a, b)` will probe (see [`super::store::OpMemo::prefetch`]);
+    /// nothing for the pairs it answers without the memo.
+    #[inline(always)]
+    fn announce(&self, op: Op, a: Id, b: Id) {
+        if a <= TRUE || b <= TRUE || a == b {
+            return;
+        }
+        match op {
+            Op::And => self.and_memo.prefetch(a.min(b), a.max(b)),
+            Op::Or => self.or_memo.prefetch(a.min(b), a.max(b)),
+            Op::Diff => self.diff_memo.prefetch(a, b),
+        }
     }
 
     fn memo_insert(&mut self, op: Op, lo: Id, hi: Id, r: Id) {
