@@ -244,11 +244,30 @@ impl SetTable {
     }
 }
 
+/// Slots of [`Store::recent`]: 512 KiB, small enough to stay in cache.
+const RECENT_SLOTS: usize = 1 << 16;
+
+/// [`Store::recent`] is moved into `unique` when it holds this many nodes (half full).
+const RECENT_NODES: usize = RECENT_SLOTS / 2;
+
+/// How many insertions ahead [`Store::flush`] announces the slots of `unique`.
+const FLUSH_AHEAD: usize = 16;
+
 /// The node store: headers, the arena of their edges, the hash-consing table, the set table.
 pub(super) struct Store {
     pub(super) hdr: Vec<Hdr>,
     arena: Vec<u64>,
+    /// The hash-consing table of the nodes below `flushed` (tag-addressed, see `tables`).
     pub(super) unique: Vec<u64>,
+    /// The hash-consing table of the nodes from `flushed` on, the same layout: a node with a
+    /// child from `flushed` on was created after it, so it can only be here, and most nodes
+    /// built have such a child (a diagram is built bottom-up): their probe stays in cache
+    /// instead of a cache miss on `unique` (the probe of `unique` was most of the node
+    /// building's time). Moved into `unique` when half full ([`Store::flush`]).
+    pub(super) recent: Vec<u64>,
+    recent_len: usize,
+    /// Every node below this id is in `unique`, every one from it on in `recent`.
+    pub(super) flushed: Id,
     sets: SetTable,
     /// Per level: the words of one class set of its var.
     wpl: Vec<u32>,
@@ -261,6 +280,9 @@ impl Store {
             hdr: vec![Hdr::TERMINAL; 2],
             arena: Vec::new(),
             unique: vec![EMPTY; 1 << 16],
+            recent: vec![EMPTY; RECENT_SLOTS],
+            recent_len: 0,
+            flushed: 2,
             sets: SetTable {
                 off: Vec::new(),
                 words: Vec::new(),
@@ -325,6 +347,45 @@ impl Store {
                 self.arena[h.off as usize + j] == pair[0] as u64 | hi << 32
             })
             && (0..kids.len()).all(|i| self.set(h, i, w) == &words[i * w..(i + 1) * w])
+    }
+
+    /// Records node `id` (just pushed, with this tag) in `recent`, at free slot `slot`;
+    /// moves `recent` into `unique` when it is half full.
+    pub(super) fn add_recent(&mut self, slot: usize, tag: u32, id: Id) {
+        self.recent[slot] = (tag as u64) << 32 | id as u64;
+        self.recent_len += 1;
+        if self.recent_len >= RECENT_NODES {
+            self.flush();
+        }
+    }
+
+    /// Moves the entries of `recent` into `unique` (grown first, as it would have grown with
+    /// each node), announcing each slot a few insertions ahead so their cache misses overlap.
+    fn flush(&mut self) {
+        let moved: Vec<u64> = self
+            .recent
+            .iter()
+            .copied()
+            .filter(|&e| e != EMPTY)
+            .collect();
+        while self.hdr.len() * 10 > self.unique.len() * 7 {
+            tag_grow(&mut self.unique);
+        }
+        let (size, mask) = (self.unique.len(), self.unique.len() - 1);
+        for (j, &e) in moved.iter().enumerate() {
+            if let Some(&ahead) = moved.get(j + FLUSH_AHEAD) {
+                let at = tag_slot((ahead >> 32) as u32, size);
+                prefetch(self.unique.as_ptr().wrapping_add(at));
+            }
+            let mut i = tag_slot((e >> 32) as u32, size);
+            while self.unique[i] != EMPTY {
+                i = (i + 1) & mask;
+            }
+            self.unique[i] = e;
+        }
+        self.recent.fill(EMPTY);
+        self.recent_len = 0;
+        self.flushed = self.hdr.len() as Id;
     }
 
     /// Appends a node (not in the store) with these edges; returns its id.

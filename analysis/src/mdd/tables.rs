@@ -38,7 +38,7 @@
 use super::bits::{Bits, words_meet};
 use super::manager::Mdd;
 use super::store::{
-    EMPTY, Edges, FALSE, HashSet, INSERTION_SORT_EDGES, Id, Op, TRUE, node_hash, tag_grow, tag_slot,
+    EMPTY, Edges, FALSE, HashSet, INSERTION_SORT_EDGES, Id, Op, TRUE, node_hash, tag_slot,
 };
 
 impl<'s> Mdd<'s> {
@@ -98,17 +98,30 @@ impl<'s> Mdd<'s> {
         let (kids, words) = (&self.ek[ks..], &self.ew[ws..]);
         let st = &mut self.store;
         let tag = (node_hash(level, kids, words) >> 32) as u32;
-        let mask = st.unique.len() - 1;
-        let mut i = tag_slot(tag, st.unique.len());
-        loop {
-            let e = st.unique[i];
-            if e == EMPTY {
-                break;
+        // Nodes created since the last flush first (a table in cache); the older ones only
+        // when every child is older too (else the node is newer than the flush).
+        let find = |table: &[u64]| -> Result<Id, usize> {
+            let mask = table.len() - 1;
+            let mut i = tag_slot(tag, table.len());
+            loop {
+                let e = table[i];
+                if e == EMPTY {
+                    return Err(i);
+                }
+                if (e >> 32) as u32 == tag && st.same(e as Id, level, kids, words, w) {
+                    return Ok(e as Id);
+                }
+                i = (i + 1) & mask;
             }
-            if (e >> 32) as u32 == tag && st.same(e as Id, level, kids, words, w) {
-                return e as Id;
-            }
-            i = (i + 1) & mask;
+        };
+        let slot = match find(&st.recent) {
+            Ok(id) => return id,
+            Err(slot) => slot,
+        };
+        if kids.iter().all(|&k| k < st.flushed)
+            && let Ok(id) = find(&st.unique)
+        {
+            return id;
         }
         if st.hdr.len() >= self.budget {
             // Out of budget: results from now on are meaningless, and flagged so.
@@ -116,10 +129,7 @@ impl<'s> Mdd<'s> {
             return FALSE;
         }
         let id = st.push(level, kids, words, w);
-        st.unique[i] = (tag as u64) << 32 | id as u64;
-        if st.hdr.len() * 10 > st.unique.len() * 7 {
-            tag_grow(&mut st.unique);
-        }
+        st.add_recent(slot, tag, id);
         id
     }
 
