@@ -244,8 +244,8 @@ impl SetTable {
     }
 }
 
-/// Slots of [`Store::recent`]: 512 KiB, small enough to stay in cache.
-const RECENT_SLOTS: usize = 1 << 16;
+/// Slots of [`Store::recent`]: 128 KiB, small enough to stay in cache.
+const RECENT_SLOTS: usize = 1 << 14;
 
 /// [`Store::recent`] is moved into `unique` when it holds this many nodes (half full).
 const RECENT_NODES: usize = RECENT_SLOTS / 2;
