@@ -256,12 +256,17 @@ impl<'s> Mdd<'s> {
         let h = self.store.hdr[a as usize];
         let w = self.store.w(h.level);
         let (ks, ws) = (self.ek.len(), self.ew.len());
+        // The children's memo slots announced together (as `apply`'s pairs).
+        for i in 0..h.len as usize {
+            self.not_memo.prefetch(self.store.kid(h, i), 0);
+        }
         for i in 0..h.len as usize {
             let k = self.store.kid(h, i);
             let r = self.not(k);
             self.ek.push(r);
             self.ew.extend_from_slice(self.store.set(h, i, w));
         }
+        self.not_memo.prefetch(a, 0);
         let r = self.mk_top(h.level, ks, ws);
         self.not_memo.insert(a, 0, r);
         self.not_memo.insert(r, 0, a);
@@ -399,6 +404,9 @@ impl<'s> Mdd<'s> {
             }
         }
         self.pend.truncate(base);
+        // The slot probed on entry has likely left the cache in the recursion: announced
+        // again, it is fetched while the node is built.
+        self.announce(op, a, b);
         let r = self.mk_top(level, ks, ws);
         self.memo_insert(op, lo, hi, r);
         r
