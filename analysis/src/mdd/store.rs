@@ -75,8 +75,12 @@ impl Default for OpMemo {
 impl OpMemo {
     fn slot(a: Id, b: Id, mask: usize) -> usize {
         let key = (a as u64) << 32 | b as u64;
-        // Fibonacci hashing: the high bits of the product depend on every bit of the key.
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask
+        // Fibonacci hashing: the top bits of the product depend on every bit of the key.
+        // Taking the top `log2(size)` of them (not bits below the top) keeps the slots in
+        // order when the table doubles (slot `i` moves to `2i` or `2i + 1`), so `grow`
+        // streams through both tables instead of a cache miss per entry.
+        let bits = (mask + 1).trailing_zeros();
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
     }
 
     /// Asks the memory system for the slot where `(a, b)` starts probing, so a later

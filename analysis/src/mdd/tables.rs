@@ -19,6 +19,15 @@
 //!   the node's hash and picks the slot (multiply-shift), so the table grows without
 //!   rehashing and a probe compares a node only when its tag matches. Equal nodes are stored
 //!   once. A node's hash is computed from its sets' words, so it does not depend on set ids.
+//!   Nodes from `store.flushed` on are in `store.recent` instead (the same layout, small enough
+//!   to stay in cache), every older one in `store.unique`: a node is looked up in `recent`,
+//!   and in `unique` only when none of its children is from `flushed` on (a node is newer
+//!   than its children). `recent` is moved into `unique` when half full. Which table holds
+//!   a node never changes which node an edge list finds, so ids do not depend on it.
+//! - Memory latency, not instructions, bounds `apply`: its memo probes and node lookups land
+//!   in tables far larger than the cache. So `apply` lists the pairs of children it will
+//!   combine and prefetches their memo slots before recursing into the first (same pairs,
+//!   same order), and `not` its children's; a prefetch is only a hint (`store::prefetch`).
 //! - `and_memo` / `or_memo` are keyed by `(min(a, b), max(a, b))` (both operations commute);
 //!   `not_memo` holds both directions of each negation (`not` is an involution). Entries stay
 //!   valid forever (nodes are never freed). The memos are exact (an entry is never dropped),
