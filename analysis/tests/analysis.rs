@@ -1175,3 +1175,36 @@ fn widening_with_kept_memos_equals_widening_afresh() {
     // Some cube widened at all (the test compares something).
     assert!(jobs.iter().zip(&alone).any(|(j, w)| &j.2 != w));
 }
+
+/// Nodes are hash-consed in two tables (those created since the last flush of a small table,
+/// and the older ones): a function rebuilt by other operations, long after its nodes were
+/// moved to the large table, or just after, is the same node. Identities over the te pack's
+/// diagrams (hundreds of thousands of nodes, so the small table was flushed many times).
+#[test]
+fn equal_functions_are_equal_nodes_across_table_flushes() {
+    use attn_policy_analysis::mdd::{Mdd, PolicyDiagrams};
+    use attn_policy_analysis::regions::add_policy;
+    use attn_policy_analysis::space::SpaceBuilder;
+    let policy = Policy::embedded("te").unwrap();
+    let mut sb = SpaceBuilder::for_schema(policy.schema);
+    add_policy(&mut sb, &policy);
+    let space = sb.build();
+    let mut m = Mdd::for_policies(&space, &[&policy]);
+    let d = PolicyDiagrams::build(&mut m, &policy);
+    assert!(m.size() > 100_000, "{} nodes", m.size());
+    let outs: Vec<u32> = d.variant_out.iter().flatten().copied().collect();
+    let mut checked = 0;
+    for (i, &a) in outs.iter().enumerate() {
+        for &b in d.rule.iter().skip(i * 7).take(5) {
+            // `(a and b) or (a and not b)` is `a`: rebuilt bottom-up, found again.
+            let (ab, a_not_b) = (m.and(a, b), m.minus(a, b));
+            assert_eq!(m.or(ab, a_not_b), a, "variant_out {i}");
+            // De Morgan: `a and b` (just built) built again through negations.
+            let (na, nb) = (m.not(a), m.not(b));
+            let either = m.or(na, nb);
+            assert_eq!(m.not(either), ab, "variant_out {i}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked} identities checked");
+}

@@ -44,6 +44,10 @@ pub struct Mdd<'s> {
     /// The edge stack: nodes under construction (children, their sets' words).
     pub(super) ek: Vec<Id>,
     pub(super) ew: Vec<u64>,
+    /// `apply`'s pairs of children still to combine (child of a, child of b, the classes they
+    /// share: the word of a one-word var, else the edges' indexes `i << 32 | j`), a stack
+    /// as the edges: a call pushes its pairs, announces their memo slots, then combines them.
+    pub(super) pend: Vec<(Id, Id, u64)>,
     pub(super) and_memo: OpMemo,
     pub(super) or_memo: OpMemo,
     pub(super) not_memo: OpMemo,

@@ -64,7 +64,7 @@
 //! - **Canonical form.** Every inner node tests a variable at a level above (smaller than) the
 //!   levels of all its children; its edges partition the variable's classes (non-empty,
 //!   disjoint, covering every class), one edge per distinct child, sorted by child id; it has at
-//!   least two edges; the unique table holds it once. Hence two ids are equal iff their
+//!   least two edges; one of the hash-consing tables holds it, once. Hence two ids are equal iff their
 //!   functions are equal (for this manager's order). Only `Mdd::mk_top` (in `tables`) creates
 //!   nodes, and it keeps all of this.
 //! - **Variables.** Diagram var `v < space.vars.len()` is fact var `v` of the [`Space`]; var

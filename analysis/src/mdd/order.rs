@@ -127,6 +127,7 @@ impl<'s> Mdd<'s> {
             level,
             ek: Vec::new(),
             ew: Vec::new(),
+            pend: Vec::new(),
             and_memo: OpMemo::default(),
             or_memo: OpMemo::default(),
             not_memo: OpMemo::default(),

@@ -75,8 +75,22 @@ impl Default for OpMemo {
 impl OpMemo {
     fn slot(a: Id, b: Id, mask: usize) -> usize {
         let key = (a as u64) << 32 | b as u64;
-        // Fibonacci hashing: the high bits of the product depend on every bit of the key.
-        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & mask
+        // Fibonacci hashing: the top bits of the product depend on every bit of the key.
+        // Taking the top `log2(size)` of them (not bits below the top) keeps the slots in
+        // order when the table doubles (slot `i` moves to `2i` or `2i + 1`), so `grow`
+        // streams through both tables instead of a cache miss per entry.
+        let bits = (mask + 1).trailing_zeros();
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
+    }
+
+    /// Asks the memory system for the slot where `(a, b)` starts probing, so a later
+    /// [`OpMemo::get`] finds it in cache: `apply` announces every pair of children before it
+    /// recurses into the first (the probes were most of its time, each a cache miss on a
+    /// table larger than the cache; announced together they overlap).
+    #[inline(always)]
+    pub(super) fn prefetch(&self, a: Id, b: Id) {
+        let i = Self::slot(a, b, self.slots.len() - 1);
+        prefetch(self.slots.as_ptr().wrapping_add(i));
     }
 
     pub(super) fn get(&self, a: Id, b: Id) -> Option<Id> {
@@ -125,6 +139,21 @@ impl OpMemo {
             self.slots[i] = e;
         }
     }
+}
+
+/// A hint that `p` will be read soon (no effect on what any code computes).
+#[inline(always)]
+pub(super) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing the program sees, whatever the
+    // address (`p` is computed with `wrapping_add` and may be one past a table); SSE is part
+    // of the x86_64 baseline.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 const K: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -219,11 +248,30 @@ impl SetTable {
     }
 }
 
+/// Slots of [`Store::recent`]: 128 KiB, small enough to stay in cache.
+const RECENT_SLOTS: usize = 1 << 14;
+
+/// [`Store::recent`] is moved into `unique` when it holds this many nodes (half full).
+const RECENT_NODES: usize = RECENT_SLOTS / 2;
+
+/// How many insertions ahead [`Store::flush`] announces the slots of `unique`.
+const FLUSH_AHEAD: usize = 16;
+
 /// The node store: headers, the arena of their edges, the hash-consing table, the set table.
 pub(super) struct Store {
     pub(super) hdr: Vec<Hdr>,
     arena: Vec<u64>,
+    /// The hash-consing table of the nodes below `flushed` (tag-addressed, see `tables`).
     pub(super) unique: Vec<u64>,
+    /// The hash-consing table of the nodes from `flushed` on, the same layout: a node with a
+    /// child from `flushed` on was created after it, so it can only be here, and most nodes
+    /// built have such a child (a diagram is built bottom-up): their probe stays in cache
+    /// instead of a cache miss on `unique` (the probe of `unique` was most of the node
+    /// building's time). Moved into `unique` when half full ([`Store::flush`]).
+    pub(super) recent: Vec<u64>,
+    recent_len: usize,
+    /// Every node below this id is in `unique`, every one from it on in `recent`.
+    pub(super) flushed: Id,
     sets: SetTable,
     /// Per level: the words of one class set of its var.
     wpl: Vec<u32>,
@@ -236,6 +284,9 @@ impl Store {
             hdr: vec![Hdr::TERMINAL; 2],
             arena: Vec::new(),
             unique: vec![EMPTY; 1 << 16],
+            recent: vec![EMPTY; RECENT_SLOTS],
+            recent_len: 0,
+            flushed: 2,
             sets: SetTable {
                 off: Vec::new(),
                 words: Vec::new(),
@@ -300,6 +351,45 @@ impl Store {
                 self.arena[h.off as usize + j] == pair[0] as u64 | hi << 32
             })
             && (0..kids.len()).all(|i| self.set(h, i, w) == &words[i * w..(i + 1) * w])
+    }
+
+    /// Records node `id` (just pushed, with this tag) in `recent`, at free slot `slot`;
+    /// moves `recent` into `unique` when it is half full.
+    pub(super) fn add_recent(&mut self, slot: usize, tag: u32, id: Id) {
+        self.recent[slot] = (tag as u64) << 32 | id as u64;
+        self.recent_len += 1;
+        if self.recent_len >= RECENT_NODES {
+            self.flush();
+        }
+    }
+
+    /// Moves the entries of `recent` into `unique` (grown first, as it would have grown with
+    /// each node), announcing each slot a few insertions ahead so their cache misses overlap.
+    fn flush(&mut self) {
+        let moved: Vec<u64> = self
+            .recent
+            .iter()
+            .copied()
+            .filter(|&e| e != EMPTY)
+            .collect();
+        while self.hdr.len() * 10 > self.unique.len() * 7 {
+            tag_grow(&mut self.unique);
+        }
+        let (size, mask) = (self.unique.len(), self.unique.len() - 1);
+        for (j, &e) in moved.iter().enumerate() {
+            if let Some(&ahead) = moved.get(j + FLUSH_AHEAD) {
+                let at = tag_slot((ahead >> 32) as u32, size);
+                prefetch(self.unique.as_ptr().wrapping_add(at));
+            }
+            let mut i = tag_slot((e >> 32) as u32, size);
+            while self.unique[i] != EMPTY {
+                i = (i + 1) & mask;
+            }
+            self.unique[i] = e;
+        }
+        self.recent.fill(EMPTY);
+        self.recent_len = 0;
+        self.flushed = self.hdr.len() as Id;
     }
 
     /// Appends a node (not in the store) with these edges; returns its id.

@@ -19,6 +19,15 @@
 //!   the node's hash and picks the slot (multiply-shift), so the table grows without
 //!   rehashing and a probe compares a node only when its tag matches. Equal nodes are stored
 //!   once. A node's hash is computed from its sets' words, so it does not depend on set ids.
+//!   Nodes from `store.flushed` on are in `store.recent` instead (the same layout, small enough
+//!   to stay in cache), every older one in `store.unique`: a node is looked up in `recent`,
+//!   and in `unique` only when none of its children is from `flushed` on (a node is newer
+//!   than its children). `recent` is moved into `unique` when half full. Which table holds
+//!   a node never changes which node an edge list finds, so ids do not depend on it.
+//! - Memory latency, not instructions, bounds `apply`: its memo probes and node lookups land
+//!   in tables far larger than the cache. So `apply` lists the pairs of children it will
+//!   combine and prefetches their memo slots before recursing into the first (same pairs,
+//!   same order), and `not` its children's; a prefetch is only a hint (`store::prefetch`).
 //! - `and_memo` / `or_memo` are keyed by `(min(a, b), max(a, b))` (both operations commute);
 //!   `not_memo` holds both directions of each negation (`not` is an involution). Entries stay
 //!   valid forever (nodes are never freed). The memos are exact (an entry is never dropped),
@@ -38,7 +47,7 @@
 use super::bits::{Bits, words_meet};
 use super::manager::Mdd;
 use super::store::{
-    EMPTY, Edges, FALSE, HashSet, INSERTION_SORT_EDGES, Id, Op, TRUE, node_hash, tag_grow, tag_slot,
+    EMPTY, Edges, FALSE, HashSet, INSERTION_SORT_EDGES, Id, Op, TRUE, node_hash, tag_slot,
 };
 
 impl<'s> Mdd<'s> {
@@ -98,17 +107,30 @@ impl<'s> Mdd<'s> {
         let (kids, words) = (&self.ek[ks..], &self.ew[ws..]);
         let st = &mut self.store;
         let tag = (node_hash(level, kids, words) >> 32) as u32;
-        let mask = st.unique.len() - 1;
-        let mut i = tag_slot(tag, st.unique.len());
-        loop {
-            let e = st.unique[i];
-            if e == EMPTY {
-                break;
+        // Nodes created since the last flush first (a table in cache); the older ones only
+        // when every child is older too (else the node is newer than the flush).
+        let find = |table: &[u64]| -> Result<Id, usize> {
+            let mask = table.len() - 1;
+            let mut i = tag_slot(tag, table.len());
+            loop {
+                let e = table[i];
+                if e == EMPTY {
+                    return Err(i);
+                }
+                if (e >> 32) as u32 == tag && st.same(e as Id, level, kids, words, w) {
+                    return Ok(e as Id);
+                }
+                i = (i + 1) & mask;
             }
-            if (e >> 32) as u32 == tag && st.same(e as Id, level, kids, words, w) {
-                return e as Id;
-            }
-            i = (i + 1) & mask;
+        };
+        let slot = match find(&st.recent) {
+            Ok(id) => return id,
+            Err(slot) => slot,
+        };
+        if kids.iter().all(|&k| k < st.flushed)
+            && let Ok(id) = find(&st.unique)
+        {
+            return id;
         }
         if st.hdr.len() >= self.budget {
             // Out of budget: results from now on are meaningless, and flagged so.
@@ -116,10 +138,7 @@ impl<'s> Mdd<'s> {
             return FALSE;
         }
         let id = st.push(level, kids, words, w);
-        st.unique[i] = (tag as u64) << 32 | id as u64;
-        if st.hdr.len() * 10 > st.unique.len() * 7 {
-            tag_grow(&mut st.unique);
-        }
+        st.add_recent(slot, tag, id);
         id
     }
 
@@ -246,12 +265,17 @@ impl<'s> Mdd<'s> {
         let h = self.store.hdr[a as usize];
         let w = self.store.w(h.level);
         let (ks, ws) = (self.ek.len(), self.ew.len());
+        // The children's memo slots announced together (as `apply`'s pairs).
+        for i in 0..h.len as usize {
+            self.not_memo.prefetch(self.store.kid(h, i), 0);
+        }
         for i in 0..h.len as usize {
             let k = self.store.kid(h, i);
             let r = self.not(k);
             self.ek.push(r);
             self.ew.extend_from_slice(self.store.set(h, i, w));
         }
+        self.not_memo.prefetch(a, 0);
         let r = self.mk_top(h.level, ks, ws);
         self.not_memo.insert(a, 0, r);
         self.not_memo.insert(r, 0, a);
@@ -311,10 +335,14 @@ impl<'s> Mdd<'s> {
         let na = if at_a { ha.len as usize } else { 1 };
         let nb = if at_b { hb.len as usize } else { 1 };
         let (ks, ws) = (self.ek.len(), self.ew.len());
+        // The pairs of children that meet, in the order they are combined: listed first and
+        // their memo slots announced, so the memo's cache misses overlap instead of being
+        // paid one after the other (same pairs, same order, same nodes as combining each
+        // pair as it is found).
+        let base = self.pend.len();
         if w == 1 {
             // One word a set (vars of at most 64 classes, most of them): the sets read as
-            // words, their offsets computed once (the general loop below slices a set per
-            // pair). Same pairs, same order.
+            // words, their offsets computed once.
             let one = u64::MAX;
             let (sa, sb) = (self.store.sets_at(ha), self.store.sets_at(hb));
             for i in 0..na {
@@ -323,32 +351,51 @@ impl<'s> Mdd<'s> {
                 } else {
                     (a, one)
                 };
+                // `b`'s sets partition the classes: once `wa`'s are all met, no later edge
+                // of `b` meets it.
+                let mut left = wa;
                 for j in 0..nb {
                     let (y, wb) = if at_b {
                         (self.store.kid(hb, j), self.store.word(sb + j))
                     } else {
                         (b, one)
                     };
-                    let both = wa & wb;
+                    let both = left & wb;
                     if both == 0 {
                         continue;
                     }
-                    let r = self.apply(op, x, y);
-                    self.ek.push(r);
-                    self.ew.push(both);
+                    left &= !wb;
+                    self.announce(op, x, y);
+                    self.pend.push((x, y, both));
+                    if left == 0 {
+                        break;
+                    }
                 }
             }
-            let r = self.mk_top(level, ks, ws);
-            self.memo_insert(op, lo, hi, r);
-            return r;
-        }
-        for i in 0..na {
-            let x = if at_a { self.store.kid(ha, i) } else { a };
-            for j in 0..nb {
-                let y = if at_b { self.store.kid(hb, j) } else { b };
-                if at_a && at_b && !words_meet(self.store.set(ha, i, w), self.store.set(hb, j, w)) {
-                    continue;
+            for p in base..self.pend.len() {
+                let (x, y, both) = self.pend[p];
+                let r = self.apply(op, x, y);
+                self.ek.push(r);
+                self.ew.push(both);
+            }
+        } else {
+            for i in 0..na {
+                let x = if at_a { self.store.kid(ha, i) } else { a };
+                for j in 0..nb {
+                    let y = if at_b { self.store.kid(hb, j) } else { b };
+                    if at_a
+                        && at_b
+                        && !words_meet(self.store.set(ha, i, w), self.store.set(hb, j, w))
+                    {
+                        continue;
+                    }
+                    self.announce(op, x, y);
+                    self.pend.push((x, y, (i as u64) << 32 | j as u64));
                 }
+            }
+            for p in base..self.pend.len() {
+                let (x, y, ij) = self.pend[p];
+                let (i, j) = ((ij >> 32) as usize, ij as u32 as usize);
                 let r = self.apply(op, x, y);
                 self.ek.push(r);
                 let (st, ew) = (&self.store, &mut self.ew);
@@ -365,9 +412,27 @@ impl<'s> Mdd<'s> {
                 }
             }
         }
+        self.pend.truncate(base);
+        // The slot probed on entry has likely left the cache in the recursion: announced
+        // again, it is fetched while the node is built.
+        self.announce(op, a, b);
         let r = self.mk_top(level, ks, ws);
         self.memo_insert(op, lo, hi, r);
         r
+    }
+
+    /// Announces the memo slot `apply(op, a, b)` will probe (see [`super::store::OpMemo::prefetch`]);
+    /// nothing for the pairs it answers without the memo.
+    #[inline(always)]
+    fn announce(&self, op: Op, a: Id, b: Id) {
+        if a <= TRUE || b <= TRUE || a == b {
+            return;
+        }
+        match op {
+            Op::And => self.and_memo.prefetch(a.min(b), a.max(b)),
+            Op::Or => self.or_memo.prefetch(a.min(b), a.max(b)),
+            Op::Diff => self.diff_memo.prefetch(a, b),
+        }
     }
 
     fn memo_insert(&mut self, op: Op, lo: Id, hi: Id, r: Id) {
