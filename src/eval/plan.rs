@@ -227,10 +227,7 @@ impl Classes {
             (Value::Unknown, _) => Some(CLASS_UNKNOWN),
             (Value::Enum(e), Classes::Enum(n)) if e < *n => Some(2 + e as usize),
             (Value::Bool(b), Classes::Bool) => Some(2 + b as usize),
-            (Value::Int(x), Classes::Int(cs)) => {
-                let i = cs.partition_point(|&c| c < x);
-                Some(2 + 2 * i + (i < cs.len() && cs[i] == x) as usize)
-            }
+            (Value::Int(x), Classes::Int(cs)) => Some(2 + int_rank(cs, x)),
             (Value::Int(x), Classes::Residue(m)) => Some(2 + x.rem_euclid(*m) as usize),
             (_, Classes::Present) => Some(2),
             (Value::Version(x), Classes::Version(cs)) => {
@@ -240,6 +237,22 @@ impl Classes {
             (v, Classes::Ordered(cs)) => ordered_class(cs, v),
             _ => None,
         }
+    }
+}
+
+/// `2i + eq` for `x` against sorted distinct constants `cs` (`i`: the constants below `x`,
+/// `eq`: `x` equals the next one), i.e. the class of `x` less 2. Most groups compare a fact
+/// with one to eight constants: summing the comparisons is branch-free, where a binary search
+/// branches on the value (mispredicted when the inputs vary).
+#[inline(always)]
+fn int_rank(cs: &[i64], x: i64) -> usize {
+    if cs.len() <= 8 {
+        cs.iter()
+            .map(|&c| 2 * (c < x) as usize + (c == x) as usize)
+            .sum()
+    } else {
+        let i = cs.partition_point(|&c| c < x);
+        2 * i + (i < cs.len() && cs[i] == x) as usize
     }
 }
 
@@ -306,6 +319,22 @@ pub struct RulePlan {
     pairs: Vec<SlotGroup>,
     /// Other conditions a decision reads (variant applicability, preference), by index.
     extras: Vec<Cond>,
+    /// Shared atoms that are top-level conjuncts of rules, answered once per decision right
+    /// after classification (see [`shared_atom_conjuncts`]).
+    eager: Vec<EagerAtom>,
+}
+
+/// A shared atom taken out of the residuals of the rules it is the first conjunct of (those of
+/// one rule word): a decision computes it (once, if one of those rules is still live: as
+/// visiting the first of them would) and folds its truth into the rule sets as a class
+/// table's row would, instead of visiting each rule to read it.
+#[derive(Clone, Copy, Debug)]
+struct EagerAtom {
+    index: u16,
+    word: u16,
+    /// The rules (of `word`) that read the atom as it is, and negated.
+    pos: u64,
+    neg: u64,
 }
 
 /// Per-decision scratch: atoms (or `UNSET`), formula words, and the rules still live / with an
@@ -1456,6 +1485,45 @@ fn table_leaf_conjuncts(
     rules
 }
 
+/// Takes every top-level conjunct that is a shared atom (`Cond::Atom`, possibly negated) out
+/// of the rule residuals: per atom, the rules that read it as it is and negated. A decision
+/// then computes each such atom once after classification, if a rule that reads it is still
+/// live, and rules out (false) or marks unknown the rules it decides, as a class table does
+/// for a literal; a rule ruled out by a shared atom (`head_dim_qk != head_dim_v`, a
+/// definition compared with a constant) is no longer visited at all. Kleene `and` is
+/// associative and commutative and evaluation has no effects, so the truths are unchanged.
+fn shared_atom_conjuncts(rules: Vec<Box<[Cond]>>) -> (Vec<Box<[Cond]>>, Vec<EagerAtom>) {
+    let mut eager: Vec<EagerAtom> = Vec::new();
+    let mut entry: HashMap<(u16, usize), usize> = HashMap::new();
+    let rules = rules
+        .into_iter()
+        .enumerate()
+        .map(|(r, cs)| {
+            let mut cs = cs.into_vec();
+            if let Some(&Cond::Atom { index, negate }) = cs.first() {
+                let e = *entry.entry((index, r / 64)).or_insert_with(|| {
+                    eager.push(EagerAtom {
+                        index,
+                        word: (r / 64) as u16,
+                        pos: 0,
+                        neg: 0,
+                    });
+                    eager.len() - 1
+                });
+                let bit = 1u64 << (r % 64);
+                if negate {
+                    eager[e].neg |= bit;
+                } else {
+                    eager[e].pos |= bit;
+                }
+                cs.remove(0);
+            }
+            cs.into()
+        })
+        .collect();
+    (rules, eager)
+}
+
 /// Patches the formula bits into the atoms and rules, folds the atoms (leaf sets, inlined
 /// small atoms) and groups each rule's conjuncts (see [`group`]).
 fn fold_rules(
@@ -1595,6 +1663,7 @@ impl RulePlan {
         let folded: Vec<Option<Cond>> = atoms.iter().cloned().map(Some).collect();
         let (mut groups, mut pairs) = (groups, pairs);
         let rules = table_leaf_conjuncts(rules, &mut groups, &mut pairs, words);
+        let (rules, eager) = shared_atom_conjuncts(rules);
         let extras = extras.into_iter().map(|c| fold_cond(c, &folded)).collect();
         let defs = defs.into_iter().map(|d| fold_num(d, &folded)).collect();
         RulePlan {
@@ -1605,6 +1674,7 @@ impl RulePlan {
             groups,
             pairs,
             extras,
+            eager,
         }
     }
 
@@ -1840,6 +1910,18 @@ impl RulePlan {
             leaf: &scratch.leaf,
             steps: 0,
         };
+        let (live, unknown) = (&mut scratch.live, &mut scratch.unknown);
+        for e in &self.eager {
+            let w = e.word as usize;
+            if live[w] & (e.pos | e.neg) == 0 {
+                continue;
+            }
+            match cx.shared(e.index as usize) {
+                FALSE => live[w] &= !e.pos,
+                TRUE => live[w] &= !e.neg,
+                _ => unknown[w] |= e.pos | e.neg,
+            }
+        }
         for (w, &bits) in scratch.live.iter().enumerate() {
             let mut bits = bits;
             let unknown = scratch.unknown[w];
@@ -2070,11 +2152,7 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
                 (t | u << 1) as u8
             }
             Cond::Atom { index, negate } => {
-                let i = *index as usize;
-                let mut t = self.atoms[i];
-                if t == UNSET {
-                    t = self.atom(i);
-                }
+                let t = self.cached(*index as usize);
                 if *negate { not(t) } else { t }
             }
             Cond::Leaves { any, words } => self.leaves(*any, words),
@@ -2104,6 +2182,22 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
             (false, true) => FALSE,
             (false, false) => TRUE,
         }
+    }
+
+    /// Atom `i`'s truth: computed on first use in the decision.
+    #[inline(always)]
+    fn cached(&mut self, i: usize) -> u8 {
+        let t = self.atoms[i];
+        if t == UNSET { self.atom(i) } else { t }
+    }
+
+    /// Atom `i` as a rule conjunct taken out of the residuals (one step, as `cond` counts it).
+    #[inline(always)]
+    fn shared(&mut self, i: usize) -> u8 {
+        if COUNT {
+            self.steps += 1;
+        }
+        self.cached(i)
     }
 
     #[inline(never)]
@@ -2563,6 +2657,10 @@ mod tests {
             assert!(
                 !plan.pairs.is_empty() && !plan.groups.is_empty(),
                 "pack {name}: the plan has single and pair groups (both paths compared)"
+            );
+            assert!(
+                !plan.eager.is_empty(),
+                "pack {name}: the plan answers shared atoms after classification (compared)"
             );
             let (mut compared, mut fired, mut unknown) = (0, 0, 0);
             let mut rng = Rng(0x5eed_0000 + name.len() as u64);
