@@ -1493,6 +1493,18 @@ fn table_leaf_conjuncts(
 /// definition compared with a constant) is no longer visited at all. Kleene `and` is
 /// associative and commutative and evaluation has no effects, so the truths are unchanged.
 fn shared_atom_conjuncts(rules: Vec<Box<[Cond]>>) -> (Vec<Box<[Cond]>>, Vec<EagerAtom>) {
+    let lead = |r: usize, cs: &[Cond]| match cs.first() {
+        Some(&Cond::Atom { index, negate }) => Some(((index, r / 64), negate)),
+        _ => None,
+    };
+    // An atom that leads one rule of a word would only move that rule's work (and add a test
+    // per decision): it stays in the residual.
+    let mut leads: HashMap<(u16, usize), usize> = HashMap::new();
+    for (r, cs) in rules.iter().enumerate() {
+        if let Some((key, _)) = lead(r, cs) {
+            *leads.entry(key).or_default() += 1;
+        }
+    }
     let mut eager: Vec<EagerAtom> = Vec::new();
     let mut entry: HashMap<(u16, usize), usize> = HashMap::new();
     let rules = rules
@@ -1500,11 +1512,13 @@ fn shared_atom_conjuncts(rules: Vec<Box<[Cond]>>) -> (Vec<Box<[Cond]>>, Vec<Eage
         .enumerate()
         .map(|(r, cs)| {
             let mut cs = cs.into_vec();
-            if let Some(&Cond::Atom { index, negate }) = cs.first() {
-                let e = *entry.entry((index, r / 64)).or_insert_with(|| {
+            if let Some((key @ (index, word), negate)) = lead(r, &cs)
+                && leads[&key] >= 2
+            {
+                let e = *entry.entry(key).or_insert_with(|| {
                     eager.push(EagerAtom {
                         index,
-                        word: (r / 64) as u16,
+                        word: word as u16,
                         pos: 0,
                         neg: 0,
                     });
