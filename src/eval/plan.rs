@@ -319,8 +319,8 @@ pub struct RulePlan {
     pairs: Vec<SlotGroup>,
     /// Other conditions a decision reads (variant applicability, preference), by index.
     extras: Vec<Cond>,
-    /// Shared atoms that are top-level conjuncts of rules, answered once per decision right
-    /// after classification (see [`shared_atom_conjuncts`]).
+    /// Shared atoms that lead several rules' residuals, answered once per decision right after
+    /// classification (see [`shared_atom_conjuncts`]).
     eager: Vec<EagerAtom>,
 }
 
@@ -1485,13 +1485,15 @@ fn table_leaf_conjuncts(
     rules
 }
 
-/// Takes every top-level conjunct that is a shared atom (`Cond::Atom`, possibly negated) out
-/// of the rule residuals: per atom, the rules that read it as it is and negated. A decision
-/// then computes each such atom once after classification, if a rule that reads it is still
-/// live, and rules out (false) or marks unknown the rules it decides, as a class table does
-/// for a literal; a rule ruled out by a shared atom (`head_dim_qk != head_dim_v`, a
-/// definition compared with a constant) is no longer visited at all. Kleene `and` is
-/// associative and commutative and evaluation has no effects, so the truths are unchanged.
+/// Takes the first residual conjunct of a rule out of its residual when it is a shared atom
+/// (`Cond::Atom`, possibly negated) that leads two or more rules of the same rule word: per
+/// such atom and word, the rules that read it as it is and negated ([`EagerAtom`]). A
+/// decision then computes each such atom once after classification, if one of its rules is
+/// still live (exactly when visiting the first of them would have computed it), and rules out
+/// (false) or marks unknown all of them at once, as a class table does for a literal: a rule
+/// ruled out by a shared atom (`head_dim_qk != head_dim_v`, a definition compared with a
+/// constant) is no longer visited. Kleene `and` is associative and commutative and evaluation
+/// has no effects, so the truths are unchanged.
 fn shared_atom_conjuncts(rules: Vec<Box<[Cond]>>) -> (Vec<Box<[Cond]>>, Vec<EagerAtom>) {
     let lead = |r: usize, cs: &[Cond]| match cs.first() {
         Some(&Cond::Atom { index, negate }) => Some(((index, r / 64), negate)),
