@@ -196,8 +196,10 @@ enum Classes {
     /// 2 + the value modulo `m` (formulas read only `fact % k` with `k` dividing `m`).
     Residue(i64),
     Version(Box<[Version]>),
-    /// Mixed or float constants, compared as the language compares (`Value::compare`).
-    Ordered(Box<[Value]>),
+    /// Mixed or float constants, compared as the language compares (`Value::compare`), and
+    /// the same constants as `f64` when they are all numbers and stay distinct as `f64` (else
+    /// empty): a float value is then ranked against those without a branch.
+    Ordered(Box<[Value]>, Box<[f64]>),
     /// No table: every value takes the slow path.
     Never,
 }
@@ -214,7 +216,7 @@ impl Classes {
             Classes::Int(cs) => 2 * cs.len() + 1,
             Classes::Residue(m) => *m as usize,
             Classes::Version(cs) => 2 * cs.len() + 1,
-            Classes::Ordered(cs) => 2 * cs.len() + 1,
+            Classes::Ordered(cs, _) => 2 * cs.len() + 1,
             Classes::Never => 0,
         }
     }
@@ -227,14 +229,19 @@ impl Classes {
             (Value::Unknown, _) => Some(CLASS_UNKNOWN),
             (Value::Enum(e), Classes::Enum(n)) if e < *n => Some(2 + e as usize),
             (Value::Bool(b), Classes::Bool) => Some(2 + b as usize),
-            (Value::Int(x), Classes::Int(cs)) => Some(2 + int_rank(cs, x)),
+            (Value::Int(x), Classes::Int(cs)) => Some(2 + rank(cs, x)),
             (Value::Int(x), Classes::Residue(m)) => Some(2 + x.rem_euclid(*m) as usize),
             (_, Classes::Present) => Some(2),
             (Value::Version(x), Classes::Version(cs)) => {
                 let i = cs.partition_point(|c| *c < x);
                 Some(2 + 2 * i + (i < cs.len() && cs[i] == x) as usize)
             }
-            (v, Classes::Ordered(cs)) => ordered_class(cs, v),
+            // `Value::compare` of a float and a number is `f64::partial_cmp`: for a value that
+            // is not NaN, `<` and `==` on the constants as `f64` give the same order.
+            (Value::Float(x), Classes::Ordered(_, fs)) if !fs.is_empty() && !x.is_nan() => {
+                Some(2 + rank(fs, x))
+            }
+            (v, Classes::Ordered(cs, _)) => ordered_class(cs, v),
             _ => None,
         }
     }
@@ -245,7 +252,7 @@ impl Classes {
 /// with one to eight constants: summing the comparisons is branch-free, where a binary search
 /// branches on the value (mispredicted when the inputs vary).
 #[inline(always)]
-fn int_rank(cs: &[i64], x: i64) -> usize {
+fn rank<T: PartialOrd + Copy>(cs: &[T], x: T) -> usize {
     if cs.len() <= 8 {
         cs.iter()
             .map(|&c| 2 * (c < x) as usize + (c == x) as usize)
@@ -1155,7 +1162,13 @@ fn classes_for(schema: &Schema, slot: u16, kind: Kind, b: &Boundaries) -> Classe
                 })
                 .collect(),
         ),
-        (Ty::Int | Ty::Float | Ty::Version, _) => Classes::Ordered(cs.into()),
+        (Ty::Int | Ty::Float | Ty::Version, _) => {
+            let fs: Option<Vec<f64>> = cs.iter().map(|c| c.as_f64()).collect();
+            let fs = fs
+                .filter(|fs| fs.windows(2).all(|w| w[0] < w[1]))
+                .unwrap_or_default();
+            Classes::Ordered(cs.into(), fs.into())
+        }
     }
 }
 
@@ -1164,7 +1177,7 @@ impl Classes {
     fn constants(&self) -> Vec<Value> {
         match self {
             Classes::Version(cs) => cs.iter().map(|&c| Value::Version(c)).collect(),
-            Classes::Ordered(cs) => cs.to_vec(),
+            Classes::Ordered(cs, _) => cs.to_vec(),
             _ => Vec::new(),
         }
     }
@@ -1193,7 +1206,7 @@ impl Classes {
                 };
                 ClassValue::Exact(Value::Int(rep?))
             }
-            (k, Classes::Version(_) | Classes::Ordered(_)) => {
+            (k, Classes::Version(_) | Classes::Ordered(..)) => {
                 let (i, eq) = ((k - 2) / 2, (k - 2) % 2 == 1);
                 if eq {
                     ClassValue::Equal { at: i }
@@ -2598,6 +2611,78 @@ mod tests {
             }
         }
         assert!(compared > 1000);
+    }
+
+    /// The branch-free ranks (integers against up to eight constants, floats against numeric
+    /// constants) give the classes the binary searches give, and the te plan uses both.
+    #[test]
+    fn ranks_agree_with_the_searches() {
+        let ints: Vec<i64> = vec![-3, 0, 1, 64, 128, 256, 4096, i64::MAX];
+        for x in [
+            i64::MIN,
+            -4,
+            -3,
+            -1,
+            0,
+            1,
+            2,
+            63,
+            64,
+            200,
+            256,
+            5000,
+            i64::MAX,
+        ] {
+            for n in 0..=ints.len() {
+                let cs = &ints[..n];
+                let i = cs.partition_point(|&c| c < x);
+                let want = 2 * i + (i < cs.len() && cs[i] == x) as usize;
+                assert_eq!(rank(cs, x), want, "{x} against {cs:?}");
+            }
+        }
+        let cs = [
+            Value::Int(-1),
+            Value::Float(0.0),
+            Value::Float(0.5),
+            Value::Int(30),
+        ];
+        let fs: Vec<f64> = cs.iter().map(|c| c.as_f64().expect("number")).collect();
+        let classes = Classes::Ordered(cs.into(), fs.into());
+        let xs = [
+            f64::NEG_INFINITY,
+            -2.0,
+            -1.0,
+            -0.5,
+            -0.0,
+            0.0,
+            0.25,
+            0.5,
+            1.0,
+            30.0,
+            31.0,
+            f64::INFINITY,
+            f64::NAN,
+        ];
+        for x in xs {
+            let v = Value::Float(x);
+            assert_eq!(classes.of(v), ordered_class(&cs, v), "{x}");
+        }
+        let policy = Policy::embedded("te").expect("embedded pack");
+        let (plan, _) = plan_of(&policy);
+        let all = || plan.groups.iter().chain(&plan.pairs);
+        let kinds = |g: &SlotGroup| {
+            [Some(&g.classes), g.second.as_ref().map(|(_, c, _)| c)]
+                .into_iter()
+                .flatten()
+                .map(|c| match c {
+                    Classes::Int(cs) => (cs.len() <= 8, false),
+                    Classes::Ordered(_, fs) => (false, !fs.is_empty()),
+                    _ => (false, false),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert!(all().flat_map(kinds).any(|(int, _)| int));
+        assert!(all().flat_map(kinds).any(|(_, float)| float));
     }
 
     /// The plan and the node interpreter agree on every rule and extra condition of every
