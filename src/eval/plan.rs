@@ -29,12 +29,17 @@
 //! 6. moves every rule conjunct that is a leaf set over one formula word into that word's
 //!    table as a literal (`table_leaf_conjuncts`): it is a function of the group's class, so
 //!    per class the table rules the rule out or leaves it unknown, and a decision never visits
-//!    a rule such a conjunct rules out.
+//!    a rule such a conjunct rules out;
+//! 7. takes a shared atom that is the first residual conjunct of two or more rules of a rule
+//!    word out of those residuals (`shared_atom_conjuncts`): a decision computes it once after
+//!    classification, when one of those rules is still live, and rules them out (or marks
+//!    them unknown) together, instead of visiting each to read it.
 //!
 //! A decision then classifies each fact the formulas read (one pass over the single groups in
-//! slot order, then the pairs: a bit index for an enum, a binary search over a few constants for
-//! a number), ORs its class's rows into the live-rule and unknown-rule sets and the formula
-//! words, and evaluates the residual of each rule still live. A value no table covers (an
+//! slot order, then the pairs: a bit index for an enum, a branch-free rank against up to eight
+//! constants for a number, a binary search against more), ORs its class's rows into the
+//! live-rule and unknown-rule sets and the formula words, and evaluates the residual of each
+//! rule still live. A value no table covers (an
 //! unparseable version, a NaN, a value of another kind) takes the slow path: that group's
 //! formulas (both facts' for a pair) through the interpreter.
 //!
