@@ -29,12 +29,17 @@
 //! 6. moves every rule conjunct that is a leaf set over one formula word into that word's
 //!    table as a literal (`table_leaf_conjuncts`): it is a function of the group's class, so
 //!    per class the table rules the rule out or leaves it unknown, and a decision never visits
-//!    a rule such a conjunct rules out.
+//!    a rule such a conjunct rules out;
+//! 7. takes a shared atom that is the first residual conjunct of two or more rules of a rule
+//!    word out of those residuals (`shared_atom_conjuncts`): a decision computes it once after
+//!    classification, when one of those rules is still live, and rules them out (or marks
+//!    them unknown) together, instead of visiting each to read it.
 //!
 //! A decision then classifies each fact the formulas read (one pass over the single groups in
-//! slot order, then the pairs: a bit index for an enum, a binary search over a few constants for
-//! a number), ORs its class's rows into the live-rule and unknown-rule sets and the formula
-//! words, and evaluates the residual of each rule still live. A value no table covers (an
+//! slot order, then the pairs: a bit index for an enum, a branch-free rank against up to eight
+//! constants for a number, a binary search against more), ORs its class's rows into the
+//! live-rule and unknown-rule sets and the formula words, and evaluates the residual of each
+//! rule still live. A value no table covers (an
 //! unparseable version, a NaN, a value of another kind) takes the slow path: that group's
 //! formulas (both facts' for a pair) through the interpreter.
 //!
@@ -196,8 +201,10 @@ enum Classes {
     /// 2 + the value modulo `m` (formulas read only `fact % k` with `k` dividing `m`).
     Residue(i64),
     Version(Box<[Version]>),
-    /// Mixed or float constants, compared as the language compares (`Value::compare`).
-    Ordered(Box<[Value]>),
+    /// Mixed or float constants, compared as the language compares (`Value::compare`), and
+    /// the same constants as `f64` when they are all numbers and stay distinct as `f64` (else
+    /// empty): a float value is then ranked against those without a branch.
+    Ordered(Box<[Value]>, Box<[f64]>),
     /// No table: every value takes the slow path.
     Never,
 }
@@ -214,7 +221,7 @@ impl Classes {
             Classes::Int(cs) => 2 * cs.len() + 1,
             Classes::Residue(m) => *m as usize,
             Classes::Version(cs) => 2 * cs.len() + 1,
-            Classes::Ordered(cs) => 2 * cs.len() + 1,
+            Classes::Ordered(cs, _) => 2 * cs.len() + 1,
             Classes::Never => 0,
         }
     }
@@ -227,19 +234,37 @@ impl Classes {
             (Value::Unknown, _) => Some(CLASS_UNKNOWN),
             (Value::Enum(e), Classes::Enum(n)) if e < *n => Some(2 + e as usize),
             (Value::Bool(b), Classes::Bool) => Some(2 + b as usize),
-            (Value::Int(x), Classes::Int(cs)) => {
-                let i = cs.partition_point(|&c| c < x);
-                Some(2 + 2 * i + (i < cs.len() && cs[i] == x) as usize)
-            }
+            (Value::Int(x), Classes::Int(cs)) => Some(2 + rank(cs, x)),
             (Value::Int(x), Classes::Residue(m)) => Some(2 + x.rem_euclid(*m) as usize),
             (_, Classes::Present) => Some(2),
             (Value::Version(x), Classes::Version(cs)) => {
                 let i = cs.partition_point(|c| *c < x);
                 Some(2 + 2 * i + (i < cs.len() && cs[i] == x) as usize)
             }
-            (v, Classes::Ordered(cs)) => ordered_class(cs, v),
+            // `Value::compare` of a float and a number is `f64::partial_cmp`: for a value that
+            // is not NaN, `<` and `==` on the constants as `f64` give the same order.
+            (Value::Float(x), Classes::Ordered(_, fs)) if !fs.is_empty() && !x.is_nan() => {
+                Some(2 + rank(fs, x))
+            }
+            (v, Classes::Ordered(cs, _)) => ordered_class(cs, v),
             _ => None,
         }
+    }
+}
+
+/// `2i + eq` for `x` against sorted distinct constants `cs` (`i`: the constants below `x`,
+/// `eq`: `x` equals the next one), i.e. the class of `x` less 2. Most groups compare a fact
+/// with one to eight constants: summing the comparisons is branch-free, where a binary search
+/// branches on the value (mispredicted when the inputs vary).
+#[inline(always)]
+fn rank<T: PartialOrd + Copy>(cs: &[T], x: T) -> usize {
+    if cs.len() <= 8 {
+        cs.iter()
+            .map(|&c| 2 * (c < x) as usize + (c == x) as usize)
+            .sum()
+    } else {
+        let i = cs.partition_point(|&c| c < x);
+        2 * i + (i < cs.len() && cs[i] == x) as usize
     }
 }
 
@@ -306,6 +331,22 @@ pub struct RulePlan {
     pairs: Vec<SlotGroup>,
     /// Other conditions a decision reads (variant applicability, preference), by index.
     extras: Vec<Cond>,
+    /// Shared atoms that lead several rules' residuals, answered once per decision right after
+    /// classification (see [`shared_atom_conjuncts`]).
+    eager: Vec<EagerAtom>,
+}
+
+/// A shared atom taken out of the residuals of the rules it is the first conjunct of (those of
+/// one rule word): a decision computes it (once, if one of those rules is still live: as
+/// visiting the first of them would) and folds its truth into the rule sets as a class
+/// table's row would, instead of visiting each rule to read it.
+#[derive(Clone, Copy, Debug)]
+struct EagerAtom {
+    index: u16,
+    word: u16,
+    /// The rules (of `word`) that read the atom as it is, and negated.
+    pos: u64,
+    neg: u64,
 }
 
 /// Per-decision scratch: atoms (or `UNSET`), formula words, and the rules still live / with an
@@ -1126,7 +1167,13 @@ fn classes_for(schema: &Schema, slot: u16, kind: Kind, b: &Boundaries) -> Classe
                 })
                 .collect(),
         ),
-        (Ty::Int | Ty::Float | Ty::Version, _) => Classes::Ordered(cs.into()),
+        (Ty::Int | Ty::Float | Ty::Version, _) => {
+            let fs: Option<Vec<f64>> = cs.iter().map(|c| c.as_f64()).collect();
+            let fs = fs
+                .filter(|fs| fs.windows(2).all(|w| w[0] < w[1]))
+                .unwrap_or_default();
+            Classes::Ordered(cs.into(), fs.into())
+        }
     }
 }
 
@@ -1135,7 +1182,7 @@ impl Classes {
     fn constants(&self) -> Vec<Value> {
         match self {
             Classes::Version(cs) => cs.iter().map(|&c| Value::Version(c)).collect(),
-            Classes::Ordered(cs) => cs.to_vec(),
+            Classes::Ordered(cs, _) => cs.to_vec(),
             _ => Vec::new(),
         }
     }
@@ -1164,7 +1211,7 @@ impl Classes {
                 };
                 ClassValue::Exact(Value::Int(rep?))
             }
-            (k, Classes::Version(_) | Classes::Ordered(_)) => {
+            (k, Classes::Version(_) | Classes::Ordered(..)) => {
                 let (i, eq) = ((k - 2) / 2, (k - 2) % 2 == 1);
                 if eq {
                     ClassValue::Equal { at: i }
@@ -1456,6 +1503,61 @@ fn table_leaf_conjuncts(
     rules
 }
 
+/// Takes the first residual conjunct of a rule out of its residual when it is a shared atom
+/// (`Cond::Atom`, possibly negated) that leads two or more rules of the same rule word: per
+/// such atom and word, the rules that read it as it is and negated ([`EagerAtom`]). A
+/// decision then computes each such atom once after classification, if one of its rules is
+/// still live (exactly when visiting the first of them would have computed it), and rules out
+/// (false) or marks unknown all of them at once, as a class table does for a literal: a rule
+/// ruled out by a shared atom (`head_dim_qk != head_dim_v`, a definition compared with a
+/// constant) is no longer visited. Kleene `and` is associative and commutative and evaluation
+/// has no effects, so the truths are unchanged.
+fn shared_atom_conjuncts(rules: Vec<Box<[Cond]>>) -> (Vec<Box<[Cond]>>, Vec<EagerAtom>) {
+    let lead = |r: usize, cs: &[Cond]| match cs.first() {
+        Some(&Cond::Atom { index, negate }) => Some(((index, r / 64), negate)),
+        _ => None,
+    };
+    // An atom that leads one rule of a word would only move that rule's work (and add a test
+    // per decision): it stays in the residual.
+    let mut leads: HashMap<(u16, usize), usize> = HashMap::new();
+    for (r, cs) in rules.iter().enumerate() {
+        if let Some((key, _)) = lead(r, cs) {
+            *leads.entry(key).or_default() += 1;
+        }
+    }
+    let mut eager: Vec<EagerAtom> = Vec::new();
+    let mut entry: HashMap<(u16, usize), usize> = HashMap::new();
+    let rules = rules
+        .into_iter()
+        .enumerate()
+        .map(|(r, cs)| {
+            let mut cs = cs.into_vec();
+            if let Some((key @ (index, word), negate)) = lead(r, &cs)
+                && leads[&key] >= 2
+            {
+                let e = *entry.entry(key).or_insert_with(|| {
+                    eager.push(EagerAtom {
+                        index,
+                        word: word as u16,
+                        pos: 0,
+                        neg: 0,
+                    });
+                    eager.len() - 1
+                });
+                let bit = 1u64 << (r % 64);
+                if negate {
+                    eager[e].neg |= bit;
+                } else {
+                    eager[e].pos |= bit;
+                }
+                cs.remove(0);
+            }
+            cs.into()
+        })
+        .collect();
+    (rules, eager)
+}
+
 /// Patches the formula bits into the atoms and rules, folds the atoms (leaf sets, inlined
 /// small atoms) and groups each rule's conjuncts (see [`group`]).
 fn fold_rules(
@@ -1595,6 +1697,7 @@ impl RulePlan {
         let folded: Vec<Option<Cond>> = atoms.iter().cloned().map(Some).collect();
         let (mut groups, mut pairs) = (groups, pairs);
         let rules = table_leaf_conjuncts(rules, &mut groups, &mut pairs, words);
+        let (rules, eager) = shared_atom_conjuncts(rules);
         let extras = extras.into_iter().map(|c| fold_cond(c, &folded)).collect();
         let defs = defs.into_iter().map(|d| fold_num(d, &folded)).collect();
         RulePlan {
@@ -1605,6 +1708,7 @@ impl RulePlan {
             groups,
             pairs,
             extras,
+            eager,
         }
     }
 
@@ -1840,6 +1944,18 @@ impl RulePlan {
             leaf: &scratch.leaf,
             steps: 0,
         };
+        let (live, unknown) = (&mut scratch.live, &mut scratch.unknown);
+        for e in &self.eager {
+            let w = e.word as usize;
+            if live[w] & (e.pos | e.neg) == 0 {
+                continue;
+            }
+            match cx.shared(e.index as usize) {
+                FALSE => live[w] &= !e.pos,
+                TRUE => live[w] &= !e.neg,
+                _ => unknown[w] |= e.pos | e.neg,
+            }
+        }
         for (w, &bits) in scratch.live.iter().enumerate() {
             let mut bits = bits;
             let unknown = scratch.unknown[w];
@@ -2070,11 +2186,7 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
                 (t | u << 1) as u8
             }
             Cond::Atom { index, negate } => {
-                let i = *index as usize;
-                let mut t = self.atoms[i];
-                if t == UNSET {
-                    t = self.atom(i);
-                }
+                let t = self.cached(*index as usize);
                 if *negate { not(t) } else { t }
             }
             Cond::Leaves { any, words } => self.leaves(*any, words),
@@ -2104,6 +2216,22 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
             (false, true) => FALSE,
             (false, false) => TRUE,
         }
+    }
+
+    /// Atom `i`'s truth: computed on first use in the decision.
+    #[inline(always)]
+    fn cached(&mut self, i: usize) -> u8 {
+        let t = self.atoms[i];
+        if t == UNSET { self.atom(i) } else { t }
+    }
+
+    /// Atom `i` as a rule conjunct taken out of the residuals (one step, as `cond` counts it).
+    #[inline(always)]
+    fn shared(&mut self, i: usize) -> u8 {
+        if COUNT {
+            self.steps += 1;
+        }
+        self.cached(i)
     }
 
     #[inline(never)]
@@ -2490,6 +2618,78 @@ mod tests {
         assert!(compared > 1000);
     }
 
+    /// The branch-free ranks (integers against up to eight constants, floats against numeric
+    /// constants) give the classes the binary searches give, and the te plan uses both.
+    #[test]
+    fn ranks_agree_with_the_searches() {
+        let ints: Vec<i64> = vec![-3, 0, 1, 64, 128, 256, 4096, i64::MAX];
+        for x in [
+            i64::MIN,
+            -4,
+            -3,
+            -1,
+            0,
+            1,
+            2,
+            63,
+            64,
+            200,
+            256,
+            5000,
+            i64::MAX,
+        ] {
+            for n in 0..=ints.len() {
+                let cs = &ints[..n];
+                let i = cs.partition_point(|&c| c < x);
+                let want = 2 * i + (i < cs.len() && cs[i] == x) as usize;
+                assert_eq!(rank(cs, x), want, "{x} against {cs:?}");
+            }
+        }
+        let cs = [
+            Value::Int(-1),
+            Value::Float(0.0),
+            Value::Float(0.5),
+            Value::Int(30),
+        ];
+        let fs: Vec<f64> = cs.iter().map(|c| c.as_f64().expect("number")).collect();
+        let classes = Classes::Ordered(cs.into(), fs.into());
+        let xs = [
+            f64::NEG_INFINITY,
+            -2.0,
+            -1.0,
+            -0.5,
+            -0.0,
+            0.0,
+            0.25,
+            0.5,
+            1.0,
+            30.0,
+            31.0,
+            f64::INFINITY,
+            f64::NAN,
+        ];
+        for x in xs {
+            let v = Value::Float(x);
+            assert_eq!(classes.of(v), ordered_class(&cs, v), "{x}");
+        }
+        let policy = Policy::embedded("te").expect("embedded pack");
+        let (plan, _) = plan_of(&policy);
+        let all = || plan.groups.iter().chain(&plan.pairs);
+        let kinds = |g: &SlotGroup| {
+            [Some(&g.classes), g.second.as_ref().map(|(_, c, _)| c)]
+                .into_iter()
+                .flatten()
+                .map(|c| match c {
+                    Classes::Int(cs) => (cs.len() <= 8, false),
+                    Classes::Ordered(_, fs) => (false, !fs.is_empty()),
+                    _ => (false, false),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert!(all().flat_map(kinds).any(|(int, _)| int));
+        assert!(all().flat_map(kinds).any(|(_, float)| float));
+    }
+
     /// The plan and the node interpreter agree on every rule and extra condition of every
     /// embedded pack, over the presets, the whole conformance corpus of the pack's family and
     /// seeded random perturbations of them, with probes unknown, answered yes and answered no.
@@ -2563,6 +2763,10 @@ mod tests {
             assert!(
                 !plan.pairs.is_empty() && !plan.groups.is_empty(),
                 "pack {name}: the plan has single and pair groups (both paths compared)"
+            );
+            assert!(
+                !plan.eager.is_empty(),
+                "pack {name}: the plan answers shared atoms after classification (compared)"
             );
             let (mut compared, mut fired, mut unknown) = (0, 0, 0);
             let mut rng = Rng(0x5eed_0000 + name.len() as u64);
