@@ -134,6 +134,7 @@ pub fn torch_efficient_with(varlen_on: bool) -> Manifest {
         features: varlen(varlen_on),
         notes: vec![
             "aten::_efficient_attention_forward/backward (CUTLASS), custom_mask_type 0/1/2 for no mask / top-left / bottom-right causal".into(),
+            "with per-sequence lengths its bottom-right causal (type 2) is not per sequence: refused unless every running sequence is square (then run as top-left)".into(),
             "padded and packed batches (opt-in, ATTN_POLICY_TORCH_VARLEN=1, until their GPU tests pass) through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
             "no GQA (equal head counts) and no sliding window in this executor".into(),
         ],

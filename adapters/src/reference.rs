@@ -14,7 +14,11 @@
 //! Besides the exact float64 path, [`naive_forward`] / [`naive_backward`] simulate the textbook
 //! attention computed in the problem's low precision (every intermediate a framework would store
 //! is rounded to the dtype): the baseline of the FlashAttention accuracy criterion
-//! `err(executor, fp64) <= 2 * err(naive same dtype, fp64)`.
+//! `err(executor, fp64) <= 2 * err(naive same dtype, fp64)`. With grouped heads (GQA/MQA) the
+//! textbook computation expands K and V to every query head, so each query head's dK and dV
+//! are stored (rounded) before the expansion's backward sums them: the naive baseline does the
+//! same (until 2026-12-06 it summed the group exactly and rounded once, a baseline stricter than
+//! any framework's naive attention; cuDNN's grouped dV then missed it on a few seeds).
 
 use crate::executor::{
     BackwardOutput, DeviceIo, DeviceKind, Direction, ExecError, ExecStats, Executor, ForwardOutput,
@@ -415,12 +419,19 @@ fn backward_impl(
             dv: vec![0.0; skv * dv],
             dsink: vec![0.0; ratio],
         };
+        // Each query head's dK and dV, before the group's sum: the naive baseline rounds them
+        // (as attention on KV expanded to every query head does, whose expansion's backward
+        // then sums the heads' rounded gradients); the exact one keeps them.
+        let mut hdk = vec![0.0; skv * dqk];
+        let mut hdv = vec![0.0; skv * dv];
         for r in 0..ratio {
             let h = g * ratio + r;
             let qh = gather(q, &p.layout.q, qr.batch, h, qr.start, sq, dqk);
             let doh = gather(d_o, &p.layout.o, qr.batch, h, qr.start, sq, dv);
             let f = seq_head(p, bi, sinks, h).forward(&qh, &kh, &vh, rd);
             let mut dq = vec![0.0; sq * dqk];
+            hdk.fill(0.0);
+            hdv.fill(0.0);
             for i in 0..sq {
                 if f.lse[i] == f64::NEG_INFINITY {
                     continue;
@@ -452,8 +463,8 @@ fn backward_impl(
                         dcap,
                         &kh[j * dqk..(j + 1) * dqk],
                         &vh[j * dv..(j + 1) * dv],
-                        &mut gg.dk[j * dqk..(j + 1) * dqk],
-                        &mut gg.dv[j * dv..(j + 1) * dv],
+                        &mut hdk[j * dqk..(j + 1) * dqk],
+                        &mut hdv[j * dv..(j + 1) * dv],
                         rd,
                     );
                 }
@@ -462,11 +473,15 @@ fn backward_impl(
                 }
             }
             gg.dqs.push(dq);
+            for (a, b) in gg.dk.iter_mut().zip(&hdk) {
+                *a += rd.r(b * scale);
+            }
+            for (a, b) in gg.dv.iter_mut().zip(&hdv) {
+                *a += rd.r(*b);
+            }
         }
-        for a in gg.dk.iter_mut() {
-            *a = rd.r(*a * scale);
-        }
-        for a in gg.dv.iter_mut() {
+        // One head (MHA): rounding again changes nothing.
+        for a in gg.dk.iter_mut().chain(gg.dv.iter_mut()) {
             *a = rd.r(*a);
         }
         gg

@@ -915,3 +915,49 @@ fn the_trial_draws_sink_logits_and_checks_d_sink() {
     let e = rel_err(&on, &o);
     assert!(e > 0.0 && e < 0.05, "naive bf16 error {e}");
 }
+
+/// The naive baseline with grouped heads is attention on K and V expanded to every query head:
+/// each query head's dK and dV are rounded to the dtype, then the group's sum is (what the
+/// expansion's backward does). Checked bit for bit against the same heads run one at a time
+/// as MHA problems, summed and rounded here.
+#[test]
+fn naive_grouped_gradients_are_rounded_per_head_then_summed() {
+    let (hq, s, d) = (4usize, 24usize, 16usize);
+    for dtype in [DType::BF16, DType::F16] {
+        let p =
+            AttentionProblem::new(1, hq, 1, s, s, d, d, dtype).with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+        let dat = data(&p, 77);
+        let g = naive_backward_sink(&p, &dat.q, &dat.k, &dat.v, &dat.d_o, None);
+        let one =
+            AttentionProblem::new(1, 1, 1, s, s, d, d, dtype).with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+        // bshd: row i of head h starts at (i * hq + h) * d
+        let head = |x: &[f64], h: usize| -> Vec<f64> {
+            (0..s)
+                .flat_map(|i| x[(i * hq + h) * d..(i * hq + h + 1) * d].to_vec())
+                .collect()
+        };
+        let (mut dk, mut dv) = (vec![0.0; s * d], vec![0.0; s * d]);
+        for h in 0..hq {
+            let gh = naive_backward_sink(
+                &one,
+                &head(&dat.q, h),
+                &dat.k,
+                &dat.v,
+                &head(&dat.d_o, h),
+                None,
+            );
+            for (a, b) in dk.iter_mut().zip(&gh.dk) {
+                *a += b;
+            }
+            for (a, b) in dv.iter_mut().zip(&gh.dv) {
+                *a += b;
+            }
+        }
+        let round = |x: Vec<f64>| -> Vec<f64> { x.into_iter().map(|v| dtype.round(v)).collect() };
+        assert_eq!(g.dk, round(dk), "{dtype:?} dK");
+        assert_eq!(g.dv, round(dv), "{dtype:?} dV");
+        // and the exact gradients differ from the rounded ones (the test can fail)
+        let exact = backward_f64_sink(&p, &dat.q, &dat.k, &dat.v, &dat.d_o, None);
+        assert_ne!(g.dv, exact.dv);
+    }
+}

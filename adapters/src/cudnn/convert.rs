@@ -152,10 +152,9 @@ pub const VARLEN_ENV: &str = "ATTN_POLICY_CUDNN_VARLEN";
 
 /// Whether cuDNN serves padded and packed batches in this process: only with
 /// `ATTN_POLICY_CUDNN_VARLEN=1` (read at first use). Their GPU tests (adapters/tests/cudnn_gpu.rs,
-/// `varlen_*`) ran on the H100: one deterministic fp16 MQA case missed the numerics criterion
-/// (dV 2.13 x naive; docs/cudnn.md), and a graph that computes less accurately than the
-/// criterion allows is a silent wrong answer: until that is understood, a padded or packed call
-/// goes down the chain to `chunked`.
+/// `varlen_*`) ran on the H100: grouped-head dK/dV missed the numerics criterion on a few draws
+/// (dense problems too), against a naive baseline since corrected (docs/cudnn.md). Until they
+/// pass against it, a padded or packed call goes down the chain to `chunked`.
 pub fn varlen_enabled() -> bool {
     // Read once per process: the gate runs on every plan, and the answer must not change
     // between a decision and its run.

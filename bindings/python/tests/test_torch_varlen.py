@@ -378,9 +378,10 @@ def test_varlen_runner_path_matches_the_reference(executor, packing, mask, heads
     if executor == "torch_efficient" and (hq != hkv or window is not None):
         assert why is not None  # no GQA (manifest), no window (gate)
         return
-    if executor == "torch_flash" and mask == "causal top-left":
-        # Bottom-right per sequence: refused where a running sequence has s_q != s_kv; run with
-        # every running sequence square.
+    if (executor, mask) in (("torch_flash", "causal top-left"), ("torch_efficient", "causal bottom-right")):
+        # FlashAttention's diagonal is bottom-right per sequence, the memory-efficient kernel's
+        # bottom-right is not per sequence (measured on a GPU): the other diagonal is refused
+        # where a running sequence has s_q != s_kv; run with every running sequence square.
         assert why is not None and "sequence 0: 9 and 11" in why, why
         lkv = _PL_KV_SQUARE
         if packing == "packed":
@@ -484,8 +485,11 @@ def _call16(packing, lq, lkv, mask=1, br=False, wl=-1, wr=0, hkv=2, softcap=0.0,
 def test_gates_admit_lengths_and_refuse_what_the_kernels_do_not_do():
     flash, eff = apt._TORCH_EXECUTORS["torch_flash"], apt._TORCH_EXECUTORS["torch_efficient"]
     for packing in (1, 2, 3):
-        # Bottom-right: both, per sequence.
+        # Bottom-right: FlashAttention per sequence; the memory-efficient kernel only where every
+        # running sequence is square (its own bottom-right is not per sequence).
         call = _call16(packing, (6, 2, 0), (4, 6, 3), br=True)
+        assert flash.check(call) is None and "sequence 0: 6 and 4" in (eff.check(call) or "")
+        call = _call16(packing, (6, 2, 0), (6, 2, 3), br=True)
         assert flash.check(call) is None and eff.check(call) is None
         # Top-left where a running sequence has s_q != s_kv: FlashAttention's diagonal differs.
         call = _call16(packing, (6, 2, 0), (6, 5, 3))

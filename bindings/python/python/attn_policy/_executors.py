@@ -123,8 +123,9 @@ class _TorchEfficient(_TorchExecutor):
     """``aten::_efficient_attention_forward/backward``: the memory-efficient (CUTLASS) kernel in
     PyTorch, on ``bshd`` views, with its own log-sum-exp (which it pads to a multiple of 32
     rows: the op keeps ``[b, h, s_q]`` and pads again for the backward). Padded and packed
-    batches through its ``cu_seqlens_q/k`` (attn_policy/_varlen.py); both causal diagonals
-    apply in each sequence's own coordinates there."""
+    batches through its ``cu_seqlens_q/k`` (attn_policy/_varlen.py); there a causal mask runs
+    top-left in each sequence's own coordinates, and bottom-right only where every running
+    sequence is square (the kernel's own bottom-right is not per sequence: the gate)."""
 
     name = "torch_efficient"
     description = "PyTorch's memory-efficient attention kernel"
@@ -140,6 +141,15 @@ class _TorchEfficient(_TorchExecutor):
     def _check(self, call: "_Call") -> Optional[str]:
         if call.window_left >= 0 or (call.mask == 0 and call.window_right >= 0):
             return "sliding windows are not wired into this executor"
+        if call.packing and call.mask != 0 and call.bottom_right:
+            # Measured on an H100 (torch 2.11, tests/gpu/test_gpu_torch_varlen.py): with
+            # cu_seqlens the kernel's bottom-right diagonal (custom_mask_type 2) is not each
+            # sequence's own; O was off by O(1). Square sequences have one diagonal (top-left).
+            for i, (lq, lkv) in enumerate(zip(call.seqlens_q, call.seqlens_kv)):
+                if lq and lkv and lq != lkv:
+                    return (f"the memory-efficient kernel's bottom-right diagonal is not per sequence with "
+                            f"cu_seqlens; it differs where a sequence's query and key lengths differ "
+                            f"(sequence {i}: {lq} and {lkv})")
         return None
 
     def runner(self, call: "_Call") -> "_Runner":

@@ -139,8 +139,8 @@ class _FlashRunner(_VarlenRunner):
 
 class _EfficientRunner(_VarlenRunner):
     """``torch_efficient``: ``aten::_efficient_attention_forward/backward`` on ``bshd`` views.
-    ``custom_mask_type`` 0 / 1 / 2 = no mask / causal top-left / causal bottom-right (in each
-    sequence's own coordinates with ``cu_seqlens``). Padded and packed batches: a packed copy
+    ``custom_mask_type`` 0 / 1 / 2 = no mask / causal top-left / causal bottom-right (type 2 is
+    not per sequence with ``cu_seqlens``: see the gate). Padded and packed batches: a packed copy
     as one batch ``[1, tokens, h, d]``, whose LSE is ``[sequences, h, rows]`` (torch's meta
     function for the op)."""
 
@@ -148,7 +148,9 @@ class _EfficientRunner(_VarlenRunner):
 
     def __init__(self, call: _Call):
         self.layout, self.scale = call.layout, call.scale
-        self.mask_type = 0 if call.mask == 0 else (2 if call.bottom_right else 1)
+        # With lengths a causal mask runs top-left: the gate admits bottom-right only where every
+        # running sequence is square (one diagonal), the kernel's type 2 being wrong there.
+        self.mask_type = 0 if call.mask == 0 else (2 if call.bottom_right and not call.packing else 1)
         self.sq, self.skv, self.o_shape = call.sq, call.skv, call.o_shape
         # The kernel's LSE has ceil(s_q / 32) * 32 rows.
         self.lse_rows = -(-call.sq // 32) * 32

@@ -6,7 +6,8 @@ ways, one without keys), clean and with NaN in the inputs' padding rows (and a N
 allocator cache, so a stale output buffer would show). O, LSE, dQ, dK, dV by the FlashAttention
 criterion against float64 (tests/test_torch_features.py's reference), the padding conventions
 exactly. What an executor cannot do is declined, with its reason (a top-left mask on
-FlashAttention where a sequence has s_q != s_kv, windows and GQA on the memory-efficient kernel).
+FlashAttention and a bottom-right one on the memory-efficient kernel where a sequence has
+s_q != s_kv, windows and GQA on the memory-efficient kernel).
 
 Run with ``ATTN_POLICY_TORCH_VARLEN=1`` (the opt-in; skipped without it) and ``-s`` to see the table (one line per case: executor, case, err/naive-err of each
 output); ``GPU_SUMMARY=path`` appends it to a file."""
@@ -68,7 +69,9 @@ LKV_SQUARE = [128, 1, 77, 40, 0, 50]
 
 
 def _lengths(executor, mask):
-    return LQ, (LKV_SQUARE if executor == "torch_flash" and mask == "causal-tl" else LKV)
+    # The diagonal an executor does not apply per sequence runs on square sequences only.
+    other = (executor, mask) in (("torch_flash", "causal-tl"), ("torch_efficient", "causal-br"))
+    return LQ, (LKV_SQUARE if other else LKV)
 
 
 def _tensors(packing, hq, hkv, d, lq, lkv, seed):
@@ -218,6 +221,19 @@ def test_varlen_on_cuda(only, executor, packing, mask, heads, dtype, d, nan):
         assert (_rows_of(dk_c, layout, b, sl) == 0).all() and (_rows_of(dv_c, layout, b, sl) == 0).all()
     for t in (o_c, dq_c, dk_c, dv_c):
         assert not t.isnan().any()
+
+
+@pytest.mark.parametrize("packing", ["right", "packed"])
+def test_efficient_declines_bottom_right_where_a_sequence_is_not_square(only, packing):
+    q, k, v = (t.to(torch.float16).to(DEV) for t in _tensors(packing, 8, 8, 64, LQ, LKV, 6))
+    kw = dict(layout=LAYOUT[packing], is_causal=True, diagonal="bottom_right")
+    if packing == "packed":
+        kw.update(cu_seqlens_q=_cu(LQ), cu_seqlens_kv=_cu(LKV))
+    else:
+        kw.update(seqlens_q=LQ, seqlens_kv=LKV)
+    apt.clear_cache()
+    with pytest.raises(attn_policy.PolicyError, match="not per sequence"):
+        apt.attention(q, k, v, policy=only["torch_efficient"], **kw)
 
 
 @pytest.mark.parametrize("packing", ["right", "packed"])
