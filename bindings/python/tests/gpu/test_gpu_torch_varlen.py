@@ -224,26 +224,18 @@ def test_varlen_on_cuda(only, executor, packing, mask, heads, dtype, d, nan):
 
 
 @pytest.mark.parametrize("packing", ["right", "packed"])
-def test_efficient_declines_bottom_right_where_a_sequence_is_not_square(only, packing):
-    q, k, v = (t.to(torch.float16).to(DEV) for t in _tensors(packing, 8, 8, 64, LQ, LKV, 6))
-    kw = dict(layout=LAYOUT[packing], is_causal=True, diagonal="bottom_right")
-    if packing == "packed":
-        kw.update(cu_seqlens_q=_cu(LQ), cu_seqlens_kv=_cu(LKV))
-    else:
-        kw.update(seqlens_q=LQ, seqlens_kv=LKV)
-    apt.clear_cache()
-    with pytest.raises(attn_policy.PolicyError, match="not per sequence"):
-        apt.attention(q, k, v, policy=only["torch_efficient"], **kw)
-
-
-@pytest.mark.parametrize("packing", ["right", "packed"])
-def test_flash_declines_a_top_left_mask_where_a_sequence_is_not_square(only, packing):
+@pytest.mark.parametrize("executor,diagonal,words", [
+    ("torch_flash", "top_left", "bottom-right in each sequence"),
+    ("torch_efficient", "bottom_right", "not per sequence"),
+])
+def test_a_diagonal_not_applied_per_sequence_is_declined_where_a_sequence_is_not_square(
+        only, packing, executor, diagonal, words):
     q, k, v = (t.to(torch.float16).to(DEV) for t in _tensors(packing, 8, 8, 64, LQ, LKV, 5))
-    kw = dict(layout=LAYOUT[packing], is_causal=True)
+    kw = dict(layout=LAYOUT[packing], is_causal=True, diagonal=diagonal)
     if packing == "packed":
         kw.update(cu_seqlens_q=_cu(LQ), cu_seqlens_kv=_cu(LKV))
     else:
         kw.update(seqlens_q=LQ, seqlens_kv=LKV)
     apt.clear_cache()
-    with pytest.raises(attn_policy.PolicyError, match="bottom-right in each sequence"):
-        apt.attention(q, k, v, policy=only["torch_flash"], **kw)
+    with pytest.raises(attn_policy.PolicyError, match=words):
+        apt.attention(q, k, v, policy=only[executor], **kw)
