@@ -1073,13 +1073,17 @@ fn te_diff_splits_versions_at_constants_chosen_by_if() {
     assert!(differ >= 2, "{differ}");
 }
 
-/// `Mdd::first_cube` (check's W-NO-EXECUTOR example, walked on the pair "f and ties" without
-/// building it) is exactly the first cube of `Mdd::cover` (which builds it): on the te pack's
-/// diagrams of where each backend is eligible, whose first cubes test relation variables (so
-/// ties are applied on the way and `widest_path_and` groups the pair's children).
-#[test]
-fn first_cube_is_the_first_cube_of_the_cover() {
-    use attn_policy_analysis::mdd::{FALSE, Mdd, PolicyDiagrams, TRUE};
+/// Runs `f` on the te pack's diagrams, built in a fresh manager: (pack, space, manager,
+/// diagrams).
+fn with_te_diagrams<R>(
+    f: impl FnOnce(
+        &Policy,
+        &attn_policy_analysis::space::Space,
+        &mut attn_policy_analysis::mdd::Mdd<'_>,
+        &attn_policy_analysis::mdd::PolicyDiagrams,
+    ) -> R,
+) -> R {
+    use attn_policy_analysis::mdd::{Mdd, PolicyDiagrams};
     use attn_policy_analysis::regions::add_policy;
     use attn_policy_analysis::space::SpaceBuilder;
     let policy = Policy::embedded("te").unwrap();
@@ -1088,27 +1092,39 @@ fn first_cube_is_the_first_cube_of_the_cover() {
     let space = sb.build();
     let mut m = Mdd::for_policies(&space, &[&policy]);
     let d = PolicyDiagrams::build(&mut m, &policy);
-    let (mut asked, mut with_relations) = (0, 0);
-    for b in 0..policy.backends.len() {
-        let out = d.declined_within(&mut m, b, TRUE);
-        let eligible = m.not(out);
-        if eligible == FALSE {
-            continue;
+    f(&policy, &space, &mut m, &d)
+}
+
+/// `Mdd::first_cube` (check's W-NO-EXECUTOR example, walked on the pair "f and ties" without
+/// building it) is exactly the first cube of `Mdd::cover` (which builds it): on the te pack's
+/// diagrams of where each backend is eligible, whose first cubes test relation variables (so
+/// ties are applied on the way and `widest_path_and` groups the pair's children).
+#[test]
+fn first_cube_is_the_first_cube_of_the_cover() {
+    use attn_policy_analysis::mdd::{FALSE, TRUE};
+    with_te_diagrams(|policy, space, m, d| {
+        let (mut asked, mut with_relations) = (0, 0);
+        for b in 0..policy.backends.len() {
+            let out = d.declined_within(m, b, TRUE);
+            let eligible = m.not(out);
+            if eligible == FALSE {
+                continue;
+            }
+            let first = m.first_cube(eligible);
+            let (cubes, _) = m.cover(eligible, 1);
+            assert_eq!(first, cubes.first().cloned(), "{}", policy.backends[b].name);
+            asked += 1;
+            let cube = first.expect("an eligible backend has a cube");
+            if cube[space.vars.len()..].iter().any(Option::is_some) {
+                with_relations += 1;
+            }
         }
-        let first = m.first_cube(eligible);
-        let (cubes, _) = m.cover(eligible, 1);
-        assert_eq!(first, cubes.first().cloned(), "{}", policy.backends[b].name);
-        asked += 1;
-        let cube = first.expect("an eligible backend has a cube");
-        if cube[space.vars.len()..].iter().any(Option::is_some) {
-            with_relations += 1;
-        }
-    }
-    assert!(asked >= 3, "{asked} backends asked");
-    assert!(
-        with_relations >= 1,
-        "no first cube tested a relation variable"
-    );
+        assert!(asked >= 3, "{asked} backends asked");
+        assert!(
+            with_relations >= 1,
+            "no first cube tested a relation variable"
+        );
+    });
 }
 
 /// `widen_inside` keeps its walks' answers for the manager's life, keyed by the cube suffix
@@ -1182,29 +1198,22 @@ fn widening_with_kept_memos_equals_widening_afresh() {
 /// diagrams (hundreds of thousands of nodes, so the small table was flushed many times).
 #[test]
 fn equal_functions_are_equal_nodes_across_table_flushes() {
-    use attn_policy_analysis::mdd::{Mdd, PolicyDiagrams};
-    use attn_policy_analysis::regions::add_policy;
-    use attn_policy_analysis::space::SpaceBuilder;
-    let policy = Policy::embedded("te").unwrap();
-    let mut sb = SpaceBuilder::for_schema(policy.schema);
-    add_policy(&mut sb, &policy);
-    let space = sb.build();
-    let mut m = Mdd::for_policies(&space, &[&policy]);
-    let d = PolicyDiagrams::build(&mut m, &policy);
-    assert!(m.size() > 100_000, "{} nodes", m.size());
-    let outs: Vec<u32> = d.variant_out.iter().flatten().copied().collect();
-    let mut checked = 0;
-    for (i, &a) in outs.iter().enumerate() {
-        for &b in d.rule.iter().skip(i * 7).take(5) {
-            // `(a and b) or (a and not b)` is `a`: rebuilt bottom-up, found again.
-            let (ab, a_not_b) = (m.and(a, b), m.minus(a, b));
-            assert_eq!(m.or(ab, a_not_b), a, "variant_out {i}");
-            // De Morgan: `a and b` (just built) built again through negations.
-            let (na, nb) = (m.not(a), m.not(b));
-            let either = m.or(na, nb);
-            assert_eq!(m.not(either), ab, "variant_out {i}");
-            checked += 1;
+    with_te_diagrams(|_, _, m, d| {
+        assert!(m.size() > 100_000, "{} nodes", m.size());
+        let outs: Vec<u32> = d.variant_out.iter().flatten().copied().collect();
+        let mut checked = 0;
+        for (i, &a) in outs.iter().enumerate() {
+            for &b in d.rule.iter().skip(i * 7).take(5) {
+                // `(a and b) or (a and not b)` is `a`: rebuilt bottom-up, found again.
+                let (ab, a_not_b) = (m.and(a, b), m.minus(a, b));
+                assert_eq!(m.or(ab, a_not_b), a, "variant_out {i}");
+                // De Morgan: `a and b` (just built) built again through negations.
+                let (na, nb) = (m.not(a), m.not(b));
+                let either = m.or(na, nb);
+                assert_eq!(m.not(either), ab, "variant_out {i}");
+                checked += 1;
+            }
         }
-    }
-    assert!(checked >= 10, "{checked} identities checked");
+        assert!(checked >= 10, "{checked} identities checked");
+    });
 }
