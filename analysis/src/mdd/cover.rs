@@ -593,14 +593,12 @@ impl<'s> Mdd<'s> {
             .and_then(Option::as_ref)
             .map(Bits::words);
         let r = if self.store.w(level) == 1 {
-            self.unless_one_word(
+            self.store.all_one_word_pairs(
                 f,
                 valid,
                 (lf, lv),
                 c.map_or(u64::MAX, |c| c[0]),
-                cube,
-                memo,
-                single,
+                |a, b| self.unless(a, b, cube, memo, single),
             )
         } else {
             if lf == lv {
@@ -631,44 +629,6 @@ impl<'s> Mdd<'s> {
             memo.more.insert((f, valid), (r, g, level));
         }
         r
-    }
-}
-
-impl<'s> Mdd<'s> {
-    /// The step of [`Mdd::unless`] at a var of one-word class sets (most vars): the sets read
-    /// as words (`cw`: the cube's classes of the var), the same pairs in the same order.
-    #[allow(clippy::too_many_arguments)]
-    fn unless_one_word(
-        &self,
-        f: Id,
-        valid: Id,
-        (lf, lv): (u32, u32),
-        cw: u64,
-        cube: &[Option<Bits>],
-        memo: &mut PairMemos,
-        single: &mut NodeMemo<bool>,
-    ) -> bool {
-        let st = &self.store;
-        let (hf, hv) = (st.hdr[f as usize], st.hdr[valid as usize]);
-        let (af, av) = (st.sets_at(hf), st.sets_at(hv));
-        if lf == lv {
-            (0..hf.len as usize).all(|i| {
-                let sf = cw & st.word(af + i);
-                sf == 0
-                    || (0..hv.len as usize).all(|j| {
-                        sf & st.word(av + j) == 0
-                            || self.unless(st.kid(hf, i), st.kid(hv, j), cube, memo, single)
-                    })
-            })
-        } else if lf < lv {
-            (0..hf.len as usize).all(|i| {
-                cw & st.word(af + i) == 0 || self.unless(st.kid(hf, i), valid, cube, memo, single)
-            })
-        } else {
-            (0..hv.len as usize).all(|j| {
-                cw & st.word(av + j) == 0 || self.unless(f, st.kid(hv, j), cube, memo, single)
-            })
-        }
     }
 }
 

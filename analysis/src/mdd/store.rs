@@ -328,6 +328,36 @@ impl Store {
         self.arena[at]
     }
 
+    /// On a level of one-word sets: whether `rec` holds for every pair of children of `f` and
+    /// `valid` (at levels `lf` and `lv`; the deeper one stays as it is) whose edges meet each
+    /// other and the cube's word `cw`. The pair walk of `unless` (cover) and of the widening
+    /// walk (widen), which differ only in what they recurse into.
+    #[inline]
+    pub(super) fn all_one_word_pairs(
+        &self,
+        f: Id,
+        valid: Id,
+        (lf, lv): (u32, u32),
+        cw: u64,
+        mut rec: impl FnMut(Id, Id) -> bool,
+    ) -> bool {
+        let (hf, hv) = (self.hdr[f as usize], self.hdr[valid as usize]);
+        let (af, av) = (self.sets_at(hf), self.sets_at(hv));
+        if lf == lv {
+            (0..hf.len as usize).all(|i| {
+                let sf = cw & self.word(af + i);
+                sf == 0
+                    || (0..hv.len as usize).all(|j| {
+                        sf & self.word(av + j) == 0 || rec(self.kid(hf, i), self.kid(hv, j))
+                    })
+            })
+        } else if lf < lv {
+            (0..hf.len as usize).all(|i| cw & self.word(af + i) == 0 || rec(self.kid(hf, i), valid))
+        } else {
+            (0..hv.len as usize).all(|j| cw & self.word(av + j) == 0 || rec(f, self.kid(hv, j)))
+        }
+    }
+
     /// The class set of edge `i` of node `h` (`w` words a set). Inline: the diagram
     /// operations read a set per edge pair, and the call was a tenth of `gaps`.
     #[inline]

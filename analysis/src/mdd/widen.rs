@@ -289,27 +289,9 @@ impl<'s> Mdd<'s> {
         let c = cube[self.order[level as usize]].as_ref().map(|c| c.words());
         let st = &self.store;
         let r = if st.w(level) == 1 {
-            let cw = c.map_or(u64::MAX, |c| c[0]);
-            let (hf, hv) = (st.hdr[f as usize], st.hdr[valid as usize]);
-            let (af, av) = (st.sets_at(hf), st.sets_at(hv));
-            if lf == lv {
-                (0..hf.len as usize).all(|i| {
-                    let sf = cw & st.word(af + i);
-                    sf == 0
-                        || (0..hv.len as usize).all(|j| {
-                            sf & st.word(av + j) == 0
-                                || self.unless_keyed(st.kid(hf, i), st.kid(hv, j), cube, memo)
-                        })
-                })
-            } else if lf < lv {
-                (0..hf.len as usize).all(|i| {
-                    cw & st.word(af + i) == 0 || self.unless_keyed(st.kid(hf, i), valid, cube, memo)
-                })
-            } else {
-                (0..hv.len as usize).all(|j| {
-                    cw & st.word(av + j) == 0 || self.unless_keyed(f, st.kid(hv, j), cube, memo)
-                })
-            }
+            st.all_one_word_pairs(f, valid, (lf, lv), c.map_or(u64::MAX, |c| c[0]), |a, b| {
+                self.unless_keyed(a, b, cube, memo)
+            })
         } else if lf == lv {
             self.edges(f).all(|(kf, sf)| {
                 self.edges(valid).all(|(kv, sv)| {
