@@ -144,21 +144,7 @@ impl<'s> Mdd<'s> {
         let level = self.node_level(x);
         let v = self.order[level as usize];
         let c = cube.get(v).and_then(Option::as_ref);
-        let r = if self.store.w(level) == 1 {
-            // One-word sets (most vars): read as words, as `apply` does.
-            let h = self.store.hdr[x as usize];
-            let at = self.store.sets_at(h);
-            let cw = c.map_or(u64::MAX, |c| c.words()[0]);
-            (0..h.len as usize).all(|i| {
-                cw & self.store.word(at + i) == 0
-                    || self.everywhere(self.store.kid(h, i), cube, want, memo)
-            })
-        } else {
-            self.edges(x).all(|(k, set)| {
-                c.is_some_and(|c| !words_meet(c.words(), set))
-                    || self.everywhere(k, cube, want, memo)
-            })
-        };
+        let r = self.all_children_meeting(x, level, c, |k| self.everywhere(k, cube, want, memo));
         memo.set_at(x, level, r);
         r
     }

@@ -73,6 +73,30 @@ impl<'s> Mdd<'s> {
         }
     }
 
+    /// Whether `rec` holds for every child of node `x` (at `level`) whose edge meets the
+    /// classes `c` (`None`: every class). One-word sets (most vars) are read as words, as
+    /// `apply` does. The single-node walks of `everywhere` (cover) and of the widening walk
+    /// (widen), which differ only in what they recurse into.
+    #[inline]
+    pub(super) fn all_children_meeting(
+        &self,
+        x: Id,
+        level: u32,
+        c: Option<&Bits>,
+        mut rec: impl FnMut(Id) -> bool,
+    ) -> bool {
+        if self.store.w(level) == 1 {
+            let h = self.store.hdr[x as usize];
+            let at = self.store.sets_at(h);
+            let cw = c.map_or(u64::MAX, |c| c.words()[0]);
+            (0..h.len as usize)
+                .all(|i| cw & self.store.word(at + i) == 0 || rec(self.store.kid(h, i)))
+        } else {
+            self.edges(x)
+                .all(|(k, set)| c.is_some_and(|c| !words_meet(c.words(), set)) || rec(k))
+        }
+    }
+
     /// The node for `level` with these edges (merging edges to the same child).
     pub(super) fn mk(&mut self, level: u32, edges: Vec<(Id, Bits)>) -> Id {
         let (ks, ws) = (self.ek.len(), self.ew.len());

@@ -333,20 +333,7 @@ impl<'s> Mdd<'s> {
             return e & 1 == 1;
         }
         let c = cube[self.order[level as usize]].as_ref();
-        let r = if self.store.w(level) == 1 {
-            let h = self.store.hdr[x as usize];
-            let at = self.store.sets_at(h);
-            let cw = c.map_or(u64::MAX, |c| c.words()[0]);
-            (0..h.len as usize).all(|i| {
-                cw & self.store.word(at + i) == 0
-                    || self.everywhere_keyed(self.store.kid(h, i), cube, memo)
-            })
-        } else {
-            self.edges(x).all(|(k, set)| {
-                c.is_some_and(|c| !words_meet(c.words(), set))
-                    || self.everywhere_keyed(k, cube, memo)
-            })
-        };
+        let r = self.all_children_meeting(x, level, c, |k| self.everywhere_keyed(k, cube, memo));
         memo.single[x as usize] = sid << 1 | r as u32;
         r
     }
