@@ -2300,10 +2300,12 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
         self.cached(i)
     }
 
-    #[inline(never)]
+    /// Computes atom `i`. Straight into `cond_slow` (which takes every kind): an out-of-line
+    /// frame of its own cost a call and a prologue per atom on top of `cond_slow`'s.
+    #[inline(always)]
     fn atom(&mut self, i: usize) -> u8 {
         let plan = self.plan;
-        let t = self.cond(&plan.atoms[i]);
+        let t = self.cond_slow(&plan.atoms[i]);
         self.atoms[i] = t;
         t
     }
