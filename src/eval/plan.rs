@@ -2304,6 +2304,10 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
     /// frame of its own cost a call and a prologue per atom on top of `cond_slow`'s.
     #[inline(always)]
     fn atom(&mut self, i: usize) -> u8 {
+        // One step, as `cond` counted it when it led here.
+        if COUNT {
+            self.steps += 1;
+        }
         let plan = self.plan;
         let t = self.cond_slow(&plan.atoms[i]);
         self.atoms[i] = t;
