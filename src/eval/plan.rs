@@ -2353,11 +2353,24 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
                 truth_of(parsed_test(x))
             }
             Cond::Not(a) => not(self.cond(a)),
-            Cond::All(cs) => self.all(cs),
+            // An operand of a connective that is itself a connective (`(a and b) or (c and d)`,
+            // most of the te pack's boolean definitions) is walked here, one level inline,
+            // instead of in a `cond_slow` frame of its own.
+            Cond::All(cs) => {
+                let mut unknown = false;
+                for c in cs.iter() {
+                    match self.operand_cond(c) {
+                        FALSE => return FALSE,
+                        UNKNOWN => unknown = true,
+                        _ => {}
+                    }
+                }
+                if unknown { UNKNOWN } else { TRUE }
+            }
             Cond::Any(cs) => {
                 let mut unknown = false;
                 for c in cs.iter() {
-                    match self.cond(c) {
+                    match self.operand_cond(c) {
                         TRUE => return TRUE,
                         UNKNOWN => unknown = true,
                         _ => {}
@@ -2371,6 +2384,35 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
             }
             // The inline kinds: `cond` takes them before coming here.
             Cond::Leaf { .. } | Cond::Atom { .. } | Cond::Leaves { .. } => self.cond(c),
+        }
+    }
+
+    /// An operand of `and`/`or` in `cond_slow`: a nested `and`/`or` walked inline, one level
+    /// (its own operands through `cond`).
+    #[inline(always)]
+    fn operand_cond(&mut self, c: &Cond) -> u8 {
+        match c {
+            Cond::All(cs) => {
+                if COUNT {
+                    self.steps += 1;
+                }
+                self.all(cs)
+            }
+            Cond::Any(cs) => {
+                if COUNT {
+                    self.steps += 1;
+                }
+                let mut unknown = false;
+                for c in cs.iter() {
+                    match self.cond(c) {
+                        TRUE => return TRUE,
+                        UNKNOWN => unknown = true,
+                        _ => {}
+                    }
+                }
+                if unknown { UNKNOWN } else { FALSE }
+            }
+            _ => self.cond(c),
         }
     }
 
