@@ -1889,8 +1889,8 @@ impl RulePlan {
                 }
                 if h.u != 0 {
                     let unk = &g.rule_words[2 * words * k + words..2 * words * (k + 1)];
-                    for j in 0..W {
-                        sets.unknown[j] |= unk[j];
+                    for (x, &w) in sets.unknown.iter_mut().zip(&unk[..W]) {
+                        *x |= w;
                     }
                 }
             }
@@ -2802,6 +2802,37 @@ mod tests {
         };
         assert!(all().flat_map(kinds).any(|(int, _)| int));
         assert!(all().flat_map(kinds).any(|(_, float)| float));
+    }
+
+    /// Every group that rules something out, in a plan of at most four rule words (every
+    /// embedded pack's), has one `HotRow` per class that holds its row and the rules-out half
+    /// of its rule words, and a class with no unknown formula leaves no rule unknown (so
+    /// classification may skip the unknown half for it).
+    #[test]
+    fn hot_rows_hold_the_tables() {
+        for name in ["te", "native", "torch"] {
+            let policy = Policy::embedded(name).expect("embedded pack");
+            let (plan, _) = plan_of(&policy);
+            let words = plan.words;
+            assert!(words <= 4, "{name}: {words} rule words");
+            let mut hot = 0;
+            for g in plan.groups.iter().chain(&plan.pairs) {
+                if g.rule_words.is_empty() {
+                    continue;
+                }
+                hot += 1;
+                assert_eq!(g.hot.len(), g.rows.len(), "{name}: slot {}", g.slot);
+                for (k, (h, row)) in g.hot.iter().zip(g.rows.iter()).enumerate() {
+                    let (kill, unknown) =
+                        g.rule_words[2 * words * k..2 * words * (k + 1)].split_at(words);
+                    assert_eq!((h.t, h.u), (row.true_bits, row.unknown_bits));
+                    assert_eq!(&h.kill[..words], kill);
+                    assert!(h.kill[words..].iter().all(|&w| w == 0));
+                    assert!(h.u != 0 || unknown.iter().all(|&w| w == 0));
+                }
+            }
+            assert!(hot > 0, "{name}: no group rules anything out");
+        }
     }
 
     /// The plan and the node interpreter agree on every rule and extra condition of every
