@@ -2304,12 +2304,19 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
     /// frame of its own cost a call and a prologue per atom on top of `cond_slow`'s.
     #[inline(always)]
     fn atom(&mut self, i: usize) -> u8 {
-        // One step, as `cond` counted it when it led here.
-        if COUNT {
+        let plan = self.plan;
+        let c = &plan.atoms[i];
+        // One step, as `cond` counted it when it led here (`cond_slow` hands the kinds `cond`
+        // answers inline back to `cond`, which counts them).
+        if COUNT
+            && !matches!(
+                c,
+                Cond::Leaf { .. } | Cond::Atom { .. } | Cond::Leaves { .. }
+            )
+        {
             self.steps += 1;
         }
-        let plan = self.plan;
-        let t = self.cond_slow(&plan.atoms[i]);
+        let t = self.cond_slow(c);
         self.atoms[i] = t;
         t
     }
