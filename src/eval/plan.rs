@@ -307,6 +307,22 @@ struct SlotGroup {
     /// functions of the group's class, so they are tabulated into `rule_words` like literals
     /// (see [`table_leaf_conjuncts`]); kept for the slow path.
     leaf_literals: Box<[(u32, bool, LeafWord)]>,
+    /// Per class: `rows` and the rules-out half of `rule_words` together (plans of at most four
+    /// rule words; else empty). A class leaves rules unknown only if one of its formulas is
+    /// unknown, so classification reads the unknown half of `rule_words` only when `u != 0`.
+    hot: Box<[HotRow]>,
+}
+
+/// One class of a group as classification reads it when the plan has at most four rule words:
+/// the formula word (true and unknown bits) and the rules the class rules out, in one cache
+/// line. `rows` and `rule_words` (a row, then 64 bytes of rule words at any offset) took two
+/// or three lines per group, and a decision reads one class of each of ~37 groups.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C, align(64))]
+struct HotRow {
+    t: u64,
+    u: u64,
+    kill: [u64; 4],
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -1426,11 +1442,36 @@ fn pair_of(a: &SlotGroup, b: &SlotGroup, word: u16, words: usize) -> SlotGroup {
             .collect(),
         second: Some((b.slot, b.classes.clone(), nb)),
         leaf_literals: Box::new([]),
+        hot: Box::new([]),
     }
 }
 
 /// The truth of a one-word leaf set (`Cond::Leaves` with one word) for the formula word
 /// `(t, u)`: what `Cx::leaves` computes for it.
+/// `g`'s [`HotRow`]s (a plan of at most four rule words).
+fn hot_rows(g: &SlotGroup, words: usize) -> Box<[HotRow]> {
+    (0..g.rows.len())
+        .map(|k| {
+            let Row {
+                true_bits: t,
+                unknown_bits: u,
+            } = g.rows[k];
+            let mut kill = [0; 4];
+            if !g.rule_words.is_empty() {
+                let (k_words, unk) =
+                    g.rule_words[2 * words * k..2 * words * (k + 1)].split_at(words);
+                kill[..words].copy_from_slice(k_words);
+                // Classification skips the unknown words of a class with no unknown formula.
+                assert!(
+                    u != 0 || unk.iter().all(|&w| w == 0),
+                    "rules unknown without an unknown formula"
+                );
+            }
+            HotRow { t, u, kill }
+        })
+        .collect()
+}
+
 fn leaf_word_truth(any: bool, w: &LeafWord, t: u64, u: u64) -> u8 {
     let f = !(t | u);
     let decided = if any {
@@ -1698,6 +1739,11 @@ impl RulePlan {
         let (mut groups, mut pairs) = (groups, pairs);
         let rules = table_leaf_conjuncts(rules, &mut groups, &mut pairs, words);
         let (rules, eager) = shared_atom_conjuncts(rules);
+        if words <= 4 {
+            for g in groups.iter_mut().chain(pairs.iter_mut()) {
+                g.hot = hot_rows(g, words);
+            }
+        }
         let extras = extras.into_iter().map(|c| fold_cond(c, &folded)).collect();
         let defs = defs.into_iter().map(|d| fold_num(d, &folded)).collect();
         RulePlan {
@@ -1830,6 +1876,28 @@ impl RulePlan {
         let words = self.words;
         if COUNT {
             **steps += 1;
+        }
+        if W > 0
+            && let Some(k) = k
+        {
+            let h = &g.hot[k];
+            *leaf = Leaf { t: h.t, u: h.u };
+            // A group that rules nothing out (a quarter of the te pack's) folds nothing.
+            if !g.rule_words.is_empty() {
+                for j in 0..W {
+                    sets.live[j] &= !h.kill[j];
+                }
+                if h.u != 0 {
+                    let unk = &g.rule_words[2 * words * k + words..2 * words * (k + 1)];
+                    // Indexed as the rules-out loop above: the `zip` form of this loop cost
+                    // the torch presets (one rule word) ~30 ns per decision.
+                    #[allow(clippy::needless_range_loop)]
+                    for j in 0..W {
+                        sets.unknown[j] |= unk[j];
+                    }
+                }
+            }
+            return;
         }
         let (row, rule_words) = match k {
             // A group that rules nothing out (a quarter of the te pack's) folds nothing.
@@ -2115,6 +2183,7 @@ fn tabulate<'a>(
         literal_of: literal_of.into_iter().map(|l| l.clone().into()).collect(),
         second: None,
         leaf_literals: Box::new([]),
+        hot: Box::new([]),
     }
 }
 
@@ -2234,10 +2303,23 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
         self.cached(i)
     }
 
-    #[inline(never)]
+    /// Computes atom `i`. Straight into `cond_slow` (which takes every kind): an out-of-line
+    /// frame of its own cost a call and a prologue per atom on top of `cond_slow`'s.
+    #[inline(always)]
     fn atom(&mut self, i: usize) -> u8 {
         let plan = self.plan;
-        let t = self.cond(&plan.atoms[i]);
+        let c = &plan.atoms[i];
+        // One step, as `cond` counted it when it led here (`cond_slow` hands the kinds `cond`
+        // answers inline back to `cond`, which counts them).
+        if COUNT
+            && !matches!(
+                c,
+                Cond::Leaf { .. } | Cond::Atom { .. } | Cond::Leaves { .. }
+            )
+        {
+            self.steps += 1;
+        }
+        let t = self.cond_slow(c);
         self.atoms[i] = t;
         t
     }
@@ -2281,11 +2363,24 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
                 truth_of(parsed_test(x))
             }
             Cond::Not(a) => not(self.cond(a)),
-            Cond::All(cs) => self.all(cs),
+            // An operand of a connective that is itself a connective (`(a and b) or (c and d)`,
+            // most of the te pack's boolean definitions) is walked here, one level inline,
+            // instead of in a `cond_slow` frame of its own.
+            Cond::All(cs) => {
+                let mut unknown = false;
+                for c in cs.iter() {
+                    match self.operand_cond(c) {
+                        FALSE => return FALSE,
+                        UNKNOWN => unknown = true,
+                        _ => {}
+                    }
+                }
+                if unknown { UNKNOWN } else { TRUE }
+            }
             Cond::Any(cs) => {
                 let mut unknown = false;
                 for c in cs.iter() {
-                    match self.cond(c) {
+                    match self.operand_cond(c) {
                         TRUE => return TRUE,
                         UNKNOWN => unknown = true,
                         _ => {}
@@ -2299,6 +2394,35 @@ impl<const COUNT: bool> Cx<'_, COUNT> {
             }
             // The inline kinds: `cond` takes them before coming here.
             Cond::Leaf { .. } | Cond::Atom { .. } | Cond::Leaves { .. } => self.cond(c),
+        }
+    }
+
+    /// An operand of `and`/`or` in `cond_slow`: a nested `and`/`or` walked inline, one level
+    /// (its own operands through `cond`).
+    #[inline(always)]
+    fn operand_cond(&mut self, c: &Cond) -> u8 {
+        match c {
+            Cond::All(cs) => {
+                if COUNT {
+                    self.steps += 1;
+                }
+                self.all(cs)
+            }
+            Cond::Any(cs) => {
+                if COUNT {
+                    self.steps += 1;
+                }
+                let mut unknown = false;
+                for c in cs.iter() {
+                    match self.cond(c) {
+                        TRUE => return TRUE,
+                        UNKNOWN => unknown = true,
+                        _ => {}
+                    }
+                }
+                if unknown { UNKNOWN } else { FALSE }
+            }
+            _ => self.cond(c),
         }
     }
 
@@ -2688,6 +2812,37 @@ mod tests {
         };
         assert!(all().flat_map(kinds).any(|(int, _)| int));
         assert!(all().flat_map(kinds).any(|(_, float)| float));
+    }
+
+    /// Every group that rules something out, in a plan of at most four rule words (every
+    /// embedded pack's), has one `HotRow` per class that holds its row and the rules-out half
+    /// of its rule words, and a class with no unknown formula leaves no rule unknown (so
+    /// classification may skip the unknown half for it).
+    #[test]
+    fn hot_rows_hold_the_tables() {
+        for name in ["te", "native", "torch"] {
+            let policy = Policy::embedded(name).expect("embedded pack");
+            let (plan, _) = plan_of(&policy);
+            let words = plan.words;
+            assert!(words <= 4, "{name}: {words} rule words");
+            let mut hot = 0;
+            for g in plan.groups.iter().chain(&plan.pairs) {
+                if g.rule_words.is_empty() {
+                    continue;
+                }
+                hot += 1;
+                assert_eq!(g.hot.len(), g.rows.len(), "{name}: slot {}", g.slot);
+                for (k, (h, row)) in g.hot.iter().zip(g.rows.iter()).enumerate() {
+                    let (kill, unknown) =
+                        g.rule_words[2 * words * k..2 * words * (k + 1)].split_at(words);
+                    assert_eq!((h.t, h.u), (row.true_bits, row.unknown_bits));
+                    assert_eq!(&h.kill[..words], kill);
+                    assert!(h.kill[words..].iter().all(|&w| w == 0));
+                    assert!(h.u != 0 || unknown.iter().all(|&w| w == 0));
+                }
+            }
+            assert!(hot > 0, "{name}: no group rules anything out");
+        }
     }
 
     /// The plan and the node interpreter agree on every rule and extra condition of every
