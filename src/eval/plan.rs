@@ -1446,8 +1446,6 @@ fn pair_of(a: &SlotGroup, b: &SlotGroup, word: u16, words: usize) -> SlotGroup {
     }
 }
 
-/// The truth of a one-word leaf set (`Cond::Leaves` with one word) for the formula word
-/// `(t, u)`: what `Cx::leaves` computes for it.
 /// `g`'s [`HotRow`]s (a plan of at most four rule words).
 fn hot_rows(g: &SlotGroup, words: usize) -> Box<[HotRow]> {
     (0..g.rows.len())
@@ -1472,6 +1470,8 @@ fn hot_rows(g: &SlotGroup, words: usize) -> Box<[HotRow]> {
         .collect()
 }
 
+/// The truth of a one-word leaf set (`Cond::Leaves` with one word) for the formula word
+/// `(t, u)`: what `Cx::leaves` computes for it.
 fn leaf_word_truth(any: bool, w: &LeafWord, t: u64, u: u64) -> u8 {
     let f = !(t | u);
     let decided = if any {
