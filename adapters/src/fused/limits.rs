@@ -170,6 +170,9 @@ pub fn manifest() -> Manifest {
             "per-sequence lengths (padded either side, packed THD): forward in one launch from a \
              per-sequence table in the workspace; backward one chunked backward plan per sequence"
                 .into(),
+            "decode-shaped calls refused: fewer than 132 query tiles of 64 rows against 16384 \
+             keys or more (no split over the keys; chunked is faster there)"
+                .into(),
         ],
     }
 }
@@ -200,6 +203,14 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
             "{tokens} packed tokens above 2^31-1 (32-bit token indices)"
         )));
     }
+    let (tiles, keys) = (query_tiles(p), longest_keys(p));
+    if tiles < DECODE_FILL_TILES && keys >= DECODE_MIN_KEYS {
+        return Err(Unsupported::new(format!(
+            "decode-shaped: {tiles} query tiles of {BLOCK_M} rows (fewer than {DECODE_FILL_TILES}) \
+             against {keys} keys leave most SMs idle, and the kernel has no split over the \
+             keys; chunked is faster on such calls (docs/fused.md, \"Decode shapes\")"
+        )));
+    }
     let (dqk, dv) = padded_dims(p.head_dim_qk, p.head_dim_v);
     let smem = shared_bytes(dqk, dv);
     if smem > MAX_SHARED_BYTES {
@@ -208,6 +219,32 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
         )));
     }
     Ok(())
+}
+
+/// A call with fewer query tiles than this ([`query_tiles`]: one CTA each, one CTA per SM) and
+/// at least [`DECODE_MIN_KEYS`] keys is refused as decode-shaped. The forward has no split over
+/// the keys, so such a call runs on a few SMs for as long as its keys last; chunked, whose
+/// GEMMs spread the keys over the GPU, is faster there (measured: docs/fused.md, "Decode
+/// shapes"). 132 is the SM count of an H100/H200 SXM.
+pub const DECODE_FILL_TILES: usize = 132;
+/// See [`DECODE_FILL_TILES`]: below this many keys an underfilled call is short either way.
+pub const DECODE_MIN_KEYS: usize = 16384;
+
+/// Query tiles of [`BLOCK_M`] rows that carry work: per head, each sequence's query rows in
+/// tiles (the whole batch's when there are no per-sequence lengths).
+pub fn query_tiles(p: &AttentionProblem) -> usize {
+    let per_head: usize = match &p.seqlens {
+        Some(s) => s.q.iter().map(|&q| q.div_ceil(BLOCK_M)).sum(),
+        None => p.batch * p.seqlen_q.div_ceil(BLOCK_M),
+    };
+    per_head * p.heads_q
+}
+
+/// The longest sequence of keys any query row can see.
+fn longest_keys(p: &AttentionProblem) -> usize {
+    p.seqlens
+        .as_ref()
+        .map_or(p.seqlen_kv, |s| s.kv.iter().copied().max().unwrap_or(0))
 }
 
 /// Largest dynamic shared memory of one CTA on SM90 (227 KiB).
@@ -287,6 +324,43 @@ mod tests {
         // Windows and both causal alignments are in.
         let p =
             problem(512, 512).with_mask(MaskSpec::window(128, 0, DiagonalAlignment::BottomRight));
+        assert_eq!(check_problem(&p), Ok(()));
+    }
+
+    #[test]
+    fn decode_shapes_that_leave_the_gpu_idle_are_refused() {
+        use crate::problem::{SeqLens, SeqPacking};
+        let decode = |b, hq, hkv, sq, skv| {
+            AttentionProblem::new(b, hq, hkv, sq, skv, 512, 512, DType::BF16)
+                .with_mask(MaskSpec::CAUSAL_BOTTOM_RIGHT)
+        };
+        // The measured decode shapes (b2 hq8, 1..64 queries against 16k..64k keys): 16 tiles.
+        for (sq, skv) in [(1, 65536), (16, 65536), (64, 16384), (64, 65536)] {
+            let err = check_problem(&decode(2, 8, 4, sq, skv)).expect_err("decode");
+            assert!(
+                err.reason.contains("decode-shaped: 16 query tiles"),
+                "{}",
+                err.reason
+            );
+            assert!(err.reason.contains("chunked is faster"), "{}", err.reason);
+        }
+        // One tile short of filling the GPU (131) is refused; 132 tiles are admitted.
+        assert!(check_problem(&decode(1, 131, 1, 64, 16384)).is_err());
+        assert_eq!(check_problem(&decode(1, 132, 1, 64, 16384)), Ok(()));
+        assert_eq!(query_tiles(&decode(1, 132, 1, 64, 16384)), 132);
+        // Shorter keys, or enough query tiles (a prefill, a large decode batch), are admitted.
+        assert_eq!(check_problem(&decode(2, 8, 4, 64, 16383)), Ok(()));
+        assert_eq!(check_problem(&decode(2, 8, 4, 16384, 16384)), Ok(()));
+        assert_eq!(check_problem(&decode(8, 32, 8, 1, 65536)), Ok(()));
+        // Per-sequence lengths count each sequence's own tiles and its own keys: 3 sequences of
+        // 1 query (3 tiles per head) against a cache whose longest holds 20000 keys.
+        let lens = SeqLens::padded(SeqPacking::PaddedLeft, vec![1, 1, 1], vec![100, 20000, 300]);
+        let p = decode(3, 8, 4, 1, 20000).with_seqlens(lens, LayoutKind::Bshd);
+        assert_eq!(query_tiles(&p), 24);
+        let err = check_problem(&p).expect_err("padded decode");
+        assert!(err.reason.contains("24 query tiles") && err.reason.contains("20000 keys"));
+        let lens = SeqLens::padded(SeqPacking::PaddedLeft, vec![1, 1, 1], vec![100, 2000, 300]);
+        let p = decode(3, 8, 4, 1, 20000).with_seqlens(lens, LayoutKind::Bshd);
         assert_eq!(check_problem(&p), Ok(()));
     }
 
