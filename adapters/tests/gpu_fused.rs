@@ -147,7 +147,7 @@ fn cases() -> Vec<(AttentionProblem, String)> {
 /// alignments, sliding windows, square and rectangular shapes, bf16 and fp16, and decode
 /// shapes: 1..64 queries against 16k..64k keys (a few heads, so the CPU reference stays short).
 /// The decode draws (every 20th, labelled "decode") are ones the executor refuses as
-/// decode-shaped (`fused::DECODE_FILL_TILES`); 211 draws leave 200 that run.
+/// decode-shaped (`fused::DECODE_FILL_TILES`); 210 draws leave 200 that run.
 fn wide_grid() -> Vec<(AttentionProblem, String)> {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = |n: usize| {
@@ -159,7 +159,7 @@ fn wide_grid() -> Vec<(AttentionProblem, String)> {
         ((z ^ (z >> 31)) % n as u64) as usize
     };
     let mut out = Vec::new();
-    for i in 0..211 {
+    for i in 0..210 {
         let named = [320, 384, 448, 512];
         let dim = |next: &mut dyn FnMut(usize) -> usize| {
             if next(5) < 3 {
@@ -313,7 +313,7 @@ fn wide_grid_of_200_cases_meets_the_flash_attention_criterion() {
     let (decode, cases): (Vec<_>, Vec<_>) = wide_grid()
         .into_iter()
         .partition(|(_, label)| label.ends_with(" decode"));
-    assert_eq!((decode.len(), cases.len()), (11, 200));
+    assert_eq!((decode.len(), cases.len()), (10, 200));
     for (p, label) in &decode {
         let err = attn_policy_adapters::fused::check_problem(p).expect_err(label);
         assert!(
