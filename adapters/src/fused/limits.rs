@@ -170,7 +170,7 @@ pub fn manifest() -> Manifest {
             "per-sequence lengths (padded either side, packed THD): forward in one launch from a \
              per-sequence table in the workspace; backward one chunked backward plan per sequence"
                 .into(),
-            "decode-shaped calls refused: fewer than 132 query tiles of 64 rows against 16384 \
+            "decode-shaped calls refused: fewer than 66 query tiles of 64 rows against 16384 \
              keys or more (no split over the keys; chunked is faster there)"
                 .into(),
         ],
@@ -223,10 +223,12 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
 
 /// A call with fewer query tiles than this ([`query_tiles`]: one CTA each, one CTA per SM) and
 /// at least [`DECODE_MIN_KEYS`] keys is refused as decode-shaped. The forward has no split over
-/// the keys, so such a call runs on a few SMs for as long as its keys last; chunked, whose
-/// GEMMs spread the keys over the GPU, is faster there (measured: docs/fused.md, "Decode
-/// shapes"). 132 is the SM count of an H100/H200 SXM.
-pub const DECODE_FILL_TILES: usize = 132;
+/// the keys, so such a call runs on a few SMs for as long as its keys last, while chunked's
+/// GEMMs spread the keys over the whole GPU. Measured at 16 tiles: chunked 1.5-1.9x faster
+/// (docs/fused.md, "Decode shapes"). The boundary, half the 132 SMs of an H100/H200 SXM, is
+/// argued, not measured: below it fused runs on at most half the GPU, which costs it more than
+/// its 1.5-1.9x lead over chunked on a full GPU.
+pub const DECODE_FILL_TILES: usize = 66;
 /// See [`DECODE_FILL_TILES`]: below this many keys an underfilled call is short either way.
 pub const DECODE_MIN_KEYS: usize = 16384;
 
@@ -344,10 +346,11 @@ mod tests {
             );
             assert!(err.reason.contains("chunked is faster"), "{}", err.reason);
         }
-        // One tile short of filling the GPU (131) is refused; 132 tiles are admitted.
-        assert!(check_problem(&decode(1, 131, 1, 64, 16384)).is_err());
-        assert_eq!(check_problem(&decode(1, 132, 1, 64, 16384)), Ok(()));
-        assert_eq!(query_tiles(&decode(1, 132, 1, 64, 16384)), 132);
+        // One tile short of half the GPU (65) is refused; 66 tiles are admitted.
+        assert!(check_problem(&decode(1, 65, 1, 64, 16384)).is_err());
+        assert_eq!(check_problem(&decode(1, 66, 1, 64, 16384)), Ok(()));
+        assert_eq!(query_tiles(&decode(1, 33, 1, 65, 16384)), 66);
+        assert_eq!(check_problem(&decode(1, 33, 1, 65, 16384)), Ok(()));
         // Shorter keys, or enough query tiles (a prefill, a large decode batch), are admitted.
         assert_eq!(check_problem(&decode(2, 8, 4, 64, 16383)), Ok(()));
         assert_eq!(check_problem(&decode(2, 8, 4, 16384, 16384)), Ok(()));
