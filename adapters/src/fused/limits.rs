@@ -203,14 +203,7 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
             "{tokens} packed tokens above 2^31-1 (32-bit token indices)"
         )));
     }
-    let (tiles, keys) = (query_tiles(p), longest_keys(p));
-    if tiles < DECODE_FILL_TILES && keys >= DECODE_MIN_KEYS {
-        return Err(Unsupported::new(format!(
-            "decode-shaped: {tiles} query tiles of {BLOCK_M} rows (fewer than {DECODE_FILL_TILES}) \
-             against {keys} keys leave most SMs idle, and the kernel has no split over the \
-             keys; chunked is faster on such calls (docs/fused.md, \"Decode shapes\")"
-        )));
-    }
+    decode_gate(p, decode_fill_tiles()?)?;
     let (dqk, dv) = padded_dims(p.head_dim_qk, p.head_dim_v);
     let smem = shared_bytes(dqk, dv);
     if smem > MAX_SHARED_BYTES {
@@ -231,6 +224,45 @@ pub fn check_problem(p: &AttentionProblem) -> Result<(), Unsupported> {
 pub const DECODE_FILL_TILES: usize = 66;
 /// See [`DECODE_FILL_TILES`]: below this many keys an underfilled call is short either way.
 pub const DECODE_MIN_KEYS: usize = 16384;
+
+/// Development hook for placing the decode boundary on measurements: a process with
+/// `ATTN_POLICY_FUSED_DECODE_TILES=N` uses N instead of [`DECODE_FILL_TILES`] (0 admits every
+/// decode shape, so a sweep can time fused on them). Read once.
+pub const DECODE_TILES_ENV: &str = "ATTN_POLICY_FUSED_DECODE_TILES";
+
+/// The decode boundary of this process; a value that is not a number refuses every call,
+/// naming the variable (never silently the default).
+fn decode_fill_tiles() -> Result<usize, Unsupported> {
+    static FILL: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
+    FILL.get_or_init(|| parse_fill_tiles(std::env::var(DECODE_TILES_ENV)))
+        .clone()
+        .map_err(Unsupported::new)
+}
+
+/// [`DECODE_TILES_ENV`]'s value as the boundary: absent is [`DECODE_FILL_TILES`].
+fn parse_fill_tiles(var: Result<String, std::env::VarError>) -> Result<usize, String> {
+    match var {
+        Err(std::env::VarError::NotPresent) => Ok(DECODE_FILL_TILES),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| format!("{DECODE_TILES_ENV}={v:?} is not a tile count")),
+        Err(e) => Err(format!("{DECODE_TILES_ENV}: {e}")),
+    }
+}
+
+/// Refuses a decode-shaped call ([`DECODE_FILL_TILES`]) at the boundary `fill`.
+fn decode_gate(p: &AttentionProblem, fill: usize) -> Result<(), Unsupported> {
+    let (tiles, keys) = (query_tiles(p), longest_keys(p));
+    if tiles < fill && keys >= DECODE_MIN_KEYS {
+        return Err(Unsupported::new(format!(
+            "decode-shaped: {tiles} query tiles of {BLOCK_M} rows (fewer than {fill}) \
+             against {keys} keys leave most SMs idle, and the kernel has no split over the \
+             keys; chunked is faster on such calls (docs/fused.md, \"Decode shapes\")"
+        )));
+    }
+    Ok(())
+}
 
 /// Query tiles of [`BLOCK_M`] rows that carry work: per head, each sequence's query rows in
 /// tiles (the whole batch's when there are no per-sequence lengths).
@@ -365,6 +397,32 @@ mod tests {
         let lens = SeqLens::padded(SeqPacking::PaddedLeft, vec![1, 1, 1], vec![100, 2000, 300]);
         let p = decode(3, 8, 4, 1, 20000).with_seqlens(lens, LayoutKind::Bshd);
         assert_eq!(check_problem(&p), Ok(()));
+    }
+
+    #[test]
+    fn the_decode_boundary_can_be_moved_for_a_sweep_and_a_bad_value_is_named() {
+        use std::env::VarError;
+        assert_eq!(
+            parse_fill_tiles(Err(VarError::NotPresent)),
+            Ok(DECODE_FILL_TILES)
+        );
+        assert_eq!(parse_fill_tiles(Ok(" 0".into())), Ok(0));
+        let err = parse_fill_tiles(Ok("many".into())).unwrap_err();
+        assert!(
+            err.contains(DECODE_TILES_ENV) && err.contains("\"many\""),
+            "{err}"
+        );
+        // 16 tiles against 64k keys: admitted at a boundary of 0 or 16, refused at 17.
+        let p = AttentionProblem::new(2, 8, 4, 1, 65536, 512, 512, DType::BF16);
+        assert_eq!(decode_gate(&p, 0), Ok(()));
+        assert_eq!(decode_gate(&p, 16), Ok(()));
+        let err = decode_gate(&p, 17).unwrap_err();
+        assert!(
+            err.reason
+                .contains("16 query tiles of 64 rows (fewer than 17)"),
+            "{}",
+            err.reason
+        );
     }
 
     #[test]

@@ -24,10 +24,10 @@
 
 mod limits;
 pub use limits::{
-    BLOCK_M, BLOCK_N, COMPUTE_CAPABILITY, DECODE_FILL_TILES, DECODE_MIN_KEYS, MAX_HEAD_DIM,
-    MAX_SEQLEN, MAX_SHARED_BYTES, MIN_HEAD_DIM, NAME, SEQ_TABLE_INTS, backward_shared_bytes,
-    check_problem, forward_workspace_bytes, manifest, padded_dims, query_tiles, seq_table,
-    seq_table_bytes, seq_v_columns, shared_bytes, transposed_v_bytes,
+    BLOCK_M, BLOCK_N, COMPUTE_CAPABILITY, DECODE_FILL_TILES, DECODE_MIN_KEYS, DECODE_TILES_ENV,
+    MAX_HEAD_DIM, MAX_SEQLEN, MAX_SHARED_BYTES, MIN_HEAD_DIM, NAME, SEQ_TABLE_INTS,
+    backward_shared_bytes, check_problem, forward_workspace_bytes, manifest, padded_dims,
+    query_tiles, seq_table, seq_table_bytes, seq_v_columns, shared_bytes, transposed_v_bytes,
 };
 
 #[cfg(feature = "cuda")]
