@@ -651,6 +651,17 @@ impl AttentionProblem {
         self.set_layout(kind);
         self
     }
+    /// The longest query and key sequences: with per-sequence lengths the longest of each side,
+    /// else `seqlen_q` and `seqlen_kv`.
+    pub fn longest_seqs(&self) -> (usize, usize) {
+        match &self.seqlens {
+            Some(s) => (
+                s.q.iter().copied().max().unwrap_or(0),
+                s.kv.iter().copied().max().unwrap_or(0),
+            ),
+            None => (self.seqlen_q, self.seqlen_kv),
+        }
+    }
     /// Rows of the query tensors' sequence dimension: the packed token count, else `seqlen_q`.
     pub fn rows_q(&self) -> usize {
         match &self.seqlens {

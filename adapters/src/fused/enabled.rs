@@ -1231,10 +1231,7 @@ impl StreamKernels for Fused {
         let maps = TensorMaps::encode(p, a.k, vt, vcols as u64, vslabs as u64)?;
         let (pos_row, pos_head) = (maps.pos_row, maps.pos_head);
         // Query tiles (of the longest sequence) rounded up to whole clusters of two.
-        let longest = p
-            .seqlens
-            .as_ref()
-            .map_or(p.seqlen_q, |s| s.q.iter().copied().max().unwrap_or(0));
+        let longest = p.longest_seqs().0;
         let tiles = longest.div_ceil(BLOCK_M).div_ceil(2) as u32 * 2;
         if tiles == 0 {
             return Ok(());

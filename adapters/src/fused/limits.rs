@@ -170,9 +170,11 @@ pub fn manifest() -> Manifest {
             "per-sequence lengths (padded either side, packed THD): forward in one launch from a \
              per-sequence table in the workspace; backward one chunked backward plan per sequence"
                 .into(),
-            "decode-shaped calls refused: fewer than 66 query tiles of 64 rows against 16384 \
-             keys or more (no split over the keys; chunked is faster there)"
-                .into(),
+            format!(
+                "decode-shaped calls refused: fewer than {DECODE_FILL_TILES} query tiles of \
+                 {BLOCK_M} rows against {DECODE_MIN_KEYS} keys or more (no split over the keys; \
+                 chunked is faster there)"
+            ),
         ],
     }
 }
@@ -253,7 +255,7 @@ fn parse_fill_tiles(var: Result<String, std::env::VarError>) -> Result<usize, St
 
 /// Refuses a decode-shaped call ([`DECODE_FILL_TILES`]) at the boundary `fill`.
 fn decode_gate(p: &AttentionProblem, fill: usize) -> Result<(), Unsupported> {
-    let (tiles, keys) = (query_tiles(p), longest_keys(p));
+    let (tiles, keys) = (query_tiles(p), p.longest_seqs().1);
     if tiles < fill && keys >= DECODE_MIN_KEYS {
         return Err(Unsupported::new(format!(
             "decode-shaped: {tiles} query tiles of {BLOCK_M} rows (fewer than {fill}) \
@@ -272,13 +274,6 @@ pub fn query_tiles(p: &AttentionProblem) -> usize {
         None => p.batch * p.seqlen_q.div_ceil(BLOCK_M),
     };
     per_head * p.heads_q
-}
-
-/// The longest sequence of keys any query row can see.
-fn longest_keys(p: &AttentionProblem) -> usize {
-    p.seqlens
-        .as_ref()
-        .map_or(p.seqlen_kv, |s| s.kv.iter().copied().max().unwrap_or(0))
 }
 
 /// Largest dynamic shared memory of one CTA on SM90 (227 KiB).
