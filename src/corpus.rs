@@ -52,9 +52,12 @@ pub enum CorpusError {
         line: usize,
         message: String,
     },
+    /// No record at all: a rate or a median over nothing would claim what was not measured.
+    #[error("{path}: no records (the corpus is empty: one JSON object per line expected)")]
+    Empty { path: String },
 }
 
-/// Reads every record of a `.jsonl` or `.jsonl.gz` file.
+/// Reads every record of a `.jsonl` or `.jsonl.gz` file; a file without any is an error.
 pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
     let io = |source| CorpusError::Io {
         path: path.display().to_string(),
@@ -93,7 +96,15 @@ pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
                 let raw = serde_json::from_str(&line).map_err(|e| rec_err(e.to_string()))?;
                 (raw, Some(e))
             }
-            Err(e) => return Err(rec_err(e.to_string())),
+            Err(mut e) => {
+                // The location names the one-line text (`file:1:col`); the line is the corpus'.
+                let col = e
+                    .location
+                    .take()
+                    .and_then(|l| l.strip_prefix(&format!("{file}:1:")).map(str::to_string));
+                let at = col.map(|c| format!(" (column {c})")).unwrap_or_default();
+                return Err(rec_err(format!("{e}{at}")));
+            }
         };
         let config = raw
             .get("config")
@@ -113,6 +124,11 @@ pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
             decision,
             raw,
             error,
+        });
+    }
+    if out.is_empty() {
+        return Err(CorpusError::Empty {
+            path: path.display().to_string(),
         });
     }
     Ok(out)
