@@ -9,6 +9,7 @@ use std::time::Instant;
 use clap::Args;
 
 use super::args::PackArgs;
+use super::progress::Progress;
 use attn_policy::Decision;
 use attn_policy::Facts;
 use attn_policy::facts::Value;
@@ -39,6 +40,10 @@ pub fn run(a: BenchArgs) -> i32 {
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     // Structurally invalid records are input errors: never decided, so not timed.
     let mut input_errors = 0;
+    let progress = Progress::start(match &a.corpus {
+        Some(p) => format!("bench: reading {}", p.display()),
+        None => "bench: reading the presets".to_string(),
+    });
     let facts: Vec<Facts> = match &a.corpus {
         Some(path) => match attn_policy::read_corpus(path) {
             Ok(recs) => {
@@ -54,7 +59,10 @@ pub fn run(a: BenchArgs) -> i32 {
                 }
                 out
             }
-            Err(e) => return super::fail(e),
+            Err(e) => {
+                progress.finish();
+                return super::fail(e);
+            }
         },
         // The presets of the pack's family (a te preset means nothing to the torch pack).
         None => presets::of_family(policy.schema.family)
@@ -67,8 +75,14 @@ pub fn run(a: BenchArgs) -> i32 {
             .collect(),
     };
     if facts.is_empty() {
+        progress.finish();
         return super::fail("no inputs to decide");
     }
+    progress.stage(format!(
+        "bench: timing {} decisions x {} passes",
+        facts.len(),
+        a.passes
+    ));
     let mut d = Decision::default();
     // Warm up, then time batches so the clock's resolution does not dominate.
     for f in &facts {
@@ -103,6 +117,7 @@ pub fn run(a: BenchArgs) -> i32 {
             }
         }
     }
+    progress.finish();
     let (median, p99) = median_p99(&mut streamed);
     let te_us = 153.0;
     let warm_figures = (!warm.is_empty()).then(|| median_p99(&mut warm));

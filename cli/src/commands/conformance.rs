@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::args::PackArgs;
+use super::progress::Progress;
 use attn_policy::conformance;
 use attn_policy::read_corpus;
 
@@ -43,11 +44,21 @@ pub fn run(a: ConformanceArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
+    let progress = Progress::start(format!("conformance: reading {}", a.file.display()));
     let records = match read_corpus(&a.file) {
         Ok(r) => r,
-        Err(e) => return super::fail(e.to_string()),
+        Err(e) => {
+            progress.finish();
+            return super::fail(e.to_string());
+        }
     };
+    progress.stage(format!(
+        "conformance: deciding {} records with pack `{}`",
+        records.len(),
+        policy.name
+    ));
     let report = conformance::run(&policy, &records);
+    progress.finish();
     if a.json {
         println!(
             "{}",

@@ -2,6 +2,8 @@
 
 use clap::Args;
 
+use super::progress::Progress;
+
 use attn_policy_analysis::regions::{
     CorpusConfig, DEFAULT_BUDGET, DiffReport, Restriction, diff_over_corpus,
 };
@@ -170,11 +172,27 @@ pub fn run(a: DiffArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return super::fail(e),
     };
+    let progress = Progress::start(match &a.corpus {
+        Some(p) => format!("diff: reading {}", p.display()),
+        None => format!("diff: comparing `{}` and `{}`", a.old, a.new),
+    });
     let corpus = match a.corpus.as_deref().map(|p| read_corpus(p, &old, &new)) {
         None => None,
         Some(Ok(c)) => Some(c),
-        Some(Err(e)) => return super::fail(e),
+        Some(Err(e)) => {
+            progress.finish();
+            return super::fail(e);
+        }
     };
+    progress.stage(format!(
+        "diff: comparing `{}` and `{}` over every equivalence class{}",
+        a.old,
+        a.new,
+        match &corpus {
+            Some((c, _)) => format!(", counting {} corpus configurations per region", c.len()),
+            None => String::new(),
+        }
+    ));
     let (mut report, _) = diff_over_corpus(
         &old,
         &new,
@@ -183,6 +201,7 @@ pub fn run(a: DiffArgs) -> i32 {
         a.max_regions,
         corpus.as_ref().map(|c| c.0.as_slice()),
     );
+    progress.finish();
     if let (Some(summary), Some((_, errors))) = (report.corpus.as_mut(), &corpus) {
         summary.input_errors = *errors as u64;
     }

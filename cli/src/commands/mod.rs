@@ -14,6 +14,7 @@ mod explain;
 mod gaps;
 mod info;
 mod matrix;
+mod progress;
 mod run;
 mod why_not;
 
