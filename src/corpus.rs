@@ -70,16 +70,32 @@ pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
         Box::new(file)
     };
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(reader).lines().enumerate() {
-        let line = line.map_err(io)?;
-        if line.trim().is_empty() {
-            continue;
-        }
+    // Lines as bytes: a read error or a line that is not UTF-8 is reported with its line number
+    // (a truncated `.gz` fails part-way; `lines()` would say neither where nor why).
+    for (i, line) in BufReader::new(reader).split(b'\n').enumerate() {
         let rec_err = |message: String| CorpusError::Record {
             path: path.display().to_string(),
             line: i + 1,
             message,
         };
+        let mut line = line.map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                " (the file ends early: is it truncated?)"
+            } else {
+                ""
+            };
+            rec_err(format!("cannot read it: {e}{hint}"))
+        })?;
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        let line = String::from_utf8(line).map_err(|e| {
+            let col = e.utf8_error().valid_up_to() + 1;
+            rec_err(format!("not UTF-8 text (an invalid byte at column {col})"))
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
         // Parsed with key positions: a duplicate key makes this record an input error (the
         // corpus stays readable); text that is not JSON makes the corpus unreadable.
         let file = path.display().to_string();

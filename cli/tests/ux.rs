@@ -328,3 +328,43 @@ fn progress_is_a_stderr_status_line_only_on_a_terminal() {
         );
     }
 }
+
+#[test]
+fn a_truncated_or_non_utf8_corpus_names_the_line() {
+    let d = dir("broken-corpus");
+    // The first 4 KiB of a gzipped corpus: the stream ends part-way.
+    let gz = std::fs::read(repo("tests/corpora/te-2.20.2-corpus-a.jsonl.gz")).unwrap();
+    let cut = d.join("cut.jsonl.gz");
+    std::fs::write(&cut, &gz[..4096]).unwrap();
+    let c = cut.to_str().unwrap();
+    for args in [vec!["conformance", c], vec!["coverage", c]] {
+        let o = run_plain(&args);
+        refused(&o, &[&format!("{c}:"), "is it truncated?"]);
+    }
+    // A record holding a byte that is not UTF-8: file, line and column.
+    let bad = d.join("latin1.jsonl");
+    let mut bytes =
+        b"{\"id\": \"a\", \"config\": {}}\n{\"id\": \"b\", \"config\": {\"qkv_dtype\": \"".to_vec();
+    bytes.extend_from_slice(b"\xe9\"}}\n");
+    std::fs::write(&bad, bytes).unwrap();
+    let b = bad.to_str().unwrap();
+    refused(
+        &run_plain(&["conformance", b]),
+        &[&format!("{b}:2: not UTF-8 text"), "column 38"],
+    );
+}
+
+#[test]
+fn with_json_an_error_is_text_on_stderr_and_stdout_stays_empty() {
+    // docs/cli.md, "Exit codes": a consumer checks the exit code before parsing stdout.
+    for args in [
+        vec!["explain", "--json", "--head-dim", "0", "--no-env"],
+        vec!["explain", "--format", "te", "--preset", "nope", "--no-env"],
+        vec!["gaps", "--json", "--where", "bogus == 1"],
+        vec!["presets", "--json", "--show", "nope"],
+        vec!["why-not", "Nope", "--no-env"],
+    ] {
+        let o = run_plain(&args);
+        refused(&o, &["error: "]);
+    }
+}

@@ -456,47 +456,7 @@ impl ConfigArgs {
             merge(&mut obj, &config);
         }
         if let Some(path) = &self.config {
-            let (name, text) = if path.as_os_str() == "-" {
-                let mut s = String::new();
-                std::io::stdin()
-                    .read_to_string(&mut s)
-                    .map_err(|e| flag_error("<stdin>", "", format!("cannot read stdin: {e}")))?;
-                ("<stdin>".to_string(), s)
-            } else {
-                let name = path.display().to_string();
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| flag_error(&name, "", format!("cannot read it: {e}")))?;
-                (name, text)
-            };
-            // Empty text parses as YAML's null: say what is wrong instead of "found null".
-            if text.trim().is_empty() {
-                return Err(InputError::new(
-                    "",
-                    "is empty; expected a config object (JSON or YAML), e.g. {\"head_dim_qk\": 128}",
-                )
-                .kind(InputErrorKind::Syntax)
-                .at(Some(name)));
-            }
-            // A whole conformance record is accepted too: its `config` is the input (with a
-            // PyTorch record's `torch` device object).
-            let text = ConfigText::parse(&name, &text)?.into_config();
-            if !text.value.is_object() {
-                // Text that is neither JSON nor YAML mapping reads as one YAML string.
-                let hint = if text.value.is_string() {
-                    " (the text is neither a JSON object nor a YAML mapping)"
-                } else {
-                    ""
-                };
-                return Err(InputError::new(
-                    "",
-                    format!(
-                        "expected a config object, found {}{hint}",
-                        kind(&text.value)
-                    ),
-                )
-                .kind(InputErrorKind::Syntax)
-                .at(Some(name)));
-            }
+            let text = read_config(path)?;
             let value = text.value.clone();
             input.record("", &value, &Source::File(Arc::new(text)), false);
             merge(&mut obj, &value);
@@ -742,6 +702,53 @@ impl ConfigArgs {
         }
         Ok(())
     }
+}
+
+/// Reads a config file (`-`: stdin) as a config object: JSON or YAML, or a whole conformance
+/// record (its `config`). Empty text and text that is not a mapping are refused by name.
+fn read_config(path: &std::path::Path) -> Result<ConfigText, InputError> {
+    let (name, text) = if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| flag_error("<stdin>", "", format!("cannot read stdin: {e}")))?;
+        ("<stdin>".to_string(), s)
+    } else {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| flag_error(&name, "", format!("cannot read it: {e}")))?;
+        (name, text)
+    };
+    // Empty text parses as YAML's null: say what is wrong instead of "found null".
+    if text.trim().is_empty() {
+        return Err(InputError::new(
+            "",
+            "is empty; expected a config object (JSON or YAML), e.g. {\"head_dim_qk\": 128}",
+        )
+        .kind(InputErrorKind::Syntax)
+        .at(Some(name)));
+    }
+    // A whole conformance record is accepted too: its `config` is the input (with a
+    // PyTorch record's `torch` device object).
+    let text = ConfigText::parse(&name, &text)?.into_config();
+    if !text.value.is_object() {
+        // Text that is neither JSON nor YAML mapping reads as one YAML string.
+        let hint = if text.value.is_string() {
+            " (the text is neither a JSON object nor a YAML mapping)"
+        } else {
+            ""
+        };
+        return Err(InputError::new(
+            "",
+            format!(
+                "expected a config object, found {}{hint}",
+                kind(&text.value)
+            ),
+        )
+        .kind(InputErrorKind::Syntax)
+        .at(Some(name)));
+    }
+    Ok(text)
 }
 
 fn kind(v: &Json) -> &'static str {
