@@ -368,3 +368,59 @@ fn with_json_an_error_is_text_on_stderr_and_stdout_stays_empty() {
         refused(&o, &["error: "]);
     }
 }
+
+/// The first `n` records of a shipped corpus, as a `.jsonl` file of their own.
+fn head_of_corpus(corpus: &str, n: usize) -> String {
+    let records = attn_policy::read_corpus(std::path::Path::new(&repo(corpus))).expect("corpus");
+    let name = corpus.rsplit('/').next().unwrap().replace(".gz", "");
+    let path = dir("head").join(format!("{n}-{name}"));
+    let lines: Vec<String> = records.iter().take(n).map(|r| r.raw.to_string()).collect();
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn bench_reads_a_corpus_for_the_packs_family() {
+    // A torch corpus for the torch pack: every record decided (they were all read as te facts
+    // and refused, "no inputs to decide").
+    let torch = head_of_corpus("tests/corpora/torch-2.11-sdpa-corpus-a.jsonl.gz", 300);
+    let o = run_plain(&[
+        "bench", "--pack", "torch", "--corpus", &torch, "--passes", "1",
+    ]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(
+        o.stdout.contains("inputs               300 (1 passes)\n"),
+        "{}",
+        o.stdout
+    );
+    // TransformerEngine's selector time is no yardstick for PyTorch's.
+    assert!(!o.stdout.contains("vs TE selector"), "{}", o.stdout);
+    // A te corpus for the torch pack: refused, saying why (its facts were decided against the
+    // torch schema).
+    let te = head_of_corpus("tests/corpora/te-2.20.2-corpus-a.jsonl.gz", 300);
+    refused(
+        &run_plain(&["bench", "--pack", "torch", "--corpus", &te, "--passes", "1"]),
+        &[
+            "no inputs to decide",
+            "fact family `torch`",
+            "another family",
+        ],
+    );
+}
+
+#[test]
+fn every_command_help_has_examples_and_exit_codes() {
+    // docs/cli.md: "`attn-policy COMMAND --help` gives each one's flags, examples and the
+    // exit-code table".
+    for c in subcommands() {
+        let help = run_plain(&[&c, "--help"]).stdout;
+        assert!(
+            help.contains("\nExamples:\n"),
+            "{c} --help has no examples:\n{help}"
+        );
+        assert!(
+            help.contains("\nExit codes"),
+            "{c} --help has no exit codes:\n{help}"
+        );
+    }
+}

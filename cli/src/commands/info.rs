@@ -125,6 +125,13 @@ pub fn presets(a: PresetsArgs) -> i32 {
 }
 
 #[derive(Args, Debug)]
+#[command(after_help = concat!("\
+Examples:
+  attn-policy facts                       # the te family, as a Markdown table (docs/facts.md)
+  attn-policy facts --pack torch          # PyTorch SDPA's facts
+  attn-policy facts --json | jq '.facts[] | select(.path == \"head_dim_qk\")'
+
+", crate::exit_codes!()))]
 pub struct FactsArgs {
     /// Print as JSON: every fact (path, type, nullable, domain, default, origin, fixed, doc),
     /// the constraints across facts, the facts that choose the pack (`selection`:
@@ -220,7 +227,8 @@ pub fn facts(a: FactsArgs) -> i32 {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  attn-policy explain-code E-TYPE\n  attn-policy explain-code w-subsumed"
+    after_help = "Examples:\n  attn-policy explain-code E-TYPE\n  attn-policy explain-code w-subsumed\n\n\
+                  Exit codes: 0 printed, 2 an unknown code (the known ones are listed)."
 )]
 pub struct ExplainCodeArgs {
     /// A diagnostic code as `check` and load errors print it (case does not matter).
@@ -274,7 +282,9 @@ fn textwrap(text: &str, width: usize) -> String {
 Examples:
   attn-policy completions bash > /etc/bash_completion.d/attn-policy
   attn-policy completions zsh > \"${fpath[1]}/_attn-policy\"
-  attn-policy completions fish > ~/.config/fish/completions/attn-policy.fish")]
+  attn-policy completions fish > ~/.config/fish/completions/attn-policy.fish
+
+Exit codes: 0 printed, 2 an unknown shell.")]
 pub struct CompletionsArgs {
     /// The shell.
     #[arg(value_enum)]
