@@ -424,3 +424,24 @@ fn every_command_help_has_examples_and_exit_codes() {
         );
     }
 }
+
+#[test]
+fn a_corpus_without_one_valid_record_is_no_perfect_score() {
+    // A corpus of the other fact family: every record an input error. The agreement was
+    // "0/0 valid records (100.00%)", exit 0, and `--min-rate 1.0` passed.
+    let te = head_of_corpus("tests/corpora/te-2.20.2-corpus-a.jsonl.gz", 300);
+    let torch = head_of_corpus("tests/corpora/torch-2.11-sdpa-corpus-a.jsonl.gz", 300);
+    for args in [
+        vec!["conformance", torch.as_str(), "--min-rate", "1.0"],
+        vec!["conformance", te.as_str(), "--pack", "torch", "--json"],
+        vec!["coverage", torch.as_str(), "--min-ratio", "0"],
+    ] {
+        refused(
+            &run_plain(&args),
+            &[
+                "none of the 300 records is a valid configuration",
+                "another family",
+            ],
+        );
+    }
+}

@@ -55,6 +55,9 @@ pub fn run(a: CoverageArgs) -> i32 {
     ));
     let r = coverage(&policy, &records);
     progress.finish();
+    if let Some(e) = super::conformance::nothing_valid(&policy, &r.input_errors, r.records) {
+        return super::fail(e);
+    }
     if a.json {
         println!(
             "{}",
