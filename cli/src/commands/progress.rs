@@ -50,12 +50,8 @@ impl Progress {
         }
         let handle = std::thread::spawn(move || {
             let mut wait = if drawn { TICK } else { delay };
-            loop {
-                match stopped.recv_timeout(wait) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    // Stopped (or the Progress is gone): erase what was drawn.
-                    _ => break,
-                }
+            // Until stopped (or the Progress is gone): redraw on every timeout.
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(wait) {
                 draw(&shown, t0);
                 drawn = true;
                 wait = TICK;
