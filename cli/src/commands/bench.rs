@@ -3,17 +3,17 @@
 //! same figure with confidence intervals; this command lets anyone reproduce it in one line.
 
 use std::hint::black_box;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
 
 use super::args::PackArgs;
 use super::progress::Progress;
-use attn_policy::Decision;
 use attn_policy::Facts;
 use attn_policy::facts::Value;
 use attn_policy::facts::presets;
+use attn_policy::{Decision, Policy};
 
 #[derive(Args, Debug)]
 #[command(after_help = concat!("\
@@ -50,59 +50,21 @@ pub fn run(a: BenchArgs) -> i32 {
         Err(code) => return code,
     };
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    // Structurally invalid records are input errors: never decided, so not timed.
-    let mut input_errors = 0;
-    let mut first_error = None;
     let progress = Progress::start(match &a.corpus {
         Some(p) => format!("bench: reading {}", p.display()),
         None => "bench: reading the presets".to_string(),
     });
-    let facts: Vec<Facts> = match &a.corpus {
-        Some(path) => match attn_policy::read_corpus(path) {
-            Ok(recs) => {
-                let mut out = Vec::with_capacity(recs.len());
-                for r in recs {
-                    // Read for the pack's family (a torch record holds its device too); facts
-                    // of another family would be decided against the wrong schema.
-                    match attn_policy::conformance::read_record(&policy, &r) {
-                        Ok(mut f) => {
-                            f.set_all_probes(true);
-                            out.push(f);
-                        }
-                        Err(e) => {
-                            input_errors += 1;
-                            first_error.get_or_insert(e);
-                        }
-                    }
-                }
-                out
-            }
-            Err(e) => {
-                progress.finish();
-                return super::fail(e);
-            }
-        },
-        // The presets of the pack's family (a te preset means nothing to the torch pack).
-        None => presets::of_family(policy.schema.family)
-            .map(|p| {
-                policy
-                    .schema
-                    .read(&(p.config)())
-                    .expect("presets are valid")
-            })
-            .collect(),
+    let (facts, input_errors) = match inputs(&policy, a.corpus.as_deref()) {
+        Ok((facts, _)) if facts.is_empty() => {
+            progress.finish();
+            return super::fail("no inputs to decide");
+        }
+        Ok(read) => read,
+        Err(e) => {
+            progress.finish();
+            return super::fail(e);
+        }
     };
-    if facts.is_empty() {
-        progress.finish();
-        return super::fail(match first_error {
-            Some(e) => format!(
-                "no inputs to decide: each of the {input_errors} records is an input error for \
-                 pack `{}` (fact family `{}`: is the corpus of another family?); the first: {e}",
-                policy.name, policy.schema.family
-            ),
-            None => "no inputs to decide".to_string(),
-        });
-    }
     progress.stage(format!(
         "bench: timing {} decisions x {} passes",
         facts.len(),
@@ -194,6 +156,46 @@ pub fn run(a: BenchArgs) -> i32 {
         );
     }
     0
+}
+
+/// The inputs to time and the number of records that are input errors (structurally invalid:
+/// never decided, so not timed): a corpus's records read for the pack's family (a torch record
+/// holds its device too; facts of another family would be decided against the wrong schema),
+/// or the family's presets (a te preset means nothing to the torch pack).
+fn inputs(policy: &Policy, corpus: Option<&Path>) -> Result<(Vec<Facts>, usize), String> {
+    let Some(path) = corpus else {
+        let presets = presets::of_family(policy.schema.family)
+            .map(|p| {
+                policy
+                    .schema
+                    .read(&(p.config)())
+                    .expect("presets are valid")
+            })
+            .collect();
+        return Ok((presets, 0));
+    };
+    let records = attn_policy::read_corpus(path).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(records.len());
+    let mut errors = Vec::new();
+    for r in &records {
+        match attn_policy::conformance::read_record(policy, r) {
+            Ok(mut f) => {
+                f.set_all_probes(true);
+                out.push(f);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    match errors.first() {
+        Some(e) if out.is_empty() => Err(format!(
+            "no inputs to decide: each of the {} records is an input error for pack `{}` (fact \
+             family `{}`: is the corpus of another family?); the first: {e}",
+            errors.len(),
+            policy.name,
+            policy.schema.family
+        )),
+        _ => Ok((out, errors.len())),
+    }
 }
 
 /// Median and 99th percentile of batch medians.

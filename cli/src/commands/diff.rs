@@ -48,7 +48,8 @@ Examples:
 Exit codes: 0 no difference (search complete), 1 differences found, 2 bad rules or a bad
 --where, 3 none found but the search ran out of budget (INCOMPLETE: no claim either way).")]
 pub struct DiffArgs {
-    /// Old pack: a folder holding pack.yaml, or an embedded pack name (te, native).
+    /// Old pack: a folder holding pack.yaml, or an embedded pack name (te, te@2.18.0,
+    /// te@2.19.0, te@2.20.2, native, torch).
     pub old: String,
     /// New pack: a folder or an embedded pack name.
     pub new: String,
