@@ -194,7 +194,7 @@ fn set_env_and_probe_without_a_name_are_refused_at_the_flag() {
 
 #[test]
 fn sm_that_is_not_a_number_is_named_without_a_misleading_tip() {
-    for v in ["-1", "ninety"] {
+    for v in ["-1", "ninety", "1000", "4294967296"] {
         let o = run(&["explain", "--sm", v]);
         assert_eq!(o.code, Some(2), "{}", o.stderr);
         assert!(

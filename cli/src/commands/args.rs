@@ -125,14 +125,20 @@ pub struct ConfigArgs {
 }
 
 /// `--sm`: a compute capability as one number (major * 10 + minor). A negative or non-numeric
-/// value is named as such (clap's own message for `-1` would suggest `-- -1`).
+/// value is named as such (clap's own message for `-1` would suggest `-- -1`), and so is a
+/// number of 1000 or more (read as a major version of 100 or more, it was refused as
+/// "[100, 0] is not a compute capability").
 fn sm_number(s: &str) -> Result<u32, String> {
-    s.trim().parse::<u32>().map_err(|_| {
-        format!(
-            "expected an sm number, major * 10 + minor: 80, 86, 89, 90, 100, 103, 120, ...; \
-             got `{s}`"
-        )
-    })
+    s.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|&sm| sm < 1000)
+        .ok_or_else(|| {
+            format!(
+                "expected an sm number, major * 10 + minor: 80, 86, 89, 90, 100, 103, 120, \
+                 ...; got `{s}`"
+            )
+        })
 }
 
 /// Flags that set facts of one pack family only, by family.
