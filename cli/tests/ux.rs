@@ -287,15 +287,23 @@ fn why_not_suggests_the_backend_name() {
 
 #[test]
 fn progress_is_a_stderr_status_line_only_on_a_terminal() {
-    let corpus = repo("tests/corpora/torch-2.11-sdpa-corpus-a.jsonl.gz");
+    let corpus = head_of_corpus("tests/corpora/torch-2.11-sdpa-corpus-a.jsonl.gz", 300);
     for (args, what) in [
         (
             vec!["gaps", "--pack", "torch"],
             "gaps: searching pack `torch`",
         ),
         (
+            vec!["diff", "torch", "torch", "--corpus", corpus.as_str()],
+            "diff: comparing `torch` and `torch`",
+        ),
+        (
             vec!["conformance", corpus.as_str(), "--pack", "torch"],
             "conformance: ",
+        ),
+        (
+            vec!["matrix", "--rows", "head_dim=64,128", "--cols", "sm=90,100"],
+            "matrix: pack `te` (1 of 1)",
         ),
     ] {
         // Piped (as here): no status line at all, so stderr is empty.
@@ -305,9 +313,14 @@ fn progress_is_a_stderr_status_line_only_on_a_terminal() {
         let never = run_with(cmd().args(&args).env("ATTN_POLICY_PROGRESS", "never"));
         assert!(never.stderr.is_empty(), "{}", never.stderr);
         // Forced (as on a terminal): the line is drawn on stderr and erased; stdout unchanged.
-        let shown = run_with(cmd().args(&args).env("ATTN_POLICY_PROGRESS", "always"));
+        let shown = run_with(
+            cmd()
+                .args(&args)
+                .env("ATTN_POLICY_PROGRESS", "always")
+                .env_remove("COLUMNS"),
+        );
         assert_eq!(shown.code, piped.code);
-        // The same stdout, but for the elapsed time `gaps` reports.
+        // The same stdout, but for the elapsed time `gaps` and `diff` report.
         let timeless = |s: &str| {
             s.lines()
                 .filter(|l| !l.contains("equivalence classes examined"))
@@ -326,6 +339,10 @@ fn progress_is_a_stderr_status_line_only_on_a_terminal() {
             "erased at the end: {:?}",
             shown.stderr
         );
+        // Every frame fits an 80-column terminal (a wrapped line cannot be redrawn in place).
+        for frame in shown.stderr.split("\r\x1b[K") {
+            assert!(frame.chars().count() < 80, "{frame:?}");
+        }
     }
 }
 

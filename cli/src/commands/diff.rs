@@ -104,10 +104,16 @@ fn run_matrix(a: &DiffArgs, old: &Policy, new: &Policy) -> i32 {
         Ok(q) => q,
         Err(e) => return super::fail(e),
     };
-    let (mo, mn) = match (
+    let progress = Progress::start(format!(
+        "diff: the matrices of `{}` and `{}` (--free {})",
+        a.old, a.new, a.matrix.free
+    ));
+    let built = (
         attn_policy_analysis::matrix::build(old, &query, a.budget),
         attn_policy_analysis::matrix::build(new, &query, a.budget),
-    ) {
+    );
+    progress.finish();
+    let (mo, mn) = match built {
         (Ok(o), Ok(n)) => (o, n),
         (Err(e), _) | (_, Err(e)) => return super::fail(e),
     };
