@@ -462,3 +462,52 @@ fn a_corpus_without_one_valid_record_is_no_perfect_score() {
         );
     }
 }
+
+/// The exit codes a README usage line's comment allows: `exit N` (N), `exit N where ...` (0
+/// where it can run, N where not: a build or a machine without that executor), else 0.
+fn documented_exit(comment: &str) -> Vec<i32> {
+    match comment.split_once("exit ") {
+        Some((_, rest)) => {
+            let n: i32 = rest
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .expect("exit N");
+            if rest.contains(" where ") {
+                vec![0, n]
+            } else {
+                vec![n]
+            }
+        }
+        None => vec![0],
+    }
+}
+
+#[test]
+fn every_readme_usage_line_runs_as_documented() {
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    let usage = readme
+        .split("## Usage")
+        .nth(1)
+        .and_then(|u| u.split("```").nth(1))
+        .expect("README has a Usage block");
+    let mut ran = 0;
+    for line in usage.lines().filter(|l| l.starts_with("attn-policy ")) {
+        let (command, comment) = line.split_once(" # ").unwrap_or((line, ""));
+        assert!(!command.contains(['\'', '"']), "quote-free: {command}");
+        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+        let o = run_with(cmd().current_dir(repo("")).args(&args));
+        let expected = documented_exit(comment);
+        assert!(
+            o.code.is_some_and(|c| expected.contains(&c)),
+            "`{command}` exited {:?}, the README says {expected:?}\nstdout: {}\nstderr: {}",
+            o.code,
+            o.stdout,
+            o.stderr
+        );
+        assert!(!o.stdout.is_empty(), "`{command}` printed nothing");
+        ran += 1;
+    }
+    assert!(ran >= 15, "{ran} usage lines");
+}
