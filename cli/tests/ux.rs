@@ -511,3 +511,21 @@ fn every_readme_usage_line_runs_as_documented() {
     }
     assert!(ran >= 15, "{ran} usage lines");
 }
+
+#[test]
+fn version_lists_the_embedded_releases() {
+    // `--pack te@2.18.0` is embedded; `--version` named only `te` (TransformerEngine 2.20.2).
+    let v = run_plain(&["--version"]).stdout;
+    let te = v
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("te"))
+        .unwrap_or_else(|| panic!("{v}"));
+    for r in ["te@2.18.0", "te@2.19.0", "te@2.20.2", "te@auto"] {
+        assert!(te.contains(r), "{r} in {te}");
+    }
+    // Each release is a pack `explain` takes.
+    for r in ["te@2.18.0", "te@2.19.0", "te@2.20.2"] {
+        let o = run(&["explain", "--pack", r, "--preset", "gemma4-global"]);
+        assert!(matches!(o.code, Some(0 | 1)), "{r}: {}", o.stderr);
+    }
+}

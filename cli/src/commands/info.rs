@@ -314,6 +314,7 @@ pub static LONG_VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(
 /// `--version`: the crate version, the embedded packs (with the TransformerEngine version a
 /// pack mirrors), and the features this build was compiled with.
 fn long_version() -> String {
+    use attn_policy::lang::Version;
     let mut out = format!("{}\n", env!("CARGO_PKG_VERSION"));
     out.push_str("embedded packs:\n");
     for name in attn_policy::pack::embedded_pack_names() {
@@ -329,9 +330,22 @@ fn long_version() -> String {
                     .find(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
                     .map(|v| format!("{who} {v}"))
             });
+        // The releases embedded with it (`--pack te@2.19.0`, `te@auto`), which it also answers to.
+        let mut releases = attn_policy::pack::embedded_release_names(name);
+        releases.sort_by_key(|r| r.split_once('@').and_then(|(_, v)| Version::parse(v)));
+        let releases = if releases.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; releases {} ({name}@auto: the installed one's)",
+                releases.join(", ")
+            )
+        };
         match upstream {
-            Some(u) => out.push_str(&format!("  {name:<8} {u}\n")),
-            None => out.push_str(&format!("  {name:<8} (this project's executors)\n")),
+            Some(u) => out.push_str(&format!("  {name:<8} {u}{releases}\n")),
+            None => out.push_str(&format!(
+                "  {name:<8} (this project's executors){releases}\n"
+            )),
         }
     }
     let features: Vec<&str> = [
