@@ -529,3 +529,20 @@ fn version_lists_the_embedded_releases() {
         assert!(matches!(o.code, Some(0 | 1)), "{r}: {}", o.stderr);
     }
 }
+
+#[test]
+fn a_yaml_alias_bomb_is_refused_in_words() {
+    // Each level repeats the previous ten times: 10^12 nodes once expanded.
+    let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..12 {
+        let prev = vec![format!("*a{}", i - 1); 10].join(", ");
+        text.push_str(&format!("a{i}: &a{i} [{prev}]\n"));
+    }
+    let f = dir("bomb").join("bomb.yaml");
+    std::fs::write(&f, text).unwrap();
+    let p = f.to_str().unwrap();
+    let o = run(&["explain", p]);
+    refused(&o, &[p, "not YAML", "too large once its aliases"]);
+    // The parser's own words name its internals.
+    assert!(!o.stderr.contains("Nodes {"), "{}", o.stderr);
+}
