@@ -485,7 +485,8 @@ impl ConfigArgs {
                     "--set",
                     "",
                     format!(
-                        "expects PATH=JSON with a fact path such as softcap or window_size.left before `=`, got `{s}`"
+                        "expects PATH=JSON with a fact path such as softcap or \
+                         window_size.left before `=`, got `{s}`"
                     ),
                 ));
             }
