@@ -52,9 +52,12 @@ pub enum CorpusError {
         line: usize,
         message: String,
     },
+    /// No record at all: a rate or a median over nothing would claim what was not measured.
+    #[error("{path}: no records (the corpus is empty: one JSON object per line expected)")]
+    Empty { path: String },
 }
 
-/// Reads every record of a `.jsonl` or `.jsonl.gz` file.
+/// Reads every record of a `.jsonl` or `.jsonl.gz` file; a file without any is an error.
 pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
     let io = |source| CorpusError::Io {
         path: path.display().to_string(),
@@ -67,16 +70,32 @@ pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
         Box::new(file)
     };
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(reader).lines().enumerate() {
-        let line = line.map_err(io)?;
-        if line.trim().is_empty() {
-            continue;
-        }
+    // Lines as bytes: a read error or a line that is not UTF-8 is reported with its line number
+    // (a truncated `.gz` fails part-way; `lines()` would say neither where nor why).
+    for (i, line) in BufReader::new(reader).split(b'\n').enumerate() {
         let rec_err = |message: String| CorpusError::Record {
             path: path.display().to_string(),
             line: i + 1,
             message,
         };
+        let mut line = line.map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                " (the file ends early: is it truncated?)"
+            } else {
+                ""
+            };
+            rec_err(format!("cannot read it: {e}{hint}"))
+        })?;
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        let line = String::from_utf8(line).map_err(|e| {
+            let col = e.utf8_error().valid_up_to() + 1;
+            rec_err(format!("not UTF-8 text (an invalid byte at column {col})"))
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
         // Parsed with key positions: a duplicate key makes this record an input error (the
         // corpus stays readable); text that is not JSON makes the corpus unreadable.
         let file = path.display().to_string();
@@ -93,7 +112,15 @@ pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
                 let raw = serde_json::from_str(&line).map_err(|e| rec_err(e.to_string()))?;
                 (raw, Some(e))
             }
-            Err(e) => return Err(rec_err(e.to_string())),
+            Err(mut e) => {
+                // The location names the one-line text (`file:1:col`); the line is the corpus'.
+                let col = e
+                    .location
+                    .take()
+                    .and_then(|l| l.strip_prefix(&format!("{file}:1:")).map(str::to_string));
+                let at = col.map(|c| format!(" (column {c})")).unwrap_or_default();
+                return Err(rec_err(format!("{e}{at}")));
+            }
         };
         let config = raw
             .get("config")
@@ -113,6 +140,11 @@ pub fn read_corpus(path: &Path) -> Result<Vec<Record>, CorpusError> {
             decision,
             raw,
             error,
+        });
+    }
+    if out.is_empty() {
+        return Err(CorpusError::Empty {
+            path: path.display().to_string(),
         });
     }
     Ok(out)

@@ -49,10 +49,12 @@ pub struct WhyNot {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WhyNotError {
-    #[error("pack `{pack}` has no backend `{name}`; backends: {list}")]
+    #[error("pack `{pack}` has no backend `{name}`{hint}; backends: {list}")]
     UnknownBackend {
         pack: String,
         name: String,
+        /// ` (did you mean `X`?)` when a backend's name is close, else empty.
+        hint: String,
         list: String,
     },
     #[error("invalid config: {0}")]
@@ -338,6 +340,12 @@ pub fn why_not(policy: &Policy, backend: &str, config: &Json) -> Result<WhyNot, 
         .ok_or_else(|| WhyNotError::UnknownBackend {
             pack: policy.name.clone(),
             name: backend.to_string(),
+            hint: attn_policy::facts::did_you_mean(
+                backend,
+                policy.backends.iter().map(|b| b.name.as_str()),
+            )
+            .map(|h| format!(" (did you mean `{h}`?)"))
+            .unwrap_or_default(),
             list: policy
                 .backends
                 .iter()

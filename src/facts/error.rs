@@ -84,15 +84,36 @@ impl InputError {
     }
 }
 
-/// The closest candidate within a small edit distance, for did-you-mean hints.
+/// The closest candidate within a small edit distance, for did-you-mean hints. A candidate
+/// that shares no character position with the word (as many edits as the word has characters:
+/// `a` -> `id`, the empty word -> anything) is not similar and never suggested.
 pub fn did_you_mean<'a>(
     word: &str,
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<String> {
+    let chars = word.chars().count();
     candidates
         .into_iter()
         .map(|c| (strsim::damerau_levenshtein(word, c), c))
-        .filter(|(d, c)| *d <= 2.max(word.len().min(c.len()) / 3))
+        .filter(|(d, c)| *d <= 2.max(word.len().min(c.len()) / 3) && *d < chars)
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::did_you_mean;
+
+    #[test]
+    fn did_you_mean_needs_a_shared_character() {
+        assert_eq!(
+            did_you_mean("casual", ["causal", "no_mask"]),
+            Some("causal".into())
+        );
+        assert_eq!(did_you_mean("fp17", ["fp16", "bf16"]), Some("fp16".into()));
+        // As many edits as the word has characters: nothing in common, no suggestion.
+        assert_eq!(did_you_mean("", ["id"]), None);
+        assert_eq!(did_you_mean("a", ["id"]), None);
+        assert_eq!(did_you_mean("ab", ["id"]), None);
+    }
 }

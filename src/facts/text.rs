@@ -47,6 +47,13 @@ impl ConfigText {
             if let Some(i) = msg.find(" at line ") {
                 msg.truncate(i);
             }
+            // The parser's resource budget (`budget breached: Nodes { nodes: 250001 }`), in
+            // words: a config is a few dozen keys; aliases that expand without end are refused.
+            if msg.starts_with("budget breached") {
+                msg = "the document is too large once its aliases (*name) are expanded; a config \
+                       is a few dozen keys"
+                    .to_string();
+            }
             InputError::new("", format!("not JSON: {msg}"))
                 .kind(InputErrorKind::Syntax)
                 .at(Some(format!("{name}:{}:{}", e.line(), e.column())))
@@ -87,6 +94,13 @@ impl ConfigText {
             let mut msg = e.without_snippet().to_string();
             if let Some(i) = msg.find(" at line ") {
                 msg.truncate(i);
+            }
+            // The parser's resource budget (`budget breached: Nodes { nodes: 250001 }`), in
+            // words: a config is a few dozen keys; aliases that expand without end are refused.
+            if msg.starts_with("budget breached") {
+                msg = "the document is too large once its aliases (*name) are expanded; a config \
+                       is a few dozen keys"
+                    .to_string();
             }
             let at = e.location().map_or_else(
                 || name.to_string(),

@@ -256,11 +256,14 @@ pub static FIELDS: &[FieldDef] = &[
         "The mask requires grad.",
     )),
     // --- the other arguments ---
-    f(
-        "dropout_p",
-        Ty::Float,
-        D::Float(0.0),
-        "Dropout probability.",
+    bounded(
+        f(
+            "dropout_p",
+            Ty::Float,
+            D::Float(0.0),
+            "Dropout probability.",
+        ),
+        Bound::Probability,
     ),
     f("is_causal", Ty::Bool, D::Bool(false), "is_causal argument."),
     f(

@@ -22,13 +22,15 @@ pub struct ConfigArgs {
     /// Set head_dim_qk and head_dim_v.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub head_dim: Option<i64>,
+    /// Set head_dim_qk only (the query/key head size; MLA: --head-dim-qk 192 --head-dim-v 128).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub head_dim_qk: Option<i64>,
+    /// Set head_dim_v only (the value/output head size).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub head_dim_v: Option<i64>,
     /// GPU architecture as sm number: 80, 86, 89, 90, 100, 103, 120, ... (docs/facts.md lists
     /// every compute capability; others are refused).
-    #[arg(long, value_name = "SM")]
+    #[arg(long, value_name = "SM", allow_negative_numbers = true, value_parser = sm_number)]
     pub sm: Option<u32>,
     /// cuDNN runtime version, e.g. 9.19.0.
     #[arg(long, value_name = "VERSION")]
@@ -45,19 +47,22 @@ pub struct ConfigArgs {
     /// Sliding window LEFT,RIGHT (-1 = unbounded), e.g. 128,0.
     #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
     pub window: Option<String>,
+    /// Batch size (te: batch_size, the number of sequences under THD; torch: batch).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub batch: Option<i64>,
-    /// Query heads (num_heads).
+    /// Query heads (te: num_heads, torch: heads_q).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub heads: Option<i64>,
-    /// Key/value heads (num_gqa_groups).
+    /// Key/value heads (te: num_gqa_groups, torch: heads_kv).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub kv_heads: Option<i64>,
-    /// Set max_seqlen_q and max_seqlen_kv.
+    /// Both sequence lengths, query and key/value (te: max_seqlen_q and max_seqlen_kv).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seqlen: Option<i64>,
+    /// The query length only (te: max_seqlen_q, torch: seqlen_q), e.g. 1 for a decode step.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seqlen_q: Option<i64>,
+    /// The key/value length only (te: max_seqlen_kv, torch: seqlen_kv), e.g. the KV cache's.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub seqlen_kv: Option<i64>,
     /// Context-parallel algorithm: p2p, all_gather, a2a, a2a+p2p (turns context_parallel on).
@@ -117,6 +122,23 @@ pub struct ConfigArgs {
     /// flash, efficient, math or cudnn (repeatable).
     #[arg(long = "disable", value_name = "BACKEND")]
     pub disable: Vec<String>,
+}
+
+/// `--sm`: a compute capability as one number (major * 10 + minor). A negative or non-numeric
+/// value is named as such (clap's own message for `-1` would suggest `-- -1`), and so is a
+/// number of 1000 or more (read as a major version of 100 or more, it was refused as
+/// "[100, 0] is not a compute capability").
+fn sm_number(s: &str) -> Result<u32, String> {
+    s.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|&sm| sm < 1000)
+        .ok_or_else(|| {
+            format!(
+                "expected an sm number, major * 10 + minor: 80, 86, 89, 90, 100, 103, 120, \
+                 ...; got `{s}`"
+            )
+        })
 }
 
 /// Flags that set facts of one pack family only, by family.
@@ -327,6 +349,19 @@ fn flag_error(flag: &str, path: &str, message: impl Into<String>) -> InputError 
     InputError::new(path, message).at(Some(flag.to_string()))
 }
 
+/// A float flag's value as JSON. NaN and infinities are refused here: JSON has no spelling for
+/// them (they would become null and be reported as a missing value).
+fn finite(flag: &str, path: &str, x: f64) -> Result<Json, InputError> {
+    if x.is_finite() {
+        Ok(json!(x))
+    } else {
+        Err(
+            flag_error(flag, path, format!("must be a finite number, found {x}"))
+                .kind(InputErrorKind::Domain),
+        )
+    }
+}
+
 impl ConfigArgs {
     /// The family-specific flags given on the command line.
     fn given_flags(&self) -> Vec<&'static str> {
@@ -427,29 +462,7 @@ impl ConfigArgs {
             merge(&mut obj, &config);
         }
         if let Some(path) = &self.config {
-            let (name, text) = if path.as_os_str() == "-" {
-                let mut s = String::new();
-                std::io::stdin()
-                    .read_to_string(&mut s)
-                    .map_err(|e| flag_error("<stdin>", "", format!("cannot read stdin: {e}")))?;
-                ("<stdin>".to_string(), s)
-            } else {
-                let name = path.display().to_string();
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| flag_error(&name, "", format!("cannot read it: {e}")))?;
-                (name, text)
-            };
-            // A whole conformance record is accepted too: its `config` is the input (with a
-            // PyTorch record's `torch` device object).
-            let text = ConfigText::parse(&name, &text)?.into_config();
-            if !text.value.is_object() {
-                return Err(InputError::new(
-                    "",
-                    format!("expected a config object, found {}", kind(&text.value)),
-                )
-                .kind(InputErrorKind::Syntax)
-                .at(Some(name)));
-            }
+            let text = read_config(path)?;
             let value = text.value.clone();
             input.record("", &value, &Source::File(Arc::new(text)), false);
             merge(&mut obj, &value);
@@ -467,6 +480,16 @@ impl ConfigArgs {
             let (k, v) = s
                 .split_once('=')
                 .ok_or_else(|| flag_error("--set", "", format!("expects PATH=JSON, got `{s}`")))?;
+            if k.trim().split('.').any(str::is_empty) {
+                return Err(flag_error(
+                    "--set",
+                    "",
+                    format!(
+                        "expects PATH=JSON with a fact path such as softcap or \
+                         window_size.left before `=`, got `{s}`"
+                    ),
+                ));
+            }
             let value: Json =
                 serde_json::from_str(v).unwrap_or_else(|_| Json::String(v.to_string()));
             set(&format!("--set {}", k.trim()), k.trim(), value);
@@ -474,6 +497,7 @@ impl ConfigArgs {
         for s in &self.envs {
             let (k, v) = s
                 .split_once('=')
+                .filter(|(k, _)| !k.trim().is_empty())
                 .ok_or_else(|| flag_error("--env", "", format!("expects NAME=VALUE, got `{s}`")))?;
             set(
                 &format!("--env {}", k.trim()),
@@ -482,9 +506,12 @@ impl ConfigArgs {
             );
         }
         for s in &self.probes {
-            let (k, v) = s.split_once('=').ok_or_else(|| {
-                flag_error("--probe", "", format!("expects NAME=true|false, got `{s}`"))
-            })?;
+            let (k, v) = s
+                .split_once('=')
+                .filter(|(k, _)| !k.trim().is_empty())
+                .ok_or_else(|| {
+                    flag_error("--probe", "", format!("expects NAME=true|false, got `{s}`"))
+                })?;
             let flag = format!("--probe {}", k.trim());
             let b = match v.trim() {
                 "true" | "yes" | "1" => Json::Bool(true),
@@ -606,7 +633,7 @@ impl ConfigArgs {
             set("--cp-size", "context_parallel", json!(n > 1));
         }
         if let Some(c) = self.softcap {
-            set("--softcap", "softcap", json!(c));
+            set("--softcap", "softcap", finite("--softcap", "softcap", c)?);
         }
         if let Some(t) = &self.softmax_type {
             set("--softmax-type", "softmax_type", json!(t));
@@ -648,7 +675,11 @@ impl ConfigArgs {
             set("--causal", "is_causal", json!(true));
         }
         if let Some(p) = self.dropout {
-            set("--dropout", "dropout_p", json!(p));
+            set(
+                "--dropout",
+                "dropout_p",
+                finite("--dropout", "dropout_p", p)?,
+            );
         }
         if self.enable_gqa {
             set("--enable-gqa", "enable_gqa", json!(true));
@@ -678,6 +709,53 @@ impl ConfigArgs {
         }
         Ok(())
     }
+}
+
+/// Reads a config file (`-`: stdin) as a config object: JSON or YAML, or a whole conformance
+/// record (its `config`). Empty text and text that is not a mapping are refused by name.
+fn read_config(path: &std::path::Path) -> Result<ConfigText, InputError> {
+    let (name, text) = if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| flag_error("<stdin>", "", format!("cannot read stdin: {e}")))?;
+        ("<stdin>".to_string(), s)
+    } else {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| flag_error(&name, "", format!("cannot read it: {e}")))?;
+        (name, text)
+    };
+    // Empty text parses as YAML's null: say what is wrong instead of "found null".
+    if text.trim().is_empty() {
+        return Err(InputError::new(
+            "",
+            "is empty; expected a config object (JSON or YAML), e.g. {\"head_dim_qk\": 128}",
+        )
+        .kind(InputErrorKind::Syntax)
+        .at(Some(name)));
+    }
+    // A whole conformance record is accepted too: its `config` is the input (with a
+    // PyTorch record's `torch` device object).
+    let text = ConfigText::parse(&name, &text)?.into_config();
+    if !text.value.is_object() {
+        // Text that is neither JSON nor YAML mapping reads as one YAML string.
+        let hint = if text.value.is_string() {
+            " (the text is neither a JSON object nor a YAML mapping)"
+        } else {
+            ""
+        };
+        return Err(InputError::new(
+            "",
+            format!(
+                "expected a config object, found {}{hint}",
+                kind(&text.value)
+            ),
+        )
+        .kind(InputErrorKind::Syntax)
+        .at(Some(name)));
+    }
+    Ok(text)
 }
 
 fn kind(v: &Json) -> &'static str {

@@ -3,18 +3,31 @@
 //! same figure with confidence intervals; this command lets anyone reproduce it in one line.
 
 use std::hint::black_box;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
 
 use super::args::PackArgs;
-use attn_policy::Decision;
+use super::progress::Progress;
 use attn_policy::Facts;
 use attn_policy::facts::Value;
 use attn_policy::facts::presets;
+use attn_policy::{Decision, Policy};
 
 #[derive(Args, Debug)]
+#[command(after_help = concat!("\
+Decides every input with the full explanation data (every rule of every backend evaluated, no
+cache), in batches of 64, and prints the median and p99 of the batch medians; with --corpus also
+the figure with each batch's facts warm in cache. Records that are input errors are not timed.
+Criterion benches (benches/decide.rs) give the same figure with confidence intervals.
+
+Examples:
+  attn-policy bench                        # the presets of the pack's family
+  attn-policy bench --corpus tests/corpora/te-2.20.2-corpus-a.jsonl.gz
+  attn-policy bench --pack torch --corpus tests/corpora/torch-2.11-sdpa-corpus-a.jsonl.gz --json
+
+", crate::exit_codes!()))]
 pub struct BenchArgs {
     #[command(flatten)]
     pub pack: PackArgs,
@@ -37,38 +50,26 @@ pub fn run(a: BenchArgs) -> i32 {
         Err(code) => return code,
     };
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    // Structurally invalid records are input errors: never decided, so not timed.
-    let mut input_errors = 0;
-    let facts: Vec<Facts> = match &a.corpus {
-        Some(path) => match attn_policy::read_corpus(path) {
-            Ok(recs) => {
-                let mut out = Vec::with_capacity(recs.len());
-                for r in recs {
-                    match r.facts() {
-                        Ok(mut f) => {
-                            f.set_all_probes(true);
-                            out.push(f);
-                        }
-                        Err(_) => input_errors += 1,
-                    }
-                }
-                out
-            }
-            Err(e) => return super::fail(e),
-        },
-        // The presets of the pack's family (a te preset means nothing to the torch pack).
-        None => presets::of_family(policy.schema.family)
-            .map(|p| {
-                policy
-                    .schema
-                    .read(&(p.config)())
-                    .expect("presets are valid")
-            })
-            .collect(),
+    let progress = Progress::start(match &a.corpus {
+        Some(p) => format!("bench: reading {}", p.display()),
+        None => "bench: reading the presets".to_string(),
+    });
+    let (facts, input_errors) = match inputs(&policy, a.corpus.as_deref()) {
+        Ok((facts, _)) if facts.is_empty() => {
+            progress.finish();
+            return super::fail("no inputs to decide");
+        }
+        Ok(read) => read,
+        Err(e) => {
+            progress.finish();
+            return super::fail(e);
+        }
     };
-    if facts.is_empty() {
-        return super::fail("no inputs to decide");
-    }
+    progress.stage(format!(
+        "bench: timing {} decisions x {} passes",
+        facts.len(),
+        a.passes
+    ));
     let mut d = Decision::default();
     // Warm up, then time batches so the clock's resolution does not dominate.
     for f in &facts {
@@ -103,6 +104,7 @@ pub fn run(a: BenchArgs) -> i32 {
             }
         }
     }
+    progress.finish();
     let (median, p99) = median_p99(&mut streamed);
     let te_us = 153.0;
     let warm_figures = (!warm.is_empty()).then(|| median_p99(&mut warm));
@@ -145,11 +147,55 @@ pub fn run(a: BenchArgs) -> i32 {
     if let Some((w, wp99)) = warm_figures {
         println!("  facts warm in cache {w:.0} ns (p99 {wp99:.0} ns; streamed above)");
     }
-    println!(
-        "vs TE selector       ~{te_us} us median per call (tests/corpora/README.md): {:.0}x faster",
-        te_us * 1e3 / median
-    );
+    // The measured TE selector is TransformerEngine's: no figure to compare a torch pack with.
+    if policy.schema.family == "te" {
+        println!(
+            "vs TE selector       ~{te_us} us median per call (tests/corpora/README.md): {:.0}x \
+             faster",
+            te_us * 1e3 / median
+        );
+    }
     0
+}
+
+/// The inputs to time and the number of records that are input errors (structurally invalid:
+/// never decided, so not timed): a corpus's records read for the pack's family (a torch record
+/// holds its device too; facts of another family would be decided against the wrong schema),
+/// or the family's presets (a te preset means nothing to the torch pack).
+fn inputs(policy: &Policy, corpus: Option<&Path>) -> Result<(Vec<Facts>, usize), String> {
+    let Some(path) = corpus else {
+        let presets = presets::of_family(policy.schema.family)
+            .map(|p| {
+                policy
+                    .schema
+                    .read(&(p.config)())
+                    .expect("presets are valid")
+            })
+            .collect();
+        return Ok((presets, 0));
+    };
+    let records = attn_policy::read_corpus(path).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(records.len());
+    let mut errors = Vec::new();
+    for r in &records {
+        match attn_policy::conformance::read_record(policy, r) {
+            Ok(mut f) => {
+                f.set_all_probes(true);
+                out.push(f);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    match errors.first() {
+        Some(e) if out.is_empty() => Err(format!(
+            "no inputs to decide: each of the {} records is an input error for pack `{}` (fact \
+             family `{}`: is the corpus of another family?); the first: {e}",
+            errors.len(),
+            policy.name,
+            policy.schema.family
+        )),
+        _ => Ok((out, errors.len())),
+    }
 }
 
 /// Median and 99th percentile of batch medians.

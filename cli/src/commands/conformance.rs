@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::args::PackArgs;
+use super::progress::Progress;
 use attn_policy::conformance;
 use attn_policy::read_corpus;
 
@@ -43,11 +44,24 @@ pub fn run(a: ConformanceArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
+    let progress = Progress::start(format!("conformance: reading {}", a.file.display()));
     let records = match read_corpus(&a.file) {
         Ok(r) => r,
-        Err(e) => return super::fail(e.to_string()),
+        Err(e) => {
+            progress.finish();
+            return super::fail(e.to_string());
+        }
     };
+    progress.stage(format!(
+        "conformance: deciding {} records with pack `{}`",
+        records.len(),
+        policy.name
+    ));
     let report = conformance::run(&policy, &records);
+    progress.finish();
+    if let Some(e) = nothing_valid(&policy, &report.input_errors, report.total) {
+        return super::fail(e);
+    }
     if a.json {
         println!(
             "{}",
@@ -75,6 +89,21 @@ pub fn run(a: ConformanceArgs) -> i32 {
         }
         _ => super::EXIT_OK,
     }
+}
+
+/// The error when no record of a corpus is a valid configuration for the pack: a rate or a
+/// coverage over nothing claims what was not measured (often a corpus of another fact family).
+pub fn nothing_valid(
+    policy: &attn_policy::Policy,
+    errors: &[attn_policy::conformance::RecordError],
+    total: usize,
+) -> Option<String> {
+    let first = errors.first().filter(|_| errors.len() == total)?;
+    Some(format!(
+        "none of the {total} records is a valid configuration for pack `{}` (fact family `{}`: \
+         is the corpus of another family?); the first: {}",
+        policy.name, policy.schema.family, first.error
+    ))
 }
 
 /// A fraction in [0, 1].

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::args::PackArgs;
+use super::progress::Progress;
 use attn_policy::read_corpus;
 use attn_policy_analysis::coverage::coverage;
 
@@ -39,11 +40,24 @@ pub fn run(a: CoverageArgs) -> i32 {
         Ok(p) => p,
         Err(code) => return code,
     };
+    let progress = Progress::start(format!("coverage: reading {}", a.corpus.display()));
     let records = match read_corpus(&a.corpus) {
         Ok(r) => r,
-        Err(e) => return super::fail(e),
+        Err(e) => {
+            progress.finish();
+            return super::fail(e);
+        }
     };
+    progress.stage(format!(
+        "coverage: deciding {} records with pack `{}`",
+        records.len(),
+        policy.name
+    ));
     let r = coverage(&policy, &records);
+    progress.finish();
+    if let Some(e) = super::conformance::nothing_valid(&policy, &r.input_errors, r.records) {
+        return super::fail(e);
+    }
     if a.json {
         println!(
             "{}",

@@ -2,6 +2,8 @@
 
 use clap::Args;
 
+use super::progress::Progress;
+
 use attn_policy_analysis::regions::{
     CorpusConfig, DEFAULT_BUDGET, DiffReport, Restriction, diff_over_corpus,
 };
@@ -46,7 +48,8 @@ Examples:
 Exit codes: 0 no difference (search complete), 1 differences found, 2 bad rules or a bad
 --where, 3 none found but the search ran out of budget (INCOMPLETE: no claim either way).")]
 pub struct DiffArgs {
-    /// Old pack: a folder holding pack.yaml, or an embedded pack name (te, native).
+    /// Old pack: a folder holding pack.yaml, or an embedded pack name (te, te@2.18.0,
+    /// te@2.19.0, te@2.20.2, native, torch).
     pub old: String,
     /// New pack: a folder or an embedded pack name.
     pub new: String,
@@ -101,10 +104,16 @@ fn run_matrix(a: &DiffArgs, old: &Policy, new: &Policy) -> i32 {
         Ok(q) => q,
         Err(e) => return super::fail(e),
     };
-    let (mo, mn) = match (
+    let progress = Progress::start(format!(
+        "diff: the matrices of `{}` and `{}` (--free {})",
+        a.old, a.new, a.matrix.free
+    ));
+    let built = (
         attn_policy_analysis::matrix::build(old, &query, a.budget),
         attn_policy_analysis::matrix::build(new, &query, a.budget),
-    ) {
+    );
+    progress.finish();
+    let (mo, mn) = match built {
         (Ok(o), Ok(n)) => (o, n),
         (Err(e), _) | (_, Err(e)) => return super::fail(e),
     };
@@ -170,11 +179,27 @@ pub fn run(a: DiffArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return super::fail(e),
     };
+    let progress = Progress::start(match &a.corpus {
+        Some(p) => format!("diff: reading {}", p.display()),
+        None => format!("diff: comparing `{}` and `{}`", a.old, a.new),
+    });
     let corpus = match a.corpus.as_deref().map(|p| read_corpus(p, &old, &new)) {
         None => None,
         Some(Ok(c)) => Some(c),
-        Some(Err(e)) => return super::fail(e),
+        Some(Err(e)) => {
+            progress.finish();
+            return super::fail(e);
+        }
     };
+    progress.stage(format!(
+        "diff: comparing `{}` and `{}` over every equivalence class{}",
+        a.old,
+        a.new,
+        match &corpus {
+            Some((c, _)) => format!(", counting {} corpus configurations per region", c.len()),
+            None => String::new(),
+        }
+    ));
     let (mut report, _) = diff_over_corpus(
         &old,
         &new,
@@ -183,6 +208,7 @@ pub fn run(a: DiffArgs) -> i32 {
         a.max_regions,
         corpus.as_ref().map(|c| c.0.as_slice()),
     );
+    progress.finish();
     if let (Some(summary), Some((_, errors))) = (report.corpus.as_mut(), &corpus) {
         summary.input_errors = *errors as u64;
     }

@@ -7,6 +7,17 @@ use clap::Args;
 use attn_policy_adapters::{Availability, Registry};
 
 #[derive(Args, Debug)]
+#[command(after_help = concat!("\
+Each executor's availability is checked here and now: no GPU, a feature this binary was built
+without (`cargo build --release --features cudnn`), a library that does not load, or
+\"provided by the Python host\" (attn_policy.torch). `attn-policy run` walks a backend's chain
+of these executors (docs/executors.md).
+
+Examples:
+  attn-policy executors
+  attn-policy executors --json
+
+", crate::exit_codes!()))]
 pub struct ExecutorsArgs {
     /// Print the list as JSON (name, description, provider, feature, availability with its
     /// reason or detail, manifest).

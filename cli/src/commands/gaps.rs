@@ -5,6 +5,7 @@ use std::time::Instant;
 use clap::Args;
 
 use super::args::PackArgs;
+use super::progress::Progress;
 use attn_policy_analysis::regions::{
     DEFAULT_BUDGET, DEFAULT_MAX_REGIONS, GapReport, Restriction, gaps_only,
 };
@@ -80,9 +81,14 @@ pub fn run(a: GapsArgs) -> i32 {
         Some(Ok(b)) => Some(b),
         Some(Err(e)) => return super::fail(e),
     };
+    let progress = Progress::start(format!(
+        "gaps: searching pack `{}` (exact, over every equivalence class)",
+        policy.name
+    ));
     let t = Instant::now();
     let (report, _) = gaps_only(&policy, restrict.as_ref(), a.budget, a.max_regions, only);
     let elapsed = t.elapsed();
+    progress.finish();
     if a.json {
         println!(
             "{}",

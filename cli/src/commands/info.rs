@@ -125,6 +125,13 @@ pub fn presets(a: PresetsArgs) -> i32 {
 }
 
 #[derive(Args, Debug)]
+#[command(after_help = concat!("\
+Examples:
+  attn-policy facts                       # the te family, as a Markdown table (docs/facts.md)
+  attn-policy facts --pack torch          # PyTorch SDPA's facts
+  attn-policy facts --json | jq '.facts[] | select(.path == \"head_dim_qk\")'
+
+", crate::exit_codes!()))]
 pub struct FactsArgs {
     /// Print as JSON: every fact (path, type, nullable, domain, default, origin, fixed, doc),
     /// the constraints across facts, the facts that choose the pack (`selection`:
@@ -220,7 +227,8 @@ pub fn facts(a: FactsArgs) -> i32 {
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Examples:\n  attn-policy explain-code E-TYPE\n  attn-policy explain-code w-subsumed"
+    after_help = "Examples:\n  attn-policy explain-code E-TYPE\n  attn-policy explain-code w-subsumed\n\n\
+                  Exit codes: 0 printed, 2 an unknown code (the known ones are listed)."
 )]
 pub struct ExplainCodeArgs {
     /// A diagnostic code as `check` and load errors print it (case does not matter).
@@ -274,7 +282,9 @@ fn textwrap(text: &str, width: usize) -> String {
 Examples:
   attn-policy completions bash > /etc/bash_completion.d/attn-policy
   attn-policy completions zsh > \"${fpath[1]}/_attn-policy\"
-  attn-policy completions fish > ~/.config/fish/completions/attn-policy.fish")]
+  attn-policy completions fish > ~/.config/fish/completions/attn-policy.fish
+
+Exit codes: 0 printed, 2 an unknown shell.")]
 pub struct CompletionsArgs {
     /// The shell.
     #[arg(value_enum)]
@@ -304,6 +314,7 @@ pub static LONG_VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(
 /// `--version`: the crate version, the embedded packs (with the TransformerEngine version a
 /// pack mirrors), and the features this build was compiled with.
 fn long_version() -> String {
+    use attn_policy::lang::Version;
     let mut out = format!("{}\n", env!("CARGO_PKG_VERSION"));
     out.push_str("embedded packs:\n");
     for name in attn_policy::pack::embedded_pack_names() {
@@ -319,9 +330,22 @@ fn long_version() -> String {
                     .find(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
                     .map(|v| format!("{who} {v}"))
             });
+        // The releases embedded with it (`--pack te@2.19.0`, `te@auto`), which it also answers to.
+        let mut releases = attn_policy::pack::embedded_release_names(name);
+        releases.sort_by_key(|r| r.split_once('@').and_then(|(_, v)| Version::parse(v)));
+        let releases = if releases.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; releases {} ({name}@auto: the installed one's)",
+                releases.join(", ")
+            )
+        };
         match upstream {
-            Some(u) => out.push_str(&format!("  {name:<8} {u}\n")),
-            None => out.push_str(&format!("  {name:<8} (this project's executors)\n")),
+            Some(u) => out.push_str(&format!("  {name:<8} {u}{releases}\n")),
+            None => out.push_str(&format!(
+                "  {name:<8} (this project's executors){releases}\n"
+            )),
         }
     }
     let features: Vec<&str> = [

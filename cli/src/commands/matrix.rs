@@ -4,6 +4,7 @@ use clap::{Args, ValueEnum};
 
 use std::path::PathBuf;
 
+use super::progress::Progress;
 use attn_policy::{PackSpec, Policy};
 use attn_policy_analysis::matrix::{
     AxisQuery, DEFAULT_BUDGET, Free, Matrix, MatrixCompare, Query, build,
@@ -162,12 +163,24 @@ pub fn run(a: MatrixArgs) -> i32 {
         Err(e) => return super::fail(e),
     };
     let mut matrices = Vec::new();
-    for policy in &packs {
+    let progress = Progress::start("matrix");
+    for (i, policy) in packs.iter().enumerate() {
+        progress.stage(format!(
+            "matrix: pack `{}` ({} of {}), every cell exactly (--free {})",
+            policy.name,
+            i + 1,
+            packs.len(),
+            a.query.free
+        ));
         match build(policy, &query, a.budget) {
             Ok(m) => matrices.push(m),
-            Err(e) => return super::fail(e),
+            Err(e) => {
+                progress.finish();
+                return super::fail(e);
+            }
         }
     }
+    progress.finish();
     let complete = matrices.iter().all(|m| m.complete);
     if let [m] = &matrices[..] {
         print!("{}", render(m, a.format));

@@ -14,6 +14,7 @@ mod explain;
 mod gaps;
 mod info;
 mod matrix;
+mod progress;
 mod run;
 mod why_not;
 
@@ -76,6 +77,11 @@ pub enum Command {
     /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(info::CompletionsArgs),
     /// Print the man page (roff) to stdout.
+    #[command(after_help = "\
+Examples:
+  attn-policy man > attn-policy.1 && man ./attn-policy.1
+
+Exit codes: 0 printed.")]
     Man,
 }
 
