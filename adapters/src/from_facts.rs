@@ -130,7 +130,13 @@ pub fn problem_from_facts(facts: &Facts) -> Result<AttentionProblem, NotExpressi
     let dtype = match text("qkv_dtype") {
         "fp16" => DType::F16,
         "bf16" => DType::BF16,
-        other => return Err(refuse("qkv_dtype", other, "executors run fp16 and bf16")),
+        other => {
+            return Err(refuse(
+                "qkv_dtype",
+                other,
+                "the Rust executors take fp16 and bf16 tensors; fp32 and float64 host tensors run through attn_policy.torch's strided reference path",
+            ));
+        }
     };
     let mut p = AttentionProblem::new(
         size("batch_size")?,
