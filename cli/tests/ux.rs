@@ -546,3 +546,24 @@ fn a_yaml_alias_bomb_is_refused_in_words() {
     // The parser's own words name its internals.
     assert!(!o.stderr.contains("Nodes {"), "{}", o.stderr);
 }
+
+#[test]
+fn an_unknown_matrix_axis_names_its_flag() {
+    let o = run_plain(&["matrix", "--rows", "bogus", "--cols", "head_dim=64"]);
+    refused(&o, &["--rows: unknown fact `bogus`"]);
+    let o = run_plain(&["matrix", "--rows", "head_dim=64", "--cols", "sm_typo=90"]);
+    refused(&o, &["--cols: unknown fact `sm_typo`"]);
+    let o = run_plain(&[
+        "matrix",
+        "--rows",
+        "head_dim=64",
+        "--cols",
+        "sm=90",
+        "--fix",
+        "qkv_dtyp=bf16",
+    ]);
+    refused(
+        &o,
+        &["--fix: unknown fact `qkv_dtyp`", "did you mean `qkv_dtype`"],
+    );
+}

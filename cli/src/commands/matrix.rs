@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::progress::Progress;
 use attn_policy::{PackSpec, Policy};
 use attn_policy_analysis::matrix::{
-    AxisQuery, DEFAULT_BUDGET, Free, Matrix, MatrixCompare, Query, build,
+    AxisQuery, DEFAULT_BUDGET, Free, Matrix, MatrixCompare, MatrixError, Query, build,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
@@ -56,6 +56,17 @@ impl MatrixQueryArgs {
             fix: self.fix.iter().map(|f| Query::parse_fix(f)).collect(),
             free: Free::parse(&self.free),
         })
+    }
+}
+
+/// The flag that named an unknown fact (`--rows: `, `--cols: `, `--fix: `), so the message
+/// points at what to change; empty for other errors.
+fn flag_of(e: &MatrixError, q: &Query) -> &'static str {
+    match e {
+        MatrixError::UnknownFact { name, .. } if *name == q.rows.name => "--rows: ",
+        MatrixError::UnknownFact { name, .. } if *name == q.cols.name => "--cols: ",
+        MatrixError::UnknownFact { .. } => "--fix: ",
+        _ => "",
     }
 }
 
@@ -176,7 +187,7 @@ pub fn run(a: MatrixArgs) -> i32 {
             Ok(m) => matrices.push(m),
             Err(e) => {
                 progress.finish();
-                return super::fail(e);
+                return super::fail(format!("{}{e}", flag_of(&e, &query)));
             }
         }
     }
