@@ -567,3 +567,17 @@ fn an_unknown_matrix_axis_names_its_flag() {
         &["--fix: unknown fact `qkv_dtyp`", "did you mean `qkv_dtype`"],
     );
 }
+
+/// `explain -` on a terminal prints a one-line hint on stderr (checked by hand under
+/// `script`: no pseudo-terminal here); piped, stderr stays empty.
+#[test]
+fn a_piped_config_gets_no_stdin_hint() {
+    let o = run_with(
+        cmd()
+            .args(["explain", "--no-env", "-"])
+            .write_stdin(r#"{"head_dim_qk": 64}"#),
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(o.stdout.starts_with("selected: "), "{}", o.stdout);
+    assert!(o.stderr.is_empty(), "{}", o.stderr);
+}

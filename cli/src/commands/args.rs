@@ -716,7 +716,12 @@ impl ConfigArgs {
 fn read_config(path: &std::path::Path) -> Result<ConfigText, InputError> {
     let (name, text) = if path.as_os_str() == "-" {
         let mut s = String::new();
-        std::io::stdin()
+        let mut stdin = std::io::stdin();
+        // A user who typed `explain -` at a prompt otherwise sees nothing happen.
+        if std::io::IsTerminal::is_terminal(&stdin) {
+            eprintln!("reading a config (JSON or YAML) from stdin; end it with Ctrl-D");
+        }
+        stdin
             .read_to_string(&mut s)
             .map_err(|e| flag_error("<stdin>", "", format!("cannot read stdin: {e}")))?;
         ("<stdin>".to_string(), s)
