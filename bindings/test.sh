@@ -62,9 +62,9 @@ torch_suite() {
     "$ROOT/bindings/python/tests/test_eager_node.py" "$ROOT/bindings/python/tests/test_torch_inputs.py" \
     "$ROOT/bindings/python/tests/test_chain_walk.py" "$ROOT/bindings/python/tests/test_call_document.py" \
     "$ROOT/bindings/python/tests/test_torch_features.py" "$ROOT/bindings/python/tests/test_torch_varlen.py")
-  # torch_flash/torch_efficient's padded and packed paths are opt-in (read once per process):
-  # their tests again with the opt-in, the kernels replaced by float64 stand-ins on the CPU.
-  (cd "$WORK" && ATTN_POLICY_TORCH_VARLEN=1 "$tv/bin/python" -m pytest -q -p no:cacheprovider \
+  # torch_flash/torch_efficient's padded and packed paths can be switched off (read once per
+  # process): their tests again switched off, where both must refuse lengths naming the variable.
+  (cd "$WORK" && ATTN_POLICY_TORCH_VARLEN=0 "$tv/bin/python" -m pytest -q -p no:cacheprovider \
     "$ROOT/bindings/python/tests/test_torch_varlen.py" "$ROOT/bindings/python/tests/test_torch_features.py")
   TV="$tv"
 }

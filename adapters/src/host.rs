@@ -28,18 +28,17 @@ fn dims(min: usize, max: usize, multiple_of: usize) -> HeadDimRange {
     }
 }
 
-/// The environment variable that opts in to padded and packed batches on `torch_flash` and
-/// `torch_efficient` (`1`).
+/// The environment variable that switches padded and packed batches on `torch_flash` and
+/// `torch_efficient` off (`0`).
 pub const TORCH_VARLEN_ENV: &str = "ATTN_POLICY_TORCH_VARLEN";
 
 /// Whether `torch_flash` and `torch_efficient` serve padded and packed batches in this process:
-/// only with `ATTN_POLICY_TORCH_VARLEN=1` (read once). Their varlen paths (attn_policy/_varlen.py)
-/// pass CPU tests with float64 stand-ins for the kernels, but their GPU tests
-/// (tests/gpu/test_gpu_torch_varlen.py) have not run yet: the kernels' LSE layouts and empty-row
-/// behaviour are taken from torch's source, and a wrong guess would be a silent wrong answer.
+/// yes unless it sets `ATTN_POLICY_TORCH_VARLEN=0` (read once). Their varlen paths
+/// (attn_policy/_varlen.py) pass their GPU tests (tests/gpu/test_gpu_torch_varlen.py:
+/// docs/features.md has the figures).
 pub fn torch_varlen_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os(TORCH_VARLEN_ENV).is_some_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var_os(TORCH_VARLEN_ENV).is_none_or(|v| v != "0"))
 }
 
 /// `torch_flash`: FlashAttention-2 as built into PyTorch.
@@ -76,7 +75,7 @@ pub fn torch_flash_with(varlen_on: bool) -> Manifest {
         features: varlen(varlen_on),
         notes: vec![
             "aten::_flash_attention_forward/backward (FlashAttention-2 in PyTorch), LSE returned by the kernel".into(),
-            "padded and packed batches (opt-in, ATTN_POLICY_TORCH_VARLEN=1, until their GPU tests pass) through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
+            "padded and packed batches (off with ATTN_POLICY_TORCH_VARLEN=0) through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
             "its diagonal is bottom-right: a top-left causal mask or window runs only when s_q == s_kv".into(),
             "backward accumulates dQ with atomics: not deterministic".into(),
         ],
@@ -135,7 +134,7 @@ pub fn torch_efficient_with(varlen_on: bool) -> Manifest {
         notes: vec![
             "aten::_efficient_attention_forward/backward (CUTLASS), custom_mask_type 0/1/2 for no mask / top-left / bottom-right causal".into(),
             "with per-sequence lengths its bottom-right causal (type 2) is not per sequence: refused unless every running sequence is square (then run as top-left)".into(),
-            "padded and packed batches (opt-in, ATTN_POLICY_TORCH_VARLEN=1, until their GPU tests pass) through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
+            "padded and packed batches (off with ATTN_POLICY_TORCH_VARLEN=0) through the ops' cu_seqlens (padded: tokens gathered into a packed copy and scattered back)".into(),
             "no GQA (equal head counts) and no sliding window in this executor".into(),
         ],
     }

@@ -335,9 +335,9 @@ fn refusals_are_typed() {
 // Per-sequence lengths: padded right, padded left, packed THD (issue 33)
 // ---------------------------------------------------------------------------------------------
 
-/// The executor for the varlen tests: padded and packed batches on cuDNN are opt-in
-/// (`ATTN_POLICY_CUDNN_VARLEN=1`) until these tests have passed on a GPU. Without the opt-in the
-/// executor must refuse them, naming the variable (asserted here), and the test stops.
+/// The executor for the varlen tests: cuDNN serves padded and packed batches unless the process
+/// sets `ATTN_POLICY_CUDNN_VARLEN=0`. Switched off, the executor must refuse them, naming the
+/// variable (asserted here), and the test stops.
 fn varlen_executor() -> Option<Arc<CudnnExecutor>> {
     let ex = executor()?;
     if attn_policy_adapters::cudnn::varlen_enabled() {
@@ -349,14 +349,14 @@ fn varlen_executor() -> Option<Arc<CudnnExecutor>> {
     );
     let reason = ex
         .check(&p)
-        .expect_err("varlen refused without the opt-in")
+        .expect_err("varlen refused where switched off")
         .reason;
     assert!(
         reason.contains(attn_policy_adapters::cudnn::VARLEN_ENV),
         "{reason}"
     );
     println!(
-        "skipped: set {}=1 to run the cuDNN varlen GPU tests (refused without it: {reason})",
+        "skipped: {}=0 switches the cuDNN varlen path off (refused: {reason})",
         attn_policy_adapters::cudnn::VARLEN_ENV
     );
     None

@@ -425,12 +425,12 @@ def test_manifests_refuse_the_features_they_do_not_serve():
     call = apt._Call(q, k, v, 0, 0, -1, -1, False, 0.3, 0.0, False, 0.0, 0, 1, (3, 4), (3, 4))
     assert "per-sequence lengths" in (apt._TORCH_EXECUTORS["torch_cudnn"].check(call) or "")
     # torch_flash and torch_efficient serve padded and packed batches through their kernels'
-    # varlen arguments (tests/test_torch_varlen.py; on CUDA only: their `available`), opt-in
-    # with ATTN_POLICY_TORCH_VARLEN=1 until their GPU tests have run.
-    on = os.environ.get("ATTN_POLICY_TORCH_VARLEN") == "1"
+    # varlen arguments (tests/test_torch_varlen.py; on CUDA only: their `available`), unless
+    # switched off with ATTN_POLICY_TORCH_VARLEN=0.
+    on = os.environ.get("ATTN_POLICY_TORCH_VARLEN") != "0"
     for name in ("torch_flash", "torch_efficient"):
         why = apt._TORCH_EXECUTORS[name].check(call)
-        assert (why is None) if on else ("ATTN_POLICY_TORCH_VARLEN=1" in (why or "")), (name, why)
+        assert (why is None) if on else ("ATTN_POLICY_TORCH_VARLEN=0" in (why or "")), (name, why)
     assert apt._TORCH_EXECUTORS["torch_math"].check(call) is None
     assert call.problem.refusal_by_manifest("reference") is None
     assert call.problem.refusal_by_manifest("torch_math") is None

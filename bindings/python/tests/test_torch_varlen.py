@@ -34,10 +34,10 @@ MASKS = {
     "window": (True, "bottom_right", (3, 0)),
 }
 
-# torch_flash and torch_efficient serve lengths only with ATTN_POLICY_TORCH_VARLEN=1 (read once
-# per process); bindings/test.sh runs this file a second time with it set.
-VARLEN_ON = os.environ.get("ATTN_POLICY_TORCH_VARLEN") == "1"
-needs_opt_in = pytest.mark.skipif(not VARLEN_ON, reason="needs ATTN_POLICY_TORCH_VARLEN=1 (bindings/test.sh sets it)")
+# torch_flash and torch_efficient serve lengths unless ATTN_POLICY_TORCH_VARLEN=0 (read once per
+# process); bindings/test.sh runs this file a second time with it 0.
+VARLEN_ON = os.environ.get("ATTN_POLICY_TORCH_VARLEN") != "0"
+needs_varlen = pytest.mark.skipif(not VARLEN_ON, reason="switched off by ATTN_POLICY_TORCH_VARLEN=0")
 
 
 def mask_args(name):
@@ -353,7 +353,7 @@ def _with_nan_padding(t, packing, lens, other):
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("packing", ["right", "left", "packed"])
 @pytest.mark.parametrize("executor", ["torch_flash", "torch_efficient"])
-@needs_opt_in
+@needs_varlen
 def test_varlen_runner_path_matches_the_reference(executor, packing, mask, heads, nan_padding):
     hq, hkv = heads
     causal, diagonal, window = MASKS[mask]
@@ -481,7 +481,7 @@ def _call16(packing, lq, lkv, mask=1, br=False, wl=-1, wr=0, hkv=2, softcap=0.0,
     return apt._Call(q, k, v, layout, mask, wl, wr, br, 0.3, 0.0, True, softcap, softmax, packing, lq, lkv)
 
 
-@needs_opt_in
+@needs_varlen
 def test_gates_admit_lengths_and_refuse_what_the_kernels_do_not_do():
     flash, eff = apt._TORCH_EXECUTORS["torch_flash"], apt._TORCH_EXECUTORS["torch_efficient"]
     for packing in (1, 2, 3):
@@ -515,10 +515,10 @@ def test_gates_admit_lengths_and_refuse_what_the_kernels_do_not_do():
     assert flash.available(torch.device("cpu"))[0] is False and eff.available(torch.device("cpu"))[0] is False
 
 
-@pytest.mark.skipif(VARLEN_ON, reason="the default (ATTN_POLICY_TORCH_VARLEN unset)")
-def test_lengths_are_refused_by_default_naming_the_opt_in():
+@pytest.mark.skipif(VARLEN_ON, reason="needs ATTN_POLICY_TORCH_VARLEN=0 (bindings/test.sh sets it)")
+def test_lengths_are_refused_where_switched_off_naming_the_variable():
     for name in ("torch_flash", "torch_efficient"):
         for packing in (1, 2, 3):
             call = _call16(packing, (6, 2, 1), (6, 4, 3), br=True)
             why = apt._TORCH_EXECUTORS[name].check(call) or ""
-            assert "per-sequence lengths" in why and "ATTN_POLICY_TORCH_VARLEN=1" in why, (name, why)
+            assert "per-sequence lengths" in why and "ATTN_POLICY_TORCH_VARLEN=0" in why, (name, why)

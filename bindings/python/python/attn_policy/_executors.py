@@ -20,10 +20,10 @@ def _aten(name: str) -> Optional[Any]:
     return getattr(torch.ops.aten, name, None)
 
 
-# torch_flash and torch_efficient serve padded and packed batches only with this variable set
-# to 1 (read once, by the Rust manifests: adapters/src/host.rs `torch_varlen_enabled`).
+# torch_flash and torch_efficient serve padded and packed batches unless this variable is 0
+# (read once, by the Rust manifests: adapters/src/host.rs `torch_varlen_enabled`).
 VARLEN_ENV = "ATTN_POLICY_TORCH_VARLEN"
-VARLEN_OPT_IN = ("torch_flash", "torch_efficient")
+VARLEN_SWITCHABLE = ("torch_flash", "torch_efficient")
 
 
 class _TorchExecutor:
@@ -51,8 +51,9 @@ class _TorchExecutor:
     def check(self, call: "_Call") -> Optional[str]:
         r = call.problem.refusal_by_manifest(self.name)
         if r:
-            if call.packing and self.name in VARLEN_OPT_IN and "per-sequence lengths" in r:
-                r += f" (opt in with {VARLEN_ENV}=1: their GPU tests have not run yet)"
+            if (call.packing and self.name in VARLEN_SWITCHABLE and "per-sequence lengths" in r
+                    and os.environ.get(VARLEN_ENV) == "0"):
+                r += f" (switched off by {VARLEN_ENV}=0)"
             return r
         if call.dropout_p > 0.0:
             return "dropout is not wired into this executor"

@@ -9,7 +9,7 @@ exactly. What an executor cannot do is declined, with its reason (a top-left mas
 FlashAttention and a bottom-right one on the memory-efficient kernel where a sequence has
 s_q != s_kv, windows and GQA on the memory-efficient kernel).
 
-Run with ``ATTN_POLICY_TORCH_VARLEN=1`` (the opt-in; skipped without it) and ``-s`` to see the table (one line per case: executor, case, err/naive-err of each
+Skipped where ``ATTN_POLICY_TORCH_VARLEN=0`` switches the path off. Run with ``-s`` to see the table (one line per case: executor, case, err/naive-err of each
 output); ``GPU_SUMMARY=path`` appends it to a file."""
 
 import os
@@ -22,10 +22,10 @@ from _summary import Rows
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
-# The executors serve lengths only with the opt-in (read once per process by the manifests);
-# tests/test_torch_varlen.py checks the refusal without it.
-if os.environ.get("ATTN_POLICY_TORCH_VARLEN") != "1":
-    pytest.skip("run with ATTN_POLICY_TORCH_VARLEN=1", allow_module_level=True)
+# The executors serve lengths unless switched off (read once per process by the manifests);
+# tests/test_torch_varlen.py checks the refusal where switched off.
+if os.environ.get("ATTN_POLICY_TORCH_VARLEN") == "0":
+    pytest.skip("ATTN_POLICY_TORCH_VARLEN=0 switches the path off", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_torch_features import _cu, _to_bhsd, rand, reference  # noqa: E402
