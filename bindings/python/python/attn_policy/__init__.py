@@ -3,7 +3,10 @@
     >>> import attn_policy
     >>> policy = attn_policy.Policy.load("te")
     >>> d = policy.select({"head_dim_qk": 128, "head_dim_v": 128, "device_compute_capability": [9, 0]})
-    >>> d.selected
+    >>> d.selected, d.provisional   # FusedAttention is preferred, pending its cuDNN probe
+    ('UnfusedDotProductAttention', True)
+    >>> policy.select({"head_dim_qk": 128, "head_dim_v": 128, "device_compute_capability": [9, 0],
+    ...                "probe": {"fused_attn_graph": True}}).selected
     'FusedAttention'
 
 Decisions are cached per policy, keyed by the complete fact set (see ``Policy.cache_stats``).
@@ -81,6 +84,31 @@ def resolve_te_release(te_version: str) -> Tuple[str, Optional[str]]:
     return pack, warning
 
 
+def _path_arg(name: str, x: Any) -> str:
+    """A pack or overlay path/name as text; anything else is a ``TypeError`` naming ``name``."""
+    if isinstance(x, bytes) or not isinstance(x, (str, os.PathLike)):
+        raise TypeError(f"Policy.load: {name} must be a str or os.PathLike; found {type(x).__name__} {x!r}")
+    return os.fspath(x)
+
+
+def _str_arg(name: str, x: Any) -> str:
+    if not isinstance(x, str):
+        raise TypeError(f"Policy.load: {name} must hold str; found {type(x).__name__} {x!r}")
+    return x
+
+
+def _list_arg(name: str, xs: Any) -> list:
+    """A sequence argument as a list. A lone str or path is refused: iterated, it would be read
+    one character at a time (``overlays="site.yaml"`` as overlays ``s``, ``i``, ...)."""
+    if isinstance(xs, (str, bytes, os.PathLike)):
+        raise TypeError(f"Policy.load: {name} must be a list; found {type(xs).__name__} {xs!r} "
+                        f"(write {name}=[{xs!r}])")
+    try:
+        return list(xs)
+    except TypeError:
+        raise TypeError(f"Policy.load: {name} must be a list; found {type(xs).__name__} {xs!r}") from None
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Outcome of ``Policy.check``: whether ``backend`` may run this call."""
@@ -154,18 +182,30 @@ class Policy:
         (pure TE parity, like ``--parity``). ``"te@auto"``: the pack of the TransformerEngine
         release ``te_version`` (default: the installed ``transformer_engine.__version__``),
         or the nearest older pack (see :func:`resolve_te_release`; ``policy.pack_from`` says
-        which). Raises ``PolicyError`` with every diagnostic (``.diagnostics``) when the pack
-        does not load, and for a ``te@auto`` release older than every pack.
+        which). ``layers_off``: layer names to switch off (``["guard"]``). ``cache_size``: the
+        decision cache's bound in entries. Raises ``PolicyError`` with every diagnostic
+        (``.diagnostics``) when the pack does not load (an unknown pack or layer names the
+        known ones), for a ``te@auto`` release older than every pack, and for a negative
+        ``cache_size``; ``TypeError`` naming the argument for an argument of the wrong type
+        (``overlays="site.yaml"``: a list is needed, ``overlays=["site.yaml"]``).
         """
-        pack = os.fspath(pack)
+        pack = _path_arg("pack", pack)
+        overlays = [_path_arg("overlays", o) for o in _list_arg("overlays", overlays)]
+        layers_off = [_str_arg("layers_off", x) for x in _list_arg("layers_off", layers_off)]
+        if type(parity) is not bool:
+            raise TypeError(f"Policy.load: parity must be True or False; found {parity!r}")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int):
+            raise TypeError(f"Policy.load: cache_size must be an int (entries); found {cache_size!r}")
+        if not 0 <= cache_size < 2**63:
+            raise PolicyError(f"Policy.load: cache_size must be >= 0 (entries); found {cache_size}")
         if te_version is None and pack.endswith("@auto"):
             te_version = installed_te_version()
         is_dir = os.sep in pack or pack.startswith(".") or os.path.isdir(pack)
         native = _native.NativePolicy.load(
             pack=None if is_dir else pack,
             path=pack if is_dir else None,
-            overlays=[os.fspath(o) for o in overlays],
-            layers_off=list(layers_off),
+            overlays=overlays,
+            layers_off=layers_off,
             parity=parity,
             cache_size=cache_size,
             te_version=None if te_version is None else str(te_version),
@@ -211,6 +251,8 @@ class Policy:
         ``check_mode``): ``enforce`` raises ``PolicyViolation`` with the explanation,
         ``warn`` logs once per (call site, backend, rule), ``audit`` counts per rule for
         ``report()``. Every mode returns the ``Verdict`` when it does not raise."""
+        if not isinstance(backend, str):
+            raise TypeError(f"check: backend must be a backend name (str); found {type(backend).__name__} {backend!r}")
         mode = mode or self.check_mode
         if mode not in CheckMode.ALL:
             raise PolicyError(f"unknown check mode `{mode}`; modes: {', '.join(CheckMode.ALL)}")
