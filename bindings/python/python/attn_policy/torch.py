@@ -480,6 +480,18 @@ class DotProductAttention(torch.nn.Module):
             raise PolicyError(f"DotProductAttention: arguments not supported here: {', '.join(bad)}")
         if qkv_format not in ("sbhd", "bshd", "bhsd"):
             raise PolicyError(f"qkv_format {qkv_format!r}: sbhd, bshd or bhsd (thd is not supported)")
+        dims = tuple(kv_channels) if isinstance(kv_channels, (tuple, list)) else (kv_channels, kv_channels)
+        for name, value, ns in (("num_attention_heads", num_attention_heads, (num_attention_heads,)),
+                                ("num_gqa_groups", num_gqa_groups, (1 if num_gqa_groups is None else num_gqa_groups,)),
+                                ("kv_channels", kv_channels, dims if len(dims) == 2 else (None,))):
+            if any(type(n) is not int or n <= 0 for n in ns):
+                pair = " (or a pair (qk, v) of them)" if name == "kv_channels" else ""
+                raise PolicyError(f"DotProductAttention: {name} must be an int > 0{pair}; found {value!r}")
+        if num_gqa_groups and num_attention_heads % num_gqa_groups:
+            raise PolicyError(f"DotProductAttention: num_attention_heads ({num_attention_heads}) is not a multiple "
+                              f"of num_gqa_groups ({num_gqa_groups})")
+        self._mask(attn_mask_type)  # a mask kind the forward would refuse, refused here
+        self._dims = tuple(dims)
         self.num_attention_heads = num_attention_heads
         self.kv_channels = kv_channels
         self.num_gqa_groups = num_gqa_groups or num_attention_heads
@@ -519,6 +531,17 @@ class DotProductAttention(torch.nn.Module):
             raise PolicyError("dense attention masks are not supported: pass attn_mask_type")
         fmt = qkv_format or self.qkv_format
         causal, diagonal = self._mask(attn_mask_type or self.attn_mask_type)
+        # Like TE: the tensors must have the heads and head dims the module was built with (run
+        # with the tensors' own, a model's wiring mistake would pass unnoticed).
+        hd = 1 if fmt == "bhsd" else 2
+        want = ((self.num_attention_heads, self._dims[0]), (self.num_gqa_groups, self._dims[0]),
+                (self.num_gqa_groups, self._dims[1]))
+        for name, t, (h, d) in zip(("query_layer", "key_layer", "value_layer"), (query_layer, key_layer, value_layer),
+                                   want):
+            if isinstance(t, torch.Tensor) and t.dim() == 4 and (t.shape[hd], t.shape[3]) != (h, d):
+                raise InvalidInput(f"DotProductAttention: {name} has {t.shape[hd]} heads of dim {t.shape[3]} "
+                                   f"(shape {tuple(t.shape)}, {fmt}); the module was built for {h} heads of dim {d} "
+                                   "(num_attention_heads / num_gqa_groups, kv_channels)")
         window = window_size if window_size is not None else self.window_size
         o = attention(
             query_layer, key_layer, value_layer, layout=fmt, is_causal=causal, diagonal=diagonal,
