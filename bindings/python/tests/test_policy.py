@@ -229,3 +229,17 @@ def test_the_package_docstring_example_runs_as_written():
 
     result = doctest.testmod(attn_policy, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted >= 4 and result.failed == 0
+
+
+def test_a_backend_declined_for_want_of_a_variant_says_why(policy):
+    """FlashAttention without flash-attn is declined by no rule: none of its variants applies.
+    Its verdict had no reason and ``report()`` said "<declined>: FlashAttention is declined"."""
+    config = {"head_dim_qk": 256, "head_dim_v": 256, "device_compute_capability": [9, 0]}
+    policy.reset_report()
+    v = policy.check(config, "FlashAttention", mode="audit")
+    assert not v.allowed and v.status == "declined"
+    assert [r.id for r in v.declined_by] == ["FlashAttention:FA4", "FlashAttention:FA3", "FlashAttention:FA2"]
+    assert all(r.kind == "unavailable_variant" and r.layer == "variant" for r in v.declined_by)
+    assert v.declined_by[0].values == {"flash_attn_versions.v4": None}
+    assert "FA4 not available: `flash_attn_versions.v4 != null` is false" in v.explain()
+    assert "<declined>" not in policy.report() and "because of FlashAttention:FA2: FA2 not available" in policy.report()

@@ -130,8 +130,22 @@ class Verdict:
         for r in self.declined_by:
             vals = ", ".join(f"{k} = {v}" for k, v in r.values.items())
             lines.append(f"  {r.id} [{r.layer}] {r.reason}")
-            lines.append(f"      {vals}  at {r.location}")
+            lines.append(f"      {vals}  at {r.location}" if r.location else f"      {vals}")
         return "\n".join(lines)
+
+
+def _unavailable_variants(nd: "_native.NativeDecision", backend: str) -> List[Decline]:
+    """A backend declined by no rule but because none of its variants applies (FlashAttention
+    without a flash-attn install): each variant's condition as a decline, so the verdict and
+    ``report()`` say why (they said "<declined>: FlashAttention is declined")."""
+    for b in nd.to_dict().get("backends", []):
+        if b.get("name") == backend:
+            return [
+                Decline(f"{backend}:{v['name']}", f"{v['name']} not available: `{v['applicable']}` is false", "",
+                        dict(v.get("values") or {}), "variant", "unavailable_variant")
+                for v in b.get("unavailable_variants") or []
+            ]
+    return []
 
 
 class _Audit:
@@ -268,7 +282,7 @@ class Policy:
             with a.lock:
                 a.calls += 1
             return Verdict(backend, True, status, nd.selected, [], Decision(nd))
-        declined = [Decline._from(r) for r in nd.declined_by(backend)]
+        declined = [Decline._from(r) for r in nd.declined_by(backend)] or _unavailable_variants(nd, backend)
         verdict = Verdict(backend, False, status, nd.selected, declined, Decision(nd))
         fallback = nd.selected or "no backend"
         with a.lock:
