@@ -243,3 +243,25 @@ def test_a_backend_declined_for_want_of_a_variant_says_why(policy):
     assert v.declined_by[0].values == {"flash_attn_versions.v4": None}
     assert "FA4 not available: `flash_attn_versions.v4 != null` is false" in v.explain()
     assert "<declined>" not in policy.report() and "because of FlashAttention:FA2: FA2 not available" in policy.report()
+
+
+def test_help_documents_every_public_function_and_member():
+    """``help(attn_policy.Policy)`` and the others: every public function, method and property
+    of the package's exported classes has a docstring."""
+    import inspect
+
+    missing = []
+    for name in attn_policy.__all__:
+        obj = getattr(attn_policy, name)
+        if inspect.isfunction(obj) and not inspect.getdoc(obj):
+            missing.append(name)
+        if inspect.isclass(obj):
+            if not obj.__doc__:
+                missing.append(name)
+            for member, f in vars(obj).items():
+                if member.startswith("_"):
+                    continue
+                target = f.__func__ if isinstance(f, (classmethod, staticmethod)) else f
+                if (inspect.isfunction(target) or isinstance(target, property)) and not inspect.getdoc(target):
+                    missing.append(f"{name}.{member}")
+    assert not missing, missing

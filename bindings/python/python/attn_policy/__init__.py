@@ -124,6 +124,8 @@ class Verdict:
         return self.allowed
 
     def explain(self) -> str:
+        """The verdict in words: allowed, or every rule (or unavailable variant) that declined
+        the backend, with the values it read and where the rule is."""
         if self.allowed:
             return f"{self.backend} is allowed ({self.status})"
         lines = [f"{self.backend} is not allowed here ({self.status}); the policy selects {self.selected or 'no backend'}"]
@@ -228,6 +230,7 @@ class Policy:
 
     @property
     def name(self) -> str:
+        """The pack's name (``"te"``, ``"te@2.19.0"``, a folder pack's ``name:``)."""
         return self._p.name
 
     @property
@@ -239,6 +242,7 @@ class Policy:
 
     @property
     def backend_names(self) -> List[str]:
+        """The pack's backends in its order (the names ``check`` and ``Decision.status`` take)."""
         return list(self._p.backend_names)
 
     def select(self, config: Union[Mapping[str, Any], Any]) -> Decision:
@@ -340,6 +344,7 @@ class Policy:
             }
 
     def reset_report(self) -> None:
+        """Zeroes the ``check`` counters that ``report()`` summarises."""
         self._audit.reset()
 
     # -- cache -----------------------------------------------------------------------------
@@ -349,6 +354,7 @@ class Policy:
         return dict(self._p.cache_stats())
 
     def cache_clear(self) -> None:
+        """Empties the decision cache and zeroes its counters (``cache_stats``)."""
         self._p.cache_clear()
 
     def __repr__(self) -> str:
