@@ -458,7 +458,7 @@ impl NativePolicy {
     fn executor_chain(&self, backend: &str, variant: Option<&str>) -> PyResult<Vec<String>> {
         let p = self.inner.policy();
         let b = p.backend_index(backend).ok_or_else(|| {
-            PyValueError::new_err(format!(
+            PolicyError::new_err(format!(
                 "pack {} has no backend {backend:?} (backends: {})",
                 p.name,
                 p.backends
@@ -476,7 +476,15 @@ impl NativePolicy {
                     .iter()
                     .position(|v| v.name == name)
                     .ok_or_else(|| {
-                        PyValueError::new_err(format!("backend {backend} has no variant {name:?}"))
+                        PolicyError::new_err(format!(
+                            "backend {backend} has no variant {name:?} (variants: {})",
+                            p.backends[b]
+                                .variants
+                                .iter()
+                                .map(|v| v.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ))
                     })? as u8,
             ),
         };

@@ -312,6 +312,13 @@ def test_chains_are_the_packs_data(tmp_path):
     # its manifest admits it: SM90, head dims 264..512, ...).
     assert apt.executor_chain(te_pack, "UnfusedDotProductAttention") == ("fused", "chunked", "reference")
     assert apt.executor_chain("native", "cudnn") == ("cudnn", "chunked", "reference")
+    # A bare ValueError and an AttributeError before.
+    with pytest.raises(attn_policy.PolicyError, match=r'pack te has no backend "Fused" \(backends: FlashAttention, '):
+        apt.executor_chain("te", "Fused")
+    with pytest.raises(attn_policy.PolicyError, match=r'backend FlashAttention has no variant "FA5" \(variants: FA4, FA3, FA2'):
+        apt.executor_chain("te", "FlashAttention", "FA5")
+    with pytest.raises(TypeError, match="policy must be an attn_policy.Policy, a pack name or None; found int"):
+        apt.executor_chain(3, "FusedAttention")
     q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
     _, d = apt.attention(q, q, q, is_causal=True, return_decision=True)
     assert d.backend == "UnfusedDotProductAttention", d.summary()

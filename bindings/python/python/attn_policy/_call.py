@@ -314,7 +314,7 @@ def _flag(name: str, x: Any) -> bool:
     truthy; a tensor's truth value is read from its device)."""
     if x is True or x is False:
         return x
-    if type(x) is int and x in (0, 1) or type(x).__name__ == "bool_":
+    if type(x) is int and x in (0, 1) or type(x).__module__ == "numpy" and type(x).__name__ in ("bool_", "bool"):
         return bool(x)
     raise InvalidInput(f"{name} must be True or False; found {type(x).__name__} {x!r}")
 
