@@ -138,6 +138,18 @@ def test_bad_types_and_values_are_refused_naming_the_fact(policy):
         assert fragment in str(e.value), (config, str(e.value))
 
 
+def test_a_probe_or_derived_fact_given_as_an_input_says_how_to_give_it(policy):
+    # Both were "unknown fact", with no hint, though docs/facts.md lists them by these names.
+    with pytest.raises(PolicyError) as e:
+        policy.select(dict(CFG, **{"probe.fused_attn_graph": True}))
+    assert str(e.value) == ('invalid config: probe.fused_attn_graph: a probe answer, given under `probe`: '
+                            '{"probe": {"fused_attn_graph": true}} (true, false or null)')
+    assert policy.select(dict(CFG, probe={"fused_attn_graph": True})).selected == "FusedAttention"
+    with pytest.raises(PolicyError, match=r"invalid config: sm: derived from the input facts, not one of them "
+                                          r"\(major \* 10 \+ minor"):
+        policy.select(dict(CFG, sm=90))
+
+
 def test_load_refuses_arguments_of_the_wrong_type_naming_them():
     # A lone str for a list was iterated: overlays "s", "i", "t", ... and layers_off "g", ...
     with pytest.raises(TypeError, match=r"overlays must be a list; found str 'site.yaml' \(write overlays=\['site.yaml'\]\)"):
