@@ -275,7 +275,29 @@ impl Facts {
     pub(crate) fn set_scalar(&mut self, path: &str, value: &Json) -> Result<(), InputError> {
         let slot = match self.schema.slot(path) {
             Some(s) if self.schema.fields[s].origin == Origin::Input => s,
-            _ => {
+            // A fact of the schema that is not an input (`docs/facts.md` lists them with the
+            // inputs): say what it is and how to give it, not just "unknown fact".
+            Some(s) if self.schema.fields[s].origin == Origin::Probe => {
+                let name = path.strip_prefix("probe.").unwrap_or(path);
+                return Err(unknown(
+                    path,
+                    &format!(
+                        "a probe answer, given under `probe`: {{\"probe\": {{\"{name}\": true}}}} (true, false or null)"
+                    ),
+                    None,
+                ));
+            }
+            Some(s) => {
+                return Err(unknown(
+                    path,
+                    &format!(
+                        "derived from the input facts, not one of them ({})",
+                        self.schema.def(s).doc.trim_end_matches('.')
+                    ),
+                    did_you_mean(path, self.schema.input_keys()),
+                ));
+            }
+            None => {
                 return Err(unknown(
                     path,
                     "unknown fact",
@@ -625,6 +647,25 @@ mod tests {
         assert_eq!(f.get("head_dim_qk"), Some(Value::Int(64)));
         assert_eq!(f.get("sm"), Some(Value::Int(90)));
         assert_eq!(f.get("probe.fused_attn_graph"), Some(Value::Unknown));
+    }
+
+    #[test]
+    fn a_probe_or_derived_fact_given_as_an_input_says_what_it_is() {
+        let e = Facts::from_json(&json!({"probe.fused_attn_graph": true})).unwrap_err();
+        assert_eq!(e.path, "probe.fused_attn_graph");
+        assert!(
+            e.message
+                .contains(r#"given under `probe`: {"probe": {"fused_attn_graph": true}}"#),
+            "{}",
+            e.message
+        );
+        let e = Facts::from_json(&json!({"sm": 90})).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("derived from the input facts, not one of them (major * 10 + minor"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -269,14 +269,18 @@ fn read_value(
         key.word(if b { K_TRUE } else { K_FALSE });
         return Ok(build.then_some(Json::Bool(b)));
     }
-    if v.is_exact_instance_of::<PyInt>()
-        && let Ok(i) = v.extract::<i64>()
-    {
+    if v.is_exact_instance_of::<PyInt>() {
+        let Ok(i) = v.extract::<i64>() else {
+            return Err(unrepresentable(v, &name.text()?));
+        };
         key.words.extend([K_INT, i as u64]);
         return Ok(build.then(|| Json::from(i)));
     }
     if let Ok(f) = v.cast_exact::<PyFloat>() {
         let f = f.value();
+        if !f.is_finite() {
+            return Err(unrepresentable(v, &name.text()?));
+        }
         key.words.extend([K_FLOAT, f.to_bits()]);
         return Ok(build.then(|| serde_json::Number::from_f64(f).map_or(Json::Null, Json::Number)));
     }
@@ -454,7 +458,7 @@ impl NativePolicy {
     fn executor_chain(&self, backend: &str, variant: Option<&str>) -> PyResult<Vec<String>> {
         let p = self.inner.policy();
         let b = p.backend_index(backend).ok_or_else(|| {
-            PyValueError::new_err(format!(
+            PolicyError::new_err(format!(
                 "pack {} has no backend {backend:?} (backends: {})",
                 p.name,
                 p.backends
@@ -472,7 +476,15 @@ impl NativePolicy {
                     .iter()
                     .position(|v| v.name == name)
                     .ok_or_else(|| {
-                        PyValueError::new_err(format!("backend {backend} has no variant {name:?}"))
+                        PolicyError::new_err(format!(
+                            "backend {backend} has no variant {name:?} (variants: {})",
+                            p.backends[b]
+                                .variants
+                                .iter()
+                                .map(|v| v.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ))
                     })? as u8,
             ),
         };
@@ -890,6 +902,21 @@ fn dict_json(d: &Bound<'_, PyDict>) -> PyResult<Json> {
     Ok(Json::Object(m))
 }
 
+/// A number no fact can hold: NaN, an infinity, an int outside 64 bits. (Read as JSON null
+/// before, it surfaced as "must not be null" or, for a huge int, as its float rounding.)
+fn unrepresentable(v: &Bound<'_, PyAny>, key: &str) -> PyErr {
+    let text = v
+        .repr()
+        .and_then(|r| Ok(r.to_cow()?.into_owned()))
+        .unwrap_or_else(|_| "?".into());
+    let why = if v.cast::<PyInt>().is_ok() {
+        "does not fit a 64-bit integer"
+    } else {
+        "is not a finite number"
+    };
+    PolicyError::new_err(format!("invalid config: {key}: {text} {why}"))
+}
+
 /// torch dtype names (`str(torch.bfloat16)` without `torch.`) -> the schema's dtype names.
 fn dtype_name(name: &str) -> &str {
     match name {
@@ -911,13 +938,16 @@ fn value_json(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Json> {
     if let Ok(b) = v.cast::<PyBool>() {
         return Ok(Json::Bool(b.is_true()));
     }
-    if v.cast::<PyInt>().is_ok()
-        && let Ok(i) = v.extract::<i64>()
-    {
-        return Ok(Json::from(i));
+    if v.cast::<PyInt>().is_ok() {
+        return match v.extract::<i64>() {
+            Ok(i) => Ok(Json::from(i)),
+            Err(_) => Err(unrepresentable(v, key)),
+        };
     }
     if let Ok(f) = v.cast::<PyFloat>() {
-        return Ok(serde_json::Number::from_f64(f.value()).map_or(Json::Null, Json::Number));
+        return serde_json::Number::from_f64(f.value())
+            .map(Json::Number)
+            .ok_or_else(|| unrepresentable(v, key));
     }
     if let Ok(s) = v.cast::<PyString>() {
         let s = s.to_cow()?;
@@ -973,7 +1003,9 @@ fn value_json(v: &Bound<'_, PyAny>, key: &str) -> PyResult<Json> {
         ));
     }
     if let Ok(f) = v.extract::<f64>() {
-        return Ok(serde_json::Number::from_f64(f).map_or(Json::Null, Json::Number));
+        return serde_json::Number::from_f64(f)
+            .map(Json::Number)
+            .ok_or_else(|| unrepresentable(v, key));
     }
     Err(PolicyError::new_err(format!(
         "invalid config: {key}: cannot read a value of type {tyname}"

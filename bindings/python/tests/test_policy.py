@@ -95,6 +95,88 @@ def test_bad_pack_raises_with_diagnostics(tmp_path):
     assert e.value.diagnostics and all("message" in d for d in e.value.diagnostics)
 
 
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        # NaN and infinities were read as JSON null: "must not be null (expected int)".
+        ("head_dim_qk", float("nan"), "invalid config: head_dim_qk: nan is not a finite number"),
+        ("attention_dropout", float("inf"), "invalid config: attention_dropout: inf is not a finite number"),
+        ("attention_dropout", float("-inf"), "invalid config: attention_dropout: -inf is not a finite number"),
+        # An int past 64 bits was read as its float rounding ("1.1805916207174113e+21 ...").
+        ("head_dim_qk", 2**70, "invalid config: head_dim_qk: 1180591620717411303424 does not fit a 64-bit integer"),
+        ("max_seqlen_q", 2**63, "invalid config: max_seqlen_q: 9223372036854775808 does not fit a 64-bit integer"),
+    ],
+)
+def test_a_number_no_fact_can_hold_is_named_as_given(policy, key, value, message):
+    for config in (dict(CFG, **{key: value}), NotADict(dict(CFG, **{key: value}))):
+        with pytest.raises(PolicyError) as e:
+            policy.select(config)
+        assert str(e.value) == message
+
+
+class NotADict(dict):
+    """A dict subclass: read through the other reader (``dict_json``)."""
+
+
+def test_bad_types_and_values_are_refused_naming_the_fact(policy):
+    cases = [
+        ({"head_dim_qk": "128"}, 'head_dim_qk: expected an integer, found "128"'),
+        ({"head_dim_qk": None}, "head_dim_qk: must not be null"),
+        ({"head_dim_qk": True}, "head_dim_qk: expected an integer, found true"),
+        ({"head_dim_qk": -128}, "head_dim_qk: must be > 0, found -128"),
+        ({"head_dim_qk": {"a": 1}}, 'head_dim_qk: expected an integer, found {"a":1}'),
+        ({"attn_mask_type": "casual"}, "did you mean `causal`?"),
+    ]
+    for extra, fragment in cases:
+        with pytest.raises(PolicyError, match="invalid config: ") as e:
+            policy.select(dict(CFG, **extra))
+        assert fragment in str(e.value), (extra, str(e.value))
+    for config, fragment in [([1, 2], "expected a dict of facts, found list"), (None, "found NoneType"),
+                             ("head_dim_qk", "not JSON"), ("[1]", "expected an object of facts")]:
+        with pytest.raises(PolicyError, match="invalid config: ") as e:
+            policy.select(config)
+        assert fragment in str(e.value), (config, str(e.value))
+
+
+def test_a_probe_or_derived_fact_given_as_an_input_says_how_to_give_it(policy):
+    # Both were "unknown fact", with no hint, though docs/facts.md lists them by these names.
+    with pytest.raises(PolicyError) as e:
+        policy.select(dict(CFG, **{"probe.fused_attn_graph": True}))
+    assert str(e.value) == ('invalid config: probe.fused_attn_graph: a probe answer, given under `probe`: '
+                            '{"probe": {"fused_attn_graph": true}} (true, false or null)')
+    assert policy.select(dict(CFG, probe={"fused_attn_graph": True})).selected == "FusedAttention"
+    with pytest.raises(PolicyError, match=r"invalid config: sm: derived from the input facts, not one of them "
+                                          r"\(major \* 10 \+ minor"):
+        policy.select(dict(CFG, sm=90))
+
+
+def test_load_refuses_arguments_of_the_wrong_type_naming_them():
+    # A lone str for a list was iterated: overlays "s", "i", "t", ... and layers_off "g", ...
+    with pytest.raises(TypeError, match=r"overlays must be a list; found str 'site.yaml' \(write overlays=\['site.yaml'\]\)"):
+        attn_policy.Policy.load("te", overlays="site.yaml")
+    with pytest.raises(TypeError, match=r"layers_off must be a list; found str 'guard'"):
+        attn_policy.Policy.load("te", layers_off="guard")
+    with pytest.raises(TypeError, match="layers_off must hold str; found int 1"):
+        attn_policy.Policy.load("te", layers_off=[1])
+    with pytest.raises(TypeError, match="pack must be a str or os.PathLike; found NoneType"):
+        attn_policy.Policy.load(None)
+    with pytest.raises(TypeError, match="parity must be True or False; found 'yes'"):
+        attn_policy.Policy.load("te", parity="yes")
+    with pytest.raises(TypeError, match="cache_size must be an int"):
+        attn_policy.Policy.load("te", cache_size="4096")
+    # "can't convert negative int to unsigned" (an OverflowError) before.
+    with pytest.raises(PolicyError, match="cache_size must be >= 0 .*found -1"):
+        attn_policy.Policy.load("te", cache_size=-1)
+    with pytest.raises(PolicyError, match="pack `te` has no layer `gaurd`; layers: capability, guard"):
+        attn_policy.Policy.load("te", layers_off=["gaurd"])
+    assert attn_policy.Policy.load("te", layers_off=("guard",), overlays=[]).name == "te"
+
+
+def test_check_refuses_a_backend_that_is_not_a_name(policy):
+    with pytest.raises(TypeError, match="backend must be a backend name \\(str\\); found NoneType"):
+        policy.check(CFG, None)
+
+
 def test_cache_hits_and_environment_in_key(policy):
     policy.cache_clear()
     policy.select(CFG)
@@ -150,3 +232,48 @@ def test_audit_report_summarises_per_rule(policy):
     assert all(x["count"] == 3 for x in r["rules"])
     text = policy.report()
     assert "75% of calls (3) fell back from FlashAttention to" in text
+
+
+def test_the_package_docstring_example_runs_as_written():
+    """``help(attn_policy)`` opens with this example; it claimed FusedAttention for a config
+    that leaves FusedAttention pending its probe."""
+    import doctest
+
+    result = doctest.testmod(attn_policy, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 4 and result.failed == 0
+
+
+def test_a_backend_declined_for_want_of_a_variant_says_why(policy):
+    """FlashAttention without flash-attn is declined by no rule: none of its variants applies.
+    Its verdict had no reason and ``report()`` said "<declined>: FlashAttention is declined"."""
+    config = {"head_dim_qk": 256, "head_dim_v": 256, "device_compute_capability": [9, 0]}
+    policy.reset_report()
+    v = policy.check(config, "FlashAttention", mode="audit")
+    assert not v.allowed and v.status == "declined"
+    assert [r.id for r in v.declined_by] == ["FlashAttention:FA4", "FlashAttention:FA3", "FlashAttention:FA2"]
+    assert all(r.kind == "unavailable_variant" and r.layer == "variant" for r in v.declined_by)
+    assert v.declined_by[0].values == {"flash_attn_versions.v4": None}
+    assert "FA4 not available: `flash_attn_versions.v4 != null` is false" in v.explain()
+    assert "<declined>" not in policy.report() and "because of FlashAttention:FA2: FA2 not available" in policy.report()
+
+
+def test_help_documents_every_public_function_and_member():
+    """``help(attn_policy.Policy)`` and the others: every public function, method and property
+    of the package's exported classes has a docstring."""
+    import inspect
+
+    missing = []
+    for name in attn_policy.__all__:
+        obj = getattr(attn_policy, name)
+        if inspect.isfunction(obj) and not inspect.getdoc(obj):
+            missing.append(name)
+        if inspect.isclass(obj):
+            if not obj.__doc__:
+                missing.append(name)
+            for member, f in vars(obj).items():
+                if member.startswith("_"):
+                    continue
+                target = f.__func__ if isinstance(f, (classmethod, staticmethod)) else f
+                if (inspect.isfunction(target) or isinstance(target, property)) and not inspect.getdoc(target):
+                    missing.append(f"{name}.{member}")
+    assert not missing, missing

@@ -282,6 +282,24 @@ def test_inputs_the_pack_does_not_model_are_refused(torch):
         explain_sdpa(q, q, q, sm=90, cudnn=91900, heads_kv=0)
 
 
+def test_arguments_sdpa_would_refuse_are_refused_naming_them(torch):
+    # A list failed with "'list' object has no attribute 'dim'" (an AttributeError, which
+    # log_sdpa_decisions let escape instead of leaving the refusal to SDPA); a str is_causal
+    # was read by its truth value ("no" as causal).
+    from attn_policy.sdpa import SdpaError, explain_sdpa
+
+    q = tensor(torch, (1, 4, 64, 64), torch.float16)
+    with pytest.raises(SdpaError, match="key must be a torch.Tensor; found list"):
+        explain_sdpa(q, [1.0], q, sm=90, cudnn=91900)
+    with pytest.raises(SdpaError, match="is_causal must be True or False; found str 'no'"):
+        explain_sdpa(q, q, q, is_causal="no", sm=90, cudnn=91900)
+    with pytest.raises(SdpaError, match="enable_gqa must be True or False; found NoneType"):
+        explain_sdpa(q, q, q, enable_gqa=None, sm=90, cudnn=91900)
+    with pytest.raises(SdpaError, match="dropout_p must be a float; found str '0.5'"):
+        explain_sdpa(q, q, q, dropout_p="0.5", sm=90, cudnn=91900)
+    assert explain_sdpa(q, q, q, is_causal=1, dropout_p=0, sm=90, cudnn=91900).facts["is_causal"] is True
+
+
 def test_log_sdpa_decisions_explains_each_call_and_runs_it(torch, caplog):
     from attn_policy.sdpa import log_sdpa_decisions
 

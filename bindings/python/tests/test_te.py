@@ -198,6 +198,19 @@ def test_frost_arity():
         te.get_attention_backend(te_params(), cudnn=(9, 1, 0))
 
 
+def test_bad_arguments_are_refused_not_decided_for_the_defaults():
+    # None or a str has none of AttentionParams' fields: every fact took its default, and a
+    # decision came back.
+    for bad in (None, "params", 128, [128]):
+        for call in (te.select, te.get_attention_backend):
+            with pytest.raises(attn_policy.PolicyError, match="attention_params must be TransformerEngine's"):
+                call(bad)
+    with pytest.raises(attn_policy.PolicyError, match=r"cudnn_verison \(did you mean `cudnn_version`\?\)"):
+        te.select(te_params(), cudnn_verison=(9, 1, 0))
+    with pytest.raises(attn_policy.PolicyError, match="has no get_attention_backend to replace"):
+        te.install(types.SimpleNamespace())
+
+
 def test_probes_are_live_and_unknown_where_nothing_can_answer():
     """No probe is answered "supported" by default: without torch (this venv) or a GPU every
     probe this process cannot measure stays unknown, and says so; `probe=` answers them."""

@@ -3,6 +3,7 @@ reference. Skipped where torch is not installed."""
 
 import logging
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -251,6 +252,30 @@ def test_dot_product_attention_module_mirrors_te():
         apt.DotProductAttention(h, d, fp8=True)
 
 
+def test_dot_product_attention_refuses_what_te_refuses():
+    # Each was taken before: a str head count, an unknown mask kind until the first forward,
+    # and tensors with other heads or head dims than the module's (run with the tensors' own).
+    for kw, fragment in [(dict(num_attention_heads="8", kv_channels=8), "num_attention_heads must be an int > 0; found '8'"),
+                         (dict(num_attention_heads=4, kv_channels=0), "kv_channels must be an int > 0"),
+                         (dict(num_attention_heads=4, kv_channels=(8, 8, 8)), "kv_channels must be an int > 0"),
+                         (dict(num_attention_heads=4, kv_channels=8, num_gqa_groups=0), "num_gqa_groups must be"),
+                         (dict(num_attention_heads=4, kv_channels=8, num_gqa_groups=3), "not a multiple of num_gqa_groups"),
+                         (dict(num_attention_heads=4, kv_channels=8, attn_mask_type="casual"), "attn_mask_type 'casual'")]:
+        with pytest.raises(attn_policy.PolicyError, match=re.escape(fragment)):
+            apt.DotProductAttention(**kw)
+    m = apt.DotProductAttention(4, 8, num_gqa_groups=2, qkv_format="bshd")
+    q, kv = torch.randn(1, 6, 4, 8), torch.randn(1, 6, 2, 8)
+    assert m(q, kv, kv).shape == (1, 6, 32)
+    with pytest.raises(apt.InvalidInput, match=r"query_layer has 3 heads of dim 8 .*built for 4 heads of dim 8"):
+        m(torch.randn(1, 6, 3, 8), kv, kv)
+    with pytest.raises(apt.InvalidInput, match=r"key_layer has 4 heads of dim 8 .*built for 2 heads of dim 8"):
+        m(q, q, kv)
+    with pytest.raises(apt.InvalidInput, match=r"value_layer has 2 heads of dim 16"):
+        m(q, kv, torch.randn(1, 6, 2, 16))
+    mla = apt.DotProductAttention(2, (16, 8), qkv_format="bhsd")
+    assert mla(torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 8)).shape == (1, 2, 4, 8)
+
+
 def test_executors_list_every_executor_with_availability():
     names = {e["name"]: e for e in apt.executors()}
     assert set(names) >= {"reference", "chunked", "fused", "cudnn", "frost", "torch_flash", "torch_efficient", "torch_cudnn", "torch_math"}
@@ -287,6 +312,13 @@ def test_chains_are_the_packs_data(tmp_path):
     # its manifest admits it: SM90, head dims 264..512, ...).
     assert apt.executor_chain(te_pack, "UnfusedDotProductAttention") == ("fused", "chunked", "reference")
     assert apt.executor_chain("native", "cudnn") == ("cudnn", "chunked", "reference")
+    # A bare ValueError and an AttributeError before.
+    with pytest.raises(attn_policy.PolicyError, match=r'pack te has no backend "Fused" \(backends: FlashAttention, '):
+        apt.executor_chain("te", "Fused")
+    with pytest.raises(attn_policy.PolicyError, match=r'backend FlashAttention has no variant "FA5" \(variants: FA4, FA3, FA2'):
+        apt.executor_chain("te", "FlashAttention", "FA5")
+    with pytest.raises(TypeError, match="policy must be an attn_policy.Policy, a pack name or None; found int"):
+        apt.executor_chain(3, "FusedAttention")
     q = torch.randn(1, 2, 5, 8, dtype=torch.float64)
     _, d = apt.attention(q, q, q, is_causal=True, return_decision=True)
     assert d.backend == "UnfusedDotProductAttention", d.summary()

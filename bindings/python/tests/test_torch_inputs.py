@@ -151,6 +151,51 @@ def test_bad_inputs_get_a_typed_error_that_says_what_is_wrong(case, grad):
     assert fragment in str(e.value), str(e.value)
 
 
+BAD_OPTIONS = [
+    # (options, message fragment). Each was taken by its truth value or float() before, or
+    # failed deep inside (an unpacking ValueError, an AttributeError, an OverflowError).
+    (dict(is_causal="no"), "is_causal must be True or False; found str 'no'"),
+    (dict(is_causal=torch.tensor(True)), "is_causal must be True or False; found Tensor"),
+    (dict(is_causal=None), "is_causal must be True or False; found NoneType"),
+    (dict(no_substitute="no"), "no_substitute must be True or False; found str 'no'"),
+    (dict(return_decision="no"), "return_decision must be True or False; found str 'no'"),
+    (dict(scale="0.1"), "scale must be a float > 0 or None (1/sqrt(head dim)); found str '0.1'"),
+    (dict(dropout_p="0.1"), "dropout_p must be a float in [0, 1); found str '0.1'"),
+    (dict(dropout_p=float("nan")), "dropout_p must be a float in [0, 1); found nan"),
+    (dict(softcap="30"), "softcap must be a float > 0 or None; found str '30'"),
+    (dict(window="3"), "window must be None, an int or a (left, right) pair"),
+    (dict(window=(1, 2, 3)), "window must be None, an int or a (left, right) pair; found 3 values (1, 2, 3)"),
+    (dict(window=(2.5, 0)), "window must be None, an int or a (left, right) pair of ints or None"),
+    (dict(window=True), "found True"),
+    (dict(window=(2**70, 0)), "a size must fit a 64-bit integer"),
+    (dict(policy="te"), "policy must be an attn_policy.Policy (attn_policy.Policy.load('te') loads one) or None"),
+    (dict(policy=3), "policy must be an attn_policy.Policy or None; found int"),
+]
+
+
+@pytest.mark.parametrize("options, fragment", BAD_OPTIONS, ids=[repr(o) for o, _ in BAD_OPTIONS])
+def test_options_of_the_wrong_type_are_refused_naming_the_option(options, fragment):
+    q, k, v = R(1, 2, 4, 8), R(1, 2, 4, 8), R(1, 2, 4, 8)
+    # A plain call first, so that a signature of the same tensors is cached (the fast path).
+    apt.attention(q, k, v)
+    with pytest.raises(apt.InvalidInput) as e:
+        apt.attention(q, k, v, **options)
+    assert fragment in str(e.value), str(e.value)
+    # The same through a call with a feature (its own path) where the option applies to it.
+    if "softcap" not in options:
+        with pytest.raises(apt.InvalidInput) as e:
+            apt.attention(q, k, v, sink="off_by_one", **options)
+        assert fragment in str(e.value), str(e.value)
+
+
+def test_options_that_are_bools_as_ints_and_numbers_as_ints_still_run():
+    q, k, v = R(1, 2, 4, 8, dtype=torch.float64), R(1, 2, 4, 8, dtype=torch.float64), R(1, 2, 4, 8, dtype=torch.float64)
+    ref = apt.attention(q, k, v, is_causal=True, scale=1.0, window=(2, 0))
+    torch.testing.assert_close(apt.attention(q, k, v, is_causal=1, scale=1, window=[2, None]), ref)
+    o, d = apt.attention(q, k, v, is_causal=True, return_decision=1)
+    assert isinstance(d, attn_policy.Explanation) and o.shape == q.shape
+
+
 # ---------------------------------------------------------------------------------------------
 # Strides that reach outside a tensor's storage (a storage resized after its view was made).
 

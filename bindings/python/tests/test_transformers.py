@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import attn_policy  # noqa: E402
 import attn_policy.transformers as aptf  # noqa: E402
 
 
@@ -26,6 +27,21 @@ def tiny_gemma4(attn, sliding_window=4):
 
 def test_register_returns_the_implementation_name():
     assert aptf.register() == "attn_policy"
+
+
+def test_register_refuses_bad_options_at_registration():
+    # policy="te" was kept and failed at the model's first forward ('str' object has no
+    # attribute '_p'); log_decisions="no" logged.
+    with pytest.raises(attn_policy.PolicyError, match="policy must be an attn_policy.Policy or None; found str 'te'"):
+        aptf.register(policy="te")
+    with pytest.raises(attn_policy.PolicyError, match="log_decisions must be True or False; found str 'no'"):
+        aptf.register(log_decisions="no")
+    with pytest.raises(attn_policy.PolicyError, match="no_substitute must be True or False"):
+        aptf.register(no_substitute=None)
+    with pytest.raises(attn_policy.PolicyError, match="on_decline must be raise or fallback"):
+        aptf.register(on_decline="warn")
+    assert aptf.register(policy=attn_policy.Policy.load("te")) == "attn_policy"
+    aptf.register()
 
 
 def test_gemma4_logits_and_greedy_generation_match_sdpa(caplog):

@@ -3,7 +3,10 @@
     >>> import attn_policy
     >>> policy = attn_policy.Policy.load("te")
     >>> d = policy.select({"head_dim_qk": 128, "head_dim_v": 128, "device_compute_capability": [9, 0]})
-    >>> d.selected
+    >>> d.selected, d.provisional   # FusedAttention is preferred, pending its cuDNN probe
+    ('UnfusedDotProductAttention', True)
+    >>> policy.select({"head_dim_qk": 128, "head_dim_v": 128, "device_compute_capability": [9, 0],
+    ...                "probe": {"fused_attn_graph": True}}).selected
     'FusedAttention'
 
 Decisions are cached per policy, keyed by the complete fact set (see ``Policy.cache_stats``).
@@ -81,6 +84,31 @@ def resolve_te_release(te_version: str) -> Tuple[str, Optional[str]]:
     return pack, warning
 
 
+def _path_arg(name: str, x: Any) -> str:
+    """A pack or overlay path/name as text; anything else is a ``TypeError`` naming ``name``."""
+    if isinstance(x, bytes) or not isinstance(x, (str, os.PathLike)):
+        raise TypeError(f"Policy.load: {name} must be a str or os.PathLike; found {type(x).__name__} {x!r}")
+    return os.fspath(x)
+
+
+def _str_arg(name: str, x: Any) -> str:
+    if not isinstance(x, str):
+        raise TypeError(f"Policy.load: {name} must hold str; found {type(x).__name__} {x!r}")
+    return x
+
+
+def _list_arg(name: str, xs: Any) -> list:
+    """A sequence argument as a list. A lone str or path is refused: iterated, it would be read
+    one character at a time (``overlays="site.yaml"`` as overlays ``s``, ``i``, ...)."""
+    if isinstance(xs, (str, bytes, os.PathLike)):
+        raise TypeError(f"Policy.load: {name} must be a list; found {type(xs).__name__} {xs!r} "
+                        f"(write {name}=[{xs!r}])")
+    try:
+        return list(xs)
+    except TypeError:
+        raise TypeError(f"Policy.load: {name} must be a list; found {type(xs).__name__} {xs!r}") from None
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Outcome of ``Policy.check``: whether ``backend`` may run this call."""
@@ -96,14 +124,30 @@ class Verdict:
         return self.allowed
 
     def explain(self) -> str:
+        """The verdict in words: allowed, or every rule (or unavailable variant) that declined
+        the backend, with the values it read and where the rule is."""
         if self.allowed:
             return f"{self.backend} is allowed ({self.status})"
         lines = [f"{self.backend} is not allowed here ({self.status}); the policy selects {self.selected or 'no backend'}"]
         for r in self.declined_by:
             vals = ", ".join(f"{k} = {v}" for k, v in r.values.items())
             lines.append(f"  {r.id} [{r.layer}] {r.reason}")
-            lines.append(f"      {vals}  at {r.location}")
+            lines.append(f"      {vals}  at {r.location}" if r.location else f"      {vals}")
         return "\n".join(lines)
+
+
+def _unavailable_variants(nd: "_native.NativeDecision", backend: str) -> List[Decline]:
+    """A backend declined by no rule but because none of its variants applies (FlashAttention
+    without a flash-attn install): each variant's condition as a decline, so the verdict and
+    ``report()`` say why (they said "<declined>: FlashAttention is declined")."""
+    for b in nd.to_dict().get("backends", []):
+        if b.get("name") == backend:
+            return [
+                Decline(f"{backend}:{v['name']}", f"{v['name']} not available: `{v['applicable']}` is false", "",
+                        dict(v.get("values") or {}), "variant", "unavailable_variant")
+                for v in b.get("unavailable_variants") or []
+            ]
+    return []
 
 
 class _Audit:
@@ -154,18 +198,30 @@ class Policy:
         (pure TE parity, like ``--parity``). ``"te@auto"``: the pack of the TransformerEngine
         release ``te_version`` (default: the installed ``transformer_engine.__version__``),
         or the nearest older pack (see :func:`resolve_te_release`; ``policy.pack_from`` says
-        which). Raises ``PolicyError`` with every diagnostic (``.diagnostics``) when the pack
-        does not load, and for a ``te@auto`` release older than every pack.
+        which). ``layers_off``: layer names to switch off (``["guard"]``). ``cache_size``: the
+        decision cache's bound in entries. Raises ``PolicyError`` with every diagnostic
+        (``.diagnostics``) when the pack does not load (an unknown pack or layer names the
+        known ones), for a ``te@auto`` release older than every pack, and for a negative
+        ``cache_size``; ``TypeError`` naming the argument for an argument of the wrong type
+        (``overlays="site.yaml"``: a list is needed, ``overlays=["site.yaml"]``).
         """
-        pack = os.fspath(pack)
+        pack = _path_arg("pack", pack)
+        overlays = [_path_arg("overlays", o) for o in _list_arg("overlays", overlays)]
+        layers_off = [_str_arg("layers_off", x) for x in _list_arg("layers_off", layers_off)]
+        if type(parity) is not bool:
+            raise TypeError(f"Policy.load: parity must be True or False; found {parity!r}")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int):
+            raise TypeError(f"Policy.load: cache_size must be an int (entries); found {cache_size!r}")
+        if not 0 <= cache_size < 2**63:
+            raise PolicyError(f"Policy.load: cache_size must be >= 0 (entries); found {cache_size}")
         if te_version is None and pack.endswith("@auto"):
             te_version = installed_te_version()
         is_dir = os.sep in pack or pack.startswith(".") or os.path.isdir(pack)
         native = _native.NativePolicy.load(
             pack=None if is_dir else pack,
             path=pack if is_dir else None,
-            overlays=[os.fspath(o) for o in overlays],
-            layers_off=list(layers_off),
+            overlays=overlays,
+            layers_off=layers_off,
             parity=parity,
             cache_size=cache_size,
             te_version=None if te_version is None else str(te_version),
@@ -174,6 +230,7 @@ class Policy:
 
     @property
     def name(self) -> str:
+        """The pack's name (``"te"``, ``"te@2.19.0"``, a folder pack's ``name:``)."""
         return self._p.name
 
     @property
@@ -185,6 +242,7 @@ class Policy:
 
     @property
     def backend_names(self) -> List[str]:
+        """The pack's backends in its order (the names ``check`` and ``Decision.status`` take)."""
         return list(self._p.backend_names)
 
     def select(self, config: Union[Mapping[str, Any], Any]) -> Decision:
@@ -211,6 +269,8 @@ class Policy:
         ``check_mode``): ``enforce`` raises ``PolicyViolation`` with the explanation,
         ``warn`` logs once per (call site, backend, rule), ``audit`` counts per rule for
         ``report()``. Every mode returns the ``Verdict`` when it does not raise."""
+        if not isinstance(backend, str):
+            raise TypeError(f"check: backend must be a backend name (str); found {type(backend).__name__} {backend!r}")
         mode = mode or self.check_mode
         if mode not in CheckMode.ALL:
             raise PolicyError(f"unknown check mode `{mode}`; modes: {', '.join(CheckMode.ALL)}")
@@ -226,7 +286,7 @@ class Policy:
             with a.lock:
                 a.calls += 1
             return Verdict(backend, True, status, nd.selected, [], Decision(nd))
-        declined = [Decline._from(r) for r in nd.declined_by(backend)]
+        declined = [Decline._from(r) for r in nd.declined_by(backend)] or _unavailable_variants(nd, backend)
         verdict = Verdict(backend, False, status, nd.selected, declined, Decision(nd))
         fallback = nd.selected or "no backend"
         with a.lock:
@@ -284,6 +344,7 @@ class Policy:
             }
 
     def reset_report(self) -> None:
+        """Zeroes the ``check`` counters that ``report()`` summarises."""
         self._audit.reset()
 
     # -- cache -----------------------------------------------------------------------------
@@ -293,6 +354,7 @@ class Policy:
         return dict(self._p.cache_stats())
 
     def cache_clear(self) -> None:
+        """Empties the decision cache and zeroes its counters (``cache_stats``)."""
         self._p.cache_clear()
 
     def __repr__(self) -> str:

@@ -277,17 +277,57 @@ def te_window_fact(mask: int, left: int, right: int, sq: int, skv: int) -> Optio
     return [left if left >= 0 else unbounded, right if right >= 0 else unbounded]
 
 
+def _window_size(window: Any, x: Any) -> int:
+    """One side of ``window``: None (unbounded, -1) or an int that fits the op's int64. A float
+    or a bool is refused, not truncated (``2.5`` is no window size)."""
+    if x is None:
+        return -1
+    if isinstance(x, bool) or isinstance(x, torch.Tensor):
+        x = None  # refused below: a bool is not a size; a tensor's value lives on its device
+    try:
+        n = operator.index(x)
+    except TypeError:
+        raise InvalidInput(f"window must be None, an int or a (left, right) pair of ints or None "
+                           f"(-1 or None: unbounded); found {window!r}") from None
+    if not -(2**63) <= n < 2**63:
+        raise InvalidInput(f"window {window!r}: a size must fit a 64-bit integer (-1 or None: unbounded)")
+    return n
+
+
 def _window_args(window, is_causal: bool) -> Tuple[int, int]:
     if window is None:
         return -1, (0 if is_causal else -1)
-    if isinstance(window, int):
-        return int(window), (0 if is_causal else -1)
-    left, right = window
-    left = -1 if left is None else int(left)
-    right = -1 if right is None else int(right)
+    if not isinstance(window, (tuple, list)):
+        return _window_size(window, window), (0 if is_causal else -1)
+    if len(window) != 2:
+        raise InvalidInput(f"window must be None, an int or a (left, right) pair; found {len(window)} "
+                           f"values {window!r}")
+    left, right = _window_size(window, window[0]), _window_size(window, window[1])
     if is_causal:
         right = 0 if right < 0 else min(right, 0)
     return left, right
+
+
+def _flag(name: str, x: Any) -> bool:
+    """A bool option (``is_causal``, ``no_substitute``, ``return_decision``): True, False, 1 or
+    0. Anything else is refused rather than read by its truth value (``is_causal="no"`` is
+    truthy; a tensor's truth value is read from its device)."""
+    if x is True or x is False:
+        return x
+    if type(x) is int and x in (0, 1) or type(x).__module__ == "numpy" and type(x).__name__ in ("bool_", "bool"):
+        return bool(x)
+    raise InvalidInput(f"{name} must be True or False; found {type(x).__name__} {x!r}")
+
+
+def _real(name: str, x: Any, what: str) -> float:
+    """A float option (``scale``, ``dropout_p``, ``softcap``) as a float. A str or a bool is
+    refused, not converted (``float("0.1")`` would read it)."""
+    if not isinstance(x, (str, bytes, bool)):
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            pass
+    raise InvalidInput(f"{name} must be {what}; found {type(x).__name__} {x!r}")
 
 
 def _layout_index(layout: Any) -> int:

@@ -46,6 +46,9 @@ def executor_chain(policy: Union[Policy, str, None], backend: str, variant: Opti
         if p is None:
             p = _packs.setdefault(policy, Policy.load(policy))
         policy = p
+    elif not isinstance(policy, Policy):
+        raise TypeError(f"executor_chain: policy must be an attn_policy.Policy, a pack name or None; found "
+                        f"{type(policy).__name__}")
     return tuple(policy._p.executor_chain(backend, variant))
 
 

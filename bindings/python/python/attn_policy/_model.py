@@ -96,6 +96,8 @@ class Decision:
         return dict(self._d.provenance)
 
     def status(self, backend: str) -> Optional[str]:
+        """``backend``'s status in this decision (``"selected"``, ``"eligible"``,
+        ``"declined"``, ``"undecided"``, ...), or None for a name the pack does not have."""
         return self._d.status_of(backend)
 
     def explain(self, color: bool = False) -> str:
@@ -109,6 +111,7 @@ class Decision:
         return self._dict
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text (the CLI's ``explain --json``)."""
         return self._d.to_json()
 
     def te_tuple(self, frost: bool = False) -> tuple:
@@ -194,6 +197,7 @@ class Explanation:
 
     @property
     def pack(self) -> str:
+        """The name of the pack that decided the call (``"te"``, ``"native"``, ...)."""
         return self._n.pack
 
     @property
@@ -246,6 +250,7 @@ class Explanation:
 
     @property
     def problem(self) -> str:
+        """The executor problem the call ran as, in words (shapes, mask, dtype, features)."""
         return self._n.problem
 
     @property
@@ -278,14 +283,17 @@ class Explanation:
 
     @property
     def comm_type(self) -> Optional[str]:
+        """Context parallelism: the algorithm, ``cp_comm_type`` (``"p2p"``, ...); else None."""
         return self._x("comm_type")
 
     @property
     def cp_size(self) -> Optional[int]:
+        """Context parallelism: the number of ranks the sequence is sharded over; else None."""
         return self._x("cp_size")
 
     @property
     def cp_rank(self) -> Optional[int]:
+        """Context parallelism: this process's rank in the group; else None."""
         return self._x("cp_rank")
 
     @property

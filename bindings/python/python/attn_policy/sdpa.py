@@ -153,6 +153,16 @@ def sdpa_facts(
     torch = _torch()
     assumptions: Dict[str, str] = {}
     q, k, v = query, key, value
+    # As SDPA refuses them (a TypeError there): read on, a list failed with "'list' object has
+    # no attribute 'dim'" and a str is_causal was taken by its truth value.
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not callable(getattr(t, "dim", None)):  # (duck-typed: the tests' stand-in torch has no Tensor)
+            raise SdpaError(f"{name} must be a torch.Tensor; found {type(t).__name__}")
+    for name, x in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
+        if not (isinstance(x, bool) or type(x) is int and x in (0, 1)):
+            raise SdpaError(f"{name} must be True or False; found {type(x).__name__} {x!r}")
+    if isinstance(dropout_p, (str, bytes, bool)) or not isinstance(dropout_p, (int, float)):
+        raise SdpaError(f"dropout_p must be a float; found {type(dropout_p).__name__} {dropout_p!r}")
     facts: Dict[str, Any] = {}
     nested = [bool(getattr(t, "is_nested", False)) for t in (q, k, v)]
     if any(nested):

@@ -108,11 +108,32 @@ _ENVIRONMENT_KEYS = frozenset(ENVIRONMENT_FACTS + ("probe",)) - {"te_version"}
 
 def _check_arguments(environment: Dict[str, Any]) -> None:
     if not _ENVIRONMENT_KEYS.issuperset(environment):
+        import difflib
+
         from . import PolicyError
 
         unknown = [k for k in environment if k not in _ENVIRONMENT_KEYS]
+        near = [m for k in unknown for m in difflib.get_close_matches(k, sorted(_ENVIRONMENT_KEYS), n=1)]
+        hint = f" (did you mean {', '.join(f'`{m}`' for m in near)}?)" if near else ""
         raise PolicyError(
-            f"unknown environment fact(s) {', '.join(unknown)}; known: {', '.join(ENVIRONMENT_FACTS)} (and probe)"
+            f"unknown environment fact(s) {', '.join(unknown)}{hint}; known: {', '.join(ENVIRONMENT_FACTS)} "
+            "(and probe)"
+        )
+
+
+# Values that are no AttentionParams: read through attributes, they have none of its fields, so
+# every fact would silently take its default (te.select(None) decided for the defaults).
+_NOT_PARAMS = (str, bytes, int, float, list, tuple, set)
+
+
+def _check_params(attention_params: Any) -> None:
+    if attention_params is None or isinstance(attention_params, _NOT_PARAMS):
+        from . import PolicyError
+
+        raise PolicyError(
+            "attention_params must be TransformerEngine's AttentionParams (or an object with its "
+            f"fields as attributes, or a dict of facts); found {type(attention_params).__name__} "
+            f"{attention_params!r}"[:300]
         )
 
 
@@ -121,6 +142,7 @@ def select(attention_params: Any, **environment: Any) -> Decision:
     environment facts and probes; ``probe={...}`` gives probe answers). Raises
     ``PolicyError`` for a bad config."""
     environment.pop("frost", None)
+    _check_params(attention_params)
     env = _environment._resolved
     if env is None:
         env = _base()
@@ -144,6 +166,7 @@ def get_attention_backend(attention_params: Any, **environment: Any) -> tuple:
     (TE: a ``packaging.version.Version``), ``fused_attention_backend`` the sub-backend
     number (TE: ``NVTE_Fused_Attn_Backend``), or None."""
     frost = environment.pop("frost", None)
+    _check_params(attention_params)
     env = _environment._resolved
     if env is None:
         env = _base()
@@ -163,6 +186,11 @@ def install(module: Any = None) -> Any:
     Returns the function it replaced, so it can be restored."""
     if module is None:
         from transformer_engine.pytorch.attention.dot_product_attention import utils as module  # type: ignore
-    original = module.get_attention_backend
+    original = getattr(module, "get_attention_backend", None)
+    if not callable(original):
+        from . import PolicyError
+
+        raise PolicyError(f"install: {module!r} has no get_attention_backend to replace (expected "
+                          "transformer_engine.pytorch.attention.dot_product_attention.utils)")
     module.get_attention_backend = get_attention_backend
     return original

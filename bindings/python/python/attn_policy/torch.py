@@ -62,8 +62,8 @@ from ._model import ExecutorAttempt, Explanation, deprecated_alias  # noqa: F401
 from ._autograd import _backward, _Eager, _eager_apply, _setup_context  # noqa: F401
 from ._call import (  # noqa: F401
     _DTYPE_NAMES, _FACT_DTYPES, _LAYOUT_TE, _ON_DECLINE, ALL_LAYOUTS, DIAGONALS, LAYOUTS, PACKED, PADDINGS,
-    SOFTMAX_TYPES, THD, _Call, _check_backward, _check_inputs, _check_storage, _layout_index, _tensor_arg, _window_args,
-    _with_features, te_window_fact,
+    SOFTMAX_TYPES, THD, _Call, _check_backward, _check_inputs, _check_storage, _flag, _layout_index, _real, _tensor_arg,
+    _window_args, _with_features, te_window_fact,
 )
 from ._chain import (  # noqa: F401
     _CACHE_CAP, _cache, _cache_lock, _decide, _Entry, _entry, _fast, _key, _packs, _policies,
@@ -199,7 +199,14 @@ def attention(
 
     Under ``torch.compile`` (and with tensor subclasses, dispatch or function modes, functorch
     transforms) the call goes through ``torch.ops.attn_policy.attention``; in plain eager mode
-    a signature seen before runs its cached plan directly (same executor, same results)."""
+    a signature seen before runs its cached plan directly (same executor, same results).
+
+    Options of the wrong type or value are refused with :class:`InvalidInput` (or its base
+    ``PolicyError``, a ``ValueError``) naming the option: a bool option given anything but
+    True/False/1/0 (``is_causal="no"``, a tensor), a number given as a str, a float window
+    size, ``policy`` that is not a :class:`attn_policy.Policy`."""
+    if return_decision is not True and return_decision is not False:
+        return_decision = _flag("return_decision", return_decision)
     if (softcap is not None or sink is not None or seqlens_q is not None or seqlens_kv is not None
             or cu_seqlens_q is not None or cu_seqlens_kv is not None or padding != "right"):
         return _attention_features(q, k, v, layout, is_causal, diagonal, window, scale, dropout_p, policy,
@@ -243,6 +250,17 @@ def _op_args(q, layout, is_causal, diagonal, window, scale, dropout_p, policy, o
         raise PolicyError(f"diagonal must be one of {', '.join(DIAGONALS)}, found {diagonal!r}")
     if on_decline not in _ON_DECLINE:
         raise PolicyError(f"on_decline must be one of {', '.join(_ON_DECLINE)}, found {on_decline!r}")
+    is_causal, no_substitute = _flag("is_causal", is_causal), _flag("no_substitute", no_substitute)
+    if policy is not None and not isinstance(policy, Policy):
+        raise InvalidInput(f"policy must be an attn_policy.Policy (attn_policy.Policy.load({policy!r}) "
+                           f"loads one) or None; found {type(policy).__name__} {policy!r}"
+                           if isinstance(policy, str) else
+                           f"policy must be an attn_policy.Policy or None; found {type(policy).__name__}")
+    if scale is not None:
+        scale = _real("scale", scale, "a float > 0 or None (1/sqrt(head dim))")
+    dropout_p = _real("dropout_p", dropout_p, "a float in [0, 1)")
+    if math.isnan(dropout_p):
+        raise InvalidInput("dropout_p must be a float in [0, 1); found nan")
     br = diagonal == "bottom_right"
     mask = (2 if br else 1) if is_causal else 0
     wl, wr = _window_args(window, is_causal)
@@ -334,10 +352,7 @@ def _features(q, k, li: int, softcap, sink, seqlens_q, seqlens_kv, padding, cu_s
     if softcap is None:
         cap = 0.0
     else:
-        try:
-            cap = float(softcap)
-        except (TypeError, ValueError):
-            raise InvalidInput(f"softcap must be a float > 0; found {softcap!r}") from None
+        cap = _real("softcap", softcap, "a float > 0 or None")
         if not (math.isfinite(cap) and cap > 0.0):
             raise InvalidInput(f"softcap must be a finite float > 0 (None: no soft-capping); found {softcap!r}")
     sink_t = None
@@ -465,6 +480,18 @@ class DotProductAttention(torch.nn.Module):
             raise PolicyError(f"DotProductAttention: arguments not supported here: {', '.join(bad)}")
         if qkv_format not in ("sbhd", "bshd", "bhsd"):
             raise PolicyError(f"qkv_format {qkv_format!r}: sbhd, bshd or bhsd (thd is not supported)")
+        dims = tuple(kv_channels) if isinstance(kv_channels, (tuple, list)) else (kv_channels, kv_channels)
+        for name, value, ns in (("num_attention_heads", num_attention_heads, (num_attention_heads,)),
+                                ("num_gqa_groups", num_gqa_groups, (1 if num_gqa_groups is None else num_gqa_groups,)),
+                                ("kv_channels", kv_channels, dims if len(dims) == 2 else (None,))):
+            if any(type(n) is not int or n <= 0 for n in ns):
+                pair = " (or a pair (qk, v) of them)" if name == "kv_channels" else ""
+                raise PolicyError(f"DotProductAttention: {name} must be an int > 0{pair}; found {value!r}")
+        if num_gqa_groups and num_attention_heads % num_gqa_groups:
+            raise PolicyError(f"DotProductAttention: num_attention_heads ({num_attention_heads}) is not a multiple "
+                              f"of num_gqa_groups ({num_gqa_groups})")
+        self._mask(attn_mask_type)  # a mask kind the forward would refuse, refused here
+        self._dims = tuple(dims)
         self.num_attention_heads = num_attention_heads
         self.kv_channels = kv_channels
         self.num_gqa_groups = num_gqa_groups or num_attention_heads
@@ -504,6 +531,17 @@ class DotProductAttention(torch.nn.Module):
             raise PolicyError("dense attention masks are not supported: pass attn_mask_type")
         fmt = qkv_format or self.qkv_format
         causal, diagonal = self._mask(attn_mask_type or self.attn_mask_type)
+        # Like TE: the tensors must have the heads and head dims the module was built with (run
+        # with the tensors' own, a model's wiring mistake would pass unnoticed).
+        hd = 1 if fmt == "bhsd" else 2
+        want = ((self.num_attention_heads, self._dims[0]), (self.num_gqa_groups, self._dims[0]),
+                (self.num_gqa_groups, self._dims[1]))
+        for name, t, (h, d) in zip(("query_layer", "key_layer", "value_layer"), (query_layer, key_layer, value_layer),
+                                   want):
+            if isinstance(t, torch.Tensor) and t.dim() == 4 and (t.shape[hd], t.shape[3]) != (h, d):
+                raise InvalidInput(f"DotProductAttention: {name} has {t.shape[hd]} heads of dim {t.shape[3]} "
+                                   f"(shape {tuple(t.shape)}, {fmt}); the module was built for {h} heads of dim {d} "
+                                   "(num_attention_heads / num_gqa_groups, kv_channels)")
         window = window_size if window_size is not None else self.window_size
         o = attention(
             query_layer, key_layer, value_layer, layout=fmt, is_causal=causal, diagonal=diagonal,

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from . import Policy, PolicyError
 from . import torch as apt
+from ._call import _flag
 
 __all__ = ["register", "attention_forward", "decision_log", "NAME"]
 
@@ -63,12 +64,20 @@ def register(
     no_substitute: bool = False,
 ) -> str:
     """Registers ``attn_policy`` with transformers (attention and mask functions) and returns
-    the name to pass as ``attn_implementation``."""
+    the name to pass as ``attn_implementation``. ``policy``: an :class:`attn_policy.Policy`
+    (default: the embedded ``te`` pack with live facts); ``on_decline`` and ``no_substitute``
+    as in :func:`attn_policy.torch.attention`; ``log_decisions``: log each new decision on the
+    ``attn_policy`` logger. Bad options raise ``PolicyError`` here, not at the model's first
+    forward."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
     if on_decline not in ("raise", "fallback"):
         raise PolicyError(f"on_decline must be raise or fallback, found {on_decline!r}")
+    if policy is not None and not isinstance(policy, Policy):
+        raise PolicyError(f"register: policy must be an attn_policy.Policy or None; found "
+                          f"{type(policy).__name__} {policy!r}")
+    log_decisions, no_substitute = _flag("log_decisions", log_decisions), _flag("no_substitute", no_substitute)
     _options.update(policy=policy, log=log_decisions, on_decline=on_decline, no_substitute=no_substitute)
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, flash_attention_mask)
