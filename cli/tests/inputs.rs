@@ -7,6 +7,9 @@ use std::io::Write;
 use std::process::Stdio;
 
 use assert_cmd::Command;
+
+mod common;
+use common::{Out, run_with};
 use serde_json::Value as Json;
 
 /// The environment variables the te family reads (its `env.*` facts).
@@ -35,23 +38,8 @@ fn cmd() -> Command {
     c
 }
 
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
 fn run(args: &[&str]) -> Out {
     run_with(cmd().args(args))
-}
-
-fn run_with(c: &mut Command) -> Out {
-    let o = c.output().expect("runs");
-    Out {
-        code: o.status.code(),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
 }
 
 fn dir() -> std::path::PathBuf {

@@ -7,27 +7,15 @@ use std::path::PathBuf;
 
 use assert_cmd::Command;
 
+mod common;
+use common::{Out, run_with};
+
 fn cmd() -> Command {
     let mut c = Command::cargo_bin("attn-policy").expect("binary");
     // Tests run without a terminal; the progress override must not leak in from the shell.
     c.env_remove("ATTN_POLICY_PROGRESS");
     c.env("NO_COLOR", "1");
     c
-}
-
-struct Out {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-fn run_with(c: &mut Command) -> Out {
-    let o = c.output().expect("runs");
-    Out {
-        code: o.status.code(),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
 }
 
 fn run(args: &[&str]) -> Out {

@@ -47,3 +47,20 @@ pub fn run_json(args: &[&str]) -> (i32, Json) {
 pub fn words(line: &str) -> Vec<&str> {
     line.split_whitespace().collect()
 }
+
+/// What a run printed, as text, and its exit code (`None`: killed by a signal).
+pub struct Out {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs a prepared command (its environment set by the caller) and keeps what it printed.
+pub fn run_with(c: &mut assert_cmd::Command) -> Out {
+    let o = c.output().expect("runs");
+    Out {
+        code: o.status.code(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
