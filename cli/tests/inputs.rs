@@ -57,20 +57,7 @@ fn dir() -> std::path::PathBuf {
 
 /// Exit 2, nothing on stdout, and stderr names `location` and `key`.
 fn refused(o: &Out, location: &str, key: &str) {
-    assert_eq!(
-        o.code,
-        Some(2),
-        "stdout: {}\nstderr: {}",
-        o.stdout,
-        o.stderr
-    );
-    assert!(o.stdout.is_empty(), "nothing is decided: {}", o.stdout);
-    assert!(
-        o.stderr.contains(location) && o.stderr.contains(key),
-        "expected `{location}` and `{key}` in: {}",
-        o.stderr
-    );
-    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    common::refused(o, &[location, key]);
 }
 
 // ---- 1. Structural validation ----

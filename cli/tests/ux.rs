@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use assert_cmd::Command;
 
 mod common;
-use common::{Out, run_with};
+use common::{Out, refused, run_with};
 
 fn cmd() -> Command {
     let mut c = Command::cargo_bin("attn-policy").expect("binary");
@@ -31,26 +31,6 @@ fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("attn-policy-ux-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-/// Exit 2, nothing on stdout, no panic, and stderr holds every one of `words`.
-fn refused(o: &Out, words: &[&str]) {
-    assert_eq!(
-        o.code,
-        Some(2),
-        "stdout: {}\nstderr: {}",
-        o.stdout,
-        o.stderr
-    );
-    assert!(
-        o.stdout.is_empty(),
-        "nothing is printed on stdout: {}",
-        o.stdout
-    );
-    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
-    for w in words {
-        assert!(o.stderr.contains(w), "expected `{w}` in: {}", o.stderr);
-    }
 }
 
 fn repo(path: &str) -> String {

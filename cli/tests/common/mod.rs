@@ -64,3 +64,23 @@ pub fn run_with(c: &mut assert_cmd::Command) -> Out {
         stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
     }
 }
+
+/// Exit 2, nothing on stdout, no panic, and stderr holds every one of `words`.
+pub fn refused(o: &Out, words: &[&str]) {
+    assert_eq!(
+        o.code,
+        Some(2),
+        "stdout: {}\nstderr: {}",
+        o.stdout,
+        o.stderr
+    );
+    assert!(
+        o.stdout.is_empty(),
+        "nothing is printed on stdout: {}",
+        o.stdout
+    );
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    for w in words {
+        assert!(o.stderr.contains(w), "expected `{w}` in: {}", o.stderr);
+    }
+}
