@@ -368,3 +368,45 @@ def test_bench_dry_run_with_world_size_1():
     for m in rows:
         fwd_ms, fb_ms = float(m.group(2)), float(m.group(3))
         assert 0 < fwd_ms and 0 < fb_ms, m.group(0)
+
+
+_BAD_OPTIONS = r'''
+import os, torch, torch.distributed as dist
+from attn_policy import context_parallel as cp
+from attn_policy._decision import InvalidInput
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=0, world_size=1)
+q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3))
+for name, value in [("is_causal", "no"), ("scale", "0.1"), ("dropout_p", "0"), ("no_substitute", "yes"),
+                    ("return_decision", torch.tensor(True))]:
+    try:
+        cp.cp_attention(q, k, v, cp_group=None, **{name: value})
+    except InvalidInput as e:
+        assert name in str(e), (name, str(e))
+        print("refused", name)
+    else:
+        raise SystemExit(f"{name}={value!r} was accepted")
+o = cp.cp_attention(q, k, v, cp_group=None, is_causal=1)  # 1 and 0 are flags, as in attention()
+assert o.shape == q.shape
+print("ran")
+dist.destroy_process_group()
+'''
+
+
+def test_cp_attention_refuses_options_of_the_wrong_type_naming_them():
+    """cp_attention checks its scalar options as attention() does: a string is not read by its
+    truth value or parsed as a number (a world of one, gloo, in a subprocess)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    out = subprocess.run([sys.executable, "-c", _BAD_OPTIONS], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PORT=str(port), OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    refused = [ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("refused ")]
+    assert refused == ["is_causal", "scale", "dropout_p", "no_substitute", "return_decision"], out.stdout
+    assert out.stdout.splitlines()[-1] == "ran", out.stdout

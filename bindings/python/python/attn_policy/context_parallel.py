@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from . import Decision, Policy, PolicyError  # noqa: F401
-from ._call import DIAGONALS, _check_inputs, _window_args
+from ._call import DIAGONALS, _check_inputs, _flag, _real, _window_args
 from ._chain import _policy_id
 from ._decision import InvalidInput
 from ._facts import live_facts
@@ -156,7 +156,15 @@ def cp_attention(
     run: Optional[_Run] = None
     bufs: Dict[str, torch.Tensor] = {}
     dims = [0] * 7
+    drop_v, nosub_v = 0.0, False  # what the descriptor carries when an option is refused
     try:
+        # The options as attention() checks them (a string is not read by its truth value).
+        is_causal = _flag("is_causal", is_causal)
+        nosub_v = _flag("no_substitute", no_substitute)
+        return_decision = _flag("return_decision", return_decision)
+        drop_v = _real("dropout_p", dropout_p, "a float in [0, 1)")
+        if scale is not None:
+            scale = _real("scale", scale, "a float > 0 or None (1/sqrt(head dim))")
         if layout not in LAYOUTS:
             raise PolicyError(f"layout must be one of {', '.join(LAYOUTS)}, found {layout!r}")
         li = LAYOUTS.index(layout)
@@ -178,7 +186,7 @@ def cp_attention(
         training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         spec = CPSpec(cp_comm_type, n, a2a_size if cp_comm_type in ("a2a", "a2a+p2p") else 1, b, hq, hkv,
                       sq * n, skv * n, dqk, dv, layout, str(q.dtype).replace("torch.", ""), q.device.type,
-                      mask, wl, wr, br, scale_v, float(dropout_p), training)
+                      mask, wl, wr, br, scale_v, drop_v, training)
         # 1. The policy decides first: the native pack on the whole call.
         pre = preflight(spec, live_facts(q.device))
         decision.preflight = pre
@@ -194,7 +202,7 @@ def cp_attention(
         decision.work = work
         q, k, v = (_usable(t) for t in (q, k, v))
         k, v = k.contiguous(), v.contiguous()  # the layout the received K/V have
-        run = _Run(spec, li, scale_v, _policy_id(policy), bool(no_substitute), training,
+        run = _Run(spec, li, scale_v, _policy_id(policy), nosub_v, training,
                    a2a_group, ring_group, ring_rank, work, lse_dtype(q.dtype))
         # 2. Every per-step call, decided by `policy` on tensors of the shapes it will see.
         why = _decide_steps(run, q, k, v, bufs)
@@ -215,7 +223,7 @@ def cp_attention(
             *dims,
             spec.mask if spec else 0, spec.window_left if spec else 0, spec.window_right if spec else 0,
             int(spec.bottom_right) if spec else 0, _f64_bits(spec.scale) if spec and spec.scale else 0,
-            _f64_bits(dropout_p), int(spec.training) if spec else 0, int(bool(no_substitute)),
+            _f64_bits(drop_v), int(spec.training) if spec else 0, int(nosub_v),
             a2a_rank, ring_rank, verdict]
     # 3. Every rank sees every rank's descriptor before any K/V moves.
     try:
