@@ -55,15 +55,9 @@ pub fn run(a: BenchArgs) -> i32 {
         None => "bench: reading the presets".to_string(),
     });
     let (facts, input_errors) = match inputs(&policy, a.corpus.as_deref()) {
-        Ok((facts, _)) if facts.is_empty() => {
-            progress.finish();
-            return super::fail("no inputs to decide");
-        }
+        Ok((facts, _)) if facts.is_empty() => return progress.fail("no inputs to decide"),
         Ok(read) => read,
-        Err(e) => {
-            progress.finish();
-            return super::fail(e);
-        }
+        Err(e) => return progress.fail(e),
     };
     progress.stage(format!(
         "bench: timing {} decisions x {} passes",
@@ -188,11 +182,8 @@ fn inputs(policy: &Policy, corpus: Option<&Path>) -> Result<(Vec<Facts>, usize),
     }
     match errors.first() {
         Some(e) if out.is_empty() => Err(format!(
-            "no inputs to decide: each of the {} records is an input error for pack `{}` (fact \
-             family `{}`: is the corpus of another family?); the first: {e}",
-            errors.len(),
-            policy.name,
-            policy.schema.family
+            "no inputs to decide: {}",
+            super::conformance::no_valid_record(policy, errors.len(), e)
         )),
         _ => Ok((out, errors.len())),
     }

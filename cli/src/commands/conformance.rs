@@ -47,10 +47,7 @@ pub fn run(a: ConformanceArgs) -> i32 {
     let progress = Progress::start(format!("conformance: reading {}", a.file.display()));
     let records = match read_corpus(&a.file) {
         Ok(r) => r,
-        Err(e) => {
-            progress.finish();
-            return super::fail(e.to_string());
-        }
+        Err(e) => return progress.fail(e),
     };
     progress.stage(format!(
         "conformance: deciding {} records with pack `{}`",
@@ -99,11 +96,21 @@ pub fn nothing_valid(
     total: usize,
 ) -> Option<String> {
     let first = errors.first().filter(|_| errors.len() == total)?;
-    Some(format!(
+    Some(no_valid_record(policy, total, &first.error))
+}
+
+/// What `conformance`, `coverage` and `bench` say when none of a corpus's `total` records is a
+/// valid configuration for the pack, with the first record's error.
+pub fn no_valid_record(
+    policy: &attn_policy::Policy,
+    total: usize,
+    first: &dyn std::fmt::Display,
+) -> String {
+    format!(
         "none of the {total} records is a valid configuration for pack `{}` (fact family `{}`: \
-         is the corpus of another family?); the first: {}",
-        policy.name, policy.schema.family, first.error
-    ))
+         is the corpus of another family?); the first: {first}",
+        policy.name, policy.schema.family
+    )
 }
 
 /// A fraction in [0, 1].

@@ -43,10 +43,7 @@ pub fn run(a: CoverageArgs) -> i32 {
     let progress = Progress::start(format!("coverage: reading {}", a.corpus.display()));
     let records = match read_corpus(&a.corpus) {
         Ok(r) => r,
-        Err(e) => {
-            progress.finish();
-            return super::fail(e);
-        }
+        Err(e) => return progress.fail(e),
     };
     progress.stage(format!(
         "coverage: deciding {} records with pack `{}`",

@@ -186,10 +186,7 @@ pub fn run(a: DiffArgs) -> i32 {
     let corpus = match a.corpus.as_deref().map(|p| read_corpus(p, &old, &new)) {
         None => None,
         Some(Ok(c)) => Some(c),
-        Some(Err(e)) => {
-            progress.finish();
-            return super::fail(e);
-        }
+        Some(Err(e)) => return progress.fail(e),
     };
     progress.stage(format!(
         "diff: comparing `{}` and `{}` over every equivalence class{}",

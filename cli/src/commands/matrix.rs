@@ -185,10 +185,7 @@ pub fn run(a: MatrixArgs) -> i32 {
         ));
         match build(policy, &query, a.budget) {
             Ok(m) => matrices.push(m),
-            Err(e) => {
-                progress.finish();
-                return super::fail(format!("{}{e}", flag_of(&e, &query)));
-            }
+            Err(e) => return progress.fail(format!("{}{e}", flag_of(&e, &query))),
         }
     }
     progress.finish();

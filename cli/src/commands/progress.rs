@@ -92,6 +92,13 @@ impl Progress {
 
     /// Erases the line and waits until it is gone (the same as dropping it).
     pub fn finish(self) {}
+
+    /// Erases the line, then reports `message` as the command's error ([`super::fail`]): the
+    /// error must not be drawn over by the line.
+    pub fn fail(self, message: impl std::fmt::Display) -> i32 {
+        drop(self);
+        super::fail(message)
+    }
 }
 
 /// Redraws the line: what, and the seconds since `t0`, cut to the terminal's width (`$COLUMNS`,
