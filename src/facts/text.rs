@@ -43,17 +43,7 @@ impl ConfigText {
     pub fn json(name: &str, text: &str) -> Result<ConfigText, InputError> {
         let source = SourceFile::new(name.to_string(), text.to_string());
         let value: Json = serde_json::from_str(text).map_err(|e| {
-            let mut msg = e.to_string();
-            if let Some(i) = msg.find(" at line ") {
-                msg.truncate(i);
-            }
-            // The parser's resource budget (`budget breached: Nodes { nodes: 250001 }`), in
-            // words: a config is a few dozen keys; aliases that expand without end are refused.
-            if msg.starts_with("budget breached") {
-                msg = "the document is too large once its aliases (*name) are expanded; a config \
-                       is a few dozen keys"
-                    .to_string();
-            }
+            let msg = parser_message(e.to_string());
             InputError::new("", format!("not JSON: {msg}"))
                 .kind(InputErrorKind::Syntax)
                 .at(Some(format!("{name}:{}:{}", e.line(), e.column())))
@@ -91,17 +81,7 @@ impl ConfigText {
     /// Parses YAML (one document).
     pub fn yaml(name: &str, text: &str) -> Result<ConfigText, InputError> {
         let node: Spanned<Node> = serde_saphyr::from_str(text).map_err(|e| {
-            let mut msg = e.without_snippet().to_string();
-            if let Some(i) = msg.find(" at line ") {
-                msg.truncate(i);
-            }
-            // The parser's resource budget (`budget breached: Nodes { nodes: 250001 }`), in
-            // words: a config is a few dozen keys; aliases that expand without end are refused.
-            if msg.starts_with("budget breached") {
-                msg = "the document is too large once its aliases (*name) are expanded; a config \
-                       is a few dozen keys"
-                    .to_string();
-            }
+            let msg = parser_message(e.without_snippet().to_string());
             let at = e.location().map_or_else(
                 || name.to_string(),
                 |l| format!("{name}:{}:{}", l.line(), l.column()),
@@ -303,6 +283,21 @@ impl JsonScan<'_> {
             None => Ok(()),
         }
     }
+}
+
+/// A parser's message without its position (the caller gives one as `file:line:col`), and
+/// the YAML parser's resource budget (`budget breached: Nodes { nodes: 250001 }`) in words: a
+/// config is a few dozen keys; aliases that expand without end are refused.
+fn parser_message(mut msg: String) -> String {
+    if let Some(i) = msg.find(" at line ") {
+        msg.truncate(i);
+    }
+    if msg.starts_with("budget breached") {
+        return "the document is too large once its aliases (*name) are expanded; a config is a \
+                few dozen keys"
+            .to_string();
+    }
+    msg
 }
 
 fn join(path: &str, key: &str) -> String {
