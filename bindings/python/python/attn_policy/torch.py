@@ -205,6 +205,8 @@ def attention(
     ``PolicyError``, a ``ValueError``) naming the option: a bool option given anything but
     True/False/1/0 (``is_causal="no"``, a tensor), a number given as a str, a float window
     size, ``policy`` that is not a :class:`attn_policy.Policy`."""
+    # return_decision is not in the plan cache's key, so it is checked on every call; the other
+    # options are checked on a miss (`_op_args`). Inline for True/False: this is the hit path.
     if return_decision is not True and return_decision is not False:
         return_decision = _flag("return_decision", return_decision)
     if (softcap is not None or sink is not None or seqlens_q is not None or seqlens_kv is not None
