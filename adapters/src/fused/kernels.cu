@@ -171,6 +171,14 @@ __device__ __forceinline__ unsigned sdesc_lo(unsigned saddr) {
 __device__ __forceinline__ u64 sdesc_at(unsigned lo, unsigned bytes) {
     return ((u64)((1024 >> 4) | (1u << 30)) << 32) | (u64)(lo + (bytes >> 4));
 }
+// Four 8 x 8 b16 matrices of a warp's accumulator fragments to shared memory (thread l gives
+// the address of row l % 8 of matrix l / 8).
+__device__ __forceinline__ void stmatrix4(unsigned addr, unsigned r0, unsigned r1, unsigned r2,
+                                          unsigned r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
 
 // Two floats rounded to bf16/fp16 in one instruction, `a` in the low half (as pack2).
 __device__ __forceinline__ unsigned pack2x(float a, float b) {
@@ -448,14 +456,18 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
             // P slot `ps` is free once both output warpgroups finished tile it - 2.
             const int ps = it & 1;
             if (it >= 2) mbar_wait(PEMPTY(ps), (unsigned)((it >> 1) - 1) & 1u);
-            unsigned char* pt = sm + SP_OFF + ps * PTILE;
+            __syncwarp();
+            // Matrix (i, rr) = rows 16 warp + 8 rr .. + 8, keys 8 i .. + 8: 16-byte chunk i of its
+            // rows, swizzled (chunk ^ row % 8; row % 8 = lane % 8 for the lane giving the address).
+            const unsigned pt = sP + ps * PTILE;
+            const int mq = lane >> 3;
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                // Swizzled: row r, keys 8i + 2(lane%4) + {0,1}: chunk i ^ (r % 8), r % 8 = lane / 4.
-                const unsigned cb = (unsigned)((i ^ (lane >> 2)) << 4) + 4u * (lane & 3);
-                *reinterpret_cast<unsigned*>(pt + lrow0 * 128 + cb) = pack2x(s[4 * i], s[4 * i + 1]);
-                *reinterpret_cast<unsigned*>(pt + (lrow0 + 8) * 128 + cb) =
-                    pack2x(s[4 * i + 2], s[4 * i + 3]);
+            for (int m = 0; m < 4; m++) {
+                const int i = 2 * m + (mq >> 1);
+                const int r = 16 * warp + 8 * (mq & 1) + (lane & 7);
+                const unsigned addr = pt + r * 128 + ((unsigned)(i ^ (lane & 7)) << 4);
+                stmatrix4(addr, pack2x(s[8 * m + 0], s[8 * m + 1]), pack2x(s[8 * m + 2], s[8 * m + 3]),
+                          pack2x(s[8 * m + 4], s[8 * m + 5]), pack2x(s[8 * m + 6], s[8 * m + 7]));
             }
             if ((lane & 3) == 0) {
                 alpha_s[ps * BM + lrow0] = alpha[0];
