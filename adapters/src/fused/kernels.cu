@@ -29,6 +29,8 @@
 //
 // Pipeline (mbarriers; "x2" = double-buffered, "cl" = arrivals from both CTAs of the cluster):
 //   kfull[s]  K slot s landed (TMA bytes)       kempty[s] cl: both CTAs' score warps are done
+//             (then output warpgroup 0's thread 0 loads the slot's next tile: the output
+//             warpgroups wait for P anyway, the score warpgroup is the critical path)
 //   vfull[g]  V half g landed (TMA bytes)       vempty[g] cl: both CTAs' output warpgroup g done
 //   pfull[s]  P, alpha of slot s written        pempty[s] both output warpgroups done with slot s
 
@@ -373,14 +375,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
                 }
             }
             wg_commit();
-            // While the scores run: refill the slot tile j - 1 used with tile j + 1, once both
-            // CTAs' score warps are done with it.
-            if (t == 0 && it >= 1 && j + 1 < jhi) {
-                const int ps = (it - 1) & 1;
-                mbar_wait(KEMPTY(ps), (unsigned)((it - 1) >> 1) & 1u);
-                issue_k(sK + ps * KTILE, &tmk, j + 1, hk, b, rank, KFULL(ps), pos_row, pos_head, KROW0);
-            }
-            __syncwarp();
             wg_wait0();
 #pragma unroll
             for (int i = 0; i < 32; i++) fence_reg(s[i]);
@@ -526,6 +520,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) fused_fwd(
         for (int i = 0; i < OREGS; i++) o[i] = 0.f;
         for (int it = 0; it < ntiles; ++it) {
             const int j = jlo + it, ps = it & 1;
+            // K slot `ps` takes tile j + 2 as soon as both CTAs' score warps are done with tile
+            // j, issued here (the output warpgroups wait for P anyway) rather than by the score
+            // warpgroup, whose thread 0 would wait for the other CTA on the critical path, a
+            // softmax later.
+            if (lead && g == 0 && j + 2 < jhi) {
+                mbar_wait(KEMPTY(ps), (unsigned)(it >> 1) & 1u);
+                issue_k(sK + ps * KTILE, &tmk, j + 2, hk, b, rank, KFULL(ps), pos_row, pos_head,
+                        KROW0);
+            }
+            __syncwarp();
             mbar_wait(PFULL(ps), (unsigned)(it >> 1) & 1u);
             const float a0 = alpha_s[ps * BM + lrow0], a1 = alpha_s[ps * BM + lrow0 + 8];
             if (a0 != 1.f || a1 != 1.f) {
