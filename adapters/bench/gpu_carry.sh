@@ -32,7 +32,7 @@ cargo build --release -p attn-policy-adapters --features cudnn --bin attn-bench
 cargo build --release -p attn-policy-cli --features cudnn
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 for b in attn-bench attn-policy; do cp "$TARGET/release/$b" "$OUT/$b"; strip "$OUT/$b"; done
-# The GPU machine's library paths (../shared/gpu/README.md): torch's CUDA 13 wheels, and a
+# The GPU machine's library paths (docs/run-h200.md names the cuDNN it loads): torch's CUDA 13 wheels, and a
 # `libcudnn.so` link to torch's cuDNN 9.19 ahead of the system's 9.14.
 cat > "$OUT/env.sh" <<'ENV'
 V=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
