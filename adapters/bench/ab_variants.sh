@@ -13,7 +13,7 @@ for v in "$@"; do
   if [ "${v%%=*}" != base ] && [ ! -f "${v#*=}" ]; then echo "no such variant file: ${v#*=}" >&2; exit 2; fi
 done
 source gpu-carry/env.sh >/dev/null
-runs=$(mktemp)
+runs=$(mktemp -d)
 for i in $(seq 1 "$rounds"); do
   for v in "$@"; do
     label=${v%%=*}
@@ -22,21 +22,21 @@ for i in $(seq 1 "$rounds"); do
     else
       export ATTN_POLICY_FUSED_SOURCE=$(realpath "${v#*=}")
     fi
-    # attn-bench repeats earlier lengths' rows in later tables: keep each row once.
-    gpu-carry/attn-bench --no-torch --seqlens "${SEQLENS:-16384,32768}" 2>&1 \
-      | awk -F'|' -v l="$label" -v i="$i" '/^\| fused/ {gsub(/ /, ""); print l, i, $3, $4, $5, $6}' \
-      | sort -u | tee -a "$runs"
+    gpu-carry/attn-bench --no-torch --seqlens "${SEQLENS:-16384,32768}" --json "$runs/$label.$i.json" >/dev/null
   done
 done
 unset ATTN_POLICY_FUSED_SOURCE
-echo "# label s: median fwd ms / median fwd+bwd ms over $rounds rounds"
-python3 - "$runs" <<'PY'
-import statistics, sys
+python3 - "$runs" "$rounds" <<'PY'
+import json, pathlib, statistics, sys
 rows = {}
-for line in open(sys.argv[1]):
-    label, _, s, fwd, fb, _peak = line.split()
-    rows.setdefault((label, int(s)), []).append((float(fwd), float(fb)))
-for (label, s), v in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    label, i = path.stem.rsplit(".", 1)
+    for r in json.loads(path.read_text()):
+        if r["impl"] == "fused":
+            print(f"{label} {i} s={r['s']} fwd {r['fwd_ms']:.2f} fwd+bwd {r['fwdbwd_ms']:.2f} ms peak {r['peak_extra_mib']:.0f} MiB")
+            rows.setdefault((r["s"], label), []).append((r["fwd_ms"], r["fwdbwd_ms"]))
+print(f"# label s: median fwd ms / median fwd+bwd ms over {sys.argv[2]} rounds")
+for (s, label), v in sorted(rows.items()):
     print(f"{label} {s}: {statistics.median(x for x, _ in v):.2f} / {statistics.median(y for _, y in v):.2f}")
 PY
-rm -f "$runs"
+rm -rf "$runs"
