@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Times fused-kernel variants against the built-in kernel on a GPU machine, alternating processes
 # so drift hits every variant alike (docs/fused.md, "Reproduce"). Needs gpu-carry/ (gpu_carry.sh).
-#   bash adapters/bench/ab_variants.sh ROUNDS base pv=pv.cu pvpoly=pvpoly.cu
+#   bash adapters/bench/ab_variants.sh ROUNDS base a=a.cu b=b.cu
 # `base` is the built-in kernel; LABEL=FILE compiles FILE through ATTN_POLICY_FUSED_SOURCE (kernels.cu
 # and backward.cu, edited). SEQLENS (default 16384,32768) picks the shapes (b2 hq8 hkv4 causal bf16
 # d512). Prints one line per run, then each label's median forward and forward+backward per length.
