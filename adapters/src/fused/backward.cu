@@ -11,11 +11,11 @@
 // cuBLAS calls that accumulate in a fixed order (deterministic).
 //
 // Persistent: clusters of two CTAs (adjacent query tiles, same key tile, same head) walk the
-// tiles ("units") round-robin. Three warpgroups per CTA: warpgroup 0 is the producer (one thread
-// issues TMA loads), warpgroups 1 and 2 each own 64 of the 128 query rows. Head-dim stages of 64
-// columns stream through a ring of BSTAGES slots, first Q/K stages (S), then dO/V stages (dP),
-// unit after unit, so the next unit's operands load during this one's epilogue. Each CTA of the
-// pair loads half of every K/V tile and multicasts it to both (half the L2 traffic of the B
+// tiles ("units") round-robin, query pairs fastest and key tiles slowest (unit_of). Three
+// warpgroups per CTA: warpgroup 0 is the producer (one thread issues TMA loads), warpgroups 1
+// and 2 each own 64 of the 128 query rows. Head-dim stages of 64 columns stream through a ring
+// of BSTAGES slots, first Q/K stages (S), then dO/V stages (dP), unit after unit, so the next
+// unit's operands load during this one's epilogue. Each CTA of the pair loads half of every K/V tile and multicasts it to both (half the L2 traffic of the B
 // operands). The epilogue leaves P and dS in a staging buffer; their global stores are spread
 // over the first stages of the next unit, so they overlap its wgmma.
 //   bfull[s]  slot s landed (TMA bytes)     bempty[s] cl: both CTAs' eight consumer warps are done
@@ -75,15 +75,20 @@ __device__ __forceinline__ void store_round(int j, int t, int c, const unsigned 
     }
 }
 
-// Unit u of the walk: key tile fastest, then the query-tile pair, then the head of the group.
+// Unit u of the walk: the query-tile pair fastest, then the head of the group, then the key
+// tile. The clusters running at once then share a few K/V tiles, each read from DRAM about once
+// while L2 holds it, and reuse the chunk's Q/dO tiles (a few MiB) at every key tile. Key tile
+// fastest read every K/V tile once per query pair, mostly from DRAM once K and V outgrow L2
+// (s=32k: 64 MiB per group), and the consumers waited for the late dP stages.
 struct BUnit {
     int kt, qp, r;
 };
-__device__ __forceinline__ BUnit unit_of(int u, int ktiles, int qpairs) {
+__device__ __forceinline__ BUnit unit_of(int u, int ktiles, int qpairs, int units) {
+    const int heads = units / (ktiles * qpairs);
     BUnit x;
-    x.kt = u % ktiles;
-    x.qp = (u / ktiles) % qpairs;
-    x.r = u / (ktiles * qpairs);
+    x.qp = u % qpairs;
+    x.r = (u / qpairs) % heads;
+    x.kt = u / (qpairs * heads);
     return x;
 }
 // Does any row of the pair admit any key of the tile? (Ranges are monotone in the row, so
@@ -134,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) bwd_scores(
         if (t == 0) {
             int slot = 0, n = 0;  // ring position, and stages issued so far
             for (int u = cluster; u < units; u += nclusters) {
-                const BUnit x = unit_of(u, ktiles, qpairs);
+                const BUnit x = unit_of(u, ktiles, qpairs, units);
                 const int key0 = klo + x.kt * BTN;
                 if (!unit_active(x.qp, key0, rows, i0, off, left, right, skv)) continue;
                 const int qrow = i0 + (2 * x.qp + (int)rank) * BTM;
@@ -174,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) bwd_scores(
         // The staged unit whose stores are pending (qt < 0: none).
         int pend_qt = -1, pend_kt = 0, pend_r = 0;
         for (int u = cluster; u < units; u += nclusters) {
-            const BUnit x = unit_of(u, ktiles, qpairs);
+            const BUnit x = unit_of(u, ktiles, qpairs, units);
             const int qt = 2 * x.qp + (int)rank;
             const int key0 = klo + x.kt * BTN;
             if (!unit_active(x.qp, key0, rows, i0, off, left, right, skv)) {

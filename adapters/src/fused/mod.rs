@@ -84,4 +84,30 @@ mod tests {
         let line_start = body[..next_scores].rfind('\n').map_or(0, |i| i + 1);
         assert!(body[line_start..next_scores].contains("if (it + 1 < ntiles)"));
     }
+
+    /// The backward score kernel's walk order, which made forward+backward 4.4% faster at s=32k
+    /// (docs/fused.md, "Where the backward's time goes"): the query-tile pair varies fastest and
+    /// the key tile slowest, so the clusters running at once share their K/V tiles while L2
+    /// holds them. Key tile fastest computes the same tiles (every numerics test passes) but
+    /// reads K and V from DRAM once per query pair; only this check notices.
+    #[test]
+    fn the_score_kernel_walks_query_pairs_fastest_and_key_tiles_slowest() {
+        let src = include_str!("backward.cu");
+        let start = src.find("BUnit unit_of(").expect("unit_of in backward.cu");
+        let body = &src[start..start + src[start..].find("\n}").expect("end of unit_of")];
+        let lines: Vec<&str> = body.lines().map(str::trim).collect();
+        for expected in [
+            "x.qp = u % qpairs;",
+            "x.r = (u / qpairs) % heads;",
+            "x.kt = u / (qpairs * heads);",
+        ] {
+            assert!(
+                lines.contains(&expected),
+                "unit_of does not assign `{expected}`"
+            );
+        }
+        // Both warp roles walk the same order (the producer's loads and the consumers' tiles
+        // must agree unit by unit).
+        assert_eq!(src.matches("unit_of(u, ktiles, qpairs, units)").count(), 2);
+    }
 }
