@@ -23,6 +23,7 @@ done
 source gpu-carry/env.sh >/dev/null
 runs=${RUNS:-$(mktemp -d)}
 mkdir -p "$runs"
+[ -n "${RUNS:-}" ] || trap 'rm -rf "$runs"' EXIT
 show() {
   python3 - "$@" <<'PY'
 import json, sys

@@ -15,9 +15,10 @@
 // warpgroups per CTA: warpgroup 0 is the producer (one thread issues TMA loads), warpgroups 1
 // and 2 each own 64 of the 128 query rows. Head-dim stages of 64 columns stream through a ring
 // of BSTAGES slots, first Q/K stages (S), then dO/V stages (dP), unit after unit, so the next
-// unit's operands load during this one's epilogue. Each CTA of the pair loads half of every K/V tile and multicasts it to both (half the L2 traffic of the B
-// operands). The epilogue leaves P and dS in a staging buffer; their global stores are spread
-// over the first stages of the next unit, so they overlap its wgmma.
+// unit's operands load during this one's epilogue. Each CTA of the pair loads half of every K/V
+// tile and multicasts it to both (half the L2 traffic of the B operands). The epilogue leaves P
+// and dS in a staging buffer; their global stores are spread over the first stages of the next
+// unit, so they overlap its wgmma.
 //   bfull[s]  slot s landed (TMA bytes)     bempty[s] cl: both CTAs' eight consumer warps are done
 
 #ifndef LOG2E
