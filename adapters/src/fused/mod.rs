@@ -57,6 +57,18 @@ pub fn create(ordinal: usize) -> Result<Arc<dyn Executor>, ExecError> {
 
 #[cfg(test)]
 mod tests {
+    /// The text of `src` from the first `from` up to the next `to` after it: the part of a kernel
+    /// source a schedule check reads (the CPU build never compiles the kernels).
+    fn section<'a>(src: &'a str, from: &str, to: &str) -> &'a str {
+        let start = src
+            .find(from)
+            .unwrap_or_else(|| panic!("`{from}` not in the source"));
+        let len = src[start..]
+            .find(to)
+            .unwrap_or_else(|| panic!("`{to}` not after `{from}`"));
+        &src[start..start + len]
+    }
+
     /// The schedule that made the forward 10-11% faster (docs/fused.md, "Where the targets
     /// stand"): in the output warpgroups' loop, P V of tile `it` is issued only after waiting for
     /// "K slot empty" of tile `it + 1` (its scores done), and only when there is a next tile (the
@@ -64,15 +76,11 @@ mod tests {
     /// compiles the kernel, and a reordering would still pass every numerics test.
     #[test]
     fn the_output_loop_issues_p_v_after_the_next_tiles_scores() {
-        let src = include_str!("kernels.cu");
-        let start = src
-            .find("// ---- Output warpgroup")
-            .expect("output warpgroup section");
-        let end = start
-            + src[start..]
-                .find("// Epilogue")
-                .expect("epilogue after the loop");
-        let body = &src[start..end];
+        let body = section(
+            include_str!("kernels.cu"),
+            "// ---- Output warpgroup",
+            "// Epilogue",
+        );
         let at = |needle: &str| {
             body.find(needle)
                 .unwrap_or_else(|| panic!("`{needle}` not in the output loop"))
@@ -93,8 +101,7 @@ mod tests {
     #[test]
     fn the_score_kernel_walks_query_pairs_fastest_and_key_tiles_slowest() {
         let src = include_str!("backward.cu");
-        let start = src.find("BUnit unit_of(").expect("unit_of in backward.cu");
-        let body = &src[start..start + src[start..].find("\n}").expect("end of unit_of")];
+        let body = section(src, "BUnit unit_of(", "\n}");
         let lines: Vec<&str> = body.lines().map(str::trim).collect();
         for expected in [
             "x.qp = u % qpairs;",
