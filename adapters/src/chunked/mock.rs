@@ -15,6 +15,8 @@ struct Mock {
     mem: Vec<u8>,
     dtype: DType,
     launches: usize,
+    /// fp32 elements written by `fill_f32` (the backward's accumulator zeroing among them).
+    filled: usize,
     /// The problem and tensors of a fused-score backward (what the fused executor's score
     /// kernel reads through its TMA maps).
     scores_of: Option<(AttentionProblem, DeviceBackwardArgs)>,
@@ -277,6 +279,7 @@ impl Ops for Mock {
 
     fn fill_f32(&mut self, a: &FillF32Args) -> Result<(), ExecError> {
         self.launches += 1;
+        self.filled += a.rows * a.cols;
         for r in 0..a.rows {
             for c in 0..a.cols {
                 self.set(a.dst + 4 * (r * a.ld + c) as u64, Elem::F32, a.value as f64);
@@ -361,6 +364,8 @@ struct MockOut {
     dk: HostTensor,
     dv: HostTensor,
     d_sink: Vec<f32>,
+    /// fp32 elements the backward filled (`Mock::filled` after the forward's).
+    bwd_filled: usize,
 }
 
 /// Chunked forward + backward on the CPU mock. Every output buffer starts as garbage (0xFF
@@ -376,6 +381,7 @@ fn run_mock(
         mem: Vec::new(),
         dtype: p.dtype,
         launches: 0,
+        filled: 0,
         scores_of: None,
     };
     let (qa, ka, va, doa) = (
@@ -431,6 +437,7 @@ fn run_mock(
         d_sink: d_sink_a,
     };
     m.scores_of = Some((p.clone(), bio));
+    let filled_before = m.filled;
     plan::backward(&mut m, p, &bplan, &bio, ws).unwrap();
     let f32s = |m: &Mock, a: u64, n: usize| -> Vec<f32> {
         (0..n)
@@ -448,6 +455,7 @@ fn run_mock(
         } else {
             f32s(&m, d_sink_a, sink.len())
         },
+        bwd_filled: m.filled - filled_before,
     }
 }
 
@@ -471,12 +479,15 @@ mod tests {
         }
     }
 
-    fn check(p: &AttentionProblem, chunk: usize, seed: u64) {
+    /// Both backward plans against the reference; per plan, the fp32 elements its backward filled.
+    fn check(p: &AttentionProblem, chunk: usize, seed: u64) -> Vec<(PlanKind, usize)> {
         let inp = random_inputs(p, seed);
         // Both backward plans: fp32 scores through GEMMs, and P/dS from the fused executor's
         // score kernel (as the mock computes it).
+        let mut filled = Vec::new();
         for kind in [PlanKind::Backward, PlanKind::BackwardFusedScores] {
             let r = run_mock(p, &cfg(chunk), kind, &inp, &[]);
+            filled.push((kind, r.bwd_filled));
             let bwd = crate::executor::BackwardOutput {
                 dq: r.dq,
                 dk: r.dk,
@@ -487,6 +498,7 @@ mod tests {
             let v = verify(p, &inp, &r.o, &r.lse, Some(&bwd));
             assert!(v.passed, "{p:?} chunk {chunk} {kind:?}: {v:#?}");
         }
+        filled
     }
 
     /// The features' check: both backward plans against the test oracle (FlashAttention
@@ -676,6 +688,7 @@ mod tests {
             mem: Vec::new(),
             dtype: p.dtype,
             launches: 0,
+            filled: 0,
             scores_of: None,
         };
         let plan = plan::make_plan(&p, &cfg(4), PlanKind::Forward).unwrap();
@@ -714,6 +727,40 @@ mod tests {
                         check(&p, 5, seed);
                     }
                 }
+            }
+        }
+    }
+
+    /// The fp32 dK / dV accumulators are written by the first chunk's GEMMs (beta = 0), the last
+    /// chunk first: where it reaches every key (causal, no mask) nothing is zeroed, which saves a
+    /// pass over both accumulators per (sequence, KV head). A window leaves keys the first chunk
+    /// misses: exactly those are zeroed, once.
+    #[test]
+    fn the_backward_zeroes_only_accumulator_keys_the_first_chunk_misses() {
+        let (batch, hq, hkv, s, d) = (2, 4, 2, 40, 8);
+        let window = MaskSpec::window(2, 0, DiagonalAlignment::TopLeft);
+        for (i, mask) in [
+            MaskSpec::NONE,
+            MaskSpec::CAUSAL_TOP_LEFT,
+            MaskSpec::CAUSAL_BOTTOM_RIGHT,
+            window,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let p = AttentionProblem::new(batch, hq, hkv, s, s, d, d, DType::BF16).with_mask(mask);
+            for (kind, filled) in check(&p, 8, 40 + i as u64) {
+                // The window's last chunk (rows from `last`) reaches keys last - 2 .. s: the keys
+                // below are zeroed, in dK and dV of every (sequence, KV head).
+                let rows = plan::make_plan(&p, &cfg(8), kind).unwrap().chunk_rows;
+                let last = (s - 1) / rows * rows;
+                assert!(last > 2, "the test needs several chunks ({rows} rows each)");
+                let want = if mask == window {
+                    batch * hkv * (last - 2) * 2 * d
+                } else {
+                    0
+                };
+                assert_eq!(filled, want, "{mask:?} {kind:?}, chunks of {rows} rows");
             }
         }
     }

@@ -800,43 +800,35 @@ struct BwdChunk {
     row_off: u64,
 }
 
-/// One group: zero the fp32 dK / dV accumulators, every chunk in order, cast dK and dV once.
+/// One group: every chunk, the last first, then dK and dV cast once. The fp32 dK / dV
+/// accumulators are not zeroed as a whole: the first chunk's GEMMs write its keys (beta = 0),
+/// and only keys a later chunk adds to the written range, or that no chunk reaches, are filled
+/// with zeros. Under a causal mask the last chunk reaches every key, so nothing is filled (a
+/// fill, and the first GEMMs' read of its zeros, were a pass over both accumulators).
 fn backward_group(ops: &mut impl Ops, c: &Bwd<'_>, grp: &BwdGroup) -> Result<(), ExecError> {
     let (p, plan, io) = (c.p, c.plan, c.io);
     let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
     let (lk, lv) = (p.layout.k, p.layout.v);
     let (qr, kr, g) = (grp.qr, grp.kr, grp.g);
     let skv = kr.len;
-    let (acc_dk, acc_dv) = (grp.acc_dk, grp.acc_dv);
-    if skv > 0 {
-        ops.fill_f32(&FillF32Args {
-            dst: acc_dk,
-            ld: skv * dqk,
-            rows: 1,
-            cols: skv * dqk,
-            value: 0.0,
-        })?;
-        ops.fill_f32(&FillF32Args {
-            dst: acc_dv,
-            ld: skv * dv,
-            rows: 1,
-            cols: skv * dv,
-            value: 0.0,
-        })?;
-    }
-    for i0 in (0..qr.len).step_by(plan.chunk_rows) {
-        backward_chunk(ops, c, grp, i0)?;
+    // The keys [lo, hi) of the accumulators written so far (None: none).
+    let mut written: Option<(usize, usize)> = None;
+    for i0 in (0..qr.len).step_by(plan.chunk_rows).rev() {
+        backward_chunk(ops, c, grp, i0, &mut written)?;
     }
     if skv > 0 {
+        let (lo, hi) = written.unwrap_or((0, 0));
+        zero_keys(ops, c, grp, 0, lo)?;
+        zero_keys(ops, c, grp, hi, skv)?;
         ops.cast_rows(&CastArgs {
-            src: acc_dk,
+            src: grp.acc_dk,
             dst: at(io.dk, &lk, kr.batch, g, kr.start),
             dst_ld: lk.seq,
             rows: skv,
             cols: dqk,
         })?;
         ops.cast_rows(&CastArgs {
-            src: acc_dv,
+            src: grp.acc_dv,
             dst: at(io.dv, &lv, kr.batch, g, kr.start),
             dst_ld: lv.seq,
             rows: skv,
@@ -846,13 +838,38 @@ fn backward_group(ops: &mut impl Ops, c: &Bwd<'_>, grp: &BwdGroup) -> Result<(),
     Ok(())
 }
 
+/// Zeros for keys [lo, hi) of both fp32 accumulators.
+fn zero_keys(
+    ops: &mut impl Ops,
+    c: &Bwd<'_>,
+    grp: &BwdGroup,
+    lo: usize,
+    hi: usize,
+) -> Result<(), ExecError> {
+    if lo >= hi {
+        return Ok(());
+    }
+    for (acc, dim) in [(grp.acc_dk, c.p.head_dim_qk), (grp.acc_dv, c.p.head_dim_v)] {
+        ops.fill_f32(&FillF32Args {
+            dst: acc + 4 * (lo * dim) as u64,
+            ld: (hi - lo) * dim,
+            rows: 1,
+            cols: (hi - lo) * dim,
+            value: 0.0,
+        })?;
+    }
+    Ok(())
+}
+
 /// The chunk of query rows from `i0`: its rows of dQ zeroed when the mask admits no key, else
-/// P and dS, then dQ_c, then its share of dK and dV.
+/// P and dS, then dQ_c, then its share of dK and dV. `written` is the accumulators' written key
+/// range, which the chunk's keys join.
 fn backward_chunk(
     ops: &mut impl Ops,
     c: &Bwd<'_>,
     grp: &BwdGroup,
     i0: usize,
+    written: &mut Option<(usize, usize)>,
 ) -> Result<(), ExecError> {
     let (p, plan, io, ratio, scale) = (c.p, c.plan, c.io, c.ratio, c.scale);
     let dqk = p.head_dim_qk;
@@ -936,7 +953,22 @@ fn backward_chunk(
         0.0,
         ratio,
     ))?;
-    backward_accumulate(ops, c, grp, &ch)
+    // The first chunk with keys writes them (beta = 0). Later chunks add (beta = 1): keys of
+    // theirs not yet written, and any gap to the written range, are zeroed first, so the written
+    // keys stay one range.
+    let first_beta = match *written {
+        None => {
+            *written = Some((klo, khi));
+            0.0
+        }
+        Some((lo, hi)) => {
+            zero_keys(ops, c, grp, klo.min(lo), lo)?;
+            zero_keys(ops, c, grp, hi, khi.max(hi))?;
+            *written = Some((klo.min(lo), khi.max(hi)));
+            1.0
+        }
+    };
+    backward_accumulate(ops, c, grp, &ch, first_beta)
 }
 
 /// P and dS of a chunk through GEMMs: `S = Q_c K^T`, `dP = dO_c V^T` (fp32), then the
@@ -1031,12 +1063,14 @@ fn backward_scores(
 }
 
 /// dV += P^T dO_c, dK += scale dS^T Q_c: heads of the group in a fixed order, accumulated in
-/// fp32 by GEMM beta = 1 (deterministic). The accumulators hold the sequence's keys.
+/// fp32 by GEMM beta = 1 (deterministic); the first head's beta is `first_beta` (0: the first
+/// writes of these keys). The accumulators hold the sequence's keys.
 fn backward_accumulate(
     ops: &mut impl Ops,
     c: &Bwd<'_>,
     grp: &BwdGroup,
     ch: &BwdChunk,
+    first_beta: f32,
 ) -> Result<(), ExecError> {
     let (p, io, ratio, scale) = (c.p, c.io, c.ratio, c.scale);
     let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
@@ -1045,6 +1079,7 @@ fn backward_accumulate(
     let (row, rows, klo, n, lds, blk) = (ch.row, ch.rows, ch.klo, ch.n, ch.lds, ch.blk);
     for r in 0..ratio {
         let h = h0 + r;
+        let beta = if r == 0 { first_beta } else { 1.0 };
         let roff = (r * blk) as u64;
         ops.gemm(&gemm_rm(
             true,
@@ -1069,7 +1104,7 @@ fn backward_accumulate(
             },
             Elem::F32,
             1.0,
-            1.0,
+            beta,
             1,
         ))?;
         ops.gemm(&gemm_rm(
@@ -1095,7 +1130,7 @@ fn backward_accumulate(
             },
             Elem::F32,
             scale,
-            1.0,
+            beta,
             1,
         ))?;
     }
