@@ -201,17 +201,23 @@ fn kernel_source_with(key: VariantKey, body: Option<&Path>) -> String {
 /// without a Rust toolchain. Unset in normal use.
 pub const SOURCE_OVERRIDE: &str = "ATTN_POLICY_FUSED_SOURCE";
 
+/// A variant's name, e.g. `fused_bf16_512_512_softcap`: NVRTC's program name (with `.cu`) and
+/// the file name of its dumped PTX.
+fn variant_name(key: VariantKey) -> String {
+    format!(
+        "fused_{}_{}_{}{}{}",
+        if key.bf16 { "bf16" } else { "f16" },
+        key.dqk_pad,
+        key.dv_pad,
+        if key.seq { "_seq" } else { "" },
+        if key.softcap { "_softcap" } else { "" }
+    )
+}
+
 fn compile(key: VariantKey) -> Result<cudarc::nvrtc::Ptx, ExecError> {
     let opts = CompileOptions {
         arch: Some(ARCH),
-        name: Some(format!(
-            "fused_{}_{}_{}{}{}.cu",
-            if key.bf16 { "bf16" } else { "f16" },
-            key.dqk_pad,
-            key.dv_pad,
-            if key.seq { "_seq" } else { "" },
-            if key.softcap { "_softcap" } else { "" }
-        )),
+        name: Some(format!("{}.cu", variant_name(key))),
         ..Default::default()
     };
     compile_ptx_with_opts(kernel_source_for(key), opts).map_err(|e| ExecError::Backend {
@@ -223,8 +229,8 @@ fn compile(key: VariantKey) -> Result<cudarc::nvrtc::Ptx, ExecError> {
 /// Compile six plain variants (the widest and narrowest head dims, Q partly in shared memory,
 /// unequal qk and v dims) in both dtypes, and the feature variants (per-sequence lengths,
 /// soft-capping, both) at three head-dim pairs in both dtypes, with NVRTC only (no device): the
-/// test that runs wherever the NVRTC library is found.
-pub fn compile_only() -> Result<Vec<String>, ExecError> {
+/// test that runs wherever the NVRTC library is found. Each PTX comes with its variant's name.
+pub fn compile_only() -> Result<Vec<(String, String)>, ExecError> {
     // SAFETY: probes library presence only.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(ExecError::NoDevice {
@@ -232,6 +238,10 @@ pub fn compile_only() -> Result<Vec<String>, ExecError> {
         });
     }
     let mut ptx = Vec::new();
+    let mut push = |key: VariantKey| -> Result<(), ExecError> {
+        ptx.push((variant_name(key), compile(key)?.to_src()));
+        Ok(())
+    };
     for bf16 in [true, false] {
         for (d, dv) in [
             (512, 512),
@@ -241,29 +251,25 @@ pub fn compile_only() -> Result<Vec<String>, ExecError> {
             (456, 392),
             (328, 512),
         ] {
-            let (dq, dvp) = padded_dims(d, dv);
-            ptx.push(
-                compile(VariantKey {
-                    bf16,
-                    dqk_pad: dq,
-                    dv_pad: dvp,
-                    seq: false,
-                    softcap: false,
-                })?
-                .to_src(),
-            );
+            let (dqk_pad, dv_pad) = padded_dims(d, dv);
+            push(VariantKey {
+                bf16,
+                dqk_pad,
+                dv_pad,
+                seq: false,
+                softcap: false,
+            })?;
         }
         for (d, dv) in [(512, 512), (320, 320), (456, 392)] {
             let (dqk_pad, dv_pad) = padded_dims(d, dv);
             for (seq, softcap) in [(true, false), (false, true), (true, true)] {
-                let key = VariantKey {
+                push(VariantKey {
                     bf16,
                     dqk_pad,
                     dv_pad,
                     seq,
                     softcap,
-                };
-                ptx.push(compile(key)?.to_src());
+                })?;
             }
         }
     }
@@ -1401,21 +1407,53 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// ptxas notes where it cannot keep the wgmma pipeline asynchronous: C7514 / C7515 (every
+    /// wgmma of the kernel serialized: an accumulator read or written while, as far as ptxas can
+    /// tell, a wgmma may still write it) and C7517 (a wait inserted). Kernels still compute the
+    /// right values then, several times slower: no numerics test notices, and a restructured
+    /// loop easily triggers them (docs/fused.md, "What would go further").
+    fn assert_wgmma_stays_asynchronous(ptxas: &Path, ptx: &[(String, String)]) {
+        let dir = std::env::temp_dir().join(format!("attn-policy-ptxas-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, p) in ptx {
+            let file = dir.join(format!("{name}.ptx"));
+            std::fs::write(&file, p).unwrap();
+            let out = std::process::Command::new(ptxas)
+                .args(["-arch=sm_90a", "-v", "-o", "/dev/null"])
+                .arg(&file)
+                .output()
+                .unwrap_or_else(|e| panic!("running {}: {e}", ptxas.display()));
+            let log = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "ptxas failed on {name}:\n{log}");
+            for note in ["C7514", "C7515", "C7517"] {
+                let hit = log.lines().find(|l| l.contains(note));
+                assert!(hit.is_none(), "{name}: {}", hit.unwrap_or_default());
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn nvrtc_compiles_the_variants_for_sm90a() {
         match compile_only() {
             Ok(ptx) => {
                 if let Ok(dir) = std::env::var("ATTN_POLICY_DUMP_PTX") {
-                    for (i, p) in ptx.iter().enumerate() {
-                        std::fs::write(format!("{dir}/fused_{i}.ptx"), p).unwrap();
+                    // `ptxas -v` on these reports registers and spills (adapters/bench/ptxas_check.sh).
+                    std::fs::create_dir_all(&dir).unwrap();
+                    for (name, p) in &ptx {
+                        std::fs::write(format!("{dir}/{name}.ptx"), p).unwrap();
                     }
                 }
-                for p in ptx {
+                for (_, p) in &ptx {
                     assert!(p.contains(".target sm_90a"));
                     assert!(p.contains("wgmma.mma_async.sync.aligned.m64n64k16"));
                     // P leaves the score warpgroup as 16-byte matrix rows (measured: 0.8%
                     // faster at s=32k than 32-bit stores, docs/fused.md).
                     assert!(p.contains("stmatrix.sync.aligned.m8n8.x4.shared.b16"));
+                }
+                match std::env::var_os("PTXAS") {
+                    Some(ptxas) => assert_wgmma_stays_asynchronous(Path::new(&ptxas), &ptx),
+                    None => println!("ptxas check skipped (set PTXAS to a CUDA 13 ptxas)"),
                 }
             }
             Err(ExecError::NoDevice { reason }) => {
