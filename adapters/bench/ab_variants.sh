@@ -5,11 +5,12 @@
 # `base` is the built-in kernel; LABEL=FILE compiles FILE through ATTN_POLICY_FUSED_SOURCE (kernels.cu
 # and backward.cu, edited); LABEL=BENCH:FILE runs another attn-bench binary (one built from a branch
 # whose host code differs), with FILE or, when FILE is empty, its own built-in kernel. SEQLENS
-# (default 16384,32768) picks the shapes (b2 hq8 hkv4 causal bf16 d512). RUNS=DIR keeps each run's
-# JSON there (a call cut short still leaves the runs it finished). Prints one line per run as it
-# ends (with max |diff| against chunked and the determinism check), then each label's medians.
+# (default 16384,32768) picks the shapes (b2 hq8 hkv4 causal bf16 d512); ARGS adds attn-bench
+# arguments (e.g. ARGS="--head-dim 320"). RUNS=DIR keeps each run's JSON there (a call cut short
+# still leaves the runs it finished). Prints one line per run as it ends (with max |diff| against
+# chunked and the determinism check), then each label's medians.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,10p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,11p' "$0"; exit 2; }
 rounds=$1
 shift
 bench_of() { case "${1#*=}" in *:*) echo "${1#*=}" | cut -d: -f1 ;; *) echo gpu-carry/attn-bench ;; esac; }
@@ -44,7 +45,9 @@ for i in $(seq 1 "$rounds"); do
     else
       unset ATTN_POLICY_FUSED_SOURCE
     fi
-    "$(bench_of "$v")" --no-torch --seqlens "${SEQLENS:-16384,32768}" --json "$runs/$label.$i.json" >/dev/null
+    # shellcheck disable=SC2086 # ARGS is a list of arguments
+    "$(bench_of "$v")" --no-torch --seqlens "${SEQLENS:-16384,32768}" ${ARGS:-} \
+      --json "$runs/$label.$i.json" >/dev/null
     show "$label" "$i" "$runs/$label.$i.json"
   done
 done
