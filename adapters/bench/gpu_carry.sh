@@ -5,6 +5,8 @@
 #   gpu-carry/attn-bench    the fused/chunked/SDPA benchmark
 #   gpu-carry/attn-policy   the CLI with the cuDNN executor (`run`)
 #   gpu-carry/env.sh        `source` it on the GPU machine: library paths, cuDNN 9.19 first
+#   gpu-carry/variants/     each kernel variant of adapters/bench/variants/ that applies to
+#                           today's kernels.cu + backward.cu, as a .cu for ATTN_POLICY_FUSED_SOURCE
 # Release builds with `--features cudnn`, stripped (about 30 MiB in all). Usage:
 #   bash adapters/bench/gpu_carry.sh            # CARGO_TARGET_DIR is honoured
 # On the GPU machine:
@@ -40,4 +42,19 @@ mkdir -p "$HOME/cudnn919" && ln -sf "$V/cudnn/lib/libcudnn.so.9" "$HOME/cudnn919
 export LD_LIBRARY_PATH="$HOME/cudnn919:$V/cu13/lib:$V/cudnn/lib:$V/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 ENV
+echo "== kernel variants" >&2
+rm -rf "$OUT/variants"
+mkdir -p "$OUT/variants"
+for p in adapters/bench/variants/*.patch; do
+  n=$(basename "$p" .patch)
+  cat adapters/src/fused/kernels.cu adapters/src/fused/backward.cu > "$OUT/variants/$n.cu"
+  # Host-code patches, and kernel patches made against older kernels, do not apply: skipped.
+  if patch -s -F0 --dry-run "$OUT/variants/$n.cu" "$p" >/dev/null 2>&1; then
+    patch -s -F0 --no-backup-if-mismatch "$OUT/variants/$n.cu" "$p"
+    echo "  $n" >&2
+  else
+    rm "$OUT/variants/$n.cu"
+    echo "  $n: does not apply to today's kernels (host code, or stale): skipped" >&2
+  fi
+done
 du -sh "$OUT" >&2
