@@ -1410,8 +1410,8 @@ mod tests {
     /// ptxas notes where it cannot keep the wgmma pipeline asynchronous: C7514 / C7515 (every
     /// wgmma of the kernel serialized: an accumulator read or written while, as far as ptxas can
     /// tell, a wgmma may still write it) and C7517 (a wait inserted). Kernels still compute the
-    /// right values then, several times slower: no numerics test notices, and a restructured
-    /// loop easily triggers them (docs/fused.md, "What would go further").
+    /// right values then, only slower (the wgmma no longer overlap other work): no numerics test
+    /// notices, and a restructured loop easily triggers them (docs/fused.md).
     fn assert_wgmma_stays_asynchronous(ptxas: &Path, ptx: &[(String, String)]) {
         let dir = std::env::temp_dir().join(format!("attn-policy-ptxas-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
