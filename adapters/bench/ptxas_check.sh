@@ -4,6 +4,8 @@
 # variant and kernel, the registers, the spill bytes and ptxas' wgmma notes (C7514/C7515: every
 # wgmma serialized; C7517: a wait inserted), which no functional test sees. No GPU needed.
 #   bash adapters/bench/ptxas_check.sh [VARIANT.cu]
+#   ONLY=bf16_512_512 bash adapters/bench/ptxas_check.sh [VARIANT.cu]   # the variants whose name
+#                                                       # contains ONLY, much faster
 # Needs an NVRTC 13 library and ptxas, e.g. from PyPI's wheels:
 #   pip install --target /tmp/nvx nvidia-cuda-nvrtc==13.* nvidia-cuda-nvcc==13.*
 #   NVRTC_LIB=/tmp/nvx/nvidia/cu13/lib PTXAS=/tmp/nvx/nvidia/cu13/bin/ptxas bash adapters/bench/ptxas_check.sh
@@ -19,8 +21,9 @@ if [ $# -ge 1 ]; then
   export ATTN_POLICY_FUSED_SOURCE="$(realpath "$1")"
 fi
 cd "$ROOT"
-echo "compiling the variants with NVRTC (a few minutes)..." >&2
+echo "compiling the variants with NVRTC (all of them: a few minutes)..." >&2
 LD_LIBRARY_PATH="$NVRTC_LIB:${LD_LIBRARY_PATH:-}" ATTN_POLICY_DUMP_PTX="$dump" \
+  ATTN_POLICY_NVRTC_ONLY="${ONLY:-}" \
   cargo test -q --release -p attn-policy-adapters --features cuda --lib nvrtc_compiles_the_variants >&2
 n=$(find "$dump" -name '*.ptx' | wc -l)
 [ "$n" -gt 0 ] || { echo "no PTX dumped: is NVRTC_LIB right? (the test skips without it)" >&2; exit 1; }

@@ -230,7 +230,9 @@ fn compile(key: VariantKey) -> Result<cudarc::nvrtc::Ptx, ExecError> {
 /// unequal qk and v dims) in both dtypes, and the feature variants (per-sequence lengths,
 /// soft-capping, both) at three head-dim pairs in both dtypes, with NVRTC only (no device): the
 /// test that runs wherever the NVRTC library is found. Each PTX comes with its variant's name.
-pub fn compile_only() -> Result<Vec<(String, String)>, ExecError> {
+/// `only`: compile just the variants whose name contains it (all when empty), for a quick check
+/// of one kernel edit (`ptxas_check.sh`'s `ONLY`).
+pub fn compile_only(only: &str) -> Result<Vec<(String, String)>, ExecError> {
     // SAFETY: probes library presence only.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(ExecError::NoDevice {
@@ -239,7 +241,10 @@ pub fn compile_only() -> Result<Vec<(String, String)>, ExecError> {
     }
     let mut ptx = Vec::new();
     let mut push = |key: VariantKey| -> Result<(), ExecError> {
-        ptx.push((variant_name(key), compile(key)?.to_src()));
+        let name = variant_name(key);
+        if name.contains(only) {
+            ptx.push((name, compile(key)?.to_src()));
+        }
         Ok(())
     };
     for bf16 in [true, false] {
@@ -1435,8 +1440,17 @@ mod tests {
 
     #[test]
     fn nvrtc_compiles_the_variants_for_sm90a() {
-        match compile_only() {
+        // A developer's quick check of one kernel edit; CI sets nothing and compiles them all.
+        let only = std::env::var("ATTN_POLICY_NVRTC_ONLY").unwrap_or_default();
+        match compile_only(&only) {
             Ok(ptx) => {
+                if !only.is_empty() {
+                    println!(
+                        "ATTN_POLICY_NVRTC_ONLY={only}: {} variant(s) compiled",
+                        ptx.len()
+                    );
+                }
+                assert!(!ptx.is_empty(), "no variant name contains {only:?}");
                 if let Ok(dir) = std::env::var("ATTN_POLICY_DUMP_PTX") {
                     // `ptxas -v` on these reports registers and spills (adapters/bench/ptxas_check.sh).
                     std::fs::create_dir_all(&dir).unwrap();
