@@ -6,11 +6,14 @@
 //! outputs, for a max-|diff| check) written to a scratch folder and handed to
 //! `python3 adapters/bench/sdpa_compare.py` (PyTorch SDPA backends). Prints a markdown table.
 //!
-//! Usage: attn-bench [--seqlens 4096,16384,32768] [--head-dim 512] [--batch 2] [--hq 8]
-//!        [--hkv 4] [--dtype bf16|fp16] [--iters 5] [--no-torch] [--scratch DIR]
+//! Usage: attn-bench [--seqlens 4096,16384,32768] [--head-dim 512] [--head-dim-v D] [--batch 2]
+//!        [--hq 8] [--hkv 4] [--dtype bf16|fp16] [--iters 5] [--no-torch] [--scratch DIR]
 //!        [--budget-mib 1024] [--torch-backends efficient_expanded,math] [--json FILE]
 //!        [--no-fused] [--fused-chunks 1024,2048] [--fused-lanes 1,2]
 //!        [--profile-fused-backward]
+//!
+//! `--head-dim-v` gives V (and O) their own head dim (default: `--head-dim`'s); a different
+//! one needs `--no-torch` (`sdpa_compare.py` takes one head dim).
 //!
 //! `--profile-fused-backward` runs only the fused executor (first sequence length, first
 //! chunking and lane count given): a forward, then one backward between cuProfilerStart and
@@ -34,6 +37,8 @@ use std::sync::Arc;
 struct Args {
     seqlens: Vec<usize>,
     d: usize,
+    /// V's head dim (None: `d`).
+    dv: Option<usize>,
     b: usize,
     hq: usize,
     hkv: usize,
@@ -58,6 +63,7 @@ fn parse() -> Result<Args, String> {
     let mut a = Args {
         seqlens: vec![4096, 16384, 32768],
         d: 512,
+        dv: None,
         b: 2,
         hq: 8,
         hkv: 4,
@@ -85,6 +91,7 @@ fn parse() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--head-dim" => a.d = num(val()?)?,
+            "--head-dim-v" => a.dv = Some(num(val()?)?),
             "--batch" => a.b = num(val()?)?,
             "--hq" => a.hq = num(val()?)?,
             "--hkv" => a.hkv = num(val()?)?,
@@ -118,7 +125,21 @@ fn parse() -> Result<Args, String> {
             o => return Err(format!("unknown argument {o}")),
         }
     }
+    if a.torch && a.dv.is_some_and(|dv| dv != a.d) {
+        return Err("--head-dim-v other than --head-dim needs --no-torch \
+                    (sdpa_compare.py takes one head dim)"
+            .into());
+    }
     Ok(a)
+}
+
+impl Args {
+    /// The benchmark's problem at sequence length `s`: causal, bshd.
+    fn problem(&self, s: usize) -> AttentionProblem {
+        let dv = self.dv.unwrap_or(self.d);
+        AttentionProblem::new(self.b, self.hq, self.hkv, s, s, self.d, dv, self.dtype)
+            .with_mask(MaskSpec::CAUSAL_TOP_LEFT)
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -185,8 +206,7 @@ fn run(a: &Args) -> Result<(), ExecError> {
     let mut rows: Vec<Row> = Vec::new();
     let mut json = Vec::new();
     for &s in &a.seqlens {
-        let p = AttentionProblem::new(a.b, a.hq, a.hkv, s, s, a.d, a.d, a.dtype)
-            .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+        let p = a.problem(s);
         let seed = 1000 + s as u64;
         let t = Tensors::new(&ex, &p, seed)?;
         let (fa, ba) = (t.forward_args(), t.backward_args());
@@ -208,7 +228,9 @@ fn run(a: &Args) -> Result<(), ExecError> {
         let out_bytes =
             2 * (p.o_span() + p.q_span() + p.k_span() + p.v_span()) as u64 + 4 * p.lse_len() as u64;
         let peak = (out_bytes + ws_f.max(ws_b)) as f64 / 1048576.0;
-        let flops = 4.0 * (a.b * a.hq) as f64 * (s * s) as f64 * a.d as f64 / 2.0;
+        // Causal half of S = Q K^T (head dim d) and O = P V (V's head dim).
+        let (d, d_v) = (p.head_dim_qk, p.head_dim_v);
+        let flops = 2.0 * (a.b * a.hq) as f64 * (s * s) as f64 * (d + d_v) as f64 / 2.0;
         let note = format!(
             "fwd {:.0} TFLOP/s, fwd+bwd {:.0} TFLOP/s ({:.0}% / {:.0}% of GEMM); determinism: {}",
             flops / fwd / 1e9,
@@ -608,8 +630,7 @@ fn profile_fused_backward(
     label: &str,
 ) -> Result<(), ExecError> {
     let s = a.seqlens.first().copied().unwrap_or(16384);
-    let p = AttentionProblem::new(a.b, a.hq, a.hkv, s, s, a.d, a.d, a.dtype)
-        .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+    let p = a.problem(s);
     let t = Tensors::new(ex, &p, 1)?;
     let (fa, ba) = (
         DeviceIo::Forward(t.forward_args()),
