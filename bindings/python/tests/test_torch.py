@@ -3,6 +3,7 @@ reference. Skipped where torch is not installed."""
 
 import logging
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -290,13 +291,21 @@ def test_executors_list_every_executor_with_availability():
             assert names[n]["availability"] == "unavailable" and "CUDA device" in names[n]["reason"], names[n]
 
 
-REPO = Path(__file__).resolve().parents[3]
+def rules_te():
+    """rules/te of the checkout: ``ATTN_POLICY_REPO``, else the working directory, else this
+    file's repository. The GPU runner scripts carry these tests away from the checkout, so the
+    file's own location is the last guess, not the only one."""
+    bases = [Path(os.environ["ATTN_POLICY_REPO"])] if os.environ.get("ATTN_POLICY_REPO") else []
+    for base in bases + [Path.cwd(), Path(__file__).resolve().parents[3]]:
+        if (base / "rules" / "te" / "pack.yaml").is_file():
+            return base / "rules" / "te"
+    raise FileNotFoundError("rules/te not found: run from the repository root or set ATTN_POLICY_REPO")
 
 
 def pack_with_chains(tmp_path, chains):
     """A copy of the te pack whose `executors:` chains are ``chains`` (backend -> names)."""
     dst = tmp_path / "te"
-    shutil.copytree(REPO / "rules" / "te", dst)
+    shutil.copytree(rules_te(), dst)
     text = (dst / "pack.yaml").read_text()
     head = text[: text.index("\nexecutors:")]
     body = "".join(f"  - backend: {b}\n    chain: [{', '.join(c)}]\n" for b, c in chains.items())

@@ -8,7 +8,8 @@ runner script runs the two in separate processes).
 Run with ``-s`` to see the rows; ``GPU_SUMMARY=path`` also writes them to a file."""
 
 import math
-import os
+import sys
+from pathlib import Path
 
 import pytest
 from _summary import Rows
@@ -16,6 +17,9 @@ from _summary import Rows
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from test_torch import pack_with_chains  # noqa: E402
 
 import attn_policy.torch as apt  # noqa: E402
 
@@ -37,34 +41,10 @@ def math_attention(q, k, v, allowed, scale, softmax_dtype):
     return p @ v
 
 
-def _rules_te():
-    """rules/te of the checkout (``ATTN_POLICY_REPO``, else the working directory, else this
-    file's repository)."""
-    from pathlib import Path
-
-    bases = [Path(os.environ["ATTN_POLICY_REPO"])] if os.environ.get("ATTN_POLICY_REPO") else []
-    for base in bases + [Path.cwd(), Path(__file__).resolve().parents[4]]:
-        if (base / "rules" / "te" / "pack.yaml").exists():
-            return base / "rules" / "te"
-    pytest.skip("rules/te not found (run from the repository root)")
-
-
 def _pack_running(tmp_path, first):
     """A copy of the te pack in which every backend's chain is [first, reference]."""
-    import shutil
-
-    import attn_policy
-
-    dst = tmp_path / f"te-{first}"
-    shutil.copytree(_rules_te(), dst)
-    text = (dst / "pack.yaml").read_text()
-    head = text[: text.index("\nexecutors:")]
-    body = "".join(
-        f"  - backend: {b}\n    chain: [{first}, reference]\n"
-        for b in ("FlashAttention", "FusedAttention", "FrostAttention", "UnfusedDotProductAttention")
-    )
-    (dst / "pack.yaml").write_text(head + "\nexecutors:\n" + body)
-    return attn_policy.Policy.load(str(dst))
+    backends = ("FlashAttention", "FusedAttention", "FrostAttention", "UnfusedDotProductAttention")
+    return pack_with_chains(tmp_path, {b: [first, "reference"] for b in backends})
 
 
 TORCH_EXECUTOR_CASES = [
