@@ -110,7 +110,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) bwd_scores(
     u16* __restrict__ P, u16* __restrict__ dS, int lds, int rows, int b, int h0, int hk,
     int i0, int klo, int ktiles, int qpairs, int units, const float* __restrict__ lse,
     const float* __restrict__ Dv, i64 head_stride, i64 off, i64 left, i64 right, i64 skv,
-    float scale_log2, int posq, int posk, int poso, int posv, float cap_in, float cap_out) {
+    float scale_log2, int posq, int posk, int poso, int posv, float cap_in, float cap_out,
+    // P and dS as TMA maps (key, chunk row, head; 64 x 64 boxes): the host passes them for
+    // variants that store the staged tiles with TMA (adapters/bench/variants/bwd-tma-stores.patch);
+    // this kernel's threads store them through P and dS.
+    const __grid_constant__ TmapT tmp, const __grid_constant__ TmapT tmds) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw = (unsigned)__cvta_generic_to_shared(smem_raw);
     const unsigned sbase = (raw + 1023u) & ~1023u;

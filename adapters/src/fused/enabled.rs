@@ -850,6 +850,7 @@ struct ScoreLaunch {
     cap_in: f32,
     cap_out: f32,
     sm_count: u32,
+    dtype: DType,
 }
 
 impl ScoreLaunch {
@@ -883,6 +884,7 @@ impl ScoreLaunch {
                 .softcap
                 .map_or(0.0, |c| (c * std::f64::consts::LOG2_E) as f32),
             sm_count,
+            dtype: p.dtype,
         })
     }
 }
@@ -918,8 +920,22 @@ impl ScoreKernel for ScoreLaunch {
             int(units, "score tiles")?,
         );
         let grid = (1, 2 * clusters, 1);
+        // P and dS as (key, row, head) tensors in 64 x 64 boxes, for kernel variants that store
+        // them with TMA (`bwd_scores`' last parameters). The box, not the kernel, clips rows past
+        // `rows` and keys past `lds`, as the threads' stores do.
+        let (cols, nrows, heads) = (a.lds as u64, a.rows as u64, a.heads as u64);
+        let score_map = |addr: u64| {
+            encode_tiled(
+                self.dtype,
+                addr,
+                &[cols, nrows, heads],
+                &[2 * cols, 2 * cols * nrows],
+                &[64, 64, 1],
+            )
+        };
+        let (mp, mds) = (score_map(a.p)?, score_map(a.ds)?);
         // SAFETY: argument list matches `bwd_scores`; the plan sized P and dS (heads x rows x
-        // lds), LSE and D; the maps describe the call's live Q, K, dO and V.
+        // lds), LSE and D; the maps describe the call's live Q, K, dO, V, P and dS.
         unsafe {
             launch_cluster(
                 &self.var.bwd_scores,
@@ -929,7 +945,7 @@ impl ScoreKernel for ScoreLaunch {
                 &mut params![
                     *mq, *mk, *mo, *mv, a.p, a.ds, lds, rows, b, h0, hk, i0, klo, ktiles, qpairs,
                     units, a.lse, a.dvec, hs, off, left, right, skv, scale_log2, pq, pk, po, pv,
-                    cap_in, cap_out
+                    cap_in, cap_out, mp, mds
                 ],
             )
         }
