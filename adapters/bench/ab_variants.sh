@@ -31,7 +31,9 @@ import json, sys
 label, i, path = sys.argv[1:4]
 for r in json.load(open(path)):
     if r["impl"] == "fused":
-        d = " ".join(f"{k}={v:.3g}" for k, v in r.get("max_abs_diff_vs_chunked", {}).items())
+        # A difference that is not a number (a probe's garbage) is null in the JSON.
+        d = " ".join(f"{k}={'nan' if v is None else format(v, '.3g')}"
+                     for k, v in r.get("max_abs_diff_vs_chunked", {}).items())
         print(f"{label} {i} s={r['s']} fwd {r['fwd_ms']:.2f} fwd+bwd {r['fwdbwd_ms']:.2f} ms "
               f"peak {r['peak_extra_mib']:.0f} MiB deterministic {r.get('deterministic')} diff {d}")
 PY

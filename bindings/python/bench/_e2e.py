@@ -93,6 +93,24 @@ def train(model, batches, steps, device, *, lr, clip, warmup, ctx=contextlib.nul
     return {"losses": losses, "times": times, "peak": peak}
 
 
+def loss_check(ours, anchor, other, *, window, floor):
+    """The shared-weights loss check of models.py and gemma4_train.py: ``ours[i]`` (attn_policy's
+    training loss at step i) against ``anchor[i]`` and ``other[i]``, the two references' losses
+    of the same weights on the same batch. Step i passes when ``|ours - anchor| <= 1.5 x
+    max(G_i, floor x max(1, |anchor|))``, ``G_i`` the largest ``|other - anchor|`` within
+    ``window`` steps of i. Returns the per-step ratios (to that bound's 1.0), the worst step, the
+    deviations, the references' gaps, the windowed gaps and the floors."""
+    n = len(ours)
+    floors = [floor * max(1.0, abs(x)) for x in anchor]
+    ref_gap = [abs(y - x) for x, y in zip(anchor, other)]
+    envelope = [max(ref_gap[max(0, i - window): i + window + 1]) for i in range(n)]
+    dev = [abs(o - x) for o, x in zip(ours, anchor)]
+    ratio = [d / max(g, f) for d, g, f in zip(dev, envelope, floors)]
+    worst = max(range(n), key=lambda i: ratio[i])
+    return {"ratio": ratio, "worst": worst, "ok": all(x <= 1.5 for x in ratio), "dev": dev,
+            "ref_gap": ref_gap, "envelope": envelope, "floors": floors}
+
+
 def te_with_chains(changes, script=__file__):
     """A copy of the te pack (rules/te of this checkout) with some backends' chains replaced
     (``changes``: ``Backend=exec1,exec2`` strings); returns the loaded policy and the chains."""

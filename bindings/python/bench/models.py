@@ -372,15 +372,10 @@ def run_family(name, a, device, dtype, policy, watch, deadline):
                 shared[key].append(sm(**fwd[step % len(fwd)]).loss.item())
         del sm
     del snaps
-    anchor, other = shared[keys[1]], shared[keys[0]]
-    floors = [a.loss_floor * max(1.0, abs(x)) for x in anchor]
-    ref_gap = [abs(y - x) for x, y in zip(anchor, other)]
     w = a.gap_window
-    envelope = [max(ref_gap[max(0, i - w): i + w + 1]) for i in range(steps)]
-    dev = [abs(o - x) for o, x in zip(ours["losses"], anchor)]
-    ratio = [d / max(g, f) for d, g, f in zip(dev, envelope, floors)]
-    worst = max(range(steps), key=lambda i: ratio[i])
-    loss_ok = all(x <= 1.5 for x in ratio)
+    chk = _e2e.loss_check(ours["losses"], shared[keys[1]], shared[keys[0]], window=w, floor=a.loss_floor)
+    ratio, worst, loss_ok = chk["ratio"], chk["worst"], chk["ok"]
+    dev, ref_gap, envelope, floors = chk["dev"], chk["ref_gap"], chk["envelope"], chk["floors"]
     if not loss_ok:
         bad = sum(x > 1.5 for x in ratio)
         res["problems"].append(f"loss: {bad} of {steps} steps past 1.5 x the reference gap (worst step {worst}: "
