@@ -6,11 +6,12 @@
 # and backward.cu, edited); LABEL=BENCH:FILE runs another attn-bench binary (one built from a branch
 # whose host code differs), with FILE or, when FILE is empty, its own built-in kernel. SEQLENS
 # (default 16384,32768) picks the shapes (b2 hq8 hkv4 causal bf16 d512); ARGS adds attn-bench
-# arguments (e.g. ARGS="--head-dim 320"). RUNS=DIR keeps each run's JSON there (a call cut short
+# arguments (e.g. ARGS="--head-dim 320"), ARGS_<LABEL> more for that label only (e.g.
+# ARGS_rb1="--fused-row-blocks 1" with a label rb1=gpu-carry/attn-bench:). RUNS=DIR keeps each run's JSON there (a call cut short
 # still leaves the runs it finished). Prints one line per run as it ends (with max |diff| against
 # chunked and the determinism check), then each label's medians.
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,11p' "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,13p' "$0"; exit 2; }
 rounds=$1
 shift
 bench_of() { case "${1#*=}" in *:*) echo "${1#*=}" | cut -d: -f1 ;; *) echo gpu-carry/attn-bench ;; esac; }
@@ -47,8 +48,9 @@ for i in $(seq 1 "$rounds"); do
     else
       unset ATTN_POLICY_FUSED_SOURCE
     fi
-    # shellcheck disable=SC2086 # ARGS is a list of arguments
-    "$(bench_of "$v")" --no-torch --seqlens "${SEQLENS:-16384,32768}" ${ARGS:-} \
+    extra_var="ARGS_$label"
+    # shellcheck disable=SC2086 # ARGS and ARGS_<LABEL> are lists of arguments
+    "$(bench_of "$v")" --no-torch --seqlens "${SEQLENS:-16384,32768}" ${ARGS:-} ${!extra_var:-} \
       --json "$runs/$label.$i.json" >/dev/null
     show "$label" "$i" "$runs/$label.$i.json"
   done

@@ -9,8 +9,12 @@
 //! Usage: attn-bench [--seqlens 4096,16384,32768] [--head-dim 512] [--head-dim-v D] [--batch 2]
 //!        [--hq 8] [--hkv 4] [--dtype bf16|fp16] [--iters 5] [--no-torch] [--scratch DIR]
 //!        [--budget-mib 1024] [--torch-backends efficient_expanded,math] [--json FILE]
-//!        [--no-fused] [--fused-chunks 1024,2048] [--fused-lanes 1,2]
+//!        [--no-fused] [--fused-chunks 1024,2048] [--fused-lanes 1,2] [--fused-row-blocks N]
 //!        [--profile-fused-backward]
+//!
+//! `--fused-row-blocks` sets the fused backward's row blocks per chunk
+//! (`ChunkedConfig::bwd_row_blocks`; 1: one GEMM over each chunk's whole rectangle) for every
+//! fused row (default: the config's).
 //!
 //! `--head-dim-v` gives V (and O) their own head dim (default: `--head-dim`'s); a different
 //! one needs `--no-torch` (`sdpa_compare.py` takes one head dim).
@@ -54,6 +58,8 @@ struct Args {
     fused_chunks: Vec<usize>,
     /// Groups in flight in the fused backward, one fused row per entry (with each chunking).
     fused_lanes: Vec<usize>,
+    /// Row blocks per chunk of the fused backward (None: the default).
+    fused_row_blocks: Option<usize>,
     /// Run one fused backward between cuProfilerStart/Stop and exit (for
     /// `ncu --profile-from-start off`).
     profile_fused_backward: bool,
@@ -77,6 +83,7 @@ fn parse() -> Result<Args, String> {
         fused: true,
         fused_chunks: Vec::new(),
         fused_lanes: Vec::new(),
+        fused_row_blocks: None,
         profile_fused_backward: false,
     };
     let mut it = std::env::args().skip(1);
@@ -113,6 +120,7 @@ fn parse() -> Result<Args, String> {
                     .map(|s| num(s.to_string()))
                     .collect::<Result<_, _>>()?
             }
+            "--fused-row-blocks" => a.fused_row_blocks = Some(num(val()?)?.max(1)),
             "--fused-chunks" => {
                 a.fused_chunks = val()?
                     .split(',')
@@ -327,6 +335,10 @@ fn fused_executors(a: &Args) -> Vec<(String, Arc<Fused>)> {
             if let Some(l) = lanes {
                 cfg.fused_score_lanes = l.max(1);
                 label += &format!(", {l} lanes");
+            }
+            if let Some(b) = a.fused_row_blocks {
+                cfg.bwd_row_blocks = b;
+                label += &format!(", {b} row blocks");
             }
             label += ")";
             match Fused::with_chunking(0, cfg) {

@@ -30,6 +30,11 @@ pub struct ChunkedConfig {
     /// streams, each with its own buffers (its GEMMs alone often have fewer tiles than the GPU
     /// has SMs). The chunked executor's own backward runs one group at a time.
     pub fused_score_lanes: usize,
+    /// Row blocks per backward chunk for the GEMMs after the scores: each block's dQ GEMM reads
+    /// only the keys its rows see, and each dK / dV GEMM only the rows that see its keys, so a
+    /// causal chunk's diagonal block skips most of its masked half (1: one GEMM per chunk, the
+    /// whole `rows x keys` rectangle).
+    pub bwd_row_blocks: usize,
 }
 
 impl Default for ChunkedConfig {
@@ -40,6 +45,7 @@ impl Default for ChunkedConfig {
             target_rows_per_gemm: 4096,
             min_chunk_rows: 16,
             fused_score_lanes: 2,
+            bwd_row_blocks: 2,
         }
     }
 }

@@ -17,6 +17,10 @@ struct Mock {
     launches: usize,
     /// fp32 elements written by `fill_f32` (the backward's accumulator zeroing among them).
     filled: usize,
+    /// Multiply-adds of every GEMM (`m n k batch`): the work a plan asks of cuBLAS.
+    macs: usize,
+    /// GEMM calls (launches of cuBLAS kernels).
+    gemms: usize,
     /// The problem and tensors of a fused-score backward (what the fused executor's score
     /// kernel reads through its TMA maps).
     scores_of: Option<(AttentionProblem, DeviceBackwardArgs)>,
@@ -110,6 +114,8 @@ impl Mock {
 impl Ops for Mock {
     fn gemm(&mut self, g: &CublasGemm) -> Result<(), ExecError> {
         self.launches += 1;
+        self.macs += g.m * g.n * g.k * g.batch;
+        self.gemms += 1;
         // cuBLAS argument rules.
         let (ra, rb) = (
             if g.trans_a { g.k } else { g.m },
@@ -366,6 +372,9 @@ struct MockOut {
     d_sink: Vec<f32>,
     /// fp32 elements the backward filled (`Mock::filled` after the forward's).
     bwd_filled: usize,
+    /// GEMM multiply-adds and GEMM calls of the backward.
+    bwd_macs: usize,
+    bwd_gemms: usize,
 }
 
 /// Chunked forward + backward on the CPU mock. Every output buffer starts as garbage (0xFF
@@ -382,6 +391,8 @@ fn run_mock(
         dtype: p.dtype,
         launches: 0,
         filled: 0,
+        macs: 0,
+        gemms: 0,
         scores_of: None,
     };
     let (qa, ka, va, doa) = (
@@ -437,7 +448,7 @@ fn run_mock(
         d_sink: d_sink_a,
     };
     m.scores_of = Some((p.clone(), bio));
-    let filled_before = m.filled;
+    let (filled_before, macs_before, gemms_before) = (m.filled, m.macs, m.gemms);
     plan::backward(&mut m, p, &bplan, &bio, ws).unwrap();
     let f32s = |m: &Mock, a: u64, n: usize| -> Vec<f32> {
         (0..n)
@@ -456,6 +467,8 @@ fn run_mock(
             f32s(&m, d_sink_a, sink.len())
         },
         bwd_filled: m.filled - filled_before,
+        bwd_macs: m.macs - macs_before,
+        bwd_gemms: m.gemms - gemms_before,
     }
 }
 
@@ -476,6 +489,7 @@ mod tests {
             target_rows_per_gemm: chunk,
             workspace_budget: 1 << 30,
             fused_score_lanes: 2,
+            bwd_row_blocks: 2,
         }
     }
 
@@ -689,6 +703,8 @@ mod tests {
             dtype: p.dtype,
             launches: 0,
             filled: 0,
+            macs: 0,
+            gemms: 0,
             scores_of: None,
         };
         let plan = plan::make_plan(&p, &cfg(4), PlanKind::Forward).unwrap();
@@ -761,6 +777,68 @@ mod tests {
                     0
                 };
                 assert_eq!(filled, want, "{mask:?} {kind:?}, chunks of {rows} rows");
+            }
+        }
+    }
+
+    /// Row blocks: each block's dQ GEMM reads only the keys its rows see, each dK / dV GEMM only
+    /// the rows that see its keys. Causal, s = 64, chunks of 32 rows, d = 8 (MACs per GEMM m n k):
+    /// - one block: chunk 1 (rows 32..64, keys 0..64) 32x8x64 for dQ and 64x8x32 for each of dK
+    ///   and dV; chunk 0 (keys 0..32) 32x8x32 each: 3 x 16384 + 3 x 8192 = 73728;
+    /// - two blocks of 16 rows: chunk 1's dQ 16x8x48 + 16x8x64 = 14336, its dK / dV keys 0..48
+    ///   over all 32 rows (12288) and keys 48..64 over the last 16 (2048); chunk 0's dQ
+    ///   16x8x16 + 16x8x32 = 6144, dK / dV 16x8x32 + 16x8x16 = 6144: 3 x 14336 + 3 x 6144 = 61440.
+    ///
+    /// Any number of blocks, under every mask, gives the reference's gradients.
+    #[test]
+    fn row_blocks_skip_the_masked_part_of_each_chunk() {
+        let causal = AttentionProblem::new(1, 1, 1, 64, 64, 8, 8, DType::BF16)
+            .with_mask(MaskSpec::CAUSAL_TOP_LEFT);
+        let inp = random_inputs(&causal, 5);
+        // GEMM calls per chunk: one block 1 dQ + 2 (dK, dV); two blocks 2 dQ + 2 x 2.
+        for (blocks, macs, gemms) in [(1, 73728, 6), (2, 61440, 12)] {
+            let cfg = ChunkedConfig {
+                bwd_row_blocks: blocks,
+                ..cfg(32)
+            };
+            let r = run_mock(&causal, &cfg, PlanKind::BackwardFusedScores, &inp, &[]);
+            assert_eq!(
+                (r.bwd_macs, r.bwd_gemms),
+                (macs, gemms),
+                "{blocks} row blocks"
+            );
+        }
+        let masks = [
+            MaskSpec::NONE,
+            MaskSpec::CAUSAL_TOP_LEFT,
+            MaskSpec::CAUSAL_BOTTOM_RIGHT,
+            MaskSpec::window(9, 0, DiagonalAlignment::TopLeft),
+            MaskSpec::window(20, 6, DiagonalAlignment::BottomRight),
+        ];
+        let mut seed = 60;
+        for mask in masks {
+            for (sq, skv) in [(48, 48), (24, 56), (56, 24)] {
+                let p = AttentionProblem::new(1, 4, 2, sq, skv, 16, 8, DType::BF16).with_mask(mask);
+                let inp = random_inputs(&p, seed);
+                seed += 1;
+                for blocks in [1, 3, 4] {
+                    let cfg = ChunkedConfig {
+                        bwd_row_blocks: blocks,
+                        ..cfg(16)
+                    };
+                    for kind in [PlanKind::Backward, PlanKind::BackwardFusedScores] {
+                        let r = run_mock(&p, &cfg, kind, &inp, &[]);
+                        let bwd = crate::executor::BackwardOutput {
+                            dq: r.dq,
+                            dk: r.dk,
+                            dv: r.dv,
+                            stats: Default::default(),
+                            d_sink: Vec::new(),
+                        };
+                        let v = verify(&p, &inp, &r.o, &r.lse, Some(&bwd));
+                        assert!(v.passed, "{p:?} {blocks} blocks {kind:?}: {v:#?}");
+                    }
+                }
             }
         }
     }

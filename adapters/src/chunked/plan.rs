@@ -336,6 +336,8 @@ pub(crate) struct Plan {
     pub lanes: usize,
     pub lane_bytes: u64,
     pub chunk_rows: usize,
+    /// Row blocks per backward chunk ([`ChunkedConfig::bwd_row_blocks`], at least 1).
+    pub row_blocks: usize,
     /// Padded key count of the widest chunk (leading dimension bound).
     pub lds_max: usize,
     pub off_s: u64,
@@ -403,6 +405,7 @@ fn layout(p: &AttentionProblem, chunk: usize, kind: PlanKind, lanes: usize) -> P
         lanes,
         lane_bytes,
         chunk_rows: chunk,
+        row_blocks: 1,
         lds_max: lds,
         off_s,
         off_p,
@@ -433,13 +436,19 @@ pub(crate) fn make_plan(
     let mut chunk = (target / ratio).clamp(min, cfg.max_chunk_rows.max(min));
     chunk = chunk.min(p.seqlen_q.max(1));
     loop {
-        let plan = layout(p, chunk, kind, 1);
+        let plan = Plan {
+            row_blocks: cfg.bwd_row_blocks.max(1),
+            ..layout(p, chunk, kind, 1)
+        };
         if plan.bytes <= cfg.workspace_budget {
             // Then as many lanes as fit at that chunk: larger chunks gain more than lanes (H200,
             // s=32k: one lane with chunks of 2048 rows 132.7 ms, two with 1024 138.9 ms).
             let mut best = plan;
             for lanes in 2..=cfg.fused_score_lanes {
-                let wider = layout(p, chunk, kind, lanes);
+                let wider = Plan {
+                    row_blocks: plan.row_blocks,
+                    ..layout(p, chunk, kind, lanes)
+                };
                 if wider.lanes <= best.lanes || wider.bytes > cfg.workspace_budget {
                     break;
                 }
@@ -862,8 +871,9 @@ fn zero_keys(
 }
 
 /// The chunk of query rows from `i0`: its rows of dQ zeroed when the mask admits no key, else
-/// P and dS, then dQ_c, then its share of dK and dV. `written` is the accumulators' written key
-/// range, which the chunk's keys join.
+/// P and dS, then dQ_c, then its share of dK and dV, both by row blocks ([`row_blocks`]) so
+/// the GEMMs skip what the mask declines. `written` is the accumulators' written key range,
+/// which the chunk's keys join.
 fn backward_chunk(
     ops: &mut impl Ops,
     c: &Bwd<'_>,
@@ -871,9 +881,9 @@ fn backward_chunk(
     i0: usize,
     written: &mut Option<(usize, usize)>,
 ) -> Result<(), ExecError> {
-    let (p, plan, io, ratio, scale) = (c.p, c.plan, c.io, c.ratio, c.scale);
+    let (p, plan, io, ratio) = (c.p, c.plan, c.io, c.ratio);
     let dqk = p.head_dim_qk;
-    let (lq, lk) = (p.layout.q, p.layout.k);
+    let lq = p.layout.q;
     let (qr, kr, g, h0) = (grp.qr, grp.kr, grp.g, grp.h0);
     let rows = plan.chunk_rows.min(qr.len - i0);
     let row = qr.start + i0;
@@ -926,33 +936,8 @@ fn backward_chunk(
     } else {
         backward_scores(ops, c, grp, &ch)?;
     }
-    // dQ_c = scale dS K (written directly, every head of the group at once).
-    ops.gemm(&gemm_rm(
-        false,
-        false,
-        rows,
-        dqk,
-        n,
-        RowMajor {
-            ptr: grp.ds_buf,
-            ld: lds,
-            stride: blk,
-        },
-        RowMajor {
-            ptr: at(io.k, &lk, kr.batch, g, kr.start + klo),
-            ld: ld(lk.seq, dqk),
-            stride: 0,
-        },
-        RowMajor {
-            ptr: at(io.dq, &lq, qr.batch, h0, row),
-            ld: ld(lq.seq, dqk),
-            stride: lq.head,
-        },
-        Elem::Low,
-        scale,
-        0.0,
-        ratio,
-    ))?;
+    let blocks = row_blocks(&grp.m, &ch, kr.len, plan.row_blocks);
+    backward_dq(ops, c, grp, &ch, &blocks)?;
     // The first chunk with keys writes them (beta = 0). Later chunks add (beta = 1): keys of
     // theirs not yet written, and any gap to the written range, are zeroed first, so the written
     // keys stay one range.
@@ -968,7 +953,155 @@ fn backward_chunk(
             1.0
         }
     };
-    backward_accumulate(ops, c, grp, &ch, first_beta)
+    for seg in key_segments(&blocks, ch.n) {
+        match seg.rows {
+            Some((r0, r1)) => backward_accumulate(ops, c, grp, &ch, &seg, r0, r1, first_beta)?,
+            // Keys no row of the chunk sees: nothing to add, but a first write owes them zeros.
+            None if first_beta == 0.0 => {
+                zero_keys(ops, c, grp, klo + seg.c0, klo + seg.c1)?;
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// Rows `[r0, r1)` of a chunk (chunk-relative) and the score columns `[c0, c1)` (relative to
+/// the chunk's first key) the mask admits for them, widened to multiples of 8 so every GEMM
+/// operand stays 16-byte aligned (the score kernels write zeros wherever the mask declines,
+/// so a wider range adds only zeros). `c0 == c1`: the rows see no key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RowBlock {
+    r0: usize,
+    r1: usize,
+    c0: usize,
+    c1: usize,
+}
+
+/// The chunk's rows in `blocks` blocks (multiples of 64 rows where blocks are larger than 64,
+/// whole GEMM tiles), each with its key columns;
+/// neighbours that see the same columns are one block. Masks are monotone (a later row's key
+/// range starts and ends no earlier), so under a causal mask the last block sees every column
+/// and the first only those up to its own diagonal.
+fn row_blocks(m: &EffectiveMask, ch: &BwdChunk, skv: usize, blocks: usize) -> Vec<RowBlock> {
+    let size = ch.rows.div_ceil(blocks.max(1));
+    let size = if size > 64 {
+        size.div_ceil(64) * 64
+    } else {
+        size
+    };
+    let mut out: Vec<RowBlock> = Vec::new();
+    for r0 in (0..ch.rows).step_by(size.max(1)) {
+        let r1 = (r0 + size).min(ch.rows);
+        let (c0, c1) = match chunk_range(m, ch.i0 + r0, r1 - r0, skv) {
+            Some((lo, hi)) => (
+                (lo.max(ch.klo) - ch.klo) / 8 * 8,
+                (hi.min(ch.klo + ch.n) - ch.klo)
+                    .div_ceil(8)
+                    .saturating_mul(8)
+                    .min(ch.n),
+            ),
+            None => (0, 0),
+        };
+        match out.last_mut() {
+            Some(b) if (b.c0, b.c1) == (c0, c1) => b.r1 = r1,
+            _ => out.push(RowBlock { r0, r1, c0, c1 }),
+        }
+    }
+    out
+}
+
+/// Score columns `[c0, c1)` of a chunk and the rows `[r0, r1)` that see them (the smallest range
+/// holding every row block whose columns cover them; `None`: no row does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KeySegment {
+    c0: usize,
+    c1: usize,
+    rows: Option<(usize, usize)>,
+}
+
+/// The chunk's `n` columns cut at every row block's column bounds, each piece with the rows
+/// that see it; neighbours with the same rows are one segment.
+fn key_segments(blocks: &[RowBlock], n: usize) -> Vec<KeySegment> {
+    let mut cuts: Vec<usize> = blocks
+        .iter()
+        .filter(|b| b.c0 < b.c1)
+        .flat_map(|b| [b.c0, b.c1])
+        .chain([0, n])
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut out: Vec<KeySegment> = Vec::new();
+    for w in cuts.windows(2) {
+        let (c0, c1) = (w[0], w[1]);
+        let rows = blocks.iter().filter(|b| b.c0 <= c0 && c1 <= b.c1).fold(
+            None,
+            |acc: Option<(usize, usize)>, b| {
+                Some(acc.map_or((b.r0, b.r1), |(r0, r1)| (r0.min(b.r0), r1.max(b.r1))))
+            },
+        );
+        match out.last_mut() {
+            Some(s) if s.rows == rows => s.c1 = c1,
+            _ => out.push(KeySegment { c0, c1, rows }),
+        }
+    }
+    out
+}
+
+/// dQ_c = scale dS K, one GEMM per row block over the keys it sees (every head of the group at
+/// once), written directly; a block that sees no key gets zeros.
+fn backward_dq(
+    ops: &mut impl Ops,
+    c: &Bwd<'_>,
+    grp: &BwdGroup,
+    ch: &BwdChunk,
+    blocks: &[RowBlock],
+) -> Result<(), ExecError> {
+    let (p, io, ratio) = (c.p, c.io, c.ratio);
+    let dqk = p.head_dim_qk;
+    let (lq, lk) = (p.layout.q, p.layout.k);
+    let (qr, kr, g, h0) = (grp.qr, grp.kr, grp.g, grp.h0);
+    for b in blocks {
+        let rows = b.r1 - b.r0;
+        if b.c0 == b.c1 {
+            ops.zero_rows(&ZeroRowsArgs {
+                dst: at(io.dq, &lq, qr.batch, h0, ch.row + b.r0),
+                row_stride: lq.seq,
+                head_stride: lq.head,
+                rows,
+                heads: ratio,
+                cols: dqk,
+            })?;
+            continue;
+        }
+        ops.gemm(&gemm_rm(
+            false,
+            false,
+            rows,
+            dqk,
+            b.c1 - b.c0,
+            RowMajor {
+                ptr: grp.ds_buf + 2 * (b.r0 * ch.lds + b.c0) as u64,
+                ld: ch.lds,
+                stride: ch.blk,
+            },
+            RowMajor {
+                ptr: at(io.k, &lk, kr.batch, g, kr.start + ch.klo + b.c0),
+                ld: ld(lk.seq, dqk),
+                stride: 0,
+            },
+            RowMajor {
+                ptr: at(io.dq, &lq, qr.batch, h0, ch.row + b.r0),
+                ld: ld(lq.seq, dqk),
+                stride: lq.head,
+            },
+            Elem::Low,
+            c.scale,
+            0.0,
+            ratio,
+        ))?;
+    }
+    Ok(())
 }
 
 /// P and dS of a chunk through GEMMs: `S = Q_c K^T`, `dP = dO_c V^T` (fp32), then the
@@ -1062,33 +1195,41 @@ fn backward_scores(
     Ok(())
 }
 
-/// dV += P^T dO_c, dK += scale dS^T Q_c: heads of the group in a fixed order, accumulated in
-/// fp32 by GEMM beta = 1 (deterministic); the first head's beta is `first_beta` (0: the first
-/// writes of these keys). The accumulators hold the sequence's keys.
+/// dV += P^T dO_c, dK += scale dS^T Q_c for the segment's keys over its rows `[r0, r1)`: heads
+/// of the group in a fixed order, accumulated in fp32 by GEMM beta = 1 (deterministic); the
+/// first head's beta is `first_beta` (0: the first writes of these keys). The accumulators hold
+/// the sequence's keys.
+#[allow(clippy::too_many_arguments)]
 fn backward_accumulate(
     ops: &mut impl Ops,
     c: &Bwd<'_>,
     grp: &BwdGroup,
     ch: &BwdChunk,
+    seg: &KeySegment,
+    r0: usize,
+    r1: usize,
     first_beta: f32,
 ) -> Result<(), ExecError> {
     let (p, io, ratio, scale) = (c.p, c.io, c.ratio, c.scale);
     let (dqk, dv) = (p.head_dim_qk, p.head_dim_v);
     let (lq, lo_) = (p.layout.q, p.layout.o);
     let (qr, h0) = (grp.qr, grp.h0);
-    let (row, rows, klo, n, lds, blk) = (ch.row, ch.rows, ch.klo, ch.n, ch.lds, ch.blk);
+    let (lds, blk) = (ch.lds, ch.blk);
+    let (m, k, key) = (seg.c1 - seg.c0, r1 - r0, ch.klo + seg.c0);
+    let row = ch.row + r0;
     for r in 0..ratio {
         let h = h0 + r;
         let beta = if r == 0 { first_beta } else { 1.0 };
-        let roff = (r * blk) as u64;
+        // Head r's block, row r0, column c0 of the segment.
+        let off = 2 * (r * blk + r0 * lds + seg.c0) as u64;
         ops.gemm(&gemm_rm(
             true,
             false,
-            n,
+            m,
             dv,
-            rows,
+            k,
             RowMajor {
-                ptr: grp.p_buf + 2 * roff,
+                ptr: grp.p_buf + off,
                 ld: lds,
                 stride: 0,
             },
@@ -1098,7 +1239,7 @@ fn backward_accumulate(
                 stride: 0,
             },
             RowMajor {
-                ptr: grp.acc_dv + 4 * (klo * dv) as u64,
+                ptr: grp.acc_dv + 4 * (key * dv) as u64,
                 ld: dv,
                 stride: 0,
             },
@@ -1110,11 +1251,11 @@ fn backward_accumulate(
         ops.gemm(&gemm_rm(
             true,
             false,
-            n,
+            m,
             dqk,
-            rows,
+            k,
             RowMajor {
-                ptr: grp.ds_buf + 2 * roff,
+                ptr: grp.ds_buf + off,
                 ld: lds,
                 stride: 0,
             },
@@ -1124,7 +1265,7 @@ fn backward_accumulate(
                 stride: 0,
             },
             RowMajor {
-                ptr: grp.acc_dk + 4 * (klo * dqk) as u64,
+                ptr: grp.acc_dk + 4 * (key * dqk) as u64,
                 ld: dqk,
                 stride: 0,
             },
