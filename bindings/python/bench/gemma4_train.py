@@ -32,6 +32,9 @@ Also reported: step time and peak memory of each run and their ratios.
 
 ``--budget-s``: after the first steps the script projects the time of all runs; if it would
 exceed the budget it reduces the step count for every run and says so (the summary's `steps`).
+``--profile N``: after the checks, N steps of the attn_policy run and of the sdpa efficient run
+under ``torch.profiler``: each run's kernels with the most GPU time, and its GPU time per step
+against its step time (where a step's time goes; not a check).
 ``--device cpu --tiny`` runs a miniature of the same flow (a smoke test of the script).
 ``--chain Backend=exec1,exec2`` (repeatable) runs attn_policy with a copy of the te pack whose
 chain for that backend is replaced, e.g. ``--chain UnfusedDotProductAttention=torch_math,chunked``
@@ -131,6 +134,34 @@ def train(cfg, impl, backend, state, data, steps, a, device, dtype, log_first=Fa
     return r
 
 
+def profile_steps(cfg, impl, backend, state, data, n, a, device, dtype):
+    """``n`` training steps of a fresh model under torch.profiler (after two unprofiled ones):
+    prints the kernels (CPU ops on the CPU) with the most self time, and the device time per
+    step against the wall time per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = make_model(cfg, impl, dtype, device, state)
+    batches = [{"input_ids": ids, "labels": ids} for ids in data]
+    kw = dict(lr=a.lr, clip=a.clip, warmup=a.warmup, ctx=sdpa_backend(backend))
+    _train(model, batches, 2, device, name="profile warm-up", **kw)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        r = _train(model, batches, n, device, name="profile", **kw)
+    del model
+    events = prof.key_averages()
+    dev = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    busy_us = float("nan")
+    if device.type == "cuda":
+        try:  # kernels are the events on the device; their self time is their run time
+            busy_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+        except AttributeError as err:
+            print(f"# profile: no device time ({err})")
+    wall_ms = statistics.median(r["times"]) * 1e3
+    print(f"\n## profile: {impl}{'' if backend is None else f'[{backend}]'}, {n} steps: median step {wall_ms:.1f} ms, "
+          f"GPU busy {busy_us / 1e3 / n:.1f} ms per step (kernels' own time)")
+    print(events.table(sort_by=dev, row_limit=12, max_name_column_width=60))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -154,6 +185,8 @@ def main(argv=None) -> int:
                     help="the loss check's reference gap is the largest within this many steps")
     ap.add_argument("--loss-floor", type=float, default=5e-4,
                     help="the loss check's least gap, relative to max(1, loss)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after the checks, profile N steps of the attn_policy and sdpa efficient runs")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     global POLICY
@@ -294,6 +327,9 @@ def main(argv=None) -> int:
     print(f"| per-layer executors (sliding: cudnn, global: fused) | {layer_cells} | "
           f"{'yes' if layers_ok else 'NO'} |")
     print(f"| greedy generate() with KV cache == sdpa | {gen_note} | {'yes' if gen_ok else 'NO'} |")
+    if a.profile > 0:
+        for impl, backend in order[:2]:
+            profile_steps(cfg, impl, backend, state, data, a.profile, a, device, dtype)
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
     if a.json:
         with open(a.json, "w") as f:
