@@ -502,17 +502,26 @@ mod tests {
         for kind in [PlanKind::Backward, PlanKind::BackwardFusedScores] {
             let r = run_mock(p, &cfg(chunk), kind, &inp, &[]);
             filled.push((kind, r.bwd_filled));
-            let bwd = crate::executor::BackwardOutput {
-                dq: r.dq,
-                dk: r.dk,
-                dv: r.dv,
-                stats: Default::default(),
-                d_sink: Vec::new(),
-            };
-            let v = verify(p, &inp, &r.o, &r.lse, Some(&bwd));
+            let v = verify_mock(p, &inp, r);
             assert!(v.passed, "{p:?} chunk {chunk} {kind:?}: {v:#?}");
         }
         filled
+    }
+
+    /// A mock run's outputs against the reference (`trial::verify`).
+    fn verify_mock(
+        p: &AttentionProblem,
+        inp: &crate::trial::RandomInputs,
+        r: MockOut,
+    ) -> crate::trial::Verification {
+        let bwd = crate::executor::BackwardOutput {
+            dq: r.dq,
+            dk: r.dk,
+            dv: r.dv,
+            stats: Default::default(),
+            d_sink: Vec::new(),
+        };
+        verify(p, inp, &r.o, &r.lse, Some(&bwd))
     }
 
     /// The features' check: both backward plans against the test oracle (FlashAttention
@@ -828,14 +837,7 @@ mod tests {
                     };
                     for kind in [PlanKind::Backward, PlanKind::BackwardFusedScores] {
                         let r = run_mock(&p, &cfg, kind, &inp, &[]);
-                        let bwd = crate::executor::BackwardOutput {
-                            dq: r.dq,
-                            dk: r.dk,
-                            dv: r.dv,
-                            stats: Default::default(),
-                            d_sink: Vec::new(),
-                        };
-                        let v = verify(&p, &inp, &r.o, &r.lse, Some(&bwd));
+                        let v = verify_mock(&p, &inp, r);
                         assert!(v.passed, "{p:?} {blocks} blocks {kind:?}: {v:#?}");
                     }
                 }

@@ -882,21 +882,11 @@ fn backward_chunk(
     written: &mut Option<(usize, usize)>,
 ) -> Result<(), ExecError> {
     let (p, plan, io, ratio) = (c.p, c.plan, c.io, c.ratio);
-    let dqk = p.head_dim_qk;
-    let lq = p.layout.q;
     let (qr, kr, g, h0) = (grp.qr, grp.kr, grp.g, grp.h0);
     let rows = plan.chunk_rows.min(qr.len - i0);
     let row = qr.start + i0;
     let Some((klo, khi)) = chunk_range(&grp.m, i0, rows, kr.len) else {
-        ops.zero_rows(&ZeroRowsArgs {
-            dst: at(io.dq, &lq, qr.batch, h0, row),
-            row_stride: lq.seq,
-            head_stride: lq.head,
-            rows,
-            heads: ratio,
-            cols: dqk,
-        })?;
-        return Ok(());
+        return zero_dq(ops, c, grp, row, rows);
     };
     let n = khi - klo;
     let lds = lds_for(n);
@@ -964,6 +954,26 @@ fn backward_chunk(
         }
     }
     Ok(())
+}
+
+/// dQ rows `[row, row + rows)` (tensor rows) of every head of the group set to zero: rows that
+/// see no key.
+fn zero_dq(
+    ops: &mut impl Ops,
+    c: &Bwd<'_>,
+    grp: &BwdGroup,
+    row: usize,
+    rows: usize,
+) -> Result<(), ExecError> {
+    let lq = c.p.layout.q;
+    ops.zero_rows(&ZeroRowsArgs {
+        dst: at(c.io.dq, &lq, grp.qr.batch, grp.h0, row),
+        row_stride: lq.seq,
+        head_stride: lq.head,
+        rows,
+        heads: c.ratio,
+        cols: c.p.head_dim_qk,
+    })
 }
 
 /// Rows `[r0, r1)` of a chunk (chunk-relative) and the score columns `[c0, c1)` (relative to
@@ -1064,14 +1074,7 @@ fn backward_dq(
     for b in blocks {
         let rows = b.r1 - b.r0;
         if b.c0 == b.c1 {
-            ops.zero_rows(&ZeroRowsArgs {
-                dst: at(io.dq, &lq, qr.batch, h0, ch.row + b.r0),
-                row_stride: lq.seq,
-                head_stride: lq.head,
-                rows,
-                heads: ratio,
-                cols: dqk,
-            })?;
+            zero_dq(ops, c, grp, ch.row + b.r0, rows)?;
             continue;
         }
         ops.gemm(&gemm_rm(
