@@ -945,7 +945,7 @@ fn backward_chunk(
     };
     for seg in key_segments(&blocks, ch.n) {
         match seg.rows {
-            Some((r0, r1)) => backward_accumulate(ops, c, grp, &ch, &seg, r0, r1, first_beta)?,
+            Some(rows) => backward_accumulate(ops, c, grp, &ch, &seg, rows, first_beta)?,
             // Keys no row of the chunk sees: nothing to add, but a first write owes them zeros.
             None if first_beta == 0.0 => {
                 zero_keys(ops, c, grp, klo + seg.c0, klo + seg.c1)?;
@@ -988,11 +988,10 @@ struct RowBlock {
     c1: usize,
 }
 
-/// The chunk's rows in `blocks` blocks (multiples of 64 rows where blocks are larger than 64,
-/// whole GEMM tiles), each with its key columns;
-/// neighbours that see the same columns are one block. Masks are monotone (a later row's key
-/// range starts and ends no earlier), so under a causal mask the last block sees every column
-/// and the first only those up to its own diagonal.
+/// The chunk's rows in `blocks` blocks (multiples of 64 rows, whole GEMM tiles, where blocks are
+/// larger than 64), each with its key columns; neighbours that see the same columns are one
+/// block. Masks are monotone (a later row's key range starts and ends no earlier), so under a
+/// causal mask the last block sees every column and the first only those up to its diagonal.
 fn row_blocks(m: &EffectiveMask, ch: &BwdChunk, skv: usize, blocks: usize) -> Vec<RowBlock> {
     let size = ch.rows.div_ceil(blocks.max(1));
     let size = if size > 64 {
@@ -1004,13 +1003,11 @@ fn row_blocks(m: &EffectiveMask, ch: &BwdChunk, skv: usize, blocks: usize) -> Ve
     for r0 in (0..ch.rows).step_by(size.max(1)) {
         let r1 = (r0 + size).min(ch.rows);
         let (c0, c1) = match chunk_range(m, ch.i0 + r0, r1 - r0, skv) {
-            Some((lo, hi)) => (
-                (lo.max(ch.klo) - ch.klo) / 8 * 8,
-                (hi.min(ch.klo + ch.n) - ch.klo)
-                    .div_ceil(8)
-                    .saturating_mul(8)
-                    .min(ch.n),
-            ),
+            Some((lo, hi)) => {
+                let c0 = lo.saturating_sub(ch.klo) / 8 * 8;
+                let c1 = (hi.saturating_sub(ch.klo).div_ceil(8) * 8).min(ch.n);
+                if c0 < c1 { (c0, c1) } else { (0, 0) }
+            }
             None => (0, 0),
         };
         match out.last_mut() {
@@ -1198,19 +1195,17 @@ fn backward_scores(
     Ok(())
 }
 
-/// dV += P^T dO_c, dK += scale dS^T Q_c for the segment's keys over its rows `[r0, r1)`: heads
-/// of the group in a fixed order, accumulated in fp32 by GEMM beta = 1 (deterministic); the
-/// first head's beta is `first_beta` (0: the first writes of these keys). The accumulators hold
-/// the sequence's keys.
-#[allow(clippy::too_many_arguments)]
+/// dV += P^T dO_c, dK += scale dS^T Q_c for the segment's keys over the rows `[r0, r1)` that
+/// see them: heads of the group in a fixed order, accumulated in fp32 by GEMM beta = 1
+/// (deterministic); the first head's beta is `first_beta` (0: the first writes of these keys).
+/// The accumulators hold the sequence's keys.
 fn backward_accumulate(
     ops: &mut impl Ops,
     c: &Bwd<'_>,
     grp: &BwdGroup,
     ch: &BwdChunk,
     seg: &KeySegment,
-    r0: usize,
-    r1: usize,
+    (r0, r1): (usize, usize),
     first_beta: f32,
 ) -> Result<(), ExecError> {
     let (p, io, ratio, scale) = (c.p, c.io, c.ratio, c.scale);
