@@ -436,25 +436,22 @@ pub(crate) fn make_plan(
     let mut chunk = (target / ratio).clamp(min, cfg.max_chunk_rows.max(min));
     chunk = chunk.min(p.seqlen_q.max(1));
     loop {
-        let plan = Plan {
-            row_blocks: cfg.bwd_row_blocks.max(1),
-            ..layout(p, chunk, kind, 1)
-        };
+        let plan = layout(p, chunk, kind, 1);
         if plan.bytes <= cfg.workspace_budget {
             // Then as many lanes as fit at that chunk: larger chunks gain more than lanes (H200,
             // s=32k: one lane with chunks of 2048 rows 132.7 ms, two with 1024 138.9 ms).
             let mut best = plan;
             for lanes in 2..=cfg.fused_score_lanes {
-                let wider = Plan {
-                    row_blocks: plan.row_blocks,
-                    ..layout(p, chunk, kind, lanes)
-                };
+                let wider = layout(p, chunk, kind, lanes);
                 if wider.lanes <= best.lanes || wider.bytes > cfg.workspace_budget {
                     break;
                 }
                 best = wider;
             }
-            return Ok(best);
+            return Ok(Plan {
+                row_blocks: cfg.bwd_row_blocks.max(1),
+                ..best
+            });
         }
         if chunk <= min {
             return Err(ExecError::Workspace {
